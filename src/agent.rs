@@ -1,0 +1,17 @@
+//! The agent: PID 1 inside every sandbox.
+//!
+//! The engine never touches a sandbox's files or processes from outside. It connects to the
+//! agent's unix socket (one connection per request) and the agent does the work from inside the
+//! sandbox's own root, so paths with `..`, absolute symlinks or `/proc/self/root` resolve within
+//! the sandbox by construction. The agent also reaps orphaned processes (it is their init),
+//! enforces exec timeouts and caps output as it arrives.
+//!
+//! It runs the same binary as the engine, re-executed by the launcher under a hidden subcommand
+//! after every restriction is in place (namespaces, pivot_root, capabilities, seccomp).
+
+pub mod capture;
+pub mod exec;
+pub mod files;
+pub mod protocol;
+pub mod reaper;
+pub mod server;

@@ -1,0 +1,474 @@
+//! File operations, run by the agent inside the sandbox's own root.
+//!
+//! Nothing here has to defend the host: the agent's `/` is the sandbox's root, so `..`, absolute
+//! symlinks and `/proc/self/root` all resolve inside the sandbox. What these functions do defend
+//! is the engine and the model: bounded sizes, no blocking on FIFOs or devices, symlinks never
+//! followed when deleting or zipping, atomic replacement, and clear errors.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+
+use super::exec::DEFAULT_CWD;
+use super::protocol::{DirEntry, ErrorKind, FileKind, Response};
+
+const MAX_PATH: usize = 4096;
+/// Most entries read from one directory before giving up on sorting all of them.
+const MAX_SCAN: usize = 100_000;
+/// Most skipped paths reported by a zip.
+const MAX_SKIPPED: usize = 100;
+
+type Result<T> = std::result::Result<T, Response>;
+
+fn fail(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// Maps an I/O error on `path` to an agent error with a useful message.
+fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
+    let p = path.display();
+    match e.kind() {
+        io::ErrorKind::NotFound => fail(ErrorKind::NotFound, format!("{p} does not exist")),
+        io::ErrorKind::PermissionDenied => fail(
+            ErrorKind::PermissionDenied,
+            format!("permission denied: cannot {action} {p}"),
+        ),
+        _ => match e.raw_os_error() {
+            Some(libc::ENAMETOOLONG) => {
+                fail(ErrorKind::InvalidArgument, format!("a name in {} is too long (the limit is 255 bytes per name)", short(&p.to_string())))
+            }
+            Some(libc::EROFS) => fail(
+                ErrorKind::PermissionDenied,
+                format!("{p} is on a read-only filesystem"),
+            ),
+            Some(libc::ENOTDIR) => fail(
+                ErrorKind::InvalidArgument,
+                format!("a parent of {p} is not a directory"),
+            ),
+            Some(libc::EISDIR) => fail(ErrorKind::Conflict, format!("{p} is a directory")),
+            Some(libc::ENOTEMPTY) => fail(ErrorKind::Conflict, format!("directory {p} is not empty")),
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
+                fail(ErrorKind::PayloadTooLarge, format!("no space left to {action} {p}"))
+            }
+            Some(libc::ELOOP) => fail(
+                ErrorKind::InvalidArgument,
+                format!("too many levels of symbolic links in {p}"),
+            ),
+            _ => fail(ErrorKind::Io, format!("cannot {action} {p}: {e}")),
+        },
+    }
+}
+
+fn short(s: &str) -> String {
+    if s.len() > 80 {
+        let mut end = 80;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    } else {
+        s.to_string()
+    }
+}
+
+/// Resolves a request path: relative to /root, lexically normalized (so the reported path is
+/// what a person would expect). Symlinks are left to the kernel, which resolves them inside the
+/// sandbox.
+pub fn resolve(path: &str) -> Result<PathBuf> {
+    if path.is_empty() {
+        return Err(fail(ErrorKind::InvalidArgument, "path is empty"));
+    }
+    if path.contains('\0') {
+        return Err(fail(ErrorKind::InvalidArgument, "path contains a NUL byte"));
+    }
+    if path.len() > MAX_PATH {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("path is {} bytes long; the limit is {MAX_PATH}", path.len()),
+        ));
+    }
+    let joined = Path::new(DEFAULT_CWD).join(path);
+    let mut out = PathBuf::from("/");
+    for component in joined.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(c) => out.push(c),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+pub fn read_file(path: &str, max_bytes: u64) -> Response {
+    match read_file_inner(path, max_bytes) {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
+    let path = resolve(path)?;
+    // O_NONBLOCK: opening a FIFO must not hang the agent; it is rejected below anyway.
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(&path)
+        .map_err(|e| io_fail(&e, &path, "read"))?;
+    let meta = file.metadata().map_err(|e| io_fail(&e, &path, "read"))?;
+    if meta.is_dir() {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("{} is a directory; list it with sandbox_files_list", path.display()),
+        ));
+    }
+    if !meta.is_file() {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("{} is not a regular file (a device, FIFO or socket)", path.display()),
+        ));
+    }
+    if meta.len() > max_bytes {
+        return Err(fail(
+            ErrorKind::PayloadTooLarge,
+            format!(
+                "{} is {} bytes; files_read returns at most {} bytes",
+                path.display(),
+                meta.len(),
+                max_bytes
+            ),
+        ));
+    }
+    let mut data = Vec::with_capacity(meta.len() as usize);
+    // The file may grow while it is read: never read past the limit.
+    file.take(max_bytes + 1)
+        .read_to_end(&mut data)
+        .map_err(|e| io_fail(&e, &path, "read"))?;
+    if data.len() as u64 > max_bytes {
+        return Err(fail(
+            ErrorKind::PayloadTooLarge,
+            format!("{} grew past {max_bytes} bytes while being read", path.display()),
+        ));
+    }
+    Ok(Response::File {
+        path: path.display().to_string(),
+        size: data.len() as u64,
+        data_b64: B64.encode(&data),
+    })
+}
+
+pub fn write_file(path: &str, data_b64: &str) -> Response {
+    match write_file_inner(path, data_b64) {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
+    let path = resolve(path)?;
+    let data = B64
+        .decode(data_b64)
+        .map_err(|e| fail(ErrorKind::InvalidArgument, format!("content is not valid base64: {e}")))?;
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(fail(ErrorKind::InvalidArgument, "cannot write to /"));
+    };
+    fs::create_dir_all(parent).map_err(|e| io_fail(&e, parent, "create directory"))?;
+    let mode = match fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => {
+            return Err(fail(
+                ErrorKind::Conflict,
+                format!("{} is a directory; choose a file path inside it", path.display()),
+            ));
+        }
+        Ok(m) if m.is_file() => m.permissions().mode() & 0o7777,
+        _ => 0o644,
+    };
+    // Write beside the target and rename over it: readers see the old file or the new one.
+    let tmp = parent.join(format!(
+        ".{}.sandbox-mcp-{}",
+        name.to_string_lossy().chars().take(100).collect::<String>(),
+        std::process::id() as u64 ^ nanos()
+    ));
+    let write = || -> io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(&data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &path)?;
+        // Make the rename itself durable.
+        File::open(parent)?.sync_all()
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_fail(&e, &path, "write"));
+    }
+    Ok(Response::Written {
+        path: path.display().to_string(),
+        size: data.len() as u64,
+    })
+}
+
+fn nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn kind_of(ft: fs::FileType) -> FileKind {
+    if ft.is_symlink() {
+        FileKind::Symlink
+    } else if ft.is_dir() {
+        FileKind::Dir
+    } else if ft.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    }
+}
+
+pub fn list_dir(path: &str, max_entries: u64) -> Response {
+    match list_dir_inner(path, max_entries) {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+fn list_dir_inner(path: &str, max_entries: u64) -> Result<Response> {
+    let path = resolve(path)?;
+    let meta = fs::metadata(&path).map_err(|e| io_fail(&e, &path, "list"))?;
+    if !meta.is_dir() {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("{} is not a directory; read it with sandbox_files_read", path.display()),
+        ));
+    }
+    let mut entries = Vec::new();
+    let mut more = false;
+    for entry in fs::read_dir(&path).map_err(|e| io_fail(&e, &path, "list"))? {
+        let Ok(entry) = entry else { continue };
+        if entries.len() >= MAX_SCAN {
+            more = true;
+            break;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        // symlink_metadata: report links as links, never follow them.
+        let Ok(m) = entry.path().symlink_metadata() else { continue };
+        entries.push(DirEntry {
+            name,
+            kind: kind_of(m.file_type()),
+            size: m.len(),
+            mtime: m.mtime(),
+        });
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let truncated = more || entries.len() as u64 > max_entries;
+    entries.truncate(max_entries as usize);
+    Ok(Response::Dir {
+        path: path.display().to_string(),
+        entries,
+        truncated,
+    })
+}
+
+pub fn delete(path: &str, recursive: bool) -> Response {
+    match delete_inner(path, recursive) {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+fn delete_inner(path: &str, recursive: bool) -> Result<Response> {
+    let path = resolve(path)?;
+    if path == Path::new("/") {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            "refusing to delete / ; kill the sandbox instead (sandbox_kill)",
+        ));
+    }
+    let meta = fs::symlink_metadata(&path).map_err(|e| io_fail(&e, &path, "delete"))?;
+    let result = if meta.is_dir() {
+        if recursive {
+            // remove_dir_all does not follow symlinks inside the tree.
+            fs::remove_dir_all(&path)
+        } else {
+            fs::remove_dir(&path)
+        }
+    } else {
+        fs::remove_file(&path)
+    };
+    result.map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTEMPTY) {
+            fail(
+                ErrorKind::Conflict,
+                format!("directory {} is not empty", path.display()),
+            )
+        } else {
+            io_fail(&e, &path, "delete")
+        }
+    })?;
+    Ok(Response::Deleted {
+        path: path.display().to_string(),
+    })
+}
+
+pub fn rename(from: &str, to: &str) -> Response {
+    match rename_inner(from, to) {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+fn rename_inner(from: &str, to: &str) -> Result<Response> {
+    let from = resolve(from)?;
+    let to = resolve(to)?;
+    fs::symlink_metadata(&from).map_err(|e| io_fail(&e, &from, "move"))?;
+    if to.starts_with(&from) && to != from {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("cannot move {} into itself", from.display()),
+        ));
+    }
+    if let Some(parent) = to.parent()
+        && !parent.is_dir()
+    {
+        return Err(fail(
+            ErrorKind::NotFound,
+            format!("the destination directory {} does not exist; create it first", parent.display()),
+        ));
+    }
+    match fs::rename(&from, &to) {
+        Ok(()) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+            // Different filesystems inside the sandbox (e.g. /dev/shm): copy files, refuse trees.
+            let meta = fs::symlink_metadata(&from).map_err(|e| io_fail(&e, &from, "move"))?;
+            if !meta.is_file() {
+                return Err(fail(
+                    ErrorKind::Conflict,
+                    "cannot move a directory across filesystems; copy it with sandbox_exec (cp -a) instead",
+                ));
+            }
+            fs::copy(&from, &to).map_err(|e| io_fail(&e, &to, "move"))?;
+            fs::remove_file(&from).map_err(|e| io_fail(&e, &from, "move"))?;
+        }
+        Err(e) => return Err(io_fail(&e, &from, "move")),
+    }
+    Ok(Response::Moved {
+        from: from.display().to_string(),
+        to: to.display().to_string(),
+    })
+}
+
+pub fn zip_dir(path: &str, max_bytes: u64) -> Response {
+    match zip_dir_inner(path, max_bytes) {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
+    use zip::write::SimpleFileOptions;
+
+    let root = resolve(path)?;
+    let meta = fs::metadata(&root).map_err(|e| io_fail(&e, &root, "zip"))?;
+    if !meta.is_dir() {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("{} is not a directory; read single files with sandbox_files_read", root.display()),
+        ));
+    }
+    let too_large = |files: u64| {
+        fail(
+            ErrorKind::PayloadTooLarge,
+            format!(
+                "the zip of {} exceeds {max_bytes} bytes (after {files} files)",
+                root.display()
+            ),
+        )
+    };
+    let mut writer = zip::ZipWriter::new(io::Cursor::new(Vec::new()));
+    let options = SimpleFileOptions::default()
+        .compression_method(zip::CompressionMethod::Deflated)
+        .large_file(false);
+    let mut files = 0u64;
+    let mut skipped = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        let Ok(read) = fs::read_dir(&dir) else { continue };
+        let mut children: Vec<_> = read.flatten().collect();
+        children.sort_by_key(|e| e.file_name());
+        for entry in children {
+            let rel_child = rel.join(entry.file_name());
+            let name = rel_child.to_string_lossy().into_owned();
+            // symlink_metadata: a symlink is recorded as skipped, never followed.
+            let Ok(m) = entry.path().symlink_metadata() else { continue };
+            let ft = m.file_type();
+            if ft.is_dir() {
+                writer
+                    .add_directory(format!("{name}/"), options)
+                    .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;
+                stack.push(rel_child);
+            } else if ft.is_file() {
+                let mut f = File::open(entry.path()).map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
+                writer
+                    .start_file(name, options.unix_permissions(m.mode() & 0o777))
+                    .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;
+                // Copy in chunks and check the size as it grows: memory stays near the limit
+                // even for a huge incompressible file.
+                let mut chunk = vec![0u8; 64 * 1024];
+                loop {
+                    let n = f.read(&mut chunk).map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
+                    if n == 0 {
+                        break;
+                    }
+                    writer
+                        .write_all(&chunk[..n])
+                        .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;
+                    if writer.get_ref().map_or(0, |c| c.get_ref().len()) as u64 > max_bytes {
+                        return Err(too_large(files));
+                    }
+                }
+                files += 1;
+            } else if skipped.len() < MAX_SKIPPED {
+                skipped.push(name);
+            }
+        }
+    }
+    let data = writer
+        .finish()
+        .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?
+        .into_inner();
+    if data.len() as u64 > max_bytes {
+        return Err(too_large(files));
+    }
+    Ok(Response::Zip {
+        path: root.display().to_string(),
+        zip_bytes: data.len() as u64,
+        zip_b64: B64.encode(&data),
+        files,
+        skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_normalizes_inside_root() {
+        let p = |s: &str| resolve(s).ok().map(|p| p.display().to_string());
+        assert_eq!(p("a/b").as_deref(), Some("/root/a/b"));
+        assert_eq!(p("/etc/../etc/passwd").as_deref(), Some("/etc/passwd"));
+        assert_eq!(p("../../../../etc").as_deref(), Some("/etc"));
+        assert_eq!(p("/..").as_deref(), Some("/"));
+        assert!(resolve("a\0b").is_err());
+        assert!(resolve("").is_err());
+        assert!(resolve(&"x".repeat(5000)).is_err());
+    }
+}

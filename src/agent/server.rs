@@ -1,0 +1,99 @@
+//! The agent's event loop: accept a connection, read one request, answer it.
+
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+
+use tokio::net::UnixStream;
+
+use super::protocol::{Request, Response, read_frame, write_frame};
+use super::reaper::Reaper;
+use super::{exec, files};
+
+struct State {
+    reaper: Reaper,
+    /// Variables set at sandbox creation: the agent's own environment.
+    env: Vec<(String, String)>,
+}
+
+/// Runs the agent until the sandbox is killed: listens on `listen_fd`, and reports `ready` (or
+/// why it cannot start) on `status_fd`, which it then closes.
+///
+/// Single-threaded on purpose: an idle sandbox should cost little memory, and the reaper relies on
+/// registering a child before its exit can be observed.
+pub fn run(listen_fd: RawFd, status_fd: RawFd) -> anyhow::Result<()> {
+    // SAFETY: the launcher passes the write end of a pipe at this number, for us alone.
+    let mut status = Some(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(status_fd) }));
+    let result = serve(listen_fd, &mut status);
+    if let (Err(e), Some(mut status)) = (&result, status) {
+        use std::io::Write;
+        let _ = writeln!(status, "{e:#}");
+    }
+    result
+}
+
+fn serve(listen_fd: RawFd, status: &mut Option<std::fs::File>) -> anyhow::Result<()> {
+    // Owned from here on: the launcher passed it at a fixed number.
+    // SAFETY: the launcher guarantees `listen_fd` is an open, listening unix socket that nothing
+    // else in this process owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(listen_fd) };
+    let std_listener = std::os::unix::net::UnixListener::from(fd);
+    std_listener.set_nonblocking(true)?;
+    // Non-dumpable: other processes in the sandbox cannot read the agent's memory or descriptors
+    // through /proc (they lack CAP_SYS_PTRACE, and seccomp forbids ptrace anyway).
+    let _ = nix::sys::prctl::set_dumpable(false);
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&runtime, async move {
+        let listener = tokio::net::UnixListener::from_std(std_listener)?;
+        let state = Rc::new(State {
+            reaper: Reaper::start()?,
+            env: std::env::vars().collect(),
+        });
+        if let Some(mut pipe) = status.take() {
+            use std::io::Write;
+            // Dropping the pipe closes it: the launcher waits for that.
+            writeln!(pipe, "ready")?;
+        }
+        loop {
+            match listener.accept().await {
+                Ok((conn, _)) => {
+                    tokio::task::spawn_local(handle(conn, state.clone()));
+                }
+                Err(e) => {
+                    // EMFILE and the like: back off instead of spinning.
+                    let _ = e;
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    })
+}
+
+async fn handle(mut conn: UnixStream, state: Rc<State>) {
+    let request: Request = match read_frame(&mut conn).await {
+        Ok(Some(r)) => r,
+        _ => return,
+    };
+    let response = match request {
+        Request::Ping => Response::Pong {
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        },
+        Request::Exec(spec) => exec::run(spec, &state.env, &state.reaper, &mut conn).await,
+        Request::ReadFile { path, max_bytes } => files::read_file(&path, max_bytes),
+        Request::WriteFile { path, data_b64 } => files::write_file(&path, &data_b64),
+        Request::ListDir { path, max_entries } => files::list_dir(&path, max_entries),
+        Request::Delete { path, recursive } => files::delete(&path, recursive),
+        Request::Move { from, to } => files::rename(&from, &to),
+        Request::ZipDir { path, max_bytes } => files::zip_dir(&path, max_bytes),
+        Request::KillAll => {
+            // From PID 1, kill(-1) reaches every other process in the namespace.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
+            Response::Done
+        }
+    };
+    let _ = write_frame(&mut conn, &response).await;
+}

@@ -1,0 +1,272 @@
+//! Command line: `sandbox-mcp` (stdio MCP server, the default), `sandbox-mcp engine` (the control
+//! plane alone) and `sandbox-mcp tools` (the tool table). Every setting also has an environment
+//! variable, so MCP client configs can set them without arguments.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::ApiKey;
+use crate::engine::config::{EngineConfig, default_data_dir};
+use crate::mcp::backend::Backend;
+use crate::mcp::server::{SandboxMcp, ServerSettings};
+use crate::tooldefs::registry;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandbox-mcp",
+    version,
+    about = "MCP server that gives AI agents isolated Linux sandboxes",
+    long_about = "MCP server that gives AI agents isolated Linux sandboxes: create one, run commands in it, \
+read and write its files, pause, resume and kill it.\n\n\
+With no subcommand it serves MCP on stdin/stdout. Unless SANDBOX_MCP_URL is set, it runs the sandbox \
+engine in-process (or shares the one another sandbox-mcp already runs on the same data dir).\n\n\
+Add it to Claude Code with: claude mcp add sandbox -- sandbox-mcp",
+    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=sandbox_mcp=debug) for more."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve MCP on stdin/stdout (the default).
+    Serve(ServeArgs),
+    /// Run the sandbox engine (the control plane) alone, over HTTP.
+    Engine(EngineArgs),
+    /// Print the tools this server offers, for people.
+    Tools(ToolsArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct ServeArgs {
+    /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
+    #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
+    url: Option<String>,
+    /// Bearer key sent to the control plane at SANDBOX_MCP_URL. Never shown to the model or logged.
+    #[arg(long, env = "SANDBOX_MCP_API_KEY", hide_env_values = true, global = true)]
+    api_key: Option<String>,
+    /// Tools to offer: `all`, a toolset (`core`: create, exec, files read/write/list, kill), or a
+    /// comma-separated list of tool names.
+    #[arg(long, env = "SANDBOX_MCP_TOOLS", default_value = "all", global = true)]
+    tools: String,
+    /// Seconds a tool call may take before it fails with an actionable error. Calls with their own
+    /// timeout (sandbox_exec's timeout_ms) get that plus 15 s.
+    #[arg(long, env = "SANDBOX_MCP_TIMEOUT", default_value_t = 60, global = true)]
+    request_timeout: u64,
+    #[command(flatten)]
+    engine: EngineSettings,
+}
+
+/// Settings of the embedded or standalone engine.
+#[derive(Args, Debug, Clone)]
+struct EngineSettings {
+    /// Where sandboxes, templates and state live [default: $XDG_DATA_HOME/sandbox-mcp, or
+    /// /var/lib/sandbox-mcp for root].
+    #[arg(long, env = "SANDBOX_MCP_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
+    /// Most sandboxes that may exist at once.
+    #[arg(long, env = "SANDBOX_MCP_MAX_SANDBOXES", default_value_t = 100, global = true)]
+    max_sandboxes: usize,
+    /// Pause a sandbox after this many seconds without exec or file operations (0: never).
+    #[arg(long, env = "SANDBOX_MCP_IDLE_PAUSE", default_value_t = 900, global = true)]
+    idle_pause: u64,
+}
+
+#[derive(Args, Debug)]
+struct EngineArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SANDBOX_MCP_LISTEN", default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Comma-separated bearer keys accepted by the engine.
+    #[arg(long, env = "SANDBOX_MCP_ENGINE_KEYS", hide_env_values = true)]
+    keys: Option<String>,
+    /// File with one accepted key per line (`#` comments allowed); re-read when it changes.
+    #[arg(long, env = "SANDBOX_MCP_ENGINE_KEYS_FILE")]
+    keys_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct ToolsArgs {
+    /// Print the tools/list JSON the model receives instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl EngineSettings {
+    fn config(&self) -> EngineConfig {
+        let mut config = EngineConfig::new(self.data_dir.clone().unwrap_or_else(default_data_dir));
+        config.max_sandboxes = self.max_sandboxes;
+        config.idle_pause = (self.idle_pause > 0).then(|| Duration::from_secs(self.idle_pause));
+        config
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandbox-mcp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        None => runtime.block_on(serve(cli.serve)),
+        Some(Command::Serve(args)) => runtime.block_on(serve(args)),
+        Some(Command::Engine(args)) => runtime.block_on(engine(cli.serve.engine, args)),
+        Some(Command::Tools(args)) => tools(&cli.serve.tools, args.json),
+    };
+    // Sandboxes and sockets are shut down already; don't wait for idle blocking threads.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandbox-mcp: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging("warn");
+    let selection = registry().select(&args.tools).map_err(anyhow::Error::msg)?;
+    let backend = match &args.url {
+        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new)).map_err(anyhow::Error::msg)?,
+        None => Backend::local(args.engine.config()),
+    };
+    let settings = ServerSettings {
+        request_timeout: Duration::from_secs(args.request_timeout.max(1)),
+        ..ServerSettings::default()
+    };
+    let server = SandboxMcp::new(backend.clone(), selection, settings);
+    let session = crate::mcp::stdio::frame(tokio::io::stdin(), tokio::io::stdout(), |input, output| async move {
+        use rmcp::ServiceExt;
+        let running = server.serve((input, output)).await?;
+        running.waiting().await?;
+        Ok(())
+    });
+    let outcome = tokio::select! {
+        r = session => r,
+        () = terminated() => Ok(()),
+    };
+    backend.shutdown().await;
+    outcome
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn terminated() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()> {
+    use crate::engine::{ids, local, server};
+    init_logging("info");
+    let config = settings.config();
+    let keys: Vec<String> = args
+        .keys
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .map(String::from)
+        .collect();
+    if keys.is_empty() && args.keys_file.is_none() {
+        anyhow::bail!(
+            "no keys: set SANDBOX_MCP_ENGINE_KEYS (comma-separated) or --keys-file, so that only clients with a key can create sandboxes"
+        );
+    }
+    if let Some(file) = &args.keys_file
+        && !file.is_file()
+    {
+        anyhow::bail!("keys file {} does not exist", file.display());
+    }
+    local::prepare_data_dir(&config)?;
+    let Some(lock) = local::try_lock(&config)? else {
+        let owner = std::fs::read_to_string(config.endpoint_file()).unwrap_or_default();
+        anyhow::bail!(
+            "another engine already serves {} ({}); stop it first or use another SANDBOX_MCP_DATA_DIR",
+            config.data_dir.display(),
+            owner.split("\"key\"").next().unwrap_or("").trim_end_matches([',', ' '])
+        );
+    };
+    let manager = local::open_manager(&config).await.map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr()?;
+    // A key only local MCP servers know (from engine.json), so they can share this engine.
+    let local_key = ids::api_key();
+    let keys = server::Keys::new(keys, args.keys_file.clone()).with_service_key(&local_key);
+    let srv = server::EngineServer::start(manager, listener, keys)?;
+    local::publish(&config, &local::local_url(addr), &local_key)?;
+    tracing::info!(listen = %addr, data_dir = %config.data_dir.display(), "sandbox engine ready");
+    terminated().await;
+    tracing::info!("shutting down: finishing requests, pausing sandboxes");
+    let _ = std::fs::remove_file(config.endpoint_file());
+    srv.shutdown().await;
+    drop(lock);
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)] // this subcommand's whole output is for a person's terminal
+fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
+    let registry = registry();
+    let selected = registry.select(selection).map_err(anyhow::Error::msg)?;
+    if json {
+        let tools: Vec<_> = selected.iter().map(|d| crate::mcp::server::to_mcp_tool(d)).collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "tools": tools }))?);
+        return Ok(());
+    }
+    println!("{} — {} tools (from {} v{})\n", env!("CARGO_PKG_NAME"), selected.len(), registry.api_title, registry.api_version);
+    println!("{:<28} {:<12} {:<7} {:<44} SOURCE", "TOOL", "HINTS", "METHOD", "PATH");
+    for t in &selected {
+        let a = t.annotations;
+        let hints = [
+            (a.read_only, "ro"),
+            (a.destructive, "destr"),
+            (a.idempotent, "idem"),
+            (a.open_world, "open"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, s)| *s)
+        .collect::<Vec<_>>()
+        .join(",");
+        println!("{:<28} {:<12} {:<7} {:<44} {}", t.name, hints, t.method, t.path, t.source);
+    }
+    let excluded: Vec<_> = registry.inventory.iter().filter(|i| i.excluded.is_some()).collect();
+    if !excluded.is_empty() {
+        println!("\nOperations not offered as tools:");
+        for i in excluded {
+            println!("  {} ({} {}): {}", i.operation, i.method, i.path, i.excluded.as_deref().unwrap_or(""));
+        }
+    }
+    if !registry.toolsets.is_empty() {
+        println!("\nToolsets (--tools): all, {}", registry.toolsets.keys().cloned().collect::<Vec<_>>().join(", "));
+    }
+    Ok(())
+}

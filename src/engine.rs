@@ -1,0 +1,19 @@
+//! The engine: the control plane behind `openapi/sandbox-mcp.json`.
+//!
+//! [`server`] serves the API over HTTP with bearer keys; [`api`] implements each operation on the
+//! generated types; [`manager`] owns sandbox lifecycles, quotas and timers; [`state`] keeps every
+//! acknowledged record in SQLite; a [`driver::Driver`] does the isolation (today
+//! [`linux`]'s namespaces driver; a microVM driver would implement the same trait). [`local`]
+//! runs or finds the engine for a data dir when the MCP server embeds it.
+
+pub mod api;
+pub mod config;
+pub mod driver;
+pub mod error;
+pub mod ids;
+pub mod linux;
+pub mod local;
+pub mod manager;
+pub mod server;
+pub mod state;
+pub mod templates;

@@ -1,0 +1,59 @@
+//! Engine settings, with the defaults users expect.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Where state, templates and sandbox filesystems live.
+    pub data_dir: PathBuf,
+    /// Most sandboxes that may exist at once.
+    pub max_sandboxes: usize,
+    /// Pause a running sandbox after this long without exec or file operations (`None`: never).
+    pub idle_pause: Option<Duration>,
+    /// How often timers (auto-pause, auto-kill) are checked.
+    pub tick: Duration,
+    /// The binary re-executed as the sandbox launcher: this one, normally.
+    pub exe: PathBuf,
+}
+
+impl EngineConfig {
+    pub fn new(data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            max_sandboxes: 100,
+            idle_pause: Some(Duration::from_secs(15 * 60)),
+            tick: Duration::from_secs(5),
+            exe: PathBuf::from("/proc/self/exe"),
+        }
+    }
+
+    pub fn state_db(&self) -> PathBuf {
+        self.data_dir.join("state.db")
+    }
+    pub fn lock_file(&self) -> PathBuf {
+        self.data_dir.join("engine.lock")
+    }
+    pub fn endpoint_file(&self) -> PathBuf {
+        self.data_dir.join("engine.json")
+    }
+    pub fn templates_dir(&self) -> PathBuf {
+        self.data_dir.join("templates")
+    }
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.data_dir.join("sandboxes")
+    }
+}
+
+/// `SANDBOX_MCP_DATA_DIR`, else `$XDG_DATA_HOME/sandbox-mcp` (or `~/.local/share/sandbox-mcp`),
+/// or `/var/lib/sandbox-mcp` for root.
+pub fn default_data_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/sandbox-mcp");
+    }
+    if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("sandbox-mcp");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/tmp"));
+    home.join(".local/share/sandbox-mcp")
+}

@@ -1,0 +1,105 @@
+//! The isolation driver interface. The API layer and the manager only see this trait, so a
+//! microVM driver (agent over vsock) or a Kubernetes driver (agent in a pod) can be added without
+//! touching them. Operations that may block (cgroup writes, directory walks) are synchronous and
+//! called from blocking threads; starting a sandbox and reaching its agent are async.
+
+use std::path::PathBuf;
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DriverError {
+    /// The host cannot do this (e.g. pause without a cgroup freezer).
+    #[error("{0}")]
+    Unsupported(String),
+    /// The sandbox could not be started.
+    #[error("{0}")]
+    Launch(String),
+    /// The agent could not be reached or broke the protocol.
+    #[error("{0}")]
+    Agent(String),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// The resources a sandbox gets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Shape {
+    pub vcpus: f64,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+    pub max_pids: u64,
+}
+
+/// A template as the driver needs it.
+#[derive(Debug, Clone)]
+pub struct TemplateLayout {
+    pub name: String,
+    /// Root filesystem of the template (lower layer of the sandbox's root).
+    pub rootfs: PathBuf,
+    /// Host directories shown read-only (copy-on-write) at the same path, e.g. /usr.
+    pub host_dirs: Vec<PathBuf>,
+}
+
+/// Everything needed to start (or restart) one sandbox.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    pub id: String,
+    /// Index of the sandbox's host uid range, unique among live sandboxes.
+    pub uid_slot: u32,
+    pub shape: Shape,
+    pub template: TemplateLayout,
+    pub env: Vec<(String, String)>,
+}
+
+/// What the driver sees of a sandbox's processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// The agent answers.
+    Running,
+    /// Processes exist but are frozen.
+    Frozen,
+    /// No agent: the sandbox must be started before use.
+    Stopped,
+}
+
+/// Resource use of one sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub pids: u64,
+    pub pids_limit: u64,
+    pub oom_kills: u64,
+}
+
+/// A connection to a sandbox's agent.
+pub trait AgentStream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> AgentStream for T {}
+pub type AgentConn = Box<dyn AgentStream>;
+
+pub trait Driver: Send + Sync + 'static {
+    /// Short name reported by the health endpoint.
+    fn name(&self) -> &'static str;
+    /// Whether resource limits are enforced (cgroups available).
+    fn limits_enforced(&self) -> bool;
+    /// Creates the sandbox's storage if needed and starts its agent. Resolves once the agent
+    /// accepts connections.
+    fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>>;
+    /// Opens a connection to the agent.
+    fn connect<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<AgentConn, DriverError>>;
+    /// Whether the sandbox's agent is alive, frozen, or gone.
+    fn liveness<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Liveness>;
+    fn freeze(&self, id: &str) -> Result<(), DriverError>;
+    fn thaw(&self, id: &str) -> Result<(), DriverError>;
+    /// Kills every process; keeps the filesystem.
+    fn stop(&self, id: &str) -> Result<(), DriverError>;
+    /// Kills every process and deletes the sandbox's filesystem and cgroups.
+    fn destroy(&self, id: &str) -> Result<(), DriverError>;
+    fn usage(&self, id: &str) -> Usage;
+    /// Bytes the sandbox has written to its filesystem (walks its upper layers).
+    fn disk_bytes(&self, id: &str) -> u64;
+}

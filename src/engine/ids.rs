@@ -1,0 +1,114 @@
+//! Identifiers, keys and timestamps.
+
+/// Crockford-style base32 alphabet (lowercase, no i/l/o/u).
+const ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    // getrandom only fails when the OS has no entropy source at all; there is no safe fallback,
+    // and a predictable id or key would be worse than an outage.
+    if let Err(e) = getrandom::fill(&mut buf) {
+        tracing::error!("the OS random number generator failed: {e}");
+        std::process::abort();
+    }
+    buf
+}
+
+fn base32(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 8 / 5 + 1);
+    let mut acc: u32 = 0;
+    let mut bits = 0;
+    for &b in bytes {
+        acc = (acc << 8) | u32::from(b);
+        bits += 8;
+        while bits >= 5 {
+            bits -= 5;
+            out.push(ALPHABET[((acc >> bits) & 31) as usize] as char);
+        }
+    }
+    if bits > 0 {
+        out.push(ALPHABET[((acc << (5 - bits)) & 31) as usize] as char);
+    }
+    out
+}
+
+/// A new sandbox id: `sbx_` and 128 random bits as 26 base32 characters.
+pub fn sandbox_id() -> String {
+    format!("sbx_{}", base32(&random_bytes::<16>()))
+}
+
+/// Whether `s` has the shape of a sandbox id (it may still not exist).
+pub fn is_sandbox_id(s: &str) -> bool {
+    s.len() == 30
+        && s.starts_with("sbx_")
+        && s.as_bytes()[4..].iter().all(|b| ALPHABET.contains(b))
+}
+
+/// A new API key: 256 random bits.
+pub fn api_key() -> String {
+    format!("smk_{}", base32(&random_bytes::<32>()))
+}
+
+/// A short request id for logs and error bodies.
+pub fn request_id() -> String {
+    base32(&random_bytes::<8>())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// RFC 3339 UTC, second precision: `2026-11-22T06:30:00Z`.
+pub fn rfc3339(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Howard Hinnant's days → civil date algorithm.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_well_formed_and_distinct() {
+        let a = sandbox_id();
+        let b = sandbox_id();
+        assert!(is_sandbox_id(&a), "{a}");
+        assert_ne!(a, b);
+        assert!(!is_sandbox_id("sbx_short"));
+        assert!(!is_sandbox_id("sbx_ABCDEFGHJKMNPQRSTVWXYZ0123"));
+        assert_eq!(api_key().len(), 4 + 52);
+    }
+
+    #[test]
+    fn formats_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_795_336_200_000), "2026-11-22T06:30:00Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,147 @@
+//! The seccomp filter every sandbox process runs under.
+//!
+//! A deny list on top of the namespaces and dropped capabilities: it removes kernel attack
+//! surface a sandbox never needs (module loading, kexec, bpf, keyrings, perf, userfaultfd,
+//! io_uring), anything that could reshape the mount tree after the launcher built it, ptrace and
+//! cross-process memory access, new user namespaces (the usual first step of a kernel exploit),
+//! and terminal input injection (TIOCSTI/TIOCLINUX). Denied calls fail with EPERM, so programs see
+//! an ordinary permission error. `clone3` fails with ENOSYS instead: its flags live in memory that
+//! seccomp cannot inspect, and ENOSYS makes libc fall back to `clone`, whose flags it can.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
+};
+
+/// Syscalls denied outright.
+fn denied() -> Vec<i64> {
+    let mut list = vec![
+        // Reshaping mounts.
+        libc::SYS_mount,
+        libc::SYS_umount2,
+        libc::SYS_pivot_root,
+        libc::SYS_move_mount,
+        libc::SYS_open_tree,
+        libc::SYS_fsopen,
+        libc::SYS_fsconfig,
+        libc::SYS_fsmount,
+        libc::SYS_fspick,
+        libc::SYS_mount_setattr,
+        // Other processes' memory.
+        libc::SYS_ptrace,
+        libc::SYS_process_vm_readv,
+        libc::SYS_process_vm_writev,
+        libc::SYS_pidfd_getfd,
+        // Kernel attack surface and host-wide state.
+        libc::SYS_kexec_load,
+        libc::SYS_kexec_file_load,
+        libc::SYS_reboot,
+        libc::SYS_bpf,
+        libc::SYS_perf_event_open,
+        libc::SYS_userfaultfd,
+        libc::SYS_keyctl,
+        libc::SYS_add_key,
+        libc::SYS_request_key,
+        libc::SYS_init_module,
+        libc::SYS_finit_module,
+        libc::SYS_delete_module,
+        libc::SYS_swapon,
+        libc::SYS_swapoff,
+        libc::SYS_acct,
+        libc::SYS_quotactl,
+        libc::SYS_syslog,
+        libc::SYS_vhangup,
+        libc::SYS_settimeofday,
+        libc::SYS_clock_settime,
+        libc::SYS_clock_adjtime,
+        libc::SYS_adjtimex,
+        libc::SYS_open_by_handle_at,
+        libc::SYS_name_to_handle_at,
+        libc::SYS_setns,
+        libc::SYS_io_uring_setup,
+        libc::SYS_io_uring_enter,
+        libc::SYS_io_uring_register,
+        libc::SYS_fanotify_init,
+    ];
+    #[cfg(target_arch = "x86_64")]
+    list.extend([libc::SYS_iopl, libc::SYS_ioperm, libc::SYS_uselib, libc::SYS_lookup_dcookie]);
+    list
+}
+
+fn arch() -> Result<TargetArch, String> {
+    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
+    SeccompCondition::new(arg, len, op, value).map_err(|e| format!("seccomp: {e}"))
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
+    SeccompRule::new(conditions).map_err(|e| format!("seccomp: {e}"))
+}
+
+/// The two programs to install, in order: the EPERM deny list, then `clone3` → ENOSYS.
+pub fn programs() -> Result<Vec<BpfProgram>, String> {
+    let arch = arch()?;
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied().into_iter().map(|nr| (nr, vec![])).collect();
+
+    let new_user = libc::CLONE_NEWUSER as u64;
+    // clone(flags, ...) and unshare(flags): deny when CLONE_NEWUSER is set.
+    rules.insert(
+        libc::SYS_clone,
+        vec![rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(new_user), new_user)?])?],
+    );
+    rules.insert(
+        libc::SYS_unshare,
+        vec![rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(new_user), new_user)?])?],
+    );
+    // ioctl(fd, TIOCSTI | TIOCLINUX, ...): no typing into a terminal someone else reads.
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![
+            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCSTI as u64)?])?,
+            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCLINUX as u64)?])?,
+        ],
+    );
+    let deny = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+
+    let clone3 = SeccompFilter::new(
+        [(libc::SYS_clone3, vec![])].into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        arch,
+    )
+    .map_err(|e| format!("seccomp: {e}"))?;
+
+    [deny, clone3]
+        .into_iter()
+        .map(|f| BpfProgram::try_from(f).map_err(|e| format!("seccomp: {e}")))
+        .collect()
+}
+
+/// Installs the filters on the calling thread (and so on everything it execs). Needs
+/// `no_new_privs` set first.
+pub fn install() -> Result<(), String> {
+    for program in programs()? {
+        seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn programs_compile() {
+        let programs = super::programs().unwrap();
+        assert_eq!(programs.len(), 2);
+        assert!(programs[0].len() > 50);
+    }
+}

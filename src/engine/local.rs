@@ -1,0 +1,188 @@
+//! The local engine of a data dir: started in this process, or found running in another.
+//!
+//! The process that holds an exclusive `flock` on `<data>/engine.lock` owns the engine and
+//! publishes its loopback URL and a fresh key in `<data>/engine.json` (mode 0600). Every other
+//! MCP server on the same data dir attaches to it, so all of them share one set of sandboxes.
+//! When the owner exits, its lock is released and the next caller takes over.
+
+use std::fs;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+
+use crate::client::ApiKey;
+use crate::engine::config::EngineConfig;
+use crate::engine::linux::NamespacesDriver;
+use crate::engine::manager::Manager;
+use crate::engine::server::{EngineServer, Keys};
+use crate::engine::ids;
+
+/// How long to wait for another process's engine to appear before giving up.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Endpoint {
+    url: String,
+    key: String,
+    pid: u32,
+}
+
+/// An engine this process owns, or one it attached to.
+pub struct LocalEngine {
+    url: String,
+    key: ApiKey,
+    owned: Option<Owned>,
+}
+
+struct Owned {
+    server: EngineServer,
+    _lock: fs::File,
+    endpoint_file: std::path::PathBuf,
+}
+
+impl LocalEngine {
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+    pub fn key(&self) -> &ApiKey {
+        &self.key
+    }
+    pub fn is_owner(&self) -> bool {
+        self.owned.is_some()
+    }
+
+    /// Stops the engine if this process owns it (sandboxes are paused, not killed).
+    pub async fn shutdown(self) {
+        if let Some(owned) = self.owned {
+            let _ = fs::remove_file(&owned.endpoint_file);
+            owned.server.shutdown().await;
+        }
+    }
+}
+
+/// Creates the data dir: traversable (sandboxes reach their own directories through it), never
+/// listable by others.
+pub fn prepare_data_dir(config: &EngineConfig) -> std::io::Result<()> {
+    fs::DirBuilder::new().recursive(true).mode(0o711).create(&config.data_dir)?;
+    fs::set_permissions(&config.data_dir, fs::Permissions::from_mode(0o711))
+}
+
+/// Takes the data dir's lock without blocking; `None` when another process holds it.
+pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<fs::File>> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(config.lock_file())?;
+    // SAFETY: flock on a descriptor we own.
+    let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if ret == 0 {
+        Ok(Some(file))
+    } else {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(None) } else { Err(e) }
+    }
+}
+
+/// Opens the manager for `config` with the namespaces driver.
+pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, String> {
+    let driver = NamespacesDriver::new(config.sandboxes_dir(), config.exe.clone()).map_err(|e| e.to_string())?;
+    Manager::open(config.clone(), Arc::new(driver)).await.map_err(|e| e.to_string())
+}
+
+/// Publishes where this process's engine listens, for other local MCP servers.
+pub fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<()> {
+    let endpoint = Endpoint {
+        url: url.to_string(),
+        key: key.to_string(),
+        pid: std::process::id(),
+    };
+    let tmp = config.data_dir.join(format!(".engine.json.{}", std::process::id()));
+    let mut f = fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+    f.write_all(&serde_json::to_vec(&endpoint).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    fs::rename(&tmp, config.endpoint_file())
+}
+
+/// The loopback URL other processes should use for a listen address.
+pub fn local_url(addr: SocketAddr) -> String {
+    let host = if addr.ip().is_unspecified() {
+        if addr.is_ipv4() { "127.0.0.1".to_string() } else { "[::1]".to_string() }
+    } else if addr.is_ipv6() {
+        format!("[{}]", addr.ip())
+    } else {
+        addr.ip().to_string()
+    };
+    format!("http://{host}:{}", addr.port())
+}
+
+async fn healthy(url: &str, key: &str) -> bool {
+    let Ok(client) = reqwest::Client::builder().timeout(Duration::from_secs(2)).no_proxy().build() else {
+        return false;
+    };
+    client
+        .get(format!("{url}/v1/health"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
+/// Starts the engine here if no other process runs one for this data dir, else attaches to it.
+pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, String> {
+    prepare_data_dir(config).map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
+    let started = Instant::now();
+    loop {
+        match try_lock(config).map_err(|e| format!("cannot lock {}: {e}", config.lock_file().display()))? {
+            Some(lock) => return start_owned(config, lock).await,
+            None => {
+                if let Ok(text) = fs::read_to_string(config.endpoint_file())
+                    && let Ok(endpoint) = serde_json::from_str::<Endpoint>(&text)
+                    && healthy(&endpoint.url, &endpoint.key).await
+                {
+                    tracing::info!(url = %endpoint.url, pid = endpoint.pid, "attached to the running sandbox engine");
+                    return Ok(LocalEngine {
+                        url: endpoint.url,
+                        key: ApiKey::new(endpoint.key),
+                        owned: None,
+                    });
+                }
+            }
+        }
+        if started.elapsed() > ATTACH_TIMEOUT {
+            return Err(format!(
+                "another process holds {} but its engine does not answer; stop it or remove the lock",
+                config.lock_file().display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start_owned(config: &EngineConfig, lock: fs::File) -> Result<LocalEngine, String> {
+    let manager = open_manager(config).await?;
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("cannot listen on loopback: {e}"))?;
+    let key = ids::api_key();
+    let server = EngineServer::start(manager, listener, Keys::new([], None).with_service_key(&key))
+        .map_err(|e| format!("cannot start the engine: {e}"))?;
+    publish(config, &server.url, &key).map_err(|e| format!("cannot write {}: {e}", config.endpoint_file().display()))?;
+    tracing::info!(url = %server.url, data_dir = %config.data_dir.display(), "sandbox engine started");
+    Ok(LocalEngine {
+        url: server.url.clone(),
+        key: ApiKey::new(key),
+        owned: Some(Owned {
+            server,
+            _lock: lock,
+            endpoint_file: config.endpoint_file(),
+        }),
+    })
+}

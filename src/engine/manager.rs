@@ -1,0 +1,684 @@
+//! Sandbox lifecycles: create, find, pause, resume, kill; quotas; idle and expiry timers; and
+//! recovery after a restart. Every operation on a sandbox's contents goes to its agent, resuming
+//! the sandbox first if it is paused.
+//!
+//! Invariants:
+//! - A sandbox is visible (list, get, exec) only once its record is committed as `running`.
+//! - Lifecycle transitions of one sandbox are serialized by its `lifecycle` lock; contents
+//!   operations (exec, files) run concurrently, outside it.
+//! - The in-memory runtime state can always be rebuilt from the database and the driver.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::agent::protocol::{ErrorKind, ExecOutcome, ExecSpec, Request, Response, read_frame, write_frame};
+use crate::engine::config::EngineConfig;
+use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
+use crate::engine::error::EngineError;
+use crate::engine::ids;
+use crate::engine::state::{Record, Status, Store};
+use crate::engine::templates::{self, Template};
+
+/// Cap on each of stdout and stderr in an exec result.
+pub const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
+/// Largest file `read_file` returns.
+pub const READ_LIMIT: u64 = 1024 * 1024;
+/// Largest decoded file `write_file` accepts.
+pub const WRITE_LIMIT: usize = 8 * 1024 * 1024;
+/// Largest zip `download_dir` returns.
+pub const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
+/// Most entries `list_files` returns.
+pub const LIST_LIMIT: u64 = 1000;
+/// Slack over an exec's own timeout before the engine gives up on the agent.
+const EXEC_GRACE: Duration = Duration::from_secs(10);
+/// Deadline for agent operations other than exec.
+const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What the processes of a sandbox are doing, as far as the engine knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Runtime {
+    Running,
+    Frozen,
+    Stopped,
+    Killed,
+}
+
+struct Entry {
+    record: Mutex<Record>,
+    lifecycle: tokio::sync::Mutex<Runtime>,
+    /// Mirror of `lifecycle` readable without awaiting (for listings).
+    visible_status: Mutex<Status>,
+    ready: AtomicBool,
+    last_active: AtomicI64,
+    active_dirty: AtomicBool,
+    inflight: AtomicUsize,
+}
+
+impl Entry {
+    fn new(record: Record, runtime: Runtime, ready: bool) -> Arc<Self> {
+        let last = record.last_active_at;
+        let status = if runtime == Runtime::Running { Status::Running } else { Status::Paused };
+        Arc::new(Self {
+            record: Mutex::new(record),
+            lifecycle: tokio::sync::Mutex::new(runtime),
+            visible_status: Mutex::new(status),
+            ready: AtomicBool::new(ready),
+            last_active: AtomicI64::new(last),
+            active_dirty: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+        })
+    }
+
+    fn record(&self) -> Record {
+        let mut r = lock(&self.record).clone();
+        r.last_active_at = self.last_active.load(Ordering::Relaxed);
+        r.status = *lock(&self.visible_status);
+        r
+    }
+
+    fn set_visible(&self, runtime: Runtime) {
+        *lock(&self.visible_status) = if runtime == Runtime::Running { Status::Running } else { Status::Paused };
+    }
+
+    fn touch(&self) {
+        self.last_active.store(ids::now_ms(), Ordering::Relaxed);
+        self.active_dirty.store(true, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Counts an operation in flight for the idle timer, and refreshes activity on both ends.
+struct InFlight(Arc<Entry>);
+
+impl InFlight {
+    fn new(entry: Arc<Entry>) -> Self {
+        entry.inflight.fetch_add(1, Ordering::Relaxed);
+        entry.touch();
+        Self(entry)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A request to create a sandbox, validated by the API layer.
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub name: Option<String>,
+    pub template: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub timeout_seconds: Option<u64>,
+    pub tenant: Option<String>,
+}
+
+/// A sandbox as the API reports it.
+#[derive(Debug, Clone)]
+pub struct SandboxView {
+    pub record: Record,
+    pub usage: Option<(Usage, u64)>,
+}
+
+/// Resource use and limits of one sandbox.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub status: Status,
+    pub usage: Usage,
+    pub disk_bytes: u64,
+    pub disk_limit_bytes: u64,
+    pub limits_enforced: bool,
+}
+
+/// An exec's outcome plus what the engine learned about memory.
+#[derive(Debug, Clone)]
+pub struct ExecResult {
+    pub outcome: ExecOutcome,
+    pub oom_killed: bool,
+}
+
+pub struct Manager {
+    config: EngineConfig,
+    driver: Arc<dyn Driver>,
+    store: Arc<Store>,
+    templates: Vec<Template>,
+    sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
+    create_lock: tokio::sync::Mutex<()>,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, EngineError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| EngineError::Internal(format!("background task failed: {e}")))
+}
+
+impl Manager {
+    /// Opens the state, loads templates and recovers every sandbox that existed.
+    pub async fn open(config: EngineConfig, driver: Arc<dyn Driver>) -> Result<Arc<Self>, EngineError> {
+        let db = config.state_db();
+        let store = Arc::new(blocking(move || Store::open(&db)).await??);
+        let templates_dir = config.templates_dir();
+        let templates = blocking(move || templates::load(&templates_dir))
+            .await?
+            .map_err(|e| EngineError::Internal(format!("cannot prepare templates: {e}")))?;
+        let manager = Arc::new(Self {
+            config,
+            driver,
+            store,
+            templates,
+            sandboxes: Mutex::new(HashMap::new()),
+            create_lock: tokio::sync::Mutex::new(()),
+        });
+        manager.recover().await?;
+        Ok(manager)
+    }
+
+    pub fn driver(&self) -> &Arc<dyn Driver> {
+        &self.driver
+    }
+
+    pub fn templates(&self) -> &[Template] {
+        &self.templates
+    }
+
+    /// After a restart: finish interrupted creates and kills; every other sandbox comes back
+    /// paused — frozen with its processes if they survived, stopped (files kept) if not.
+    async fn recover(&self) -> Result<(), EngineError> {
+        let store = self.store.clone();
+        let records = blocking(move || store.all()).await??;
+        for record in records {
+            let id = record.id.clone();
+            match record.status {
+                Status::Creating | Status::Killing => {
+                    let driver = self.driver.clone();
+                    let store = self.store.clone();
+                    let rid = id.clone();
+                    blocking(move || {
+                        if let Err(e) = driver.destroy(&rid) {
+                            tracing::warn!(sandbox = %rid, "cleanup after restart failed: {e}");
+                        } else {
+                            let _ = store.delete(&rid);
+                        }
+                    })
+                    .await?;
+                }
+                Status::Running | Status::Paused => {
+                    let runtime = match self.driver.liveness(&id).await {
+                        Liveness::Frozen => Runtime::Frozen,
+                        Liveness::Stopped => Runtime::Stopped,
+                        Liveness::Running => {
+                            let driver = self.driver.clone();
+                            let rid = id.clone();
+                            match blocking(move || driver.freeze(&rid)).await? {
+                                Ok(()) => Runtime::Frozen,
+                                Err(_) => Runtime::Running,
+                            }
+                        }
+                    };
+                    let status = if runtime == Runtime::Running { Status::Running } else { Status::Paused };
+                    let store = self.store.clone();
+                    let rid = id.clone();
+                    blocking(move || store.set_status(&rid, status)).await??;
+                    let mut record = record;
+                    record.status = status;
+                    lock(&self.sandboxes).insert(id, Entry::new(record, runtime, true));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn template(&self, name: &str) -> Result<&Template, EngineError> {
+        self.templates.iter().find(|t| t.name == name).ok_or_else(|| {
+            EngineError::NotFound(format!(
+                "template {name} does not exist; templates: {}",
+                self.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+
+    fn entry(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Entry>, EngineError> {
+        let entry = lock(&self.sandboxes).get(id).cloned();
+        match entry {
+            Some(e)
+                if e.ready.load(Ordering::Acquire)
+                    && (tenant.is_none() || lock(&e.record).tenant.as_deref() == tenant) =>
+            {
+                Ok(e)
+            }
+            // Another tenant's sandbox answers exactly like one that does not exist.
+            _ => Err(EngineError::sandbox_not_found(id)),
+        }
+    }
+
+    fn start_spec(&self, record: &Record) -> Result<StartSpec, EngineError> {
+        let template = self.template(&record.template)?;
+        Ok(StartSpec {
+            id: record.id.clone(),
+            uid_slot: record.uid_slot,
+            shape: record.shape,
+            template: template.layout.clone(),
+            env: record.env.clone(),
+        })
+    }
+
+    pub async fn create(&self, req: CreateRequest) -> Result<SandboxView, EngineError> {
+        let template_name = req.template.clone().unwrap_or_else(|| templates::BASE.to_string());
+        let template = self.template(&template_name)?;
+        let now = ids::now_ms();
+        let record = {
+            let _guard = self.create_lock.lock().await;
+            let (count, used_slots): (usize, Vec<u32>) = {
+                let map = lock(&self.sandboxes);
+                (map.len(), map.values().map(|e| lock(&e.record).uid_slot).collect())
+            };
+            if count >= self.config.max_sandboxes {
+                return Err(EngineError::QuotaExceeded(format!(
+                    "the engine allows at most {} sandboxes and {count} exist",
+                    self.config.max_sandboxes
+                )));
+            }
+            let uid_slot = (1u32..).find(|s| !used_slots.contains(s)).unwrap_or(u32::MAX);
+            let record = Record {
+                id: ids::sandbox_id(),
+                name: req.name.clone(),
+                template: template.name.clone(),
+                status: Status::Creating,
+                metadata: req.metadata.clone(),
+                env: req.env.clone(),
+                shape: template.shape,
+                uid_slot,
+                created_at: now,
+                last_active_at: now,
+                expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
+                tenant: req.tenant.clone(),
+            };
+            let store = self.store.clone();
+            let r = record.clone();
+            blocking(move || store.insert(&r)).await??;
+            lock(&self.sandboxes).insert(record.id.clone(), Entry::new(record.clone(), Runtime::Stopped, false));
+            record
+        };
+
+        let spec = self.start_spec(&record)?;
+        if let Err(e) = self.driver.start(&spec).await {
+            let driver = self.driver.clone();
+            let store = self.store.clone();
+            let id = record.id.clone();
+            let _ = blocking(move || {
+                let _ = driver.destroy(&id);
+                let _ = store.delete(&id);
+            })
+            .await;
+            lock(&self.sandboxes).remove(&record.id);
+            return Err(e.into());
+        }
+        let store = self.store.clone();
+        let id = record.id.clone();
+        blocking(move || store.set_status(&id, Status::Running)).await??;
+        let entry = self.entry_any(&record.id)?;
+        *entry.lifecycle.lock().await = Runtime::Running;
+        entry.set_visible(Runtime::Running);
+        lock(&entry.record).status = Status::Running;
+        entry.ready.store(true, Ordering::Release);
+        Ok(SandboxView {
+            record: entry.record(),
+            usage: None,
+        })
+    }
+
+    fn entry_any(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
+        lock(&self.sandboxes)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EngineError::sandbox_not_found(id))
+    }
+
+    pub fn list(&self, status: Option<Status>, metadata: &[(String, String)], tenant: Option<&str>) -> Vec<Record> {
+        let mut out: Vec<Record> = lock(&self.sandboxes)
+            .values()
+            .filter(|e| e.ready.load(Ordering::Acquire))
+            .map(|e| e.record())
+            .filter(|r| tenant.is_none() || r.tenant.as_deref() == tenant)
+            .filter(|r| status.is_none_or(|s| r.status == s))
+            .filter(|r| metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .collect();
+        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.id.cmp(&b.id)));
+        out
+    }
+
+    pub async fn get(&self, id: &str, tenant: Option<&str>, with_usage: bool) -> Result<SandboxView, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let usage = if with_usage {
+            let driver = self.driver.clone();
+            let sid = id.to_string();
+            Some(blocking(move || (driver.usage(&sid), driver.disk_bytes(&sid))).await?)
+        } else {
+            None
+        };
+        Ok(SandboxView {
+            record: entry.record(),
+            usage,
+        })
+    }
+
+    pub async fn update_metadata(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SandboxView, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let store = self.store.clone();
+        let sid = id.to_string();
+        let m = metadata.clone();
+        blocking(move || store.set_metadata(&sid, &m)).await??;
+        lock(&entry.record).metadata = metadata;
+        Ok(SandboxView {
+            record: entry.record(),
+            usage: None,
+        })
+    }
+
+    async fn set_status(&self, id: &str, status: Status) -> Result<(), EngineError> {
+        let store = self.store.clone();
+        let sid = id.to_string();
+        blocking(move || store.set_status(&sid, status)).await??;
+        Ok(())
+    }
+
+    pub async fn pause(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        self.pause_entry(id, &entry).await?;
+        Ok(SandboxView {
+            record: entry.record(),
+            usage: None,
+        })
+    }
+
+    async fn pause_entry(&self, id: &str, entry: &Arc<Entry>) -> Result<(), EngineError> {
+        let mut rt = entry.lifecycle.lock().await;
+        match *rt {
+            Runtime::Running => {
+                let driver = self.driver.clone();
+                let sid = id.to_string();
+                blocking(move || driver.freeze(&sid)).await??;
+                self.set_status(id, Status::Paused).await?;
+                *rt = Runtime::Frozen;
+                entry.set_visible(Runtime::Frozen);
+                self.flush_active(id, entry).await;
+                Ok(())
+            }
+            Runtime::Frozen | Runtime::Stopped => Ok(()),
+            Runtime::Killed => Err(EngineError::sandbox_not_found(id)),
+        }
+    }
+
+    pub async fn resume(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        self.ensure_running(id, &entry).await?;
+        Ok(SandboxView {
+            record: entry.record(),
+            usage: None,
+        })
+    }
+
+    /// Thaws a frozen sandbox or restarts a stopped one.
+    async fn ensure_running(&self, id: &str, entry: &Arc<Entry>) -> Result<(), EngineError> {
+        let mut rt = entry.lifecycle.lock().await;
+        match *rt {
+            Runtime::Running => return Ok(()),
+            Runtime::Killed => return Err(EngineError::sandbox_not_found(id)),
+            Runtime::Frozen => {
+                let driver = self.driver.clone();
+                let sid = id.to_string();
+                blocking(move || driver.thaw(&sid)).await??;
+            }
+            Runtime::Stopped => {
+                let spec = self.start_spec(&lock(&entry.record))?;
+                self.driver.start(&spec).await?;
+            }
+        }
+        self.set_status(id, Status::Running).await?;
+        *rt = Runtime::Running;
+        entry.set_visible(Runtime::Running);
+        Ok(())
+    }
+
+    /// After an agent failure: if the agent is gone, remember that so the next call restarts it.
+    async fn note_agent_failure(&self, id: &str, entry: &Arc<Entry>) {
+        if self.driver.liveness(id).await == Liveness::Stopped {
+            let mut rt = entry.lifecycle.lock().await;
+            if *rt == Runtime::Running {
+                let driver = self.driver.clone();
+                let sid = id.to_string();
+                let _ = blocking(move || driver.stop(&sid)).await;
+                *rt = Runtime::Stopped;
+                entry.set_visible(Runtime::Stopped);
+                let _ = self.set_status(id, Status::Paused).await;
+            }
+        }
+    }
+
+    pub async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let mut rt = entry.lifecycle.lock().await;
+        if *rt == Runtime::Killed {
+            return Err(EngineError::sandbox_not_found(id));
+        }
+        self.set_status(id, Status::Killing).await?;
+        let driver = self.driver.clone();
+        let store = self.store.clone();
+        let sid = id.to_string();
+        blocking(move || -> Result<(), EngineError> {
+            driver.destroy(&sid).map_err(|e| {
+                EngineError::Internal(format!("kill incomplete ({e}); it is retried when the engine restarts"))
+            })?;
+            store.delete(&sid)?;
+            Ok(())
+        })
+        .await??;
+        *rt = Runtime::Killed;
+        entry.ready.store(false, Ordering::Release);
+        lock(&self.sandboxes).remove(id);
+        Ok(())
+    }
+
+    /// Sends one request to the sandbox's agent (resuming the sandbox first) and returns the
+    /// final response. `deadline` bounds the whole exchange.
+    async fn agent_call(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        request: Request,
+        deadline: Duration,
+    ) -> Result<(Arc<Entry>, Response), EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let _inflight = InFlight::new(entry.clone());
+        self.ensure_running(id, &entry).await?;
+        let exchange = async {
+            let mut conn = self.driver.connect(id).await?;
+            write_frame(&mut conn, &request)
+                .await
+                .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
+            loop {
+                match read_frame::<_, Response>(&mut conn).await {
+                    Ok(Some(Response::Output { .. })) => continue,
+                    Ok(Some(response)) => return Ok(response),
+                    Ok(None) => {
+                        return Err(DriverError::Agent(
+                            "the sandbox's agent closed the connection (it may have run out of memory)".into(),
+                        ));
+                    }
+                    Err(e) => return Err(DriverError::Agent(format!("the sandbox's agent broke the protocol: {e}"))),
+                }
+            }
+        };
+        match tokio::time::timeout(deadline, exchange).await {
+            Ok(Ok(response)) => Ok((entry, response)),
+            Ok(Err(e)) => {
+                self.note_agent_failure(id, &entry).await;
+                Err(e.into())
+            }
+            Err(_) => Err(EngineError::Timeout(format!(
+                "the sandbox did not answer within {} s",
+                deadline.as_secs()
+            ))),
+        }
+    }
+
+    pub async fn exec(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        command: String,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+        timeout_ms: u64,
+    ) -> Result<ExecResult, EngineError> {
+        let before = self.oom_kills(id).await;
+        let spec = ExecSpec {
+            command,
+            cwd,
+            env,
+            timeout_ms,
+            max_output_bytes: EXEC_OUTPUT_CAP,
+            stream: false,
+        };
+        let deadline = Duration::from_millis(timeout_ms) + EXEC_GRACE;
+        let (_, response) = self.agent_call(id, tenant, Request::Exec(spec), deadline).await?;
+        let outcome = match response {
+            Response::Exec(outcome) => outcome,
+            other => return Err(agent_error(other)),
+        };
+        // v1 cgroups have no oom.group: when the kernel killed one process for memory, kill the
+        // rest too, so the sandbox never limps on half-dead.
+        let oom_killed = self.oom_kills(id).await > before;
+        if oom_killed {
+            let _ = self.agent_call(id, tenant, Request::KillAll, AGENT_TIMEOUT).await;
+        }
+        Ok(ExecResult { outcome, oom_killed })
+    }
+
+    async fn oom_kills(&self, id: &str) -> u64 {
+        let driver = self.driver.clone();
+        let sid = id.to_string();
+        blocking(move || driver.usage(&sid).oom_kills).await.unwrap_or(0)
+    }
+
+    /// A file operation: one request, one response.
+    pub async fn file_op(&self, id: &str, tenant: Option<&str>, request: Request) -> Result<Response, EngineError> {
+        let (_, response) = self.agent_call(id, tenant, request, AGENT_TIMEOUT).await?;
+        match response {
+            Response::Error { .. } => Err(agent_error(response)),
+            ok => Ok(ok),
+        }
+    }
+
+    pub async fn metrics(&self, id: &str, tenant: Option<&str>) -> Result<Metrics, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let driver = self.driver.clone();
+        let sid = id.to_string();
+        let (usage, disk_bytes) = blocking(move || (driver.usage(&sid), driver.disk_bytes(&sid))).await?;
+        let record = entry.record();
+        Ok(Metrics {
+            status: record.status,
+            usage,
+            disk_bytes,
+            disk_limit_bytes: record.shape.disk_mb * 1024 * 1024,
+            limits_enforced: self.driver.limits_enforced(),
+        })
+    }
+
+    async fn flush_active(&self, id: &str, entry: &Arc<Entry>) {
+        if entry.active_dirty.swap(false, Ordering::Relaxed) {
+            let at = entry.last_active.load(Ordering::Relaxed);
+            let store = self.store.clone();
+            let sid = id.to_string();
+            let _ = blocking(move || store.set_last_active(&sid, at)).await;
+        }
+    }
+
+    /// One pass of the timers: kill expired sandboxes, pause idle ones, persist activity.
+    pub async fn tick(&self) {
+        let now = ids::now_ms();
+        let entries: Vec<(String, Arc<Entry>)> = lock(&self.sandboxes)
+            .iter()
+            .filter(|(_, e)| e.ready.load(Ordering::Acquire))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (id, entry) in entries {
+            let record = entry.record();
+            if record.expires_at.is_some_and(|t| t <= now) {
+                tracing::info!(sandbox = %id, "timeout reached; killing");
+                if let Err(e) = self.kill(&id, None).await {
+                    tracing::warn!(sandbox = %id, "auto-kill failed: {e}");
+                }
+                continue;
+            }
+            if let Some(idle) = self.config.idle_pause
+                && record.status == Status::Running
+                && entry.inflight.load(Ordering::Relaxed) == 0
+                && now - entry.last_active.load(Ordering::Relaxed) >= idle.as_millis() as i64
+            {
+                tracing::info!(sandbox = %id, "idle; pausing");
+                if let Err(e) = self.pause_entry(&id, &entry).await {
+                    tracing::debug!(sandbox = %id, "auto-pause skipped: {e}");
+                }
+            }
+            self.flush_active(&id, &entry).await;
+        }
+    }
+
+    /// Runs the timers until `stop` fires.
+    pub async fn run_timers(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+        let mut interval = tokio::time::interval(self.config.tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = interval.tick() => self.tick().await,
+            }
+        }
+    }
+
+    /// Clean shutdown: running sandboxes are frozen (their processes and memory are kept, no CPU
+    /// is used) and marked paused; the next engine resumes them on first use.
+    pub async fn shutdown(&self) {
+        let entries: Vec<(String, Arc<Entry>)> = lock(&self.sandboxes)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (id, entry) in entries {
+            if entry.ready.load(Ordering::Acquire)
+                && let Err(e) = self.pause_entry(&id, &entry).await
+            {
+                tracing::debug!(sandbox = %id, "not paused at shutdown: {e}");
+            }
+            self.flush_active(&id, &entry).await;
+        }
+    }
+}
+
+/// Maps an agent error response to an engine error.
+fn agent_error(response: Response) -> EngineError {
+    match response {
+        Response::Error { kind, message } => match kind {
+            ErrorKind::NotFound => EngineError::NotFound(message),
+            ErrorKind::InvalidArgument => EngineError::InvalidArgument(message),
+            ErrorKind::PermissionDenied => EngineError::PermissionDenied(message),
+            ErrorKind::Conflict => EngineError::Conflict(message),
+            ErrorKind::PayloadTooLarge => EngineError::PayloadTooLarge(message),
+            ErrorKind::Io => EngineError::Sandbox(message),
+        },
+        other => EngineError::Sandbox(format!("unexpected answer from the sandbox's agent: {other:?}")),
+    }
+}

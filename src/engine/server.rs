@@ -1,0 +1,318 @@
+//! The engine's HTTP surface: routing for every operation of the spec, bearer-key auth on every
+//! request, a 16 MiB body limit, and errors in the spec's shape (including for unknown routes,
+//! wrong methods and malformed bodies), each with a request id.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::api;
+use crate::engine::error::EngineError;
+use crate::engine::ids;
+use crate::engine::manager::Manager;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 16 * 1024 * 1024;
+
+tokio::task_local! {
+    static REQUEST_ID: String;
+}
+
+/// Who made a request: the tenant its key belongs to, if any.
+#[derive(Debug, Clone, Default)]
+pub struct Principal {
+    pub tenant: Option<String>,
+    /// May act for any tenant named in the `x-sandbox-tenant` header (the MCP server's own key).
+    pub service: bool,
+}
+
+/// Header a service key uses to act for one tenant.
+pub const TENANT_HEADER: &str = "x-sandbox-tenant";
+
+/// The tenant whose sandboxes a request may see (`None`: all).
+pub struct Tenant(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Tenant {
+    type Rejection = EngineError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let principal = parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or(EngineError::Unauthorized)?;
+        if principal.service
+            && let Some(value) = parts.headers.get(TENANT_HEADER)
+        {
+            let tenant = value
+                .to_str()
+                .map_err(|_| EngineError::InvalidArgument("invalid tenant header".into()))?;
+            return Ok(Tenant(Some(tenant.to_string())));
+        }
+        Ok(Tenant(principal.tenant))
+    }
+}
+
+/// JSON body extractor whose rejections are API errors with the spec's shape.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = EngineError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => {
+                let status = rejection.status();
+                let text = rejection.body_text();
+                Err(if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    EngineError::PayloadTooLarge(format!(
+                        "the request body is over {} MiB",
+                        BODY_LIMIT / (1024 * 1024)
+                    ))
+                } else {
+                    EngineError::InvalidArgument(format!("invalid request body: {text}"))
+                })
+            }
+        }
+    }
+}
+
+impl IntoResponse for EngineError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let request_id = REQUEST_ID.try_with(Clone::clone).unwrap_or_default();
+        if status.is_server_error() {
+            tracing::warn!(%request_id, code, "{self}");
+        }
+        let body = serde_json::json!({
+            "error_code": code,
+            "message": self.to_string(),
+            "request_id": request_id,
+        });
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// Accepted bearer keys, stored as SHA-256 digests and compared in constant time. A keys file is
+/// re-read when it changes, so keys can be rotated without a restart.
+pub struct Keys {
+    fixed: Vec<([u8; 32], Principal)>,
+    file: Option<PathBuf>,
+    from_file: RwLock<(Option<SystemTime>, Vec<([u8; 32], Principal)>, Instant)>,
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Keys {
+    pub fn new(keys: impl IntoIterator<Item = String>, file: Option<PathBuf>) -> Self {
+        Self {
+            fixed: keys
+                .into_iter()
+                .filter(|k| !k.trim().is_empty())
+                .map(|k| (digest(k.trim()), Principal::default()))
+                .collect(),
+            file,
+            from_file: RwLock::new((None, Vec::new(), Instant::now() - Duration::from_secs(10))),
+        }
+    }
+
+    /// Adds a service key (the local MCP server's).
+    pub fn with_service_key(mut self, key: &str) -> Self {
+        self.fixed.push((
+            digest(key),
+            Principal {
+                tenant: None,
+                service: true,
+            },
+        ));
+        self
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fixed.is_empty() && self.file.is_none()
+    }
+
+    fn reload(&self) {
+        let Some(path) = &self.file else { return };
+        {
+            let guard = self.from_file.read().unwrap_or_else(|p| p.into_inner());
+            if guard.2.elapsed() < Duration::from_secs(1) {
+                return;
+            }
+        }
+        let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        let mut guard = self.from_file.write().unwrap_or_else(|p| p.into_inner());
+        guard.2 = Instant::now();
+        if mtime.is_some() && mtime == guard.0 {
+            return;
+        }
+        let keys = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|k| (digest(k), Principal::default()))
+            .collect();
+        *guard = (mtime, keys, Instant::now());
+    }
+
+    pub fn check(&self, token: &str) -> Option<Principal> {
+        self.reload();
+        let d = digest(token);
+        let guard = self.from_file.read().unwrap_or_else(|p| p.into_inner());
+        // Compare against every key so timing does not reveal which one matched.
+        let mut found = None;
+        for (k, p) in self.fixed.iter().chain(guard.1.iter()) {
+            if constant_time_eq(k, &d) && found.is_none() {
+                found = Some(p.clone());
+            }
+        }
+        found
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<Manager>,
+    pub keys: Arc<Keys>,
+}
+
+async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let request_id = ids::request_id();
+    REQUEST_ID
+        .scope(request_id.clone(), async move {
+            let token = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+                .map(str::trim);
+            let principal = token.and_then(|t| state.keys.check(t));
+            let Some(principal) = principal else {
+                return EngineError::Unauthorized.into_response();
+            };
+            req.extensions_mut().insert(principal);
+            let method = req.method().clone();
+            let path = req.uri().path().to_string();
+            let started = Instant::now();
+            let mut response = next.run(req).await;
+            tracing::debug!(%request_id, %method, %path, status = response.status().as_u16(), ms = started.elapsed().as_millis() as u64, "request");
+            if let Ok(v) = HeaderValue::from_str(&request_id) {
+                response.headers_mut().insert("x-request-id", v);
+            }
+            response
+        })
+        .await
+}
+
+async fn no_route() -> EngineError {
+    EngineError::NotFound("no such endpoint; see the engine's OpenAPI document".into())
+}
+
+async fn wrong_method() -> EngineError {
+    EngineError::MethodNotAllowed
+}
+
+/// Every route of the spec. The conformance test walks the spec and checks each one is here.
+pub fn router(state: AppState) -> Router {
+    let sandbox = "/v1/sandboxes/{sandbox_id}";
+    Router::new()
+        .route("/v1/health", get(api::health))
+        .route("/v1/templates", get(api::list_templates))
+        .route("/v1/sandboxes", post(api::create_sandbox).get(api::list_sandboxes))
+        .route(
+            sandbox,
+            get(api::get_sandbox)
+                .patch(api::update_sandbox)
+                .delete(api::kill_sandbox),
+        )
+        .route(&format!("{sandbox}/pause"), post(api::pause_sandbox))
+        .route(&format!("{sandbox}/resume"), post(api::resume_sandbox))
+        .route(&format!("{sandbox}/metrics"), get(api::get_sandbox_metrics))
+        .route(&format!("{sandbox}/exec"), post(api::exec_command))
+        .route(
+            &format!("{sandbox}/files"),
+            get(api::read_file).put(api::write_file).delete(api::delete_file),
+        )
+        .route(&format!("{sandbox}/files/list"), get(api::list_files))
+        .route(&format!("{sandbox}/files/move"), post(api::move_file))
+        .route(&format!("{sandbox}/files/download"), get(api::download_dir))
+        .fallback(no_route)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+/// A running engine HTTP server.
+pub struct EngineServer {
+    pub url: String,
+    pub manager: Arc<Manager>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl EngineServer {
+    /// Serves `manager` on `listener` and runs its timers.
+    pub fn start(manager: Arc<Manager>, listener: TcpListener, keys: Keys) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let url = format!("http://{addr}");
+        let stop = CancellationToken::new();
+        let state = AppState {
+            manager: manager.clone(),
+            keys: Arc::new(keys),
+        };
+        let app = router(state);
+        let shutdown = stop.clone();
+        let server = tokio::spawn(async move {
+            let serve = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!("engine server stopped: {e}");
+            }
+        });
+        let timers = tokio::spawn(manager.clone().run_timers(stop.clone()));
+        Ok(Self {
+            url,
+            manager,
+            stop,
+            tasks: vec![server, timers],
+        })
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish, and pauses the sandboxes.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+        self.manager.shutdown().await;
+    }
+}

@@ -1,0 +1,267 @@
+//! Durable sandbox records in SQLite (WAL, `synchronous=FULL`): a record is committed before
+//! the API acknowledges the change it describes, so a crash (even `kill -9`, even power loss)
+//! never loses an acknowledged sandbox.
+//!
+//! Status transitions are written around the effects they describe: `creating` before a sandbox
+//! is built and `running` once it is; `killing` before it is torn down and the row deleted after.
+//! On restart, `creating` rows (never acknowledged) and `killing` rows are cleaned up.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::engine::driver::Shape;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    Creating,
+    Running,
+    Paused,
+    Killing,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Creating => "creating",
+            Status::Running => "running",
+            Status::Paused => "paused",
+            Status::Killing => "killing",
+        }
+    }
+
+    fn parse(s: &str) -> Status {
+        match s {
+            "creating" => Status::Creating,
+            "running" => Status::Running,
+            "killing" => Status::Killing,
+            _ => Status::Paused,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    pub id: String,
+    pub name: Option<String>,
+    pub template: String,
+    pub status: Status,
+    pub metadata: BTreeMap<String, String>,
+    pub env: Vec<(String, String)>,
+    pub shape: Shape,
+    pub uid_slot: u32,
+    pub created_at: i64,
+    pub last_active_at: i64,
+    pub expires_at: Option<i64>,
+    /// Owner of the sandbox when the engine is shared by tenants (None: untenanted).
+    pub tenant: Option<String>,
+}
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    template TEXT NOT NULL,
+    status TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    env TEXT NOT NULL,
+    vcpus REAL NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_mb INTEGER NOT NULL,
+    max_pids INTEGER NOT NULL,
+    uid_slot INTEGER NOT NULL UNIQUE,
+    created_at INTEGER NOT NULL,
+    last_active_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    tenant TEXT
+);
+INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
+";
+
+fn db_err(e: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(e.to_string().into())
+}
+
+impl Store {
+    pub fn open(path: &Path) -> rusqlite::Result<Self> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // Records hold sandbox environment variables, which may be secrets.
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+        let conn = self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&conn)
+    }
+
+    pub fn insert(&self, r: &Record) -> rusqlite::Result<()> {
+        let metadata = serde_json::to_string(&r.metadata).map_err(db_err)?;
+        let env = serde_json::to_string(&r.env).map_err(db_err)?;
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
+                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                params![
+                    r.id,
+                    r.name,
+                    r.template,
+                    r.status.as_str(),
+                    metadata,
+                    env,
+                    r.shape.vcpus,
+                    r.shape.memory_mb as i64,
+                    r.shape.disk_mb as i64,
+                    r.shape.max_pids as i64,
+                    r.uid_slot,
+                    r.created_at,
+                    r.last_active_at,
+                    r.expires_at,
+                    r.tenant,
+                ],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn set_status(&self, id: &str, status: Status) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET status = ?2 WHERE id = ?1",
+                params![id, status.as_str()],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn set_metadata(&self, id: &str, metadata: &BTreeMap<String, String>) -> rusqlite::Result<()> {
+        let metadata = serde_json::to_string(metadata).map_err(db_err)?;
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET metadata = ?2 WHERE id = ?1",
+                params![id, metadata],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn set_last_active(&self, id: &str, at: i64) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET last_active_at = ?2 WHERE id = ?1",
+                params![id, at],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub fn delete(&self, id: &str) -> rusqlite::Result<()> {
+        self.with(|c| c.execute("DELETE FROM sandboxes WHERE id = ?1", params![id]).map(|_| ()))
+    }
+
+    pub fn get(&self, id: &str) -> rusqlite::Result<Option<Record>> {
+        self.with(|c| {
+            c.query_row(&format!("{SELECT} WHERE id = ?1"), params![id], row)
+                .optional()
+        })
+    }
+
+    pub fn all(&self) -> rusqlite::Result<Vec<Record>> {
+        self.with(|c| {
+            let mut stmt = c.prepare(&format!("{SELECT} ORDER BY created_at DESC, id"))?;
+            let rows = stmt.query_map([], row)?;
+            rows.collect()
+        })
+    }
+}
+
+const SELECT: &str = "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
+    uid_slot, created_at, last_active_at, expires_at, tenant FROM sandboxes";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
+    let metadata: String = r.get(4)?;
+    let env: String = r.get(5)?;
+    Ok(Record {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        template: r.get(2)?,
+        status: Status::parse(&r.get::<_, String>(3)?),
+        metadata: serde_json::from_str(&metadata).unwrap_or_default(),
+        env: serde_json::from_str(&env).unwrap_or_default(),
+        shape: Shape {
+            vcpus: r.get(6)?,
+            memory_mb: r.get::<_, i64>(7)? as u64,
+            disk_mb: r.get::<_, i64>(8)? as u64,
+            max_pids: r.get::<_, i64>(9)? as u64,
+        },
+        uid_slot: r.get(10)?,
+        created_at: r.get(11)?,
+        last_active_at: r.get(12)?,
+        expires_at: r.get(13)?,
+        tenant: r.get(14)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, slot: u32) -> Record {
+        Record {
+            id: id.into(),
+            name: Some("n".into()),
+            template: "base".into(),
+            status: Status::Creating,
+            metadata: [("k".to_string(), "v".to_string())].into(),
+            env: vec![("A".into(), "1".into())],
+            shape: Shape {
+                vcpus: 1.0,
+                memory_mb: 512,
+                disk_mb: 1024,
+                max_pids: 100,
+            },
+            uid_slot: slot,
+            created_at: 1,
+            last_active_at: 1,
+            expires_at: None,
+            tenant: None,
+        }
+    }
+
+    #[test]
+    fn records_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let store = Store::open(&path).unwrap();
+            store.insert(&record("sbx_a", 1)).unwrap();
+            store.set_status("sbx_a", Status::Running).unwrap();
+            store.insert(&record("sbx_b", 2)).unwrap();
+            assert!(store.insert(&record("sbx_c", 2)).is_err(), "uid slots are unique");
+            store.delete("sbx_b").unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let all = store.all().unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].status, Status::Running);
+        assert_eq!(all[0].env, vec![("A".to_string(), "1".to_string())]);
+    }
+}

@@ -1,0 +1,109 @@
+//! Tool arguments: validated against the tool's input schema, defaults filled in, then read by
+//! the generated dispatch into typed request values.
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::jsonschema;
+use crate::mcp::call::CallFailure;
+use crate::tooldefs::ToolDef;
+
+/// The arguments of one call, after validation.
+#[derive(Debug, Clone)]
+pub struct Args {
+    map: Map<String, Value>,
+}
+
+impl Args {
+    /// Validates `raw` against the schema the model was shown and applies defaults
+    /// (including those of hidden arguments). Returns one message per problem.
+    pub fn prepare(tool: &ToolDef, raw: Option<Map<String, Value>>) -> Result<Self, Vec<String>> {
+        let map = raw.unwrap_or_default();
+        let value = Value::Object(map);
+        let violations = jsonschema::validate(&tool.input_schema, &value);
+        if !violations.is_empty() {
+            return Err(violations.iter().map(ToString::to_string).collect());
+        }
+        let Value::Object(mut map) = value else {
+            return Err(vec!["arguments must be an object".into()]);
+        };
+        for arg in &tool.args {
+            if let Some(default) = &arg.default
+                && !map.contains_key(&arg.name)
+            {
+                map.insert(arg.name.clone(), default.clone());
+            }
+        }
+        Ok(Self { map })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.map.get(name)
+    }
+
+    fn required<T>(&self, name: &str, read: impl Fn(&Value) -> Option<T>) -> Result<T, CallFailure> {
+        self.optional(name, read)?
+            .ok_or_else(|| CallFailure::InvalidArgs(format!("missing required argument `{name}`")))
+    }
+
+    fn optional<T>(
+        &self,
+        name: &str,
+        read: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<T>, CallFailure> {
+        match self.map.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => read(v).map(Some).ok_or_else(|| {
+                CallFailure::InvalidArgs(format!(
+                    "argument `{name}` has the wrong type: {}",
+                    jsonschema::quote(v)
+                ))
+            }),
+        }
+    }
+
+    pub fn string(&self, name: &str) -> Result<String, CallFailure> {
+        self.required(name, |v| v.as_str().map(String::from))
+    }
+    pub fn opt_string(&self, name: &str) -> Result<Option<String>, CallFailure> {
+        self.optional(name, |v| v.as_str().map(String::from))
+    }
+    pub fn u64(&self, name: &str) -> Result<u64, CallFailure> {
+        self.required(name, Value::as_u64)
+    }
+    pub fn opt_u64(&self, name: &str) -> Result<Option<u64>, CallFailure> {
+        self.optional(name, Value::as_u64)
+    }
+    pub fn i64(&self, name: &str) -> Result<i64, CallFailure> {
+        self.required(name, Value::as_i64)
+    }
+    pub fn opt_i64(&self, name: &str) -> Result<Option<i64>, CallFailure> {
+        self.optional(name, Value::as_i64)
+    }
+    pub fn f64(&self, name: &str) -> Result<f64, CallFailure> {
+        self.required(name, Value::as_f64)
+    }
+    pub fn opt_f64(&self, name: &str) -> Result<Option<f64>, CallFailure> {
+        self.optional(name, Value::as_f64)
+    }
+    pub fn bool(&self, name: &str) -> Result<bool, CallFailure> {
+        self.required(name, Value::as_bool)
+    }
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, CallFailure> {
+        self.optional(name, Value::as_bool)
+    }
+
+    /// Gathers the body fields present into the operation's generated body type.
+    pub fn body<T: DeserializeOwned>(&self, fields: &[&str]) -> Result<T, CallFailure> {
+        let mut body = Map::new();
+        for field in fields {
+            if let Some(v) = self.map.get(*field)
+                && !v.is_null()
+            {
+                body.insert((*field).to_string(), v.clone());
+            }
+        }
+        serde_json::from_value(Value::Object(body))
+            .map_err(|e| CallFailure::InvalidArgs(format!("invalid arguments: {e}")))
+    }
+}

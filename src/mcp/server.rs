@@ -1,0 +1,196 @@
+//! The rmcp server handler: tools/list from the registry, tools/call through validation, the
+//! generated dispatch and result shaping.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp::args::Args;
+use crate::mcp::backend::Backend;
+use crate::mcp::call::CallFailure;
+use crate::mcp::{dispatch, shape};
+use crate::tooldefs::ToolDef;
+
+/// Protocol revisions this server speaks. 2025-06-18 is the oldest with structured tool output.
+pub const PROTOCOL_VERSIONS: [ProtocolVersion; 3] = [
+    ProtocolVersion::V_2025_06_18,
+    ProtocolVersion::V_2025_11_25,
+    ProtocolVersion::V_2026_07_28,
+];
+
+const INSTRUCTIONS: &str = "Isolated Linux sandboxes for running code. Call sandbox_create once and \
+reuse its id for related work: sandbox_exec runs shell commands, the sandbox_files_* tools read and \
+write files. Sandboxes have no network access. Call sandbox_kill when you are done.";
+
+/// Settings for one MCP server instance.
+#[derive(Debug, Clone)]
+pub struct ServerSettings {
+    /// Deadline for a call that has no timeout argument of its own.
+    pub request_timeout: Duration,
+    /// Extra time over a call's own timeout argument (e.g. an exec's `timeout_ms`).
+    pub timeout_grace: Duration,
+}
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            request_timeout: Duration::from_secs(60),
+            timeout_grace: Duration::from_secs(15),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct SandboxMcp {
+    backend: Backend,
+    defs: Arc<Vec<&'static ToolDef>>,
+    tools: Arc<Vec<Tool>>,
+    settings: ServerSettings,
+}
+
+/// The MCP tool as the model sees it: everything comes from the registry.
+pub fn to_mcp_tool(def: &ToolDef) -> Tool {
+    let object = |v: &serde_json::Value| -> JsonObject { v.as_object().cloned().unwrap_or_default() };
+    let annotations = ToolAnnotations::new()
+        .read_only(def.annotations.read_only)
+        .destructive(def.annotations.destructive)
+        .idempotent(def.annotations.idempotent)
+        .open_world(def.annotations.open_world);
+    Tool::new_with_raw(
+        def.name.clone(),
+        Some(Cow::Owned(def.description.clone())),
+        Arc::new(object(&def.input_schema)),
+    )
+    .with_title(def.title.clone())
+    .with_raw_output_schema(Arc::new(object(&def.output_schema)))
+    .with_annotations(annotations)
+}
+
+impl SandboxMcp {
+    pub fn new(backend: Backend, defs: Vec<&'static ToolDef>, settings: ServerSettings) -> Self {
+        let tools = defs.iter().map(|d| to_mcp_tool(d)).collect();
+        Self {
+            backend,
+            defs: Arc::new(defs),
+            tools: Arc::new(tools),
+            settings,
+        }
+    }
+
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// Runs one tool call to completion, cancellation or deadline.
+    pub async fn call(
+        &self,
+        name: &str,
+        arguments: Option<JsonObject>,
+        ct: CancellationToken,
+    ) -> Result<CallToolResult, McpError> {
+        let Some(def) = self.defs.iter().find(|d| d.name == name).copied() else {
+            return Err(shape::protocol_error(&CallFailure::unknown_tool(name)));
+        };
+        let args = match Args::prepare(def, arguments) {
+            Ok(args) => args,
+            Err(problems) => {
+                let failure = CallFailure::InvalidArgs(problems.join("; "));
+                return Ok(shape::failure_result(def, None, &failure));
+            }
+        };
+        let deadline = self.deadline(def, &args);
+        let outcome = tokio::select! {
+            biased;
+            () = ct.cancelled() => Err(CallFailure::Deadline("the call was cancelled".into())),
+            r = tokio::time::timeout(deadline, self.dispatch_with_recovery(def, &args)) => match r {
+                Ok(r) => r,
+                Err(_) => Err(CallFailure::Deadline(format!("no answer within {} s", deadline.as_secs()))),
+            },
+        };
+        match outcome {
+            Ok(value) => Ok(shape::success_result(def, value)),
+            Err(CallFailure::UnknownTool(n)) => Err(shape::protocol_error(&CallFailure::UnknownTool(n))),
+            Err(failure) => {
+                tracing::debug!(tool = name, ?failure, "tool call failed");
+                Ok(shape::failure_result(def, Some(&args), &failure))
+            }
+        }
+    }
+
+    fn deadline(&self, def: &ToolDef, args: &Args) -> Duration {
+        let own = def
+            .timeout_arg_ms
+            .as_deref()
+            .and_then(|name| args.get(name))
+            .and_then(serde_json::Value::as_u64)
+            .map(|ms| Duration::from_millis(ms) + self.settings.timeout_grace);
+        own.map_or(self.settings.request_timeout, |d| d.max(self.settings.request_timeout))
+    }
+
+    async fn dispatch_with_recovery(
+        &self,
+        def: &ToolDef,
+        args: &Args,
+    ) -> Result<serde_json::Value, CallFailure> {
+        let client = self.backend.client().await?;
+        match dispatch::dispatch(&client, &def.name, args).await {
+            Err(f) if f.is_connect_failure() && self.backend.recover(&client).await => {
+                let client = self.backend.client().await?;
+                dispatch::dispatch(&client, &def.name, args).await
+            }
+            other => other,
+        }
+    }
+}
+
+impl ServerHandler for SandboxMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION"))
+                    .with_title("sandbox-mcp")
+                    .with_description(env!("CARGO_PKG_DESCRIPTION")),
+            )
+            .with_protocol_version(ProtocolVersion::V_2025_11_25)
+            .with_instructions(INSTRUCTIONS)
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Owned(PROTOCOL_VERSIONS.to_vec())
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        self.call(&request.name, request.arguments, context.ct)
+            .await
+            .map(CallToolResponse::from)
+    }
+
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.tools.iter().find(|t| t.name == name).cloned()
+    }
+}

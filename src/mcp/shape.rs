@@ -1,0 +1,255 @@
+//! What the model receives: results capped to fit a context window, and failures turned into the
+//! tool-def's actionable message. Both kinds of MCP error go through [`failure_result`] /
+//! [`protocol_error`], never through ad-hoc literals.
+
+use rmcp::ErrorData as McpError;
+use rmcp::model::{CallToolResult, ContentBlock as Content};
+use serde_json::{Map, Value};
+
+use crate::mcp::args::Args;
+use crate::mcp::call::CallFailure;
+use crate::tooldefs::{Cap, ToolDef};
+
+/// Applies the tool's output caps in place. A capped string keeps its head and tail around a
+/// marker; a capped array keeps its first items. Each cap sets `truncated: true` and records the
+/// original size in `<field>_bytes` / `<field>_total` unless the engine already reported the exact
+/// figure there (the engine's count of what a command wrote beats our count of what it returned).
+pub fn apply_caps(caps: &[Cap], value: &mut Value) {
+    let Some(obj) = value.as_object_mut() else {
+        return;
+    };
+    let mut truncated = false;
+    for cap in caps {
+        match (obj.get_mut(&cap.field), cap.max_bytes, cap.max_items) {
+            (Some(Value::String(s)), Some(max), _) if s.len() as u64 > max => {
+                let original = s.len() as u64;
+                *s = head_tail(s, max as usize);
+                truncated = true;
+                set_if_absent(obj, &format!("{}_bytes", cap.field), original);
+            }
+            (Some(Value::Array(items)), _, Some(max)) if items.len() as u64 > max => {
+                let original = items.len() as u64;
+                items.truncate(max as usize);
+                truncated = true;
+                set_if_absent(obj, &format!("{}_total", cap.field), original);
+            }
+            _ => {}
+        }
+    }
+    if truncated {
+        obj.insert("truncated".into(), Value::Bool(true));
+    } else if !caps.is_empty() && !obj.contains_key("truncated") {
+        obj.insert("truncated".into(), Value::Bool(false));
+    }
+}
+
+fn set_if_absent(obj: &mut Map<String, Value>, key: &str, n: u64) {
+    obj.entry(key.to_string()).or_insert(Value::from(n));
+}
+
+/// The first and last parts of `s` within `max` bytes in all, cut on character boundaries, with a
+/// marker saying how much is missing.
+pub fn head_tail(s: &str, max: usize) -> String {
+    let marker_len = 48; // "\n…[N bytes omitted]…\n" with N up to 20 digits
+    let budget = max.saturating_sub(marker_len);
+    let mut head_end = budget / 2;
+    while head_end > 0 && !s.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = s.len() - (budget - budget / 2);
+    while tail_start < s.len() && !s.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    let omitted = tail_start - head_end;
+    format!(
+        "{}\n…[{} bytes omitted]…\n{}",
+        &s[..head_end],
+        omitted,
+        &s[tail_start..]
+    )
+}
+
+/// A successful call: the (capped) JSON as `structuredContent`, and the same JSON as text for
+/// clients that only read text.
+pub fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult {
+    apply_caps(&tool.caps, &mut value);
+    let text = serde_json::to_string(&value).unwrap_or_default();
+    let mut result = CallToolResult::structured(value);
+    result.content = vec![Content::text(text)];
+    result
+}
+
+/// A failed call the model can act on: `isError: true` and the tool-def's message.
+pub fn failure_result(tool: &ToolDef, args: Option<&Args>, failure: &CallFailure) -> CallToolResult {
+    CallToolResult::error(vec![Content::text(failure_message(tool, args, failure))])
+}
+
+/// A JSON-RPC error: only for requests that are not a valid call of a known tool.
+pub fn protocol_error(failure: &CallFailure) -> McpError {
+    match failure {
+        CallFailure::UnknownTool(name) => McpError::invalid_params(
+            format!("unknown tool `{name}`; call tools/list to see the tools"),
+            None,
+        ),
+        other => McpError::internal_error(format!("{other:?}"), None),
+    }
+}
+
+/// Picks the message for a failure: the tool-def's by error code, then by HTTP status, then a
+/// generic one; fills its placeholders.
+pub fn failure_message(tool: &ToolDef, args: Option<&Args>, failure: &CallFailure) -> String {
+    let (keys, message, code, status, request_id): (Vec<String>, &str, &str, u16, &str) =
+        match failure {
+            CallFailure::InvalidArgs(m) => (vec![], m, "invalid_argument", 0, ""),
+            CallFailure::Api {
+                status,
+                code,
+                message,
+                request_id,
+            } => (
+                vec![code.clone(), status.to_string()],
+                message,
+                code,
+                *status,
+                request_id,
+            ),
+            CallFailure::Unreachable(m) => (vec!["unreachable".into()], m, "unreachable", 0, ""),
+            CallFailure::Deadline(m) => (vec!["deadline".into()], m, "deadline", 0, ""),
+            CallFailure::BadResponse(m) => (vec!["bad_response".into()], m, "bad_response", 0, ""),
+            CallFailure::UnknownTool(name) => {
+                return format!("unknown tool `{name}`; call tools/list to see the tools");
+            }
+        };
+    if let CallFailure::InvalidArgs(m) = failure {
+        return format!("Invalid arguments for {}: {m}", tool.name);
+    }
+    let template = keys
+        .iter()
+        .find_map(|k| tool.errors.get(k))
+        .cloned()
+        .unwrap_or_else(|| default_template(failure).to_string());
+    fill(&template, |name| match name {
+        "message" => Some(message.trim_end_matches('.').to_string()),
+        "error_code" => Some(code.to_string()),
+        "status" => Some(status.to_string()),
+        "request_id" => Some(request_id.to_string()),
+        arg => args.and_then(|a| a.get(arg)).map(|v| match v {
+            Value::String(s) => clip(s),
+            other => clip(&other.to_string()),
+        }),
+    })
+}
+
+fn default_template(failure: &CallFailure) -> &'static str {
+    match failure {
+        CallFailure::Api { .. } => "The sandbox engine refused the call ({error_code}): {message}.",
+        CallFailure::Unreachable(_) => {
+            "The sandbox engine is unreachable ({message}). Check SANDBOX_MCP_URL, or restart the MCP server."
+        }
+        CallFailure::Deadline(_) => "The sandbox engine did not answer in time ({message}). Retry once.",
+        CallFailure::BadResponse(_) => {
+            "The sandbox engine sent a response this server does not understand ({message}). Check that the engine and the MCP server are the same version."
+        }
+        CallFailure::InvalidArgs(_) | CallFailure::UnknownTool(_) => "{message}",
+    }
+}
+
+/// Argument values quoted in messages are short: a message must never flood the context.
+fn clip(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.chars().count() <= MAX {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(MAX).collect();
+        format!("{head}…")
+    }
+}
+
+/// Replaces `{name}` with `lookup(name)`; `{{`/`}}` are literal braces. Unknown names stay as
+/// written (the build rejects them, so this only matters for optional arguments left out).
+pub fn fill(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                out.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                out.push('}');
+            }
+            '{' => {
+                let name: String = chars.by_ref().take_while(|c| *c != '}').collect();
+                match lookup(&name) {
+                    Some(v) => out.push_str(&v),
+                    None => out.push_str("(not given)"),
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn head_tail_keeps_both_ends_within_budget() {
+        let s = format!("{}{}", "a".repeat(50_000), "z".repeat(50_000));
+        let out = head_tail(&s, 32 * 1024);
+        assert!(out.len() <= 32 * 1024, "{}", out.len());
+        assert!(out.starts_with("aaaa") && out.ends_with("zzzz"));
+        assert!(out.contains("bytes omitted"));
+    }
+
+    #[test]
+    fn head_tail_respects_char_boundaries() {
+        let s = "é".repeat(40_000);
+        let out = head_tail(&s, 1001);
+        assert!(out.len() <= 1001);
+    }
+
+    #[test]
+    fn caps_preserve_engine_counts() {
+        let caps = vec![Cap {
+            field: "stdout".into(),
+            max_bytes: Some(10),
+            max_items: None,
+        }];
+        let mut v = json!({"stdout": "x".repeat(100), "stdout_bytes": 5000});
+        apply_caps(&caps, &mut v);
+        assert_eq!(v["stdout_bytes"], 5000);
+        assert_eq!(v["truncated"], true);
+        let mut v = json!({"stdout": "x".repeat(100)});
+        apply_caps(&caps, &mut v);
+        assert_eq!(v["stdout_bytes"], 100);
+        let mut v = json!({"stdout": "short"});
+        apply_caps(&caps, &mut v);
+        assert_eq!(v["truncated"], false);
+    }
+
+    #[test]
+    fn caps_arrays() {
+        let caps = vec![Cap {
+            field: "entries".into(),
+            max_bytes: None,
+            max_items: Some(2),
+        }];
+        let mut v = json!({"entries": [1, 2, 3, 4]});
+        apply_caps(&caps, &mut v);
+        assert_eq!(v, json!({"entries": [1, 2], "entries_total": 4, "truncated": true}));
+    }
+
+    #[test]
+    fn fill_placeholders() {
+        let out = fill("Sandbox {sandbox_id} {{x}} {missing}", |n| {
+            (n == "sandbox_id").then(|| "sbx_1".to_string())
+        });
+        assert_eq!(out, "Sandbox sbx_1 {x} (not given)");
+    }
+}

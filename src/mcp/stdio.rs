@@ -1,0 +1,249 @@
+//! Line framing for the stdio transport, in front of rmcp.
+//!
+//! rmcp drops an over-long line silently, which leaves the client waiting forever for an answer.
+//! This layer reads stdin itself: a line over [`MAX_LINE`] is discarded as it streams in (memory
+//! stays bounded), its JSON-RPC `id` is picked out on the way, and the client gets an error
+//! response for that id at once. Everything written to stdout goes through one writer task, so
+//! protocol lines never interleave; nothing else in the process writes to stdout.
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
+
+/// Longest request line accepted: room for an 8 MiB file sent base64-encoded, with overhead.
+pub const MAX_LINE: usize = 16 * 1024 * 1024;
+
+/// Runs `serve` with rmcp-facing pipes while framing `input`/`output`. Returns when `serve` ends
+/// (stdin EOF closes rmcp's input, which ends the session).
+pub async fn frame<R, W, F, Fut>(input: R, mut output: W, serve: F) -> anyhow::Result<()>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+    F: FnOnce(tokio::io::DuplexStream, tokio::io::DuplexStream) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let (mut to_rmcp, rmcp_in) = tokio::io::duplex(1 << 20);
+    let (rmcp_out, from_rmcp) = tokio::io::duplex(1 << 20);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
+
+    let writer = tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            if output.write_all(&line).await.is_err() || output.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let out_tx = tx.clone();
+    let relay = tokio::spawn(async move {
+        let mut reader = BufReader::new(from_rmcp);
+        loop {
+            let mut line = Vec::new();
+            match reader.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if out_tx.send(line).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    });
+
+    let pump = tokio::spawn(async move {
+        let mut reader = BufReader::with_capacity(256 * 1024, input);
+        let mut line: Vec<u8> = Vec::new();
+        let mut oversized: Option<(usize, IdScanner)> = None;
+        loop {
+            let chunk = match reader.fill_buf().await {
+                Ok([]) | Err(_) => break,
+                Ok(chunk) => chunk,
+            };
+            let (part, complete) = match chunk.iter().position(|b| *b == b'\n') {
+                Some(i) => (&chunk[..=i], true),
+                None => (chunk, false),
+            };
+            let used = part.len();
+            match &mut oversized {
+                Some((len, scanner)) => {
+                    *len += used;
+                    scanner.feed(part);
+                }
+                None if line.len() + used > MAX_LINE => {
+                    let mut scanner = IdScanner::default();
+                    scanner.feed(&line);
+                    scanner.feed(part);
+                    oversized = Some((line.len() + used, scanner));
+                    line = Vec::new(); // release the memory now
+                }
+                None => line.extend_from_slice(part),
+            }
+            reader.consume(used);
+            if complete {
+                if let Some((len, scanner)) = oversized.take() {
+                    tracing::warn!(bytes = len, "rejected a request line over the size limit");
+                    if let Some(id) = scanner.id() {
+                        let _ = tx.send(too_large_response(&id, len)).await;
+                    }
+                } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
+                    if to_rmcp.write_all(&line).await.is_err() {
+                        break;
+                    }
+                }
+                line.clear();
+            }
+        }
+        // Dropping `to_rmcp` signals EOF to rmcp, which ends the session.
+        drop(to_rmcp);
+    });
+
+    let result = serve(rmcp_in, rmcp_out).await;
+    // The writer ends once both senders are gone: the pump's (aborted here) and the relay's
+    // (which ends when rmcp drops its output).
+    pump.abort();
+    let _ = relay.await;
+    let _ = writer.await;
+    result
+}
+
+fn too_large_response(id: &serde_json::Value, len: usize) -> Vec<u8> {
+    let message = format!(
+        "request too large: the line is {len} bytes and the limit is {} MiB. Send large files in \
+         parts (several sandbox_files_write calls) or create them inside the sandbox with sandbox_exec.",
+        MAX_LINE / (1024 * 1024)
+    );
+    let response = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": -32600, "message": message},
+    });
+    let mut bytes = serde_json::to_vec(&response).unwrap_or_default();
+    bytes.push(b'\n');
+    bytes
+}
+
+/// Finds the top-level `"id"` of a JSON object streamed through it, in constant memory.
+#[derive(Default)]
+pub struct IdScanner {
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// At depth 1: what the next token is.
+    state: State,
+    key: Vec<u8>,
+    value: Vec<u8>,
+    found: Option<serde_json::Value>,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum State {
+    #[default]
+    Key,
+    Colon,
+    Value,
+    ValueOfId,
+    Other,
+}
+
+impl IdScanner {
+    pub fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.found.is_some() {
+                return;
+            }
+            self.step(b);
+        }
+    }
+
+    pub fn id(&self) -> Option<serde_json::Value> {
+        self.found.clone()
+    }
+
+    fn step(&mut self, b: u8) {
+        let capturing_id = self.state == State::ValueOfId && self.depth == 1;
+        if capturing_id && self.value.len() < 256 {
+            self.value.push(b);
+        }
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.in_string = false;
+                if self.depth == 1 && self.state == State::Key {
+                    self.state = State::Colon;
+                }
+            } else if self.depth == 1 && self.state == State::Key && self.key.len() < 8 {
+                self.key.push(b);
+            }
+            return;
+        }
+        match b {
+            b'"' => {
+                self.in_string = true;
+                if self.depth == 1 && self.state == State::Key {
+                    self.key.clear();
+                }
+            }
+            b'{' | b'[' => self.depth += 1,
+            b'}' | b']' => {
+                if self.depth == 1 && capturing_id {
+                    self.finish_id();
+                }
+                self.depth = self.depth.saturating_sub(1);
+            }
+            b':' if self.depth == 1 && self.state == State::Colon => {
+                self.state = if self.key == b"id" {
+                    self.value.clear();
+                    State::ValueOfId
+                } else {
+                    State::Value
+                };
+            }
+            b',' if self.depth == 1 => {
+                if capturing_id {
+                    self.finish_id();
+                }
+                self.state = State::Key;
+            }
+            _ => {}
+        }
+        if self.state == State::Value && self.depth > 1 {
+            self.state = State::Other;
+        }
+    }
+
+    fn finish_id(&mut self) {
+        let raw = &self.value[..self.value.len().saturating_sub(1)]; // drop the `,` or `}`
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(raw)
+            && (v.is_string() || v.is_number())
+        {
+            self.found = Some(v);
+        }
+        self.state = State::Key;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scan(text: &str) -> Option<serde_json::Value> {
+        let mut s = IdScanner::default();
+        for chunk in text.as_bytes().chunks(3) {
+            s.feed(chunk);
+        }
+        s.id()
+    }
+
+    #[test]
+    fn finds_top_level_id_anywhere() {
+        assert_eq!(scan(r#"{"jsonrpc":"2.0","id":7,"method":"x"}"#), Some(7.into()));
+        assert_eq!(
+            scan(r#"{"method":"x","params":{"id":99,"s":"\"id\":1"},"id":"abc"}"#),
+            Some("abc".into())
+        );
+        assert_eq!(scan(r#"{"params":{"arguments":{"id":5}}}"#), None);
+        assert_eq!(scan(r#"{ "id" : 12 , "x": 1}"#), Some(12.into()));
+    }
+}

@@ -1,0 +1,104 @@
+//! The validated tool registry: what `build.rs` writes to `OUT_DIR/tools.json` and the MCP layer
+//! reads back at startup.
+//!
+//! This file is compiled twice: into `build.rs` (through `src/codegen.rs`), which produces the
+//! registry, and into the library, which consumes it. Keep it free of dependencies beyond serde.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Every tool the server offers and the operation inventory behind them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Registry {
+    /// `info.title` and `info.version` of the spec the registry was built from.
+    pub api_title: String,
+    pub api_version: String,
+    /// Tools in the order `tools/list` returns them (file name, then position in the file).
+    pub tools: Vec<ToolDef>,
+    /// Every operation of the spec: bound to which tools, or excluded and why.
+    pub inventory: Vec<InventoryEntry>,
+    /// Named subsets of tools (`--tools core`), from `[toolsets]` tables.
+    #[serde(default)]
+    pub toolsets: BTreeMap<String, Vec<String>>,
+}
+
+/// One MCP tool bound to one API operation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ToolDef {
+    pub name: String,
+    pub title: String,
+    pub description: String,
+    /// `tool-defs/<file>.toml` the tool was defined in (for error messages and `sandbox-mcp tools`).
+    pub source: String,
+    pub operation: String,
+    pub method: String,
+    pub path: String,
+    pub annotations: Annotations,
+    /// JSON Schema of the arguments: `type: object`, every `$ref` inlined, constraints kept.
+    pub input_schema: serde_json::Value,
+    /// JSON Schema of `structuredContent` on success.
+    pub output_schema: serde_json::Value,
+    /// Where each argument goes in the HTTP request.
+    pub args: Vec<ArgDef>,
+    /// Output caps applied to the response before the model sees it.
+    pub caps: Vec<Cap>,
+    /// Error messages by error code (`not_found`), HTTP status (`404`) or transport failure
+    /// (`unreachable`, `deadline`, `bad_response`), with `{placeholders}`.
+    pub errors: BTreeMap<String, String>,
+    /// Integer argument (milliseconds) that extends the call's deadline, e.g. an exec timeout.
+    pub timeout_arg_ms: Option<String>,
+}
+
+/// MCP tool annotations, resolved: HTTP-method defaults with TOML overrides applied.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Annotations {
+    pub read_only: bool,
+    pub destructive: bool,
+    pub idempotent: bool,
+    pub open_world: bool,
+}
+
+/// Where an argument lives in the HTTP request.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ArgLocation {
+    Path,
+    Query,
+    Body,
+}
+
+/// One argument of a tool.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ArgDef {
+    pub name: String,
+    pub location: ArgLocation,
+    /// Required by the operation and without a default.
+    pub required: bool,
+    /// Not shown to the model; `default` is always sent.
+    pub hidden: bool,
+    /// Sent when the model omits the argument.
+    pub default: Option<serde_json::Value>,
+}
+
+/// A cap on one top-level field of a tool's result.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Cap {
+    pub field: String,
+    /// Strings longer than this keep their head and tail with a marker between.
+    pub max_bytes: Option<u64>,
+    /// Arrays longer than this keep their first `max_items` items.
+    pub max_items: Option<u64>,
+}
+
+/// One operation of the spec and what became of it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InventoryEntry {
+    pub operation: String,
+    pub method: String,
+    pub path: String,
+    /// Tools bound to the operation (empty when excluded).
+    pub tools: Vec<String>,
+    /// Why no tool is bound, when excluded.
+    pub excluded: Option<String>,
+}
