@@ -144,7 +144,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    init_logging("warn");
+    init_logging("warn,rmcp::service=error");
     let selection = registry().select(&args.tools).map_err(anyhow::Error::msg)?;
     let backend = match &args.url {
         Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new)).map_err(anyhow::Error::msg)?,

@@ -4,13 +4,14 @@
 
 use std::collections::VecDeque;
 
-/// Keeps the head and tail of a byte stream within `cap` bytes of rendered text.
+/// Keeps a byte stream whole while it fits in `cap` bytes, and its head and tail once it does not.
 #[derive(Debug)]
 pub struct Capture {
     cap: usize,
     head: Vec<u8>,
     tail: VecDeque<u8>,
     total: u64,
+    overflowed: bool,
 }
 
 /// Room reserved in the rendered text for the omission marker.
@@ -23,6 +24,7 @@ impl Capture {
             head: Vec::new(),
             tail: VecDeque::new(),
             total: 0,
+            overflowed: false,
         }
     }
 
@@ -30,14 +32,25 @@ impl Capture {
         self.cap.saturating_sub(MARKER_ROOM) / 2
     }
 
-    pub fn push(&mut self, mut data: &[u8]) {
+    pub fn push(&mut self, data: &[u8]) {
         self.total += data.len() as u64;
-        let half = self.half();
-        if self.head.len() < half {
-            let take = (half - self.head.len()).min(data.len());
-            self.head.extend_from_slice(&data[..take]);
-            data = &data[take..];
+        if !self.overflowed {
+            if self.head.len() + data.len() <= self.cap {
+                self.head.extend_from_slice(data);
+                return;
+            }
+            // From now on keep only the first and last `half` bytes.
+            self.overflowed = true;
+            let half = self.half();
+            let rest = self.head.split_off(half.min(self.head.len()));
+            self.head.shrink_to_fit();
+            self.push_tail(&rest);
         }
+        self.push_tail(data);
+    }
+
+    fn push_tail(&mut self, data: &[u8]) {
+        let half = self.half();
         if data.len() >= half {
             self.tail.clear();
             self.tail.extend(&data[data.len() - half..]);
@@ -54,22 +67,18 @@ impl Capture {
 
     /// Whether bytes were dropped between head and tail.
     pub fn truncated(&self) -> bool {
-        self.total > (self.head.len() + self.tail.len()) as u64
+        self.overflowed
     }
 
     /// The captured text (invalid UTF-8 replaced), at most `cap` bytes long.
     pub fn render(&self) -> String {
+        if !self.overflowed {
+            return clip(String::from_utf8_lossy(&self.head).into_owned(), self.cap);
+        }
         let (tail_a, tail_b) = self.tail.as_slices();
         let mut tail = Vec::with_capacity(self.tail.len());
         tail.extend_from_slice(tail_a);
         tail.extend_from_slice(tail_b);
-        if !self.truncated() {
-            let mut all = self.head.clone();
-            all.extend_from_slice(&tail);
-            if all.len() <= self.cap {
-                return clip(String::from_utf8_lossy(&all).into_owned(), self.cap);
-            }
-        }
         let omitted = self.total - (self.head.len() + tail.len()) as u64;
         let head = clip(String::from_utf8_lossy(&self.head).into_owned(), self.half());
         let tail = clip_front(String::from_utf8_lossy(&tail).into_owned(), self.half());
@@ -103,6 +112,7 @@ fn clip_front(s: String, max: usize) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -139,11 +149,16 @@ mod tests {
     }
 
     #[test]
-    fn output_just_over_half_is_not_truncated() {
+    fn output_up_to_the_cap_is_kept_whole() {
         let mut c = Capture::new(200);
-        let data: Vec<u8> = (0..150u8).map(|b| b'a' + b % 26).collect();
-        c.push(&data);
+        let data: Vec<u8> = (0..200u8).map(|b| b'a' + b % 26).collect();
+        c.push(&data[..150]);
+        c.push(&data[150..]);
         assert!(!c.truncated());
         assert_eq!(c.render().as_bytes(), &data[..]);
+        c.push(b"!");
+        assert!(c.truncated());
+        let text = c.render();
+        assert!(text.len() <= 200 && text.ends_with('!') && text.starts_with("abc"), "{text}");
     }
 }

@@ -241,7 +241,7 @@ fn to_async(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
 }
 
 fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
-    nix::sys::stat::fstat(fd).map(|s| s.st_ino as u64).unwrap_or(0)
+    nix::sys::stat::fstat(fd).map(|s| s.st_ino).unwrap_or(0)
 }
 
 /// SIGKILL to the command's process group (its session leader's pid).

@@ -457,6 +457,7 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

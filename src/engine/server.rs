@@ -120,7 +120,14 @@ impl IntoResponse for EngineError {
 pub struct Keys {
     fixed: Vec<([u8; 32], Principal)>,
     file: Option<PathBuf>,
-    from_file: RwLock<(Option<SystemTime>, Vec<([u8; 32], Principal)>, Instant)>,
+    from_file: RwLock<FileKeys>,
+}
+
+/// Keys read from the keys file, with the file's mtime and when it was last checked.
+struct FileKeys {
+    mtime: Option<SystemTime>,
+    keys: Vec<([u8; 32], Principal)>,
+    checked: Instant,
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -140,7 +147,11 @@ impl Keys {
                 .map(|k| (digest(k.trim()), Principal::default()))
                 .collect(),
             file,
-            from_file: RwLock::new((None, Vec::new(), Instant::now() - Duration::from_secs(10))),
+            from_file: RwLock::new(FileKeys {
+                mtime: None,
+                keys: Vec::new(),
+                checked: Instant::now() - Duration::from_secs(10),
+            }),
         }
     }
 
@@ -164,14 +175,14 @@ impl Keys {
         let Some(path) = &self.file else { return };
         {
             let guard = self.from_file.read().unwrap_or_else(|p| p.into_inner());
-            if guard.2.elapsed() < Duration::from_secs(1) {
+            if guard.checked.elapsed() < Duration::from_secs(1) {
                 return;
             }
         }
         let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         let mut guard = self.from_file.write().unwrap_or_else(|p| p.into_inner());
-        guard.2 = Instant::now();
-        if mtime.is_some() && mtime == guard.0 {
+        guard.checked = Instant::now();
+        if mtime.is_some() && mtime == guard.mtime {
             return;
         }
         let keys = std::fs::read_to_string(path)
@@ -181,7 +192,8 @@ impl Keys {
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
             .map(|k| (digest(k), Principal::default()))
             .collect();
-        *guard = (mtime, keys, Instant::now());
+        guard.mtime = mtime;
+        guard.keys = keys;
     }
 
     pub fn check(&self, token: &str) -> Option<Principal> {
@@ -190,7 +202,7 @@ impl Keys {
         let guard = self.from_file.read().unwrap_or_else(|p| p.into_inner());
         // Compare against every key so timing does not reveal which one matched.
         let mut found = None;
-        for (k, p) in self.fixed.iter().chain(guard.1.iter()) {
+        for (k, p) in self.fixed.iter().chain(guard.keys.iter()) {
             if constant_time_eq(k, &d) && found.is_none() {
                 found = Some(p.clone());
             }

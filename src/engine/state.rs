@@ -221,6 +221,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -194,6 +194,7 @@ pub fn fill(template: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -84,10 +84,10 @@ where
                     if let Some(id) = scanner.id() {
                         let _ = tx.send(too_large_response(&id, len)).await;
                     }
-                } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
-                    if to_rmcp.write_all(&line).await.is_err() {
-                        break;
-                    }
+                } else if line.iter().any(|b| !b.is_ascii_whitespace())
+                    && to_rmcp.write_all(&line).await.is_err()
+                {
+                    break;
                 }
                 line.clear();
             }
@@ -225,6 +225,7 @@ impl IdScanner {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

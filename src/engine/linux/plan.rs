@@ -160,6 +160,7 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

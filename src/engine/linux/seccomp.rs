@@ -101,8 +101,8 @@ pub fn programs() -> Result<Vec<BpfProgram>, String> {
     rules.insert(
         libc::SYS_ioctl,
         vec![
-            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCSTI as u64)?])?,
-            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCLINUX as u64)?])?,
+            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
+            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
         ],
     );
     let deny = SeccompFilter::new(
@@ -137,6 +137,7 @@ pub fn install() -> Result<(), String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     #[test]
     fn programs_compile() {
