@@ -152,6 +152,14 @@ fn article(word: &str) -> &'static str {
     }
 }
 
+/// The schema's own description, appended to format errors so the model learns the format.
+fn hint(schema: &serde_json::Map<String, Value>) -> String {
+    match schema.get("description").and_then(Value::as_str) {
+        Some(d) if d.len() <= 200 => format!(" ({})", d.trim_end_matches('.')),
+        _ => String::new(),
+    }
+}
+
 fn check_string(
     schema: &serde_json::Map<String, Value>,
     s: &str,
@@ -176,7 +184,7 @@ fn check_string(
         let message = if len == 0 {
             "must not be empty".to_string()
         } else {
-            format!("is {len} characters long; it must be at least {min}")
+            format!("is {len} characters long; it must be at least {min}{}", hint(schema))
         };
         push(out, path, message);
         return;
@@ -187,8 +195,9 @@ fn check_string(
                 out,
                 path,
                 format!(
-                    "{} does not match the pattern {pattern}",
-                    quote(&Value::String(s.to_string()))
+                    "{} does not match the pattern {pattern}{}",
+                    quote(&Value::String(s.to_string())),
+                    hint(schema)
                 ),
             ),
             Ok(_) => {}

@@ -209,6 +209,14 @@ fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
     };
     if let Err(e) = write() {
         let _ = fs::remove_file(&tmp);
+        // The directory exists but refuses new files: a special or read-only filesystem
+        // (/proc, /sys, /dev), not a missing path.
+        if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied) && parent.is_dir() {
+            return Err(fail(
+                ErrorKind::PermissionDenied,
+                format!("permission denied: cannot create files in {}", parent.display()),
+            ));
+        }
         return Err(io_fail(&e, &path, "write"));
     }
     Ok(Response::Written {

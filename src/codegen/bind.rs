@@ -82,10 +82,11 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
             let label = format!("[[exclude]] {}", ex.operation);
             if spec.operation(&ex.operation).is_none() {
                 let hint = did_you_mean(&ex.operation, spec.operations.iter().map(|o| o.id.as_str()));
+                let known: Vec<&str> = spec.operations.iter().map(|o| o.id.as_str()).collect();
                 ctx.fail(
                     &file.name,
                     Some(&label),
-                    format!("unknown operation `{}`.{hint}", ex.operation),
+                    format!("unknown operation `{}`.{hint} Operations: {}", ex.operation, known.join(", ")),
                 );
             } else if ex.reason.trim().is_empty() {
                 ctx.fail(

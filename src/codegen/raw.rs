@@ -98,9 +98,18 @@ pub fn parse_file(name: &str, text: &str) -> Result<RawFile, Vec<CodegenError>> 
         message,
     };
     let table: toml::Table = toml::from_str(text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|span| {
+                let before = &text[..span.start.min(text.len())];
+                let line = before.matches('\n').count() + 1;
+                let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+                format!(" at line {line}, column {column}")
+            })
+            .unwrap_or_default();
         vec![err(
             None,
-            format!("is not valid TOML: {}", e.to_string().trim_end()),
+            format!("is not valid TOML{at}: {}", e.message().trim().replace('\n', " ")),
         )]
     })?;
     let mut errors = Vec::new();

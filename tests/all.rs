@@ -1,0 +1,21 @@
+//! The integration suite, as one test binary (one link, shared fixtures). Tests that need real
+//! sandboxes skip with the missing kernel feature named, unless SANDBOX_MCP_REQUIRE_SANDBOX is set
+//! (as in CI), where a missing feature fails instead.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
+
+mod common;
+
+/// The build-time generator, compiled here to test it directly.
+#[path = "../src/codegen.rs"]
+#[allow(dead_code)]
+mod codegen;
+
+mod codegen_validator;
+mod conformance;
+mod engine_api;
+mod engine_hostile;
+mod engine_lifecycle;
+mod escapes;
+mod mcp_calls;
+mod snapshots;
+mod stdio;

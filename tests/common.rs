@@ -1,0 +1,259 @@
+//! Shared test fixtures: a real engine on a temporary data dir, real sandboxes, an rmcp client
+//! talking to the real MCP server over an in-process pipe.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use sandbox_mcp::client::{ApiKey, Client, connect};
+use sandbox_mcp::engine::config::EngineConfig;
+use sandbox_mcp::engine::local::open_manager;
+use sandbox_mcp::engine::manager::Manager;
+use sandbox_mcp::engine::server::{EngineServer, Keys};
+use sandbox_mcp::mcp::backend::Backend;
+use sandbox_mcp::mcp::server::{SandboxMcp, ServerSettings};
+use sandbox_mcp::tooldefs::registry;
+
+pub const KEY: &str = "test-key-0123456789";
+pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
+
+/// Whether this machine can run real sandboxes; the reason when it cannot.
+///
+/// Probed once by creating a sandbox. Tests that need sandboxes call [`require_sandboxes!`],
+/// which skips with this reason printed, or fails when `SANDBOX_MCP_REQUIRE_SANDBOX=1` (CI sets
+/// it, so a broken sandbox never passes as a skip there).
+pub fn sandbox_support() -> Result<(), String> {
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            std::thread::spawn(|| {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?;
+                rt.block_on(async {
+                    let engine = TestEngine::start().await;
+                    let result = engine
+                        .client()
+                        .create_sandbox()
+                        .body(sandbox_mcp::client::types::CreateSandboxRequest::default())
+                        .send()
+                        .await;
+                    match result {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(format!(
+                            "needs Linux user, mount, pid and network namespaces with overlayfs (and root for cgroups): {e}"
+                        )),
+                    }
+                })
+            })
+            .join()
+            .unwrap_or_else(|_| Err("the sandbox probe panicked".into()))
+        })
+        .clone()
+}
+
+#[macro_export]
+macro_rules! require_sandboxes {
+    () => {
+        if let Err(reason) = $crate::common::sandbox_support() {
+            if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
+                panic!("sandboxes are required here but unavailable: {reason}");
+            }
+            eprintln!("SKIPPED {}: {reason}", module_path!());
+            return;
+        }
+    };
+}
+
+/// Whether cgroup limits are enforced here (root with cgroups).
+pub fn cgroups_enforced() -> bool {
+    !matches!(
+        sandbox_mcp::engine::linux::cgroups::Layout::detect(),
+        sandbox_mcp::engine::linux::cgroups::Layout::None
+    )
+}
+
+#[macro_export]
+macro_rules! require_cgroups {
+    () => {
+        $crate::require_sandboxes!();
+        if !$crate::common::cgroups_enforced() {
+            if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
+                panic!("cgroups are required here but unavailable");
+            }
+            eprintln!("SKIPPED {}: needs writable cgroups (run as root)", module_path!());
+            return;
+        }
+    };
+}
+
+/// A real engine on a temporary data dir, serving HTTP on loopback.
+pub struct TestEngine {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    pub manager: Arc<Manager>,
+    server: Option<EngineServer>,
+    /// Destroy every sandbox on drop (off once the data dir is handed to another engine).
+    cleanup: bool,
+}
+
+impl TestEngine {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub fn config_for(dir: &std::path::Path) -> EngineConfig {
+        let mut config = EngineConfig::new(dir.join("data"));
+        config.exe = PathBuf::from(BIN);
+        config.idle_pause = None;
+        config.tick = Duration::from_millis(100);
+        config
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut EngineConfig)) -> Self {
+        let dir = tempfile::Builder::new().prefix("smcp").tempdir_in("/tmp").unwrap();
+        let mut config = Self::config_for(dir.path());
+        adjust(&mut config);
+        Self::start_on(dir, config).await
+    }
+
+    pub async fn start_on(dir: tempfile::TempDir, config: EngineConfig) -> Self {
+        sandbox_mcp::engine::local::prepare_data_dir(&config).unwrap();
+        let manager = open_manager(&config).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = EngineServer::start(manager.clone(), listener, Keys::new([KEY.to_string()], None)).unwrap();
+        Self {
+            dir,
+            url: server.url.clone(),
+            manager,
+            server: Some(server),
+            cleanup: true,
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The generated API client, authenticated.
+    pub fn client(&self) -> Client {
+        connect(&self.url, Some(&ApiKey::new(KEY))).unwrap()
+    }
+
+    /// A raw HTTP client for requests the typed client cannot make (bad input on purpose).
+    pub fn http(&self) -> reqwest::Client {
+        reqwest::Client::builder().no_proxy().build().unwrap()
+    }
+
+    /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+        self.cleanup = false;
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
+
+    /// An MCP client connected in-process to a real MCP server that uses this engine.
+    pub async fn mcp(&self) -> McpClient {
+        self.mcp_with(ServerSettings::default(), "all").await
+    }
+
+    pub async fn mcp_with(&self, settings: ServerSettings, tools: &str) -> McpClient {
+        mcp_for(Backend::remote(&self.url, Some(ApiKey::new(KEY))).unwrap(), settings, tools).await
+    }
+}
+
+impl Drop for TestEngine {
+    fn drop(&mut self) {
+        if !self.cleanup {
+            return;
+        }
+        // Sandboxes outlive an engine by design; tests must not leave any behind.
+        let driver = self.manager.driver().clone();
+        for record in self.manager.list(None, &[], None) {
+            let _ = driver.destroy(&record.id);
+        }
+        if let Ok(entries) = std::fs::read_dir(self.data_dir().join("sandboxes")) {
+            for e in entries.flatten() {
+                let _ = driver.destroy(&e.file_name().to_string_lossy());
+            }
+        }
+    }
+}
+
+pub type McpClient = RunningService<RoleClient, ()>;
+
+/// An rmcp client and our server connected through an in-memory duplex pipe.
+pub async fn mcp_for(backend: Backend, settings: ServerSettings, tools: &str) -> McpClient {
+    let server = SandboxMcp::new(backend, registry().select(tools).unwrap(), settings);
+    let (client_io, server_io) = tokio::io::duplex(16 * 1024 * 1024);
+    tokio::spawn(async move {
+        let (r, w) = tokio::io::split(server_io);
+        if let Ok(running) = server.serve((r, w)).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let (r, w) = tokio::io::split(client_io);
+    ().serve((r, w)).await.unwrap()
+}
+
+/// Calls a tool and returns the result (tool errors included; protocol errors panic).
+pub async fn call(client: &McpClient, name: &str, args: Value) -> CallToolResult {
+    let Value::Object(map) = args else { panic!("arguments must be an object") };
+    client
+        .call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(map))
+        .await
+        .unwrap_or_else(|e| panic!("{name} failed at the protocol level: {e}"))
+}
+
+/// The structured content of a successful call.
+pub async fn ok(client: &McpClient, name: &str, args: Value) -> Value {
+    let result = call(client, name, args.clone()).await;
+    assert_ne!(result.is_error, Some(true), "{name}({args}) failed: {}", text(&result));
+    result.structured_content.clone().unwrap_or(Value::Null)
+}
+
+/// The text of an error result (asserting it is one).
+pub async fn err(client: &McpClient, name: &str, args: Value) -> String {
+    let result = call(client, name, args.clone()).await;
+    assert_eq!(result.is_error, Some(true), "{name}({args}) should have failed: {}", text(&result));
+    text(&result)
+}
+
+pub fn text(result: &CallToolResult) -> String {
+    result
+        .content
+        .iter()
+        .filter_map(|c| match c {
+            rmcp::model::ContentBlock::Text(t) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Creates a sandbox through MCP and returns its id.
+pub async fn create(client: &McpClient) -> String {
+    let sandbox = ok(client, "sandbox_create", json!({})).await;
+    sandbox["id"].as_str().unwrap().to_string()
+}
+
+/// Runs a command through MCP and returns the exec result.
+pub async fn exec(client: &McpClient, id: &str, command: &str) -> Value {
+    ok(client, "sandbox_exec", json!({"sandbox_id": id, "command": command})).await
+}
+
+/// stdout of a command that must succeed.
+pub async fn sh(client: &McpClient, id: &str, command: &str) -> String {
+    let r = exec(client, id, command).await;
+    assert_eq!(r["exit_code"], 0, "`{command}` failed: {r}");
+    r["stdout"].as_str().unwrap().to_string()
+}

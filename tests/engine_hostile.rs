@@ -1,0 +1,188 @@
+//! Hostile and careless code inside a sandbox: each case is contained, the engine stays up, and
+//! other sandboxes are unaffected.
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::json;
+
+use crate::common::{TestEngine, create, err, exec, ok, sh};
+use crate::{require_cgroups, require_sandboxes};
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn fork_bomb_hits_the_process_limit_and_others_are_unaffected() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let bomb = create(&client).await;
+    let bystander = create(&client).await;
+    let r = ok(&client, "sandbox_exec", json!({"sandbox_id": bomb, "command": "f() { f | f & }; f; sleep 30", "timeout_ms": 3000})).await;
+    assert_eq!(r["timed_out"], true, "{r}");
+    let m = ok(&client, "sandbox_metrics", json!({"sandbox_id": bomb})).await;
+    assert!(m["pids"].as_u64().unwrap() <= 512, "{m}");
+    assert_eq!(sh(&client, &bystander, "echo fine").await, "fine\n");
+    // The bomb's sandbox can be killed cleanly.
+    ok(&client, "sandbox_kill", json!({"sandbox_id": bomb})).await;
+}
+
+#[tokio::test]
+async fn memory_hog_is_oom_killed_not_the_engine() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let r = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "python3 -c 'x = bytearray(3 * 1024**3); print(len(x))'", "timeout_ms": 60000})).await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["oom_killed"], true, "{r}");
+    // The sandbox is still usable and the engine still answers.
+    assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
+}
+
+#[tokio::test]
+async fn a_gigabyte_of_output_is_capped_with_exact_counts_and_bounded_memory() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let before = rss_kib();
+    let r = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "yes | head -c 1073741824; echo tail >&2", "timeout_ms": 120000})).await;
+    assert_eq!(r["stdout_bytes"], 1_073_741_824u64);
+    assert_eq!(r["stderr_bytes"], 5);
+    assert_eq!(r["truncated"], true);
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(stdout.len() <= 32 * 1024 && stdout.starts_with("y\ny\n") && stdout.contains("bytes omitted"));
+    let grew = rss_kib().saturating_sub(before);
+    assert!(grew < 64 * 1024, "the engine grew by {grew} KiB while draining 1 GiB");
+}
+
+#[tokio::test]
+async fn timeouts_kill_processes_that_ignore_sigterm_and_escaped_children() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let started = Instant::now();
+    let r = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "trap '' TERM INT HUP; setsid sleep 1000 & sleep 1000", "timeout_ms": 700})).await;
+    assert_eq!(r["timed_out"], true);
+    assert_eq!(r["signal"], 9);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    let ps = sh(&client, &id, "ps -eo args").await;
+    assert!(!ps.contains("sleep 1000"), "{ps}");
+}
+
+#[tokio::test]
+async fn background_children_do_not_hold_the_call_open() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let started = Instant::now();
+    let r = exec(&client, &id, "sleep 30 & echo started").await;
+    assert_eq!(r["stdout"], "started\n");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // It keeps running in the background.
+    assert!(sh(&client, &id, "ps -eo args").await.contains("sleep 30"));
+}
+
+#[tokio::test]
+async fn path_tricks_resolve_inside_the_sandbox() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(&client, &id, "ln -s / /root/rootlink; ln -s /etc/passwd /root/pw; mkdir -p /root/d").await;
+    for path in ["../../../../etc/hostname", "/proc/self/root/etc/hostname", "/root/rootlink/etc/hostname", "/proc/1/root/etc/hostname"] {
+        let r = ok(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": path})).await;
+        assert_eq!(r["content"], "sandbox\n", "{path}");
+    }
+    let pw = ok(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "pw"})).await;
+    assert!(pw["content"].as_str().unwrap().contains("user:x:1000"), "the sandbox's own passwd");
+    // Writing through a symlink to / lands in the sandbox's root, not the host's.
+    ok(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "/root/rootlink/tmp/through-link", "content": "x"})).await;
+    assert_eq!(sh(&client, &id, "cat /tmp/through-link").await, "x");
+    assert!(!std::path::Path::new("/tmp/through-link").exists());
+    // Deleting a symlink deletes the link only.
+    ok(&client, "sandbox_files_delete", json!({"sandbox_id": id, "path": "/root/rootlink"})).await;
+    assert_eq!(sh(&client, &id, "cat /etc/hostname").await, "sandbox\n");
+    // NUL bytes and absurd names are refused with clear messages.
+    let m = err(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "/etc/pass\u{0}wd"})).await;
+    assert!(m.contains("NUL"), "{m}");
+    let m = err(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "x".repeat(10_000), "content": ""})).await;
+    assert!(m.contains("limit is 4096"), "{m}");
+    let m = err(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": format!("/root/{}", "n".repeat(300)), "content": ""})).await;
+    assert!(m.contains("too long"), "{m}");
+    // Not a directory / is a directory.
+    let m = err(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "/root/d"})).await;
+    assert!(m.contains("is a directory"), "{m}");
+    let m = err(&client, "sandbox_files_delete", json!({"sandbox_id": id, "path": "/"})).await;
+    assert!(m.contains("sandbox_kill"), "{m}");
+}
+
+#[tokio::test]
+async fn writes_where_the_sandbox_may_not_fail_clearly() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let m = err(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "/proc/sys/kernel/hostname", "content": "pwned"})).await;
+    assert!(m.to_lowercase().contains("permission") || m.contains("read-only"), "{m}");
+    let m = err(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "/dev/evil", "content": "x"})).await;
+    assert!(m.contains("read-only") || m.to_lowercase().contains("permission"), "{m}");
+    // A file read from a FIFO must not hang the agent.
+    sh(&client, &id, "mkfifo /root/fifo").await;
+    let m = err(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "/root/fifo"})).await;
+    assert!(m.contains("not a regular file"), "{m}");
+    // /usr is copy-on-write: writable in the sandbox, untouched on the host.
+    sh(&client, &id, "echo mine > /usr/local/sandbox-cow-test").await;
+    assert!(!std::path::Path::new("/usr/local/sandbox-cow-test").exists());
+}
+
+#[tokio::test]
+async fn zip_skips_symlinks_and_never_follows_them() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(&client, &id, "mkdir -p /root/out/sub && echo a > /root/out/a.txt && echo b > /root/out/sub/b.txt && ln -s /etc/shadow /root/out/shadow && ln -s / /root/out/root && mkfifo /root/out/pipe").await;
+    let r = ok(&client, "sandbox_files_download_dir", json!({"sandbox_id": id, "path": "/root/out"})).await;
+    assert_eq!(r["files"], 2);
+    let skipped: Vec<&str> = r["skipped"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    for s in ["shadow", "root", "pipe"] {
+        assert!(skipped.contains(&s), "{skipped:?}");
+    }
+    let bytes = base64::engine::general_purpose::STANDARD.decode(r["zip_base64"].as_str().unwrap()).unwrap();
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
+    let mut names: Vec<String> = (0..archive.len()).map(|i| archive.by_index(i).unwrap().name().unwrap().to_string()).collect();
+    names.sort();
+    assert_eq!(names, ["a.txt", "sub/", "sub/b.txt"]);
+    for n in &names {
+        assert!(!n.contains("..") && !n.starts_with('/'), "zip-slip entry {n}");
+    }
+    // Over the limit: an actionable error, not a huge result.
+    sh(&client, &id, "head -c 12000000 /dev/urandom > /root/out/big").await;
+    let m = err(&client, "sandbox_files_download_dir", json!({"sandbox_id": id, "path": "/root/out"})).await;
+    assert!(m.contains("exceeds") && m.contains("smaller directory"), "{m}");
+}
+
+#[tokio::test]
+async fn missing_cwd_and_bad_env_are_clear_errors() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let m = err(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "pwd", "cwd": "/nope"})).await;
+    assert!(m.contains("/nope does not exist"), "{m}");
+    let m = err(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "pwd", "env": {"A=B": "x"}})).await;
+    assert!(m.contains("environment variable name"), "{m}");
+    let r = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "echo $GREETING; pwd", "cwd": "/tmp", "env": {"GREETING": "hi"}})).await;
+    assert_eq!(r["stdout"], "hi\n/tmp\n");
+}

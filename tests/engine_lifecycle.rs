@@ -1,0 +1,194 @@
+//! Sandbox lifecycles: pause and resume, kill, timers, metrics, restarts.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::{BIN, KEY, TestEngine, create, exec, ok, sh};
+use crate::{require_cgroups, require_sandboxes};
+
+#[tokio::test]
+async fn pause_freezes_and_exec_resumes_transparently() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    // A background counter: it must not advance while paused, and must continue after.
+    sh(&client, &id, "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ok(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
+    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&id);
+    assert!(cg.is_frozen());
+    let listed = ok(&client, "sandbox_list", json!({"status": "paused"})).await;
+    assert_eq!(listed["sandboxes"][0]["id"], id.as_str());
+    let up = engine.data_dir().join("sandboxes").join(&id).join("upper/root/tmp/n");
+    let before = std::fs::read_to_string(&up).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(std::fs::read_to_string(&up).unwrap(), before, "a paused sandbox ran");
+    // exec resumes it, and the background process is still there.
+    let n1: u64 = sh(&client, &id, "cat /tmp/n").await.trim().parse().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let n2: u64 = sh(&client, &id, "cat /tmp/n").await.trim().parse().unwrap();
+    assert!(n2 > n1, "the background process did not resume ({n1} → {n2})");
+    // Resume of a running sandbox is a no-op.
+    let r = ok(&client, "sandbox_resume", json!({"sandbox_id": id})).await;
+    assert_eq!(r["status"], "running");
+}
+
+#[tokio::test]
+async fn kill_removes_processes_files_and_cgroups() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(&client, &id, "sleep 1000 >/dev/null 2>&1 & echo started").await;
+    let dir = engine.data_dir().join("sandboxes").join(&id);
+    assert!(dir.exists());
+    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&id);
+    let pids = cg.pids();
+    ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+    assert!(!dir.exists(), "the sandbox's files are still on disk");
+    for pid in pids {
+        // Gone, or a zombie waiting for the host's init to reap it: never running.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let running = state.rsplit(')').next().and_then(|s| s.split_whitespace().next()).is_some_and(|s| s != "Z");
+        assert!(!running, "process {pid} survived the kill: {state}");
+    }
+    for d in cg.dirs() {
+        assert!(!d.exists(), "{} survived the kill", d.display());
+    }
+    let listed = ok(&client, "sandbox_list", json!({})).await;
+    assert!(listed["sandboxes"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn idle_sandboxes_pause_and_timed_ones_die() {
+    require_cgroups!();
+    let engine = TestEngine::start_with(|c| c.idle_pause = Some(Duration::from_millis(500))).await;
+    let client = engine.mcp().await;
+    let idle = create(&client).await;
+    let timed = ok(&client, "sandbox_create", json!({"timeout_seconds": 1})).await;
+    let timed = timed["id"].as_str().unwrap().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let info = ok(&client, "sandbox_info", json!({"sandbox_id": idle})).await;
+        let gone = crate::common::call(&client, "sandbox_info", json!({"sandbox_id": timed})).await.is_error == Some(true);
+        if info["status"] == "paused" && gone {
+            break;
+        }
+        assert!(Instant::now() < deadline, "timers did not fire: {info}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A long-running exec is not paused under its feet.
+    let r = ok(&client, "sandbox_exec", json!({"sandbox_id": idle, "command": "sleep 1.5; echo done"})).await;
+    assert_eq!(r["stdout"], "done\n");
+}
+
+#[tokio::test]
+async fn metrics_report_usage_and_limits() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(&client, &id, "head -c 3000000 /dev/urandom > /root/blob; python3 -c 'sum(range(3000000))'").await;
+    let m = ok(&client, "sandbox_metrics", json!({"sandbox_id": id})).await;
+    assert_eq!(m["limits_enforced"], true);
+    assert_eq!(m["memory_limit_bytes"], 1024u64 * 1024 * 1024);
+    assert_eq!(m["pids_limit"], 512);
+    assert!(m["cpu_seconds"].as_f64().unwrap() > 0.0, "{m}");
+    assert!(m["disk_bytes"].as_u64().unwrap() >= 3_000_000, "{m}");
+    assert!(m["pids"].as_u64().unwrap() >= 1);
+    let templates = ok(&client, "sandbox_template_list", json!({})).await;
+    let base = &templates["templates"][0];
+    assert_eq!(base["name"], "base");
+    assert_eq!(base["default"], true);
+    assert_eq!(base["shape"]["memory_mb"], 1024);
+}
+
+#[tokio::test]
+async fn clean_restart_keeps_every_sandbox_paused_with_its_files() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let a = create(&client).await;
+    let b = create(&client).await;
+    ok(&client, "sandbox_files_write", json!({"sandbox_id": a, "path": "state.txt", "content": "kept"})).await;
+    sh(&client, &b, "nohup sleep 600 >/dev/null 2>&1 &").await;
+    drop(client);
+    let dir = engine.stop().await;
+
+    let config = TestEngine::config_for(dir.path());
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let listed = ok(&client, "sandbox_list", json!({})).await;
+    let statuses: Vec<_> = listed["sandboxes"].as_array().unwrap().iter().map(|s| s["status"].clone()).collect();
+    assert_eq!(statuses, vec![json!("paused"), json!("paused")]);
+    assert_eq!(sh(&client, &a, "cat /root/state.txt").await, "kept");
+    // The frozen process survived the clean restart and runs again.
+    assert!(sh(&client, &b, "ps -eo args").await.contains("sleep 600"));
+}
+
+#[tokio::test]
+async fn kill_9_of_the_engine_loses_nothing_acknowledged() {
+    require_cgroups!();
+    let dir = tempfile::Builder::new().prefix("smcp").tempdir_in("/tmp").unwrap();
+    let data = dir.path().join("data");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut child = Command::new(BIN)
+        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
+        .env("SANDBOX_MCP_DATA_DIR", &data)
+        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let backend = sandbox_mcp::mcp::backend::Backend::remote(&url, Some(sandbox_mcp::client::ApiKey::new(KEY))).unwrap();
+    let client = crate::common::mcp_for(backend, Default::default(), "all").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while crate::common::call(&client, "sandbox_list", json!({})).await.is_error == Some(true) {
+        assert!(Instant::now() < deadline, "engine did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let id = create(&client).await;
+        ok(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "n", "content": format!("{i}")})).await;
+        ids.push(id);
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    drop(client);
+
+    let config = TestEngine::config_for(dir.path());
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let listed = ok(&client, "sandbox_list", json!({})).await;
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 3);
+    for (i, id) in ids.iter().enumerate() {
+        let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+        assert_eq!(info["status"], "paused");
+        assert_eq!(sh(&client, id, "cat /root/n").await, format!("{i}"));
+    }
+}
+
+#[tokio::test]
+async fn a_dead_agent_restarts_on_next_use() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    ok(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "keep", "content": "yes"})).await;
+    // Kill the agent from the host, as a crash would.
+    let pid_file = engine.data_dir().join("sandboxes").join(&id).join("agent.pid");
+    let pid: i32 = std::fs::read_to_string(pid_file).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The first call notices; the next one restarts the agent with the files intact.
+    let first = crate::common::call(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "cat /root/keep"})).await;
+    if first.is_error == Some(true) {
+        assert!(crate::common::text(&first).contains("Try again"), "{}", crate::common::text(&first));
+    }
+    assert_eq!(exec(&client, &id, "cat /root/keep").await["stdout"], "yes");
+}

@@ -1,0 +1,167 @@
+//! Escape attempts from inside a sandbox, each asserted contained: the host's files, processes,
+//! network and privileges are out of reach.
+
+use serde_json::json;
+
+use crate::common::{TestEngine, create, exec, ok, sh};
+use crate::require_sandboxes;
+
+/// Runs Python in the sandbox and returns its stdout.
+async fn py(client: &crate::common::McpClient, id: &str, code: &str) -> String {
+    let r = ok(client, "sandbox_exec", json!({"sandbox_id": id, "command": format!("python3 - <<'EOF'\n{code}\nEOF")})).await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    r["stdout"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn host_files_are_not_visible() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let marker = format!("host-marker-{}", std::process::id());
+    std::fs::write(format!("/tmp/{marker}"), "secret").unwrap();
+    let data_dir = engine.data_dir().display().to_string();
+    let cwd = std::env::current_dir().unwrap().display().to_string();
+    let script = format!(
+        "for p in /tmp/{marker} /work /var/lib/sandbox-mcp {data_dir} {cwd} /etc/shadow /etc/ssh /root/.ssh /root/.cargo /etc/ssl/private; do \
+         if [ -e \"$p\" ]; then echo \"VISIBLE $p\"; fi; done; ls -A /home /mnt /opt | grep -v ':$' | grep -c . ; ls /sys | wc -l; echo done"
+    );
+    let out = sh(&client, &id, &script).await;
+    let _ = std::fs::remove_file(format!("/tmp/{marker}"));
+    assert!(!out.contains("VISIBLE"), "{out}");
+    assert!(out.ends_with("0\n0\ndone\n"), "/home, /mnt, /opt and /sys must be empty: {out}");
+    // The engine's key lives in its memory and its data dir; neither is reachable. Search what is.
+    let found = exec(&client, &id, &format!("grep -rls {} / --exclude-dir=proc 2>/dev/null | head", crate::common::KEY)).await;
+    assert_eq!(found["stdout"], "", "{found}");
+}
+
+#[tokio::test]
+async fn host_processes_are_invisible_and_unsignalable() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let me = std::process::id();
+    let out = sh(&client, &id, &format!("ps -eo pid,args; kill -9 {me} 2>&1; kill -9 1 2>&1; echo rc=$?")).await;
+    assert!(!out.contains("cargo") && !out.contains("sandbox-mcp engine"), "{out}");
+    let pids: Vec<&str> = out.lines().skip(1).take_while(|l| !l.starts_with("sh:") && !l.contains("rc=")).collect();
+    assert!(pids.len() <= 4, "only the sandbox's own processes: {out}");
+    // Our test process is alive (its pid means nothing, or something else, inside).
+    assert!(std::path::Path::new(&format!("/proc/{me}")).exists());
+    // The agent (PID 1) ignored kill -9 from inside and still answers.
+    assert_eq!(sh(&client, &id, "echo ok").await, "ok\n");
+}
+
+#[tokio::test]
+async fn host_loopback_and_the_engine_are_unreachable() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_port = listener.local_addr().unwrap().port();
+    let engine_port = engine.url.rsplit(':').next().unwrap().to_string();
+    let out = py(&client, &id, &format!(r#"
+import socket
+for port in ({host_port}, {engine_port}):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", port)); print("CONNECTED", port)
+    except OSError as e:
+        print("refused", port, e.errno)
+try:
+    socket.create_connection(("10.0.2.2", 80), timeout=2); print("CONNECTED outside")
+except OSError as e:
+    print("no route", e.errno)
+print(open("/proc/net/dev").read().count(":"))
+"#)).await;
+    assert!(!out.contains("CONNECTED"), "{out}");
+    assert!(out.trim_end().ends_with('1'), "only loopback exists: {out}");
+    // Loopback inside works for the sandbox's own servers.
+    let own = py(&client, &id, r#"
+import socket, threading
+srv = socket.socket(); srv.bind(("127.0.0.1", 8000)); srv.listen()
+threading.Thread(target=lambda: srv.accept()[0].sendall(b"hi"), daemon=True).start()
+c = socket.create_connection(("127.0.0.1", 8000)); print(c.recv(2).decode())
+"#).await;
+    assert_eq!(own, "hi\n");
+    drop(listener);
+}
+
+#[tokio::test]
+async fn privileges_are_dropped_and_the_kernel_surface_is_filtered() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let status = sh(&client, &id, "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/self/uid_map").await;
+    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    assert!(status.contains("Seccomp:\t2"), "{status}");
+    // CAP_SYS_ADMIN (21), CAP_SYS_PTRACE (19), CAP_NET_ADMIN (12) and CAP_DAC_READ_SEARCH (2) are gone.
+    let bnd = status.lines().find(|l| l.starts_with("CapBnd:")).unwrap();
+    let mask = u64::from_str_radix(bnd.split_whitespace().nth(1).unwrap(), 16).unwrap();
+    for cap in [2, 12, 19, 21, 16, 17, 25] {
+        assert_eq!(mask & (1 << cap), 0, "capability {cap} kept: {status}");
+    }
+    let map_line = status.lines().last().unwrap();
+    let fields: Vec<&str> = map_line.split_whitespace().collect();
+    assert_eq!(fields[0], "0");
+    if nix::unistd::geteuid().is_root() {
+        assert_ne!(fields[1], "0", "sandbox root must never be host root: {map_line}");
+    }
+    let out = py(&client, &id, r#"
+import ctypes, os, fcntl, termios
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, fn):
+    r = fn(); print(name, r, ctypes.get_errno())
+attempt("ptrace", lambda: libc.ptrace(0, 0, 0, 0))
+attempt("mount", lambda: libc.mount(b"none", b"/mnt", b"tmpfs", 0, None))
+attempt("unshare_user", lambda: libc.unshare(0x10000000))
+attempt("unshare_net", lambda: libc.unshare(0x40000000))
+attempt("bpf", lambda: libc.syscall(321, 0, 0, 0))
+attempt("keyctl", lambda: libc.syscall(250, 0, 0, 0, 0, 0))
+attempt("kexec", lambda: libc.syscall(246, 0, 0, 0, 0))
+attempt("userfaultfd", lambda: libc.syscall(323, 0))
+attempt("init_module", lambda: libc.syscall(175, 0, 0, 0))
+attempt("setns", lambda: libc.setns(0, 0))
+m, s = os.openpty()
+try:
+    fcntl.ioctl(m, termios.TIOCSTI, b"x"); print("TIOCSTI allowed")
+except OSError as e:
+    print("TIOCSTI", e.errno)
+try:
+    os.setuid(0); os.chroot("/tmp"); print("chroot ok (inside the sandbox only)")
+except OSError as e:
+    print("chroot", e.errno)
+"#).await;
+    for line in out.lines().filter(|l| !l.starts_with("TIOCSTI") && !l.starts_with("chroot")) {
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(parts[1], "-1", "{line} succeeded:\n{out}");
+        assert!(["1", "22", "9"].contains(&parts[2]), "{line}: expected EPERM\n{out}");
+    }
+    assert!(out.contains("TIOCSTI 1"), "{out}");
+    // A new user namespace via the unshare tool fails too.
+    let r = exec(&client, &id, "unshare -U true").await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+}
+
+#[tokio::test]
+async fn setuid_binaries_cannot_raise_privileges() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    // Even a setuid copy made by the sandbox's root grants nothing: nosuid mounts and
+    // no_new_privs. Run as an unprivileged user inside and check the effective uid stays.
+    let out = sh(
+        &client,
+        &id,
+        "cp /usr/bin/id /tmp/suid-id && chmod 4755 /tmp/suid-id && setpriv --reuid=1000 --regid=1000 --clear-groups /tmp/suid-id -u",
+    )
+    .await;
+    assert_eq!(out, "1000\n");
+    let mounts = sh(&client, &id, "grep -E ' / | /usr ' /proc/self/mounts").await;
+    assert!(mounts.lines().all(|l| l.contains("nosuid")), "{mounts}");
+}

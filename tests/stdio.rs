@@ -1,0 +1,237 @@
+//! The real binary over stdio: framing, protocol versions, bad input, shutdown.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{BIN, KEY, TestEngine};
+use crate::require_sandboxes;
+
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Server {
+    fn spawn(envs: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.env_remove("SANDBOX_MCP_URL").env("RUST_LOG", "debug");
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self { child, stdin, stdout }
+    }
+
+    /// A server whose control plane is a closed port: fine for anything but tool calls.
+    fn offline() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        Self::spawn(&[("SANDBOX_MCP_URL", &format!("http://127.0.0.1:{port}"))])
+    }
+
+    fn send_raw(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn send(&mut self, message: Value) {
+        let mut line = serde_json::to_vec(&message).unwrap();
+        line.push(b'\n');
+        self.send_raw(&line);
+    }
+
+    /// The next line on stdout, which must be a JSON-RPC message.
+    fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let value: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"));
+        assert_eq!(value["jsonrpc"], "2.0", "{line}");
+        value
+    }
+
+    fn initialize(&mut self, version: &str) -> Value {
+        self.send(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}));
+        let response = self.recv();
+        self.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        response
+    }
+
+    fn close_and_wait(&mut self) -> std::process::ExitStatus {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the server did not exit after stdin closed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+#[test]
+fn initializes_with_each_supported_protocol_version() {
+    for version in ["2025-06-18", "2025-11-25"] {
+        let mut server = Server::offline();
+        let response = server.initialize(version);
+        let result = &response["result"];
+        assert_eq!(result["protocolVersion"], version);
+        assert_eq!(result["serverInfo"]["name"], "sandbox-mcp");
+        assert_eq!(result["serverInfo"]["version"], env!("CARGO_PKG_VERSION"));
+        assert!(result["capabilities"]["tools"].is_object());
+        assert!(server.close_and_wait().success());
+    }
+}
+
+#[test]
+fn answers_stateless_2026_requests_with_inline_metadata() {
+    let mut server = Server::offline();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": {}
+    });
+    server.send(json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}));
+    let discover = server.recv();
+    let versions = discover["result"]["supportedVersions"].as_array().cloned().unwrap_or_default();
+    assert!(versions.contains(&json!("2026-07-28")), "{discover}");
+    assert!(versions.contains(&json!("2025-06-18")), "{discover}");
+    server.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}));
+    let list = server.recv();
+    assert_eq!(list["result"]["tools"].as_array().map(Vec::len), Some(16), "{list}");
+    assert!(server.close_and_wait().success());
+}
+
+#[test]
+fn oversized_line_gets_an_error_not_a_stall() {
+    let mut server = Server::offline();
+    server.initialize("2025-06-18");
+    // 20 MB of arguments: over the 16 MiB line limit.
+    let huge = "x".repeat(20 * 1024 * 1024);
+    let request = json!({"jsonrpc": "2.0", "id": 42, "method": "tools/call", "params": {
+        "name": "sandbox_files_write", "arguments": {"sandbox_id": "sbx_0000000000000000000000000a", "path": "f", "content": huge}}});
+    let started = Instant::now();
+    server.send(request);
+    let response = server.recv();
+    assert_eq!(response["id"], 42);
+    let message = response["error"]["message"].as_str().unwrap();
+    assert!(message.contains("request too large") && message.contains("16 MiB"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    // Still serving.
+    server.send(json!({"jsonrpc": "2.0", "id": 43, "method": "tools/list"}));
+    assert_eq!(server.recv()["id"], 43);
+    assert!(server.close_and_wait().success());
+}
+
+#[test]
+fn garbage_and_malformed_requests_do_not_break_the_session() {
+    let mut server = Server::offline();
+    server.initialize("2025-06-18");
+    server.send_raw(b"this is not json\n\n   \n");
+    server.send(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": 12}}));
+    let response = server.recv();
+    assert_eq!(response["id"], 7);
+    assert!(response["error"].is_object(), "{response}");
+    server.send(json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "sandbox_list", "arguments": {"status": "sleeping"}}}));
+    let response = server.recv();
+    assert_eq!(response["result"]["isError"], true, "{response}");
+    server.send(json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list"}));
+    assert_eq!(server.recv()["id"], 9);
+    assert!(server.close_and_wait().success());
+}
+
+#[test]
+fn stdin_eof_exits_cleanly_and_logs_only_to_stderr() {
+    let mut server = Server::offline();
+    server.initialize("2025-11-25");
+    let status = server.close_and_wait();
+    assert!(status.success(), "{status:?}");
+    // Anything left on stdout after EOF must still be JSON-RPC (nothing, in fact).
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut server.stdout, &mut rest);
+    assert!(rest.trim().is_empty(), "stray stdout: {rest:?}");
+}
+
+#[test]
+fn help_documents_every_setting() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in ["SANDBOX_MCP_URL", "SANDBOX_MCP_API_KEY", "SANDBOX_MCP_DATA_DIR", "SANDBOX_MCP_TIMEOUT", "SANDBOX_MCP_TOOLS", "engine", "tools"] {
+        assert!(help.contains(needle), "--help does not mention {needle}:\n{help}");
+    }
+    let out = Command::new(BIN).arg("tools").output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("sandbox_exec") && table.contains("health"), "{table}");
+}
+
+#[tokio::test]
+async fn embedded_engine_serves_tools_and_is_shared_by_a_second_server() {
+    require_sandboxes!();
+    let dir = tempfile::Builder::new().prefix("smcp").tempdir_in("/tmp").unwrap();
+    let data = dir.path().join("data");
+    let data = data.to_str().unwrap().to_string();
+    let result = tokio::task::spawn_blocking(move || {
+        let envs = [("SANDBOX_MCP_DATA_DIR", data.as_str())];
+        let mut first = Server::spawn(&envs);
+        first.initialize("2025-06-18");
+        first.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}}));
+        let created = first.recv();
+        let id = created["result"]["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+        // A second MCP server on the same data dir shares the first one's engine.
+        let mut second = Server::spawn(&envs);
+        second.initialize("2025-06-18");
+        second.send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "sandbox_exec", "arguments": {"sandbox_id": id, "command": "echo shared"}}}));
+        let r = second.recv();
+        assert_eq!(r["result"]["structuredContent"]["stdout"], "shared\n", "{r}");
+        // The owner exits; the second takes over and the sandbox (paused) comes back on use.
+        assert!(first.close_and_wait().success());
+        second.send(json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "sandbox_exec", "arguments": {"sandbox_id": id, "command": "echo still here"}}}));
+        let r = second.recv();
+        assert_eq!(r["result"]["structuredContent"]["stdout"], "still here\n", "{r}");
+        second.send(json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "sandbox_kill", "arguments": {"sandbox_id": id}}}));
+        let r = second.recv();
+        assert_eq!(r["result"]["structuredContent"]["killed"], true, "{r}");
+        assert!(second.close_and_wait().success());
+    })
+    .await;
+    drop(dir);
+    result.unwrap();
+}
+
+/// Keeps `KEY` referenced for engines started over HTTP in other modules.
+#[allow(dead_code)]
+fn _key() -> &'static str {
+    KEY
+}
+
+#[tokio::test]
+async fn remote_engine_over_http_with_api_key() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let url = engine.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut server = Server::spawn(&[("SANDBOX_MCP_URL", &url), ("SANDBOX_MCP_API_KEY", KEY)]);
+        server.initialize("2025-06-18");
+        server.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_template_list", "arguments": {}}}));
+        let r = server.recv();
+        assert_eq!(r["result"]["structuredContent"]["templates"][0]["name"], "base", "{r}");
+        let mut wrong = Server::spawn(&[("SANDBOX_MCP_URL", &url), ("SANDBOX_MCP_API_KEY", "wrong")]);
+        wrong.initialize("2025-06-18");
+        wrong.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_template_list", "arguments": {}}}));
+        let r = wrong.recv();
+        let text = r["result"]["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("SANDBOX_MCP_API_KEY"), "{text}");
+        assert!(server.close_and_wait().success());
+        assert!(wrong.close_and_wait().success());
+    })
+    .await
+    .unwrap();
+}
