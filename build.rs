@@ -12,7 +12,14 @@ const SPEC: &str = "openapi/sandbox-mcp.json";
 const TOOL_DEFS: &str = "tool-defs";
 
 fn main() {
-    for path in [SPEC, TOOL_DEFS, "src/codegen.rs", "src/codegen", "src/jsonschema.rs", "src/tooldefs/model.rs"] {
+    for path in [
+        SPEC,
+        TOOL_DEFS,
+        "src/codegen.rs",
+        "src/codegen",
+        "src/jsonschema.rs",
+        "src/tooldefs/model.rs",
+    ] {
         println!("cargo::rerun-if-changed={path}");
     }
     if let Err(errors) = run() {
@@ -43,7 +50,8 @@ fn run() -> Result<(), Vec<String>> {
     let tokens = progenitor::Generator::new(&settings)
         .generate_tokens(&spec.api)
         .map_err(|e| one(format!("{SPEC}: the client generator failed: {e}")))?;
-    let ast = syn::parse2(tokens).map_err(|e| one(format!("generated client does not parse: {e}")))?;
+    let ast =
+        syn::parse2(tokens).map_err(|e| one(format!("generated client does not parse: {e}")))?;
 
     let registry_json = serde_json::to_string_pretty(&registry).map_err(|e| one(e.to_string()))?;
     let writes = [
@@ -55,7 +63,11 @@ fn run() -> Result<(), Vec<String>> {
         std::fs::write(out_dir.join(name), content).map_err(|e| one(format!("{name}: {e}")))?;
     }
 
-    let excluded = registry.inventory.iter().filter(|i| i.excluded.is_some()).count();
+    let excluded = registry
+        .inventory
+        .iter()
+        .filter(|i| i.excluded.is_some())
+        .count();
     build_print::info!(
         "sandbox-mcp: {} tools from {} tool-def files; {} operations ({} excluded)",
         registry.tools.len(),
@@ -80,7 +92,12 @@ fn read_tool_defs(dir: &Path) -> Result<Vec<codegen::ToolDefFile>, String> {
         .map(|p| {
             let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
             Ok(codegen::ToolDefFile {
-                name: format!("{TOOL_DEFS}/{}", p.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()),
+                name: format!(
+                    "{TOOL_DEFS}/{}",
+                    p.file_name()
+                        .map(|n| n.to_string_lossy())
+                        .unwrap_or_default()
+                ),
                 text,
             })
         })

@@ -49,7 +49,12 @@ struct ServeArgs {
     #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
     url: Option<String>,
     /// Bearer key sent to the control plane at SANDBOX_MCP_URL. Never shown to the model or logged.
-    #[arg(long, env = "SANDBOX_MCP_API_KEY", hide_env_values = true, global = true)]
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_API_KEY",
+        hide_env_values = true,
+        global = true
+    )]
     api_key: Option<String>,
     /// Tools to offer: `all`, a toolset (`core`: create, exec, files read/write/list, kill), or a
     /// comma-separated list of tool names.
@@ -71,10 +76,20 @@ struct EngineSettings {
     #[arg(long, env = "SANDBOX_MCP_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
     /// Most sandboxes that may exist at once.
-    #[arg(long, env = "SANDBOX_MCP_MAX_SANDBOXES", default_value_t = 100, global = true)]
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_MAX_SANDBOXES",
+        default_value_t = 100,
+        global = true
+    )]
     max_sandboxes: usize,
     /// Pause a sandbox after this many seconds without exec or file operations (0: never).
-    #[arg(long, env = "SANDBOX_MCP_IDLE_PAUSE", default_value_t = 900, global = true)]
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_IDLE_PAUSE",
+        default_value_t = 900,
+        global = true
+    )]
     idle_pause: u64,
 }
 
@@ -119,7 +134,10 @@ fn init_logging(default: &str) {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sandbox-mcp: cannot start the async runtime: {e}");
@@ -147,7 +165,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging("warn,rmcp::service=error");
     let selection = registry().select(&args.tools).map_err(anyhow::Error::msg)?;
     let backend = match &args.url {
-        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new)).map_err(anyhow::Error::msg)?,
+        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
+            .map_err(anyhow::Error::msg)?,
         None => Backend::local(args.engine.config()),
     };
     let settings = ServerSettings {
@@ -155,12 +174,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         ..ServerSettings::default()
     };
     let server = SandboxMcp::new(backend.clone(), selection, settings);
-    let session = crate::mcp::stdio::frame(tokio::io::stdin(), tokio::io::stdout(), |input, output| async move {
-        use rmcp::ServiceExt;
-        let running = server.serve((input, output)).await?;
-        running.waiting().await?;
-        Ok(())
-    });
+    let session = crate::mcp::stdio::frame(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        |input, output| async move {
+            use rmcp::ServiceExt;
+            let running = server.serve((input, output)).await?;
+            running.waiting().await?;
+            Ok(())
+        },
+    );
     let outcome = tokio::select! {
         r = session => r,
         () = terminated() => Ok(()),
@@ -172,7 +195,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// Resolves on SIGTERM or SIGINT.
 async fn terminated() {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         return std::future::pending().await;
     };
     tokio::select! {
@@ -210,10 +236,16 @@ async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()
         anyhow::bail!(
             "another engine already serves {} ({}); stop it first or use another SANDBOX_MCP_DATA_DIR",
             config.data_dir.display(),
-            owner.split("\"key\"").next().unwrap_or("").trim_end_matches([',', ' '])
+            owner
+                .split("\"key\"")
+                .next()
+                .unwrap_or("")
+                .trim_end_matches([',', ' '])
         );
     };
-    let manager = local::open_manager(&config).await.map_err(anyhow::Error::msg)?;
+    let manager = local::open_manager(&config)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
@@ -237,12 +269,27 @@ fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
     let registry = registry();
     let selected = registry.select(selection).map_err(anyhow::Error::msg)?;
     if json {
-        let tools: Vec<_> = selected.iter().map(|d| crate::mcp::server::to_mcp_tool(d)).collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "tools": tools }))?);
+        let tools: Vec<_> = selected
+            .iter()
+            .map(|d| crate::mcp::server::to_mcp_tool(d))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "tools": tools }))?
+        );
         return Ok(());
     }
-    println!("{} — {} tools (from {} v{})\n", env!("CARGO_PKG_NAME"), selected.len(), registry.api_title, registry.api_version);
-    println!("{:<28} {:<12} {:<7} {:<44} SOURCE", "TOOL", "HINTS", "METHOD", "PATH");
+    println!(
+        "{} — {} tools (from {} v{})\n",
+        env!("CARGO_PKG_NAME"),
+        selected.len(),
+        registry.api_title,
+        registry.api_version
+    );
+    println!(
+        "{:<28} {:<12} {:<7} {:<44} SOURCE",
+        "TOOL", "HINTS", "METHOD", "PATH"
+    );
     for t in &selected {
         let a = t.annotations;
         let hints = [
@@ -256,17 +303,38 @@ fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
         .map(|(_, s)| *s)
         .collect::<Vec<_>>()
         .join(",");
-        println!("{:<28} {:<12} {:<7} {:<44} {}", t.name, hints, t.method, t.path, t.source);
+        println!(
+            "{:<28} {:<12} {:<7} {:<44} {}",
+            t.name, hints, t.method, t.path, t.source
+        );
     }
-    let excluded: Vec<_> = registry.inventory.iter().filter(|i| i.excluded.is_some()).collect();
+    let excluded: Vec<_> = registry
+        .inventory
+        .iter()
+        .filter(|i| i.excluded.is_some())
+        .collect();
     if !excluded.is_empty() {
         println!("\nOperations not offered as tools:");
         for i in excluded {
-            println!("  {} ({} {}): {}", i.operation, i.method, i.path, i.excluded.as_deref().unwrap_or(""));
+            println!(
+                "  {} ({} {}): {}",
+                i.operation,
+                i.method,
+                i.path,
+                i.excluded.as_deref().unwrap_or("")
+            );
         }
     }
     if !registry.toolsets.is_empty() {
-        println!("\nToolsets (--tools): all, {}", registry.toolsets.keys().cloned().collect::<Vec<_>>().join(", "));
+        println!(
+            "\nToolsets (--tools): all, {}",
+            registry
+                .toolsets
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     Ok(())
 }

@@ -56,5 +56,8 @@ pub fn connect(base_url: &str, key: Option<&ApiKey>) -> Result<Client, reqwest::
         .tcp_nodelay(true)
         .no_proxy()
         .build()?;
-    Ok(Client::new_with_client(base_url.trim_end_matches('/'), http))
+    Ok(Client::new_with_client(
+        base_url.trim_end_matches('/'),
+        http,
+    ))
 }

@@ -43,7 +43,9 @@ pub struct CodegenError {
 impl fmt::Display for CodegenError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.tool {
-            Some(entry) if entry.starts_with("[[") => write!(f, "{}: {entry}: {}", self.file, self.message),
+            Some(entry) if entry.starts_with("[[") => {
+                write!(f, "{}: {entry}: {}", self.file, self.message)
+            }
             Some(tool) => write!(f, "{}: tool `{tool}`: {}", self.file, self.message),
             None => write!(f, "{}: {}", self.file, self.message),
         }

@@ -184,7 +184,10 @@ fn check_string(
         let message = if len == 0 {
             "must not be empty".to_string()
         } else {
-            format!("is {len} characters long; it must be at least {min}{}", hint(schema))
+            format!(
+                "is {len} characters long; it must be at least {min}{}",
+                hint(schema)
+            )
         };
         push(out, path, message);
         return;
@@ -201,7 +204,11 @@ fn check_string(
                 ),
             ),
             Ok(_) => {}
-            Err(e) => push(out, path, format!("has an invalid pattern in its schema: {e}")),
+            Err(e) => push(
+                out,
+                path,
+                format!("has an invalid pattern in its schema: {e}"),
+            ),
         }
     }
 }
@@ -257,7 +264,11 @@ fn check_array(
     if let Some(min) = schema.get("minItems").and_then(Value::as_u64)
         && len < min
     {
-        push(out, path, format!("has {len} items; it needs at least {min}"));
+        push(
+            out,
+            path,
+            format!("has {len} items; it needs at least {min}"),
+        );
         return;
     }
     if let Some(item_schema) = schema.get("items") {
@@ -387,7 +398,9 @@ mod tests {
         );
         assert_eq!(
             messages(json!({"command": "x", "bogus": 1})),
-            vec!["unknown argument `bogus`; this tool takes: command, timeout_ms, mode, env, id, name"]
+            vec![
+                "unknown argument `bogus`; this tool takes: command, timeout_ms, mode, env, id, name"
+            ]
         );
         assert_eq!(
             messages(json!({"command": "x", "mode": "hex"})),

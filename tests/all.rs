@@ -1,7 +1,12 @@
 //! The integration suite, as one test binary (one link, shared fixtures). Tests that need real
 //! sandboxes skip with the missing kernel feature named, unless SANDBOX_MCP_REQUIRE_SANDBOX is set
 //! (as in CI), where a missing feature fails instead.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout, clippy::print_stderr)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout,
+    clippy::print_stderr
+)]
 
 mod common;
 

@@ -33,7 +33,10 @@ fn errors_with(extra: Option<(&str, String)>, drop_file: Option<&str>) -> Vec<St
         .filter(|f| Some(f.name.as_str()) != drop_file)
         .collect();
     if let Some((name, text)) = extra {
-        files.push(ToolDefFile { name: format!("tool-defs/{name}"), text });
+        files.push(ToolDefFile {
+            name: format!("tool-defs/{name}"),
+            text,
+        });
     }
     match build_registry("openapi/sandbox-mcp.json", &spec_text(), &files) {
         Ok(_) => Vec::new(),
@@ -50,14 +53,20 @@ fn the_real_tool_defs_are_valid() {
 fn broken_tool_defs_are_rejected_with_file_tool_and_fix() {
     let dir = Path::new(ROOT).join("tests/fixtures/broken-tool-defs");
     let mut cases: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     names.sort();
     for path in names {
         let name = path.file_name().unwrap().to_string_lossy().to_string();
         let errors = errors_with(Some((&name, std::fs::read_to_string(&path).unwrap())), None);
         assert!(!errors.is_empty(), "{name} should fail validation");
         for e in &errors {
-            assert!(e.starts_with("tool-defs/"), "{name}: error does not name its file: {e}");
+            assert!(
+                e.starts_with("tool-defs/"),
+                "{name}: error does not name its file: {e}"
+            );
         }
         cases.insert(name, errors);
     }
@@ -72,15 +81,29 @@ fn broken_tool_defs_are_rejected_with_file_tool_and_fix() {
 #[test]
 fn specific_mistakes_say_how_to_fix_them() {
     let errors = |file: &str| {
-        let text = std::fs::read_to_string(Path::new(ROOT).join("tests/fixtures/broken-tool-defs").join(file)).unwrap();
+        let text = std::fs::read_to_string(
+            Path::new(ROOT)
+                .join("tests/fixtures/broken-tool-defs")
+                .join(file),
+        )
+        .unwrap();
         errors_with(Some((file, text)), None).join("\n")
     };
     let e = errors("unknown_operation.toml");
-    assert!(e.contains("tool `sandbox_run`") && e.contains("Did you mean `exec_command`?"), "{e}");
+    assert!(
+        e.contains("tool `sandbox_run`") && e.contains("Did you mean `exec_command`?"),
+        "{e}"
+    );
     let e = errors("unknown_key.toml");
-    assert!(e.contains("unknown field `descripton`") && e.contains("correct its spelling"), "{e}");
+    assert!(
+        e.contains("unknown field `descripton`") && e.contains("correct its spelling"),
+        "{e}"
+    );
     let e = errors("duplicate_name.toml");
-    assert!(e.contains("already used by a tool in tool-defs/20-exec.toml"), "{e}");
+    assert!(
+        e.contains("already used by a tool in tool-defs/20-exec.toml"),
+        "{e}"
+    );
     let e = errors("bad_overrides.toml");
     for needle in [
         "[args.comand] names no argument",
@@ -109,23 +132,40 @@ fn the_build_script_fails_on_a_broken_tool_def() {
         .flatten()
         .flatten()
         .map(|e| e.path().join("build-script-build"))
-        .filter(|p| p.exists() && p.parent().unwrap().file_name().unwrap().to_string_lossy().starts_with("sandbox-mcp-"))
+        .filter(|p| {
+            p.exists()
+                && p.parent()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("sandbox-mcp-")
+        })
         .collect();
     scripts.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
     let Some(script) = scripts.pop() else {
-        eprintln!("SKIPPED the_build_script_fails_on_a_broken_tool_def: no compiled build script found next to the binary");
+        eprintln!(
+            "SKIPPED the_build_script_fails_on_a_broken_tool_def: no compiled build script found next to the binary"
+        );
         return;
     };
     let work = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(work.path().join("openapi")).unwrap();
-    std::fs::copy(Path::new(ROOT).join("openapi/sandbox-mcp.json"), work.path().join("openapi/sandbox-mcp.json")).unwrap();
+    std::fs::copy(
+        Path::new(ROOT).join("openapi/sandbox-mcp.json"),
+        work.path().join("openapi/sandbox-mcp.json"),
+    )
+    .unwrap();
     std::fs::create_dir_all(work.path().join("tool-defs")).unwrap();
     for f in real_tool_defs() {
         std::fs::write(work.path().join(&f.name), f.text).unwrap();
     }
     std::fs::write(
         work.path().join("tool-defs/99-broken.toml"),
-        std::fs::read_to_string(Path::new(ROOT).join("tests/fixtures/broken-tool-defs/unknown_operation.toml")).unwrap(),
+        std::fs::read_to_string(
+            Path::new(ROOT).join("tests/fixtures/broken-tool-defs/unknown_operation.toml"),
+        )
+        .unwrap(),
     )
     .unwrap();
     let out_dir = work.path().join("out");
@@ -138,7 +178,9 @@ fn the_build_script_fails_on_a_broken_tool_def() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(!output.status.success(), "the build should fail:\n{stdout}");
     assert!(
-        stdout.contains("tool-defs/99-broken.toml: tool `sandbox_run`: unknown operation `exec_commnd`"),
+        stdout.contains(
+            "tool-defs/99-broken.toml: tool `sandbox_run`: unknown operation `exec_commnd`"
+        ),
         "{stdout}"
     );
 }

@@ -32,6 +32,7 @@ pub fn sandbox_support() -> Result<(), String> {
     static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
     PROBE
         .get_or_init(|| {
+            ensure_host_tools();
             std::thread::spawn(|| {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -57,6 +58,44 @@ pub fn sandbox_support() -> Result<(), String> {
             .unwrap_or_else(|_| Err("the sandbox probe panicked".into()))
         })
         .clone()
+}
+
+/// The base template shows the host's /usr, and the tests run python3 and node inside sandboxes.
+/// On a fresh machine that lacks them, install them (as root, with apt) so `cargo test` works
+/// with no other step; say so on stderr.
+fn ensure_host_tools() {
+    let missing: Vec<&str> = [("python3", "/usr/bin/python3"), ("nodejs", "/usr/bin/node")]
+        .into_iter()
+        .filter(|(_, path)| !std::path::Path::new(path).exists())
+        .map(|(pkg, _)| pkg)
+        .collect();
+    if missing.is_empty()
+        || !nix::unistd::geteuid().is_root()
+        || !std::path::Path::new("/usr/bin/apt-get").exists()
+    {
+        return;
+    }
+    eprintln!(
+        "tests: installing {} (needed inside sandboxes) with apt-get",
+        missing.join(" ")
+    );
+    let apt = |args: &[&str]| {
+        std::process::Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let mut install = vec!["install", "-y", "--no-install-recommends"];
+    install.extend(&missing);
+    let installed = apt(&install) || (apt(&["update"]) && apt(&install));
+    if !installed {
+        eprintln!(
+            "tests: apt-get could not install {}; tests that use them will fail",
+            missing.join(" ")
+        );
+    }
 }
 
 #[macro_export]
@@ -88,7 +127,10 @@ macro_rules! require_cgroups {
             if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
                 panic!("cgroups are required here but unavailable");
             }
-            eprintln!("SKIPPED {}: needs writable cgroups (run as root)", module_path!());
+            eprintln!(
+                "SKIPPED {}: needs writable cgroups (run as root)",
+                module_path!()
+            );
             return;
         }
     };
@@ -118,7 +160,10 @@ impl TestEngine {
     }
 
     pub async fn start_with(adjust: impl FnOnce(&mut EngineConfig)) -> Self {
-        let dir = tempfile::Builder::new().prefix("smcp").tempdir_in("/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("smcp")
+            .tempdir_in("/tmp")
+            .unwrap();
         let mut config = Self::config_for(dir.path());
         adjust(&mut config);
         Self::start_on(dir, config).await
@@ -128,7 +173,12 @@ impl TestEngine {
         sandbox_mcp::engine::local::prepare_data_dir(&config).unwrap();
         let manager = open_manager(&config).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let server = EngineServer::start(manager.clone(), listener, Keys::new([KEY.to_string()], None)).unwrap();
+        let server = EngineServer::start(
+            manager.clone(),
+            listener,
+            Keys::new([KEY.to_string()], None),
+        )
+        .unwrap();
         Self {
             dir,
             url: server.url.clone(),
@@ -167,7 +217,12 @@ impl TestEngine {
     }
 
     pub async fn mcp_with(&self, settings: ServerSettings, tools: &str) -> McpClient {
-        mcp_for(Backend::remote(&self.url, Some(ApiKey::new(KEY))).unwrap(), settings, tools).await
+        mcp_for(
+            Backend::remote(&self.url, Some(ApiKey::new(KEY))).unwrap(),
+            settings,
+            tools,
+        )
+        .await
     }
 }
 
@@ -207,7 +262,9 @@ pub async fn mcp_for(backend: Backend, settings: ServerSettings, tools: &str) ->
 
 /// Calls a tool and returns the result (tool errors included; protocol errors panic).
 pub async fn call(client: &McpClient, name: &str, args: Value) -> CallToolResult {
-    let Value::Object(map) = args else { panic!("arguments must be an object") };
+    let Value::Object(map) = args else {
+        panic!("arguments must be an object")
+    };
     client
         .call_tool(CallToolRequestParams::new(name.to_string()).with_arguments(map))
         .await
@@ -217,14 +274,24 @@ pub async fn call(client: &McpClient, name: &str, args: Value) -> CallToolResult
 /// The structured content of a successful call.
 pub async fn ok(client: &McpClient, name: &str, args: Value) -> Value {
     let result = call(client, name, args.clone()).await;
-    assert_ne!(result.is_error, Some(true), "{name}({args}) failed: {}", text(&result));
+    assert_ne!(
+        result.is_error,
+        Some(true),
+        "{name}({args}) failed: {}",
+        text(&result)
+    );
     result.structured_content.clone().unwrap_or(Value::Null)
 }
 
 /// The text of an error result (asserting it is one).
 pub async fn err(client: &McpClient, name: &str, args: Value) -> String {
     let result = call(client, name, args.clone()).await;
-    assert_eq!(result.is_error, Some(true), "{name}({args}) should have failed: {}", text(&result));
+    assert_eq!(
+        result.is_error,
+        Some(true),
+        "{name}({args}) should have failed: {}",
+        text(&result)
+    );
     text(&result)
 }
 
@@ -248,7 +315,12 @@ pub async fn create(client: &McpClient) -> String {
 
 /// Runs a command through MCP and returns the exec result.
 pub async fn exec(client: &McpClient, id: &str, command: &str) -> Value {
-    ok(client, "sandbox_exec", json!({"sandbox_id": id, "command": command})).await
+    ok(
+        client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": command}),
+    )
+    .await
 }
 
 /// stdout of a command that must succeed.

@@ -9,8 +9,18 @@ use crate::require_sandboxes;
 async fn every_request_needs_a_valid_key() {
     let engine = TestEngine::start().await;
     let http = engine.http();
-    for (auth, expected) in [(None, 401), (Some("Bearer wrong"), 401), (Some("Basic abc"), 401), (Some(format!("Bearer {KEY}").as_str()), 200)] {
-        for path in ["/v1/health", "/v1/sandboxes", "/v1/templates", "/v1/no-such-route"] {
+    for (auth, expected) in [
+        (None, 401),
+        (Some("Bearer wrong"), 401),
+        (Some("Basic abc"), 401),
+        (Some(format!("Bearer {KEY}").as_str()), 200),
+    ] {
+        for path in [
+            "/v1/health",
+            "/v1/sandboxes",
+            "/v1/templates",
+            "/v1/no-such-route",
+        ] {
             let mut req = http.get(format!("{}{path}", engine.url));
             if let Some(a) = auth {
                 req = req.header("authorization", a);
@@ -50,34 +60,59 @@ async fn malformed_requests_get_errors_in_the_spec_shape() {
         (r#"{"bogus": 1}"#, "unknown field `bogus`"),
         (r#"{"timeout_seconds": "soon"}"#, "invalid type"),
         (r#"{"name": "has/slash"}"#, "doesn't match pattern"),
-        (r#"{"env_vars": {"1BAD": "x"}}"#, "environment variable name"),
+        (
+            r#"{"env_vars": {"1BAD": "x"}}"#,
+            "environment variable name",
+        ),
         (r#"{"metadata": {"a=b": "x"}}"#, "metadata key"),
-        (r#"{"template": "nonexistent"}"#, "template nonexistent does not exist"),
+        (
+            r#"{"template": "nonexistent"}"#,
+            "template nonexistent does not exist",
+        ),
     ] {
         let resp = post(body).send().await.unwrap();
         let status = resp.status().as_u16();
         let json: Value = resp.json().await.unwrap();
         assert!(matches!(status, 400 | 404), "{body}: {status} {json}");
-        assert!(json["message"].as_str().unwrap().contains(needle), "{body}: {json}");
+        assert!(
+            json["message"].as_str().unwrap().contains(needle),
+            "{body}: {json}"
+        );
         assert!(json["error_code"].is_string() && json["request_id"].is_string());
     }
     // Wrong method on a known route.
-    let resp = http.put(format!("{}/v1/health", engine.url)).header("authorization", &auth).send().await.unwrap();
+    let resp = http
+        .put(format!("{}/v1/health", engine.url))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 405);
     let json: Value = resp.json().await.unwrap();
     assert_eq!(json["error_code"], "invalid_argument");
     // A malformed sandbox id is simply not found.
-    let resp = http.get(format!("{}/v1/sandboxes/..%2F..%2Fetc", engine.url)).header("authorization", &auth).send().await.unwrap();
+    let resp = http
+        .get(format!("{}/v1/sandboxes/..%2F..%2Fetc", engine.url))
+        .header("authorization", &auth)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 404);
 }
 
 #[tokio::test]
 async fn request_bodies_over_16_mib_are_refused() {
     let engine = TestEngine::start().await;
-    let body = format!(r#"{{"path": "f", "content": "{}"}}"#, "x".repeat(17 * 1024 * 1024));
+    let body = format!(
+        r#"{{"path": "f", "content": "{}"}}"#,
+        "x".repeat(17 * 1024 * 1024)
+    );
     let resp = engine
         .http()
-        .put(format!("{}/v1/sandboxes/sbx_0000000000000000000000000a/files", engine.url))
+        .put(format!(
+            "{}/v1/sandboxes/sbx_0000000000000000000000000a/files",
+            engine.url
+        ))
         .header("authorization", format!("Bearer {KEY}"))
         .header("content-type", "application/json")
         .body(body)
@@ -95,10 +130,22 @@ async fn quota_is_enforced_with_its_own_code() {
     let engine = TestEngine::start_with(|c| c.max_sandboxes = 2).await;
     let client = engine.client();
     for _ in 0..2 {
-        client.create_sandbox().body(json_body()).send().await.unwrap();
+        client
+            .create_sandbox()
+            .body(json_body())
+            .send()
+            .await
+            .unwrap();
     }
-    let e = client.create_sandbox().body(json_body()).send().await.unwrap_err();
-    let sandbox_mcp::client::Error::ErrorResponse(rv) = e else { panic!("{e:?}") };
+    let e = client
+        .create_sandbox()
+        .body(json_body())
+        .send()
+        .await
+        .unwrap_err();
+    let sandbox_mcp::client::Error::ErrorResponse(rv) = e else {
+        panic!("{e:?}")
+    };
     assert_eq!(rv.status().as_u16(), 429);
     assert_eq!(rv.into_inner().error_code, "quota_exceeded");
 }
@@ -114,7 +161,13 @@ async fn ids_are_random_and_unguessable() {
     let client = engine.client();
     let mut ids = Vec::new();
     for _ in 0..3 {
-        let s = client.create_sandbox().body(json_body()).send().await.unwrap().into_inner();
+        let s = client
+            .create_sandbox()
+            .body(json_body())
+            .send()
+            .await
+            .unwrap()
+            .into_inner();
         ids.push(s.id.to_string());
     }
     for id in &ids {
@@ -132,33 +185,75 @@ async fn metadata_filters_and_updates() {
     let client = engine.client();
     let a = client
         .create_sandbox()
-        .body(serde_json::from_value::<sandbox_mcp::client::types::CreateSandboxRequest>(json!({"name": "alpha", "metadata": {"project": "x", "owner": "ann"}})).unwrap())
+        .body(
+            serde_json::from_value::<sandbox_mcp::client::types::CreateSandboxRequest>(
+                json!({"name": "alpha", "metadata": {"project": "x", "owner": "ann"}}),
+            )
+            .unwrap(),
+        )
         .send()
         .await
         .unwrap()
         .into_inner();
     client
         .create_sandbox()
-        .body(serde_json::from_value::<sandbox_mcp::client::types::CreateSandboxRequest>(json!({"metadata": {"project": "y"}})).unwrap())
+        .body(
+            serde_json::from_value::<sandbox_mcp::client::types::CreateSandboxRequest>(
+                json!({"metadata": {"project": "y"}}),
+            )
+            .unwrap(),
+        )
         .send()
         .await
         .unwrap();
-    let found = client.list_sandboxes().metadata("project=x").send().await.unwrap().into_inner();
+    let found = client
+        .list_sandboxes()
+        .metadata("project=x")
+        .send()
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(found.sandboxes.len(), 1);
     assert_eq!(found.sandboxes[0].id, a.id);
     assert_eq!(found.sandboxes[0].name.as_deref(), Some("alpha"));
     let updated = client
         .update_sandbox()
         .sandbox_id(a.id.to_string())
-        .body(serde_json::from_value::<sandbox_mcp::client::types::UpdateSandboxRequest>(json!({"metadata": {"project": "z"}})).unwrap())
+        .body(
+            serde_json::from_value::<sandbox_mcp::client::types::UpdateSandboxRequest>(
+                json!({"metadata": {"project": "z"}}),
+            )
+            .unwrap(),
+        )
         .send()
         .await
         .unwrap()
         .into_inner();
     assert_eq!(updated.metadata.0.len(), 1);
-    assert!(client.list_sandboxes().metadata("project=x").send().await.unwrap().into_inner().sandboxes.is_empty());
-    let e = client.list_sandboxes().metadata("justakey").send().await.unwrap_err();
+    assert!(
+        client
+            .list_sandboxes()
+            .metadata("project=x")
+            .send()
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes
+            .is_empty()
+    );
+    let e = client
+        .list_sandboxes()
+        .metadata("justakey")
+        .send()
+        .await
+        .unwrap_err();
     assert_eq!(e.status().map(|s| s.as_u16()), Some(400));
-    let running = client.list_sandboxes().status("running").send().await.unwrap().into_inner();
+    let running = client
+        .list_sandboxes()
+        .status("running")
+        .send()
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(running.sandboxes.len(), 2);
 }

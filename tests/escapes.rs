@@ -8,7 +8,12 @@ use crate::require_sandboxes;
 
 /// Runs Python in the sandbox and returns its stdout.
 async fn py(client: &crate::common::McpClient, id: &str, code: &str) -> String {
-    let r = ok(client, "sandbox_exec", json!({"sandbox_id": id, "command": format!("python3 - <<'EOF'\n{code}\nEOF")})).await;
+    let r = ok(
+        client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": format!("python3 - <<'EOF'\n{code}\nEOF")}),
+    )
+    .await;
     assert_eq!(r["exit_code"], 0, "{r}");
     r["stdout"].as_str().unwrap().to_string()
 }
@@ -30,9 +35,20 @@ async fn host_files_are_not_visible() {
     let out = sh(&client, &id, &script).await;
     let _ = std::fs::remove_file(format!("/tmp/{marker}"));
     assert!(!out.contains("VISIBLE"), "{out}");
-    assert!(out.ends_with("0\n0\ndone\n"), "/home, /mnt, /opt and /sys must be empty: {out}");
+    assert!(
+        out.ends_with("0\n0\ndone\n"),
+        "/home, /mnt, /opt and /sys must be empty: {out}"
+    );
     // The engine's key lives in its memory and its data dir; neither is reachable. Search what is.
-    let found = exec(&client, &id, &format!("grep -rls {} / --exclude-dir=proc 2>/dev/null | head", crate::common::KEY)).await;
+    let found = exec(
+        &client,
+        &id,
+        &format!(
+            "grep -rls {} / --exclude-dir=proc 2>/dev/null | head",
+            crate::common::KEY
+        ),
+    )
+    .await;
     assert_eq!(found["stdout"], "", "{found}");
 }
 
@@ -43,9 +59,21 @@ async fn host_processes_are_invisible_and_unsignalable() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     let me = std::process::id();
-    let out = sh(&client, &id, &format!("ps -eo pid,args; kill -9 {me} 2>&1; kill -9 1 2>&1; echo rc=$?")).await;
-    assert!(!out.contains("cargo") && !out.contains("sandbox-mcp engine"), "{out}");
-    let pids: Vec<&str> = out.lines().skip(1).take_while(|l| !l.starts_with("sh:") && !l.contains("rc=")).collect();
+    let out = sh(
+        &client,
+        &id,
+        &format!("ps -eo pid,args; kill -9 {me} 2>&1; kill -9 1 2>&1; echo rc=$?"),
+    )
+    .await;
+    assert!(
+        !out.contains("cargo") && !out.contains("sandbox-mcp engine"),
+        "{out}"
+    );
+    let pids: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with("sh:") && !l.contains("rc="))
+        .collect();
     assert!(pids.len() <= 4, "only the sandbox's own processes: {out}");
     // Our test process is alive (its pid means nothing, or something else, inside).
     assert!(std::path::Path::new(&format!("/proc/{me}")).exists());
@@ -62,7 +90,11 @@ async fn host_loopback_and_the_engine_are_unreachable() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let host_port = listener.local_addr().unwrap().port();
     let engine_port = engine.url.rsplit(':').next().unwrap().to_string();
-    let out = py(&client, &id, &format!(r#"
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            r#"
 import socket
 for port in ({host_port}, {engine_port}):
     s = socket.socket()
@@ -76,16 +108,24 @@ try:
 except OSError as e:
     print("no route", e.errno)
 print(open("/proc/net/dev").read().count(":"))
-"#)).await;
+"#
+        ),
+    )
+    .await;
     assert!(!out.contains("CONNECTED"), "{out}");
     assert!(out.trim_end().ends_with('1'), "only loopback exists: {out}");
     // Loopback inside works for the sandbox's own servers.
-    let own = py(&client, &id, r#"
+    let own = py(
+        &client,
+        &id,
+        r#"
 import socket, threading
 srv = socket.socket(); srv.bind(("127.0.0.1", 8000)); srv.listen()
 threading.Thread(target=lambda: srv.accept()[0].sendall(b"hi"), daemon=True).start()
 c = socket.create_connection(("127.0.0.1", 8000)); print(c.recv(2).decode())
-"#).await;
+"#,
+    )
+    .await;
     assert_eq!(own, "hi\n");
     drop(listener);
 }
@@ -96,7 +136,12 @@ async fn privileges_are_dropped_and_the_kernel_surface_is_filtered() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    let status = sh(&client, &id, "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/self/uid_map").await;
+    let status = sh(
+        &client,
+        &id,
+        "grep -E '^(CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; cat /proc/self/uid_map",
+    )
+    .await;
     assert!(status.contains("NoNewPrivs:\t1"), "{status}");
     assert!(status.contains("Seccomp:\t2"), "{status}");
     // CAP_SYS_ADMIN (21), CAP_SYS_PTRACE (19), CAP_NET_ADMIN (12) and CAP_DAC_READ_SEARCH (2) are gone.
@@ -109,9 +154,15 @@ async fn privileges_are_dropped_and_the_kernel_surface_is_filtered() {
     let fields: Vec<&str> = map_line.split_whitespace().collect();
     assert_eq!(fields[0], "0");
     if nix::unistd::geteuid().is_root() {
-        assert_ne!(fields[1], "0", "sandbox root must never be host root: {map_line}");
+        assert_ne!(
+            fields[1], "0",
+            "sandbox root must never be host root: {map_line}"
+        );
     }
-    let out = py(&client, &id, r#"
+    let out = py(
+        &client,
+        &id,
+        r#"
 import ctypes, os, fcntl, termios
 libc = ctypes.CDLL(None, use_errno=True)
 def attempt(name, fn):
@@ -135,11 +186,19 @@ try:
     os.setuid(0); os.chroot("/tmp"); print("chroot ok (inside the sandbox only)")
 except OSError as e:
     print("chroot", e.errno)
-"#).await;
-    for line in out.lines().filter(|l| !l.starts_with("TIOCSTI") && !l.starts_with("chroot")) {
+"#,
+    )
+    .await;
+    for line in out
+        .lines()
+        .filter(|l| !l.starts_with("TIOCSTI") && !l.starts_with("chroot"))
+    {
         let parts: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(parts[1], "-1", "{line} succeeded:\n{out}");
-        assert!(["1", "22", "9"].contains(&parts[2]), "{line}: expected EPERM\n{out}");
+        assert!(
+            ["1", "22", "9"].contains(&parts[2]),
+            "{line}: expected EPERM\n{out}"
+        );
     }
     assert!(out.contains("TIOCSTI 1"), "{out}");
     // A new user namespace via the unshare tool fails too.

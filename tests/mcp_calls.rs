@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::{call, create, err, exec, ok, sh, text, TestEngine};
+use crate::common::{TestEngine, call, create, err, exec, ok, sh, text};
 use crate::require_sandboxes;
 
 #[tokio::test]
@@ -13,8 +13,20 @@ async fn tools_list_carries_annotations_and_schemas() {
     let client = engine.mcp().await;
     let tools = client.list_all_tools().await.unwrap();
     assert_eq!(tools.len(), 16);
-    let get = |name: &str| tools.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no {name}"));
-    for read_only in ["sandbox_list", "sandbox_info", "sandbox_metrics", "sandbox_template_list", "sandbox_files_read", "sandbox_files_list"] {
+    let get = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    for read_only in [
+        "sandbox_list",
+        "sandbox_info",
+        "sandbox_metrics",
+        "sandbox_template_list",
+        "sandbox_files_read",
+        "sandbox_files_list",
+    ] {
         let a = get(read_only).annotations.clone().unwrap();
         assert_eq!(a.read_only_hint, Some(true), "{read_only}");
     }
@@ -22,33 +34,70 @@ async fn tools_list_carries_annotations_and_schemas() {
     assert_eq!(kill.destructive_hint, Some(true));
     assert_eq!(kill.read_only_hint, Some(false));
     for tool in &tools {
-        assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{}", tool.name);
-        assert_eq!(tool.input_schema.get("additionalProperties"), Some(&json!(false)));
-        assert!(!serde_json::to_string(&*tool.input_schema).unwrap().contains("$ref"), "{} has a $ref", tool.name);
+        assert_eq!(
+            tool.input_schema.get("type"),
+            Some(&json!("object")),
+            "{}",
+            tool.name
+        );
+        assert_eq!(
+            tool.input_schema.get("additionalProperties"),
+            Some(&json!(false))
+        );
+        assert!(
+            !serde_json::to_string(&*tool.input_schema)
+                .unwrap()
+                .contains("$ref"),
+            "{} has a $ref",
+            tool.name
+        );
         let out = tool.output_schema.clone().unwrap();
         assert_eq!(out.get("type"), Some(&json!("object")));
         assert!(tool.title.is_some() && tool.description.as_deref().unwrap_or("").len() > 40);
-        if tool.name != "sandbox_create" && tool.name != "sandbox_list" && tool.name != "sandbox_template_list" {
+        if tool.name != "sandbox_create"
+            && tool.name != "sandbox_list"
+            && tool.name != "sandbox_template_list"
+        {
             let required = tool.input_schema["required"].as_array().unwrap();
-            assert!(required.contains(&json!("sandbox_id")), "{} must take sandbox_id", tool.name);
+            assert!(
+                required.contains(&json!("sandbox_id")),
+                "{} must take sandbox_id",
+                tool.name
+            );
         }
     }
     // Constraints from the spec survive into the schema the model sees.
     let exec_schema = &get("sandbox_exec").input_schema;
     assert_eq!(exec_schema["properties"]["timeout_ms"]["maximum"], 600000);
     assert_eq!(exec_schema["properties"]["command"]["maxLength"], 65536);
-    assert_eq!(exec_schema["properties"]["sandbox_id"]["pattern"], "^sbx_[0-9a-z]{26}$");
+    assert_eq!(
+        exec_schema["properties"]["sandbox_id"]["pattern"],
+        "^sbx_[0-9a-z]{26}$"
+    );
 }
 
 #[tokio::test]
 async fn toolsets_select_a_subset() {
     let engine = TestEngine::start().await;
     let client = engine.mcp_with(Default::default(), "core").await;
-    let mut names: Vec<String> = client.list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
+    let mut names: Vec<String> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
     names.sort();
     assert_eq!(
         names,
-        ["sandbox_create", "sandbox_exec", "sandbox_files_list", "sandbox_files_read", "sandbox_files_write", "sandbox_kill"]
+        [
+            "sandbox_create",
+            "sandbox_exec",
+            "sandbox_files_list",
+            "sandbox_files_read",
+            "sandbox_files_write",
+            "sandbox_kill"
+        ]
     );
 }
 
@@ -56,12 +105,17 @@ async fn toolsets_select_a_subset() {
 async fn unknown_tool_is_a_protocol_error() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
-    let Value::Object(args) = json!({}) else { unreachable!() };
+    let Value::Object(args) = json!({}) else {
+        unreachable!()
+    };
     let result = client
         .call_tool(rmcp::model::CallToolRequestParams::new("sandbox_teleport").with_arguments(args))
         .await;
     let e = result.expect_err("unknown tools are JSON-RPC errors");
-    assert!(e.to_string().contains("unknown tool `sandbox_teleport`"), "{e}");
+    assert!(
+        e.to_string().contains("unknown tool `sandbox_teleport`"),
+        "{e}"
+    );
 }
 use serde_json::Value;
 
@@ -71,21 +125,64 @@ async fn bad_arguments_name_the_argument_and_the_fix() {
     let client = engine.mcp().await;
     let id = "sbx_0000000000000000000000000a";
     let cases = [
-        ("sandbox_exec", json!({"sandbox_id": id}), "missing required argument `command`"),
-        ("sandbox_exec", json!({"sandbox_id": id, "command": 5}), "argument `command` must be a string, got integer 5"),
-        ("sandbox_exec", json!({"sandbox_id": id, "command": "ls", "bogus": true}), "unknown argument `bogus`"),
-        ("sandbox_exec", json!({"sandbox_id": id, "command": "ls", "timeout_ms": 700000}), "the maximum is 600000"),
-        ("sandbox_exec", json!({"sandbox_id": "nope", "command": "ls"}), "as returned by sandbox_create or sandbox_list"),
-        ("sandbox_exec", json!({"sandbox_id": "sbx_AAAAAAAAAAAAAAAAAAAAAAAAAA", "command": "ls"}), "does not match the pattern"),
-        ("sandbox_exec", json!({"sandbox_id": id, "command": "x".repeat(70_000)}), "is 70000 characters long; the limit is 65536"),
-        ("sandbox_files_read", json!({"sandbox_id": id, "path": "/x", "encoding": "hex"}), "must be one of \"utf8\", \"base64\""),
-        ("sandbox_create", json!({"metadata": {"k": 1}}), "argument `metadata.k` must be a string"),
-        ("sandbox_create", json!({"timeout_seconds": -1}), "the minimum is 1"),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": id}),
+            "missing required argument `command`",
+        ),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": 5}),
+            "argument `command` must be a string, got integer 5",
+        ),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": "ls", "bogus": true}),
+            "unknown argument `bogus`",
+        ),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": "ls", "timeout_ms": 700000}),
+            "the maximum is 600000",
+        ),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": "nope", "command": "ls"}),
+            "as returned by sandbox_create or sandbox_list",
+        ),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": "sbx_AAAAAAAAAAAAAAAAAAAAAAAAAA", "command": "ls"}),
+            "does not match the pattern",
+        ),
+        (
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": "x".repeat(70_000)}),
+            "is 70000 characters long; the limit is 65536",
+        ),
+        (
+            "sandbox_files_read",
+            json!({"sandbox_id": id, "path": "/x", "encoding": "hex"}),
+            "must be one of \"utf8\", \"base64\"",
+        ),
+        (
+            "sandbox_create",
+            json!({"metadata": {"k": 1}}),
+            "argument `metadata.k` must be a string",
+        ),
+        (
+            "sandbox_create",
+            json!({"timeout_seconds": -1}),
+            "the minimum is 1",
+        ),
     ];
     for (tool, args, expected) in cases {
         let message = err(&client, tool, args.clone()).await;
         assert!(message.contains(expected), "{tool}({args}): {message}");
-        assert!(message.starts_with(&format!("Invalid arguments for {tool}")), "{message}");
+        assert!(
+            message.starts_with(&format!("Invalid arguments for {tool}")),
+            "{message}"
+        );
         assert!(message.len() < 600, "message floods the context: {message}");
     }
 }
@@ -98,21 +195,37 @@ async fn unknown_sandbox_gets_the_tool_def_message() {
     let message = err(&client, "sandbox_info", json!({"sandbox_id": id})).await;
     assert_eq!(
         message,
-        format!("Sandbox {id} not found: it was killed, timed out, or never existed. Call sandbox_list to see your sandboxes, or sandbox_create to make a new one.")
+        format!(
+            "Sandbox {id} not found: it was killed, timed out, or never existed. Call sandbox_list to see your sandboxes, or sandbox_create to make a new one."
+        )
     );
-    let message = err(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "true"})).await;
+    let message = err(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "true"}),
+    )
+    .await;
     assert!(message.contains("Call sandbox_list"), "{message}");
 }
 
 #[tokio::test]
 async fn unreachable_control_plane_is_an_actionable_tool_error() {
     // A port nothing listens on: bind, note the port, close.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(&format!("http://127.0.0.1:{port}"), None).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let backend =
+        sandbox_mcp::mcp::backend::Backend::remote(&format!("http://127.0.0.1:{port}"), None)
+            .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;
     let started = Instant::now();
     let message = err(&client, "sandbox_list", json!({})).await;
-    assert!(message.contains("unreachable") && message.contains("SANDBOX_MCP_URL"), "{message}");
+    assert!(
+        message.contains("unreachable") && message.contains("SANDBOX_MCP_URL"),
+        "{message}"
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
     // The server is still up.
     assert_eq!(client.list_all_tools().await.unwrap().len(), 16);
@@ -130,10 +243,17 @@ async fn control_plane_errors_keep_their_code_and_never_leak_the_key() {
         )
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(&url, Some(sandbox_mcp::client::ApiKey::new("super-secret-key"))).unwrap();
+    let backend = sandbox_mcp::mcp::backend::Backend::remote(
+        &url,
+        Some(sandbox_mcp::client::ApiKey::new("super-secret-key")),
+    )
+    .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;
     let message = err(&client, "sandbox_list", json!({})).await;
-    assert!(message.contains("unavailable") && message.contains("engine draining"), "{message}");
+    assert!(
+        message.contains("unavailable") && message.contains("engine draining"),
+        "{message}"
+    );
     assert!(!message.contains("super-secret-key"));
 }
 
@@ -144,18 +264,35 @@ async fn agent_session_create_exec_files_caps_timeout_pause_kill() {
     let client = engine.mcp().await;
     let id = create(&client).await;
 
-    assert!(sh(&client, &id, "python3 --version").await.starts_with("Python 3"));
+    assert!(
+        sh(&client, &id, "python3 --version")
+            .await
+            .starts_with("Python 3")
+    );
 
     let written = ok(&client, "sandbox_files_write", json!({
         "sandbox_id": id, "path": "proj/main.py", "content": "import sys\nprint('hello from', sys.argv[1])\n"
     })).await;
     assert_eq!(written["path"], "/root/proj/main.py");
-    assert_eq!(sh(&client, &id, "cd proj && python3 main.py sandbox").await, "hello from sandbox\n");
+    assert_eq!(
+        sh(&client, &id, "cd proj && python3 main.py sandbox").await,
+        "hello from sandbox\n"
+    );
 
-    let read = ok(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "/root/proj/main.py"})).await;
+    let read = ok(
+        &client,
+        "sandbox_files_read",
+        json!({"sandbox_id": id, "path": "/root/proj/main.py"}),
+    )
+    .await;
     assert_eq!(read["encoding"], "utf8");
     assert!(read["content"].as_str().unwrap().contains("hello from"));
-    let listing = ok(&client, "sandbox_files_list", json!({"sandbox_id": id, "path": "proj"})).await;
+    let listing = ok(
+        &client,
+        "sandbox_files_list",
+        json!({"sandbox_id": id, "path": "proj"}),
+    )
+    .await;
     assert_eq!(listing["entries"][0]["name"], "main.py");
     assert_eq!(listing["entries"][0]["type"], "file");
 
@@ -167,7 +304,12 @@ async fn agent_session_create_exec_files_caps_timeout_pause_kill() {
 
     // A timeout kills the command and says so.
     let started = Instant::now();
-    let slow = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "sleep 30", "timeout_ms": 500})).await;
+    let slow = ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "sleep 30", "timeout_ms": 500}),
+    )
+    .await;
     assert_eq!(slow["timed_out"], true);
     assert!(started.elapsed() < Duration::from_secs(5));
 
@@ -179,7 +321,12 @@ async fn agent_session_create_exec_files_caps_timeout_pause_kill() {
     assert_eq!(info["status"], "running");
 
     ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
-    let message = err(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "true"})).await;
+    let message = err(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "true"}),
+    )
+    .await;
     assert!(message.contains("not found"), "{message}");
 }
 
@@ -190,15 +337,33 @@ async fn files_read_refuses_large_files_with_a_slice_hint() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     sh(&client, &id, "head -c 2000000 /dev/zero > /root/big.bin").await;
-    let message = err(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "/root/big.bin"})).await;
-    assert!(message.contains("2000000 bytes") && message.contains("head -c"), "{message}");
+    let message = err(
+        &client,
+        "sandbox_files_read",
+        json!({"sandbox_id": id, "path": "/root/big.bin"}),
+    )
+    .await;
+    assert!(
+        message.contains("2000000 bytes") && message.contains("head -c"),
+        "{message}"
+    );
     // Binary content comes back as base64, with the encoding reported.
     sh(&client, &id, "printf '\\377\\376' > /root/bin.dat").await;
-    let r = ok(&client, "sandbox_files_read", json!({"sandbox_id": id, "path": "/root/bin.dat"})).await;
+    let r = ok(
+        &client,
+        "sandbox_files_read",
+        json!({"sandbox_id": id, "path": "/root/bin.dat"}),
+    )
+    .await;
     assert_eq!(r["encoding"], "base64");
     assert_eq!(r["content"], "//4=");
     // Invalid base64 on write is a clear error.
-    let message = err(&client, "sandbox_files_write", json!({"sandbox_id": id, "path": "x", "content": "!!!", "encoding": "base64"})).await;
+    let message = err(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": id, "path": "x", "content": "!!!", "encoding": "base64"}),
+    )
+    .await;
     assert!(message.contains("not valid base64"), "{message}");
 }
 
@@ -208,7 +373,10 @@ async fn cancelled_call_returns_promptly_and_kills_the_command() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    let Value::Object(args) = json!({"sandbox_id": id, "command": "sleep 77", "timeout_ms": 60000}) else { unreachable!() };
+    let Value::Object(args) = json!({"sandbox_id": id, "command": "sleep 77", "timeout_ms": 60000})
+    else {
+        unreachable!()
+    };
     let request = rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
         rmcp::model::CallToolRequestParams::new("sandbox_exec").with_arguments(args),
     ));
@@ -218,14 +386,20 @@ async fn cancelled_call_returns_promptly_and_kills_the_command() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(sh(&client, &id, "ps -eo args").await.contains("sleep 77"));
-    handle.cancel(Some("user changed their mind".into())).await.unwrap();
+    handle
+        .cancel(Some("user changed their mind".into()))
+        .await
+        .unwrap();
     // The command dies with the call.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         if !sh(&client, &id, "ps -eo args").await.contains("sleep 77") {
             break;
         }
-        assert!(Instant::now() < deadline, "the cancelled command is still running");
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled command is still running"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -236,20 +410,59 @@ async fn structured_content_matches_the_output_schema() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let tools = client.list_all_tools().await.unwrap();
-    let schema = |name: &str| serde_json::Value::Object((*tools.iter().find(|t| t.name == name).unwrap().output_schema.clone().unwrap()).clone());
+    let schema = |name: &str| {
+        serde_json::Value::Object(
+            (*tools
+                .iter()
+                .find(|t| t.name == name)
+                .unwrap()
+                .output_schema
+                .clone()
+                .unwrap())
+            .clone(),
+        )
+    };
     let id = create(&client).await;
     let results = [
-        ("sandbox_info", ok(&client, "sandbox_info", json!({"sandbox_id": id})).await),
-        ("sandbox_exec", exec(&client, &id, "echo hi; echo err >&2").await),
-        ("sandbox_metrics", ok(&client, "sandbox_metrics", json!({"sandbox_id": id})).await),
+        (
+            "sandbox_info",
+            ok(&client, "sandbox_info", json!({"sandbox_id": id})).await,
+        ),
+        (
+            "sandbox_exec",
+            exec(&client, &id, "echo hi; echo err >&2").await,
+        ),
+        (
+            "sandbox_metrics",
+            ok(&client, "sandbox_metrics", json!({"sandbox_id": id})).await,
+        ),
         ("sandbox_list", ok(&client, "sandbox_list", json!({})).await),
-        ("sandbox_template_list", ok(&client, "sandbox_template_list", json!({})).await),
-        ("sandbox_files_list", ok(&client, "sandbox_files_list", json!({"sandbox_id": id, "path": "/"})).await),
+        (
+            "sandbox_template_list",
+            ok(&client, "sandbox_template_list", json!({})).await,
+        ),
+        (
+            "sandbox_files_list",
+            ok(
+                &client,
+                "sandbox_files_list",
+                json!({"sandbox_id": id, "path": "/"}),
+            )
+            .await,
+        ),
     ];
     for (name, value) in results {
         let violations = sandbox_mcp::jsonschema::validate(&schema(name), &value);
         assert!(violations.is_empty(), "{name}: {violations:?} in {value}");
     }
-    let r = call(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "echo text"})).await;
-    assert!(text(&r).contains("\"stdout\":\"text\\n\""), "the text block carries the same JSON");
+    let r = call(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "echo text"}),
+    )
+    .await;
+    assert!(
+        text(&r).contains("\"stdout\":\"text\\n\""),
+        "the text block carries the same JSON"
+    );
 }

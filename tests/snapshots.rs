@@ -38,7 +38,12 @@ fn output_caps_per_tool() {
         .tools
         .iter()
         .filter(|t| !t.caps.is_empty() || t.timeout_arg_ms.is_some())
-        .map(|t| (t.name.clone(), serde_json::json!({"caps": t.caps, "timeout_arg_ms": t.timeout_arg_ms})))
+        .map(|t| {
+            (
+                t.name.clone(),
+                serde_json::json!({"caps": t.caps, "timeout_arg_ms": t.timeout_arg_ms}),
+            )
+        })
         .collect();
     settings().bind(|| insta::assert_json_snapshot!("output_caps", caps));
 }

@@ -18,7 +18,9 @@ struct Server {
 impl Server {
     fn spawn(envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(BIN);
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         cmd.env_remove("SANDBOX_MCP_URL").env("RUST_LOG", "debug");
         for (k, v) in envs {
             cmd.env(k, v);
@@ -26,12 +28,20 @@ impl Server {
         let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self { child, stdin, stdout }
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
     }
 
     /// A server whose control plane is a closed port: fine for anything but tool calls.
     fn offline() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         Self::spawn(&[("SANDBOX_MCP_URL", &format!("http://127.0.0.1:{port}"))])
     }
 
@@ -51,7 +61,8 @@ impl Server {
     fn recv(&mut self) -> Value {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
-        let value: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"));
+        let value: Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"));
         assert_eq!(value["jsonrpc"], "2.0", "{line}");
         value
     }
@@ -71,7 +82,10 @@ impl Server {
             if let Some(status) = self.child.try_wait().unwrap() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "the server did not exit after stdin closed");
+            assert!(
+                Instant::now() < deadline,
+                "the server did not exit after stdin closed"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -99,14 +113,25 @@ fn answers_stateless_2026_requests_with_inline_metadata() {
         "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"},
         "io.modelcontextprotocol/clientCapabilities": {}
     });
-    server.send(json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}));
+    server.send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": meta}}),
+    );
     let discover = server.recv();
-    let versions = discover["result"]["supportedVersions"].as_array().cloned().unwrap_or_default();
+    let versions = discover["result"]["supportedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert!(versions.contains(&json!("2026-07-28")), "{discover}");
     assert!(versions.contains(&json!("2025-06-18")), "{discover}");
-    server.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}));
+    server.send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"_meta": meta}}),
+    );
     let list = server.recv();
-    assert_eq!(list["result"]["tools"].as_array().map(Vec::len), Some(16), "{list}");
+    assert_eq!(
+        list["result"]["tools"].as_array().map(Vec::len),
+        Some(16),
+        "{list}"
+    );
     assert!(server.close_and_wait().success());
 }
 
@@ -123,7 +148,10 @@ fn oversized_line_gets_an_error_not_a_stall() {
     let response = server.recv();
     assert_eq!(response["id"], 42);
     let message = response["error"]["message"].as_str().unwrap();
-    assert!(message.contains("request too large") && message.contains("16 MiB"), "{message}");
+    assert!(
+        message.contains("request too large") && message.contains("16 MiB"),
+        "{message}"
+    );
     assert!(started.elapsed() < Duration::from_secs(20));
     // Still serving.
     server.send(json!({"jsonrpc": "2.0", "id": 43, "method": "tools/list"}));
@@ -164,18 +192,35 @@ fn stdin_eof_exits_cleanly_and_logs_only_to_stderr() {
 fn help_documents_every_setting() {
     let out = Command::new(BIN).arg("--help").output().unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["SANDBOX_MCP_URL", "SANDBOX_MCP_API_KEY", "SANDBOX_MCP_DATA_DIR", "SANDBOX_MCP_TIMEOUT", "SANDBOX_MCP_TOOLS", "engine", "tools"] {
-        assert!(help.contains(needle), "--help does not mention {needle}:\n{help}");
+    for needle in [
+        "SANDBOX_MCP_URL",
+        "SANDBOX_MCP_API_KEY",
+        "SANDBOX_MCP_DATA_DIR",
+        "SANDBOX_MCP_TIMEOUT",
+        "SANDBOX_MCP_TOOLS",
+        "engine",
+        "tools",
+    ] {
+        assert!(
+            help.contains(needle),
+            "--help does not mention {needle}:\n{help}"
+        );
     }
     let out = Command::new(BIN).arg("tools").output().unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(table.contains("sandbox_exec") && table.contains("health"), "{table}");
+    assert!(
+        table.contains("sandbox_exec") && table.contains("health"),
+        "{table}"
+    );
 }
 
 #[tokio::test]
 async fn embedded_engine_serves_tools_and_is_shared_by_a_second_server() {
     require_sandboxes!();
-    let dir = tempfile::Builder::new().prefix("smcp").tempdir_in("/tmp").unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix("smcp")
+        .tempdir_in("/tmp")
+        .unwrap();
     let data = dir.path().join("data");
     let data = data.to_str().unwrap().to_string();
     let result = tokio::task::spawn_blocking(move || {

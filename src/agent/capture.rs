@@ -80,7 +80,10 @@ impl Capture {
         tail.extend_from_slice(tail_a);
         tail.extend_from_slice(tail_b);
         let omitted = self.total - (self.head.len() + tail.len()) as u64;
-        let head = clip(String::from_utf8_lossy(&self.head).into_owned(), self.half());
+        let head = clip(
+            String::from_utf8_lossy(&self.head).into_owned(),
+            self.half(),
+        );
         let tail = clip_front(String::from_utf8_lossy(&tail).into_owned(), self.half());
         format!("{head}\n…[{omitted} bytes omitted]…\n{tail}")
     }
@@ -137,7 +140,9 @@ mod tests {
         assert!(text.starts_with("line 0\n"));
         assert!(text.ends_with("line 99999\n"));
         assert!(c.truncated());
-        let expected: u64 = (0..100_000u32).map(|i| format!("line {i}\n").len() as u64).sum();
+        let expected: u64 = (0..100_000u32)
+            .map(|i| format!("line {i}\n").len() as u64)
+            .sum();
         assert_eq!(c.total(), expected);
     }
 
@@ -159,6 +164,9 @@ mod tests {
         c.push(b"!");
         assert!(c.truncated());
         let text = c.render();
-        assert!(text.len() <= 200 && text.ends_with('!') && text.starts_with("abc"), "{text}");
+        assert!(
+            text.len() <= 200 && text.ends_with('!') && text.starts_with("abc"),
+            "{text}"
+        );
     }
 }

@@ -22,7 +22,10 @@ pub const DEFAULT_CWD: &str = "/root";
 /// The environment every command starts from (before sandbox and per-call variables).
 pub fn base_env() -> Vec<(String, String)> {
     [
-        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
         ("HOME", "/root"),
         ("USER", "root"),
         ("LOGNAME", "root"),
@@ -47,7 +50,12 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
 
 /// Runs `spec`. `conn` is the engine's connection: streamed output goes there, and its closing
 /// means the call was cancelled.
-pub async fn run<C>(spec: ExecSpec, sandbox_env: &[(String, String)], reaper: &Reaper, conn: &mut C) -> Response
+pub async fn run<C>(
+    spec: ExecSpec,
+    sandbox_env: &[(String, String)],
+    reaper: &Reaper,
+    conn: &mut C,
+) -> Response
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
@@ -57,7 +65,12 @@ where
     }
     match std::fs::metadata(&cwd) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return error(ErrorKind::InvalidArgument, format!("cwd {cwd} is not a directory")),
+        Ok(_) => {
+            return error(
+                ErrorKind::InvalidArgument,
+                format!("cwd {cwd} is not a directory"),
+            );
+        }
         Err(_) => {
             return error(
                 ErrorKind::InvalidArgument,
@@ -106,7 +119,10 @@ where
             } else {
                 ""
             };
-            return error(ErrorKind::Io, format!("cannot start the command: {e}{hint}"));
+            return error(
+                ErrorKind::Io,
+                format!("cannot start the command: {e}{hint}"),
+            );
         }
     };
     let pid = child.id() as i32;
@@ -214,7 +230,9 @@ where
     })
 }
 
-async fn wait_exit(rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>) -> Result<Exit, tokio::sync::oneshot::error::RecvError> {
+async fn wait_exit(
+    rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>,
+) -> Result<Exit, tokio::sync::oneshot::error::RecvError> {
     match rx {
         Some(rx) => rx.await,
         None => std::future::pending().await,
@@ -253,16 +271,28 @@ pub fn kill_group(pid: i32) {
 /// command's process group (setsid, double fork) but would otherwise keep the call open.
 pub fn kill_pipe_holders(inodes: &[u64]) {
     let me = std::process::id();
-    let wanted: Vec<String> = inodes.iter().filter(|i| **i != 0).map(|i| format!("pipe:[{i}]")).collect();
-    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    let wanted: Vec<String> = inodes
+        .iter()
+        .filter(|i| **i != 0)
+        .map(|i| format!("pipe:[{i}]"))
+        .collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
     for entry in procs.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid == me {
             continue;
         }
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else { continue };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
         let holds = fds.flatten().any(|fd| {
             std::fs::read_link(fd.path())
                 .map(|target| wanted.iter().any(|w| target.as_os_str() == w.as_str()))

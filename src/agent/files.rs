@@ -41,9 +41,13 @@ fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
             format!("permission denied: cannot {action} {p}"),
         ),
         _ => match e.raw_os_error() {
-            Some(libc::ENAMETOOLONG) => {
-                fail(ErrorKind::InvalidArgument, format!("a name in {} is too long (the limit is 255 bytes per name)", short(&p.to_string())))
-            }
+            Some(libc::ENAMETOOLONG) => fail(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "a name in {} is too long (the limit is 255 bytes per name)",
+                    short(&p.to_string())
+                ),
+            ),
             Some(libc::EROFS) => fail(
                 ErrorKind::PermissionDenied,
                 format!("{p} is on a read-only filesystem"),
@@ -53,10 +57,13 @@ fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
                 format!("a parent of {p} is not a directory"),
             ),
             Some(libc::EISDIR) => fail(ErrorKind::Conflict, format!("{p} is a directory")),
-            Some(libc::ENOTEMPTY) => fail(ErrorKind::Conflict, format!("directory {p} is not empty")),
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                fail(ErrorKind::PayloadTooLarge, format!("no space left to {action} {p}"))
+            Some(libc::ENOTEMPTY) => {
+                fail(ErrorKind::Conflict, format!("directory {p} is not empty"))
             }
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => fail(
+                ErrorKind::PayloadTooLarge,
+                format!("no space left to {action} {p}"),
+            ),
             Some(libc::ELOOP) => fail(
                 ErrorKind::InvalidArgument,
                 format!("too many levels of symbolic links in {p}"),
@@ -126,13 +133,19 @@ fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
     if meta.is_dir() {
         return Err(fail(
             ErrorKind::InvalidArgument,
-            format!("{} is a directory; list it with sandbox_files_list", path.display()),
+            format!(
+                "{} is a directory; list it with sandbox_files_list",
+                path.display()
+            ),
         ));
     }
     if !meta.is_file() {
         return Err(fail(
             ErrorKind::InvalidArgument,
-            format!("{} is not a regular file (a device, FIFO or socket)", path.display()),
+            format!(
+                "{} is not a regular file (a device, FIFO or socket)",
+                path.display()
+            ),
         ));
     }
     if meta.len() > max_bytes {
@@ -154,7 +167,10 @@ fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
     if data.len() as u64 > max_bytes {
         return Err(fail(
             ErrorKind::PayloadTooLarge,
-            format!("{} grew past {max_bytes} bytes while being read", path.display()),
+            format!(
+                "{} grew past {max_bytes} bytes while being read",
+                path.display()
+            ),
         ));
     }
     Ok(Response::File {
@@ -172,9 +188,12 @@ pub fn write_file(path: &str, data_b64: &str) -> Response {
 
 fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
     let path = resolve(path)?;
-    let data = B64
-        .decode(data_b64)
-        .map_err(|e| fail(ErrorKind::InvalidArgument, format!("content is not valid base64: {e}")))?;
+    let data = B64.decode(data_b64).map_err(|e| {
+        fail(
+            ErrorKind::InvalidArgument,
+            format!("content is not valid base64: {e}"),
+        )
+    })?;
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(fail(ErrorKind::InvalidArgument, "cannot write to /"));
     };
@@ -183,7 +202,10 @@ fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
         Ok(m) if m.is_dir() => {
             return Err(fail(
                 ErrorKind::Conflict,
-                format!("{} is a directory; choose a file path inside it", path.display()),
+                format!(
+                    "{} is a directory; choose a file path inside it",
+                    path.display()
+                ),
             ));
         }
         Ok(m) if m.is_file() => m.permissions().mode() & 0o7777,
@@ -211,10 +233,17 @@ fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
         let _ = fs::remove_file(&tmp);
         // The directory exists but refuses new files: a special or read-only filesystem
         // (/proc, /sys, /dev), not a missing path.
-        if matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied) && parent.is_dir() {
+        if matches!(
+            e.kind(),
+            io::ErrorKind::NotFound | io::ErrorKind::PermissionDenied
+        ) && parent.is_dir()
+        {
             return Err(fail(
                 ErrorKind::PermissionDenied,
-                format!("permission denied: cannot create files in {}", parent.display()),
+                format!(
+                    "permission denied: cannot create files in {}",
+                    parent.display()
+                ),
             ));
         }
         return Err(io_fail(&e, &path, "write"));
@@ -256,7 +285,10 @@ fn list_dir_inner(path: &str, max_entries: u64) -> Result<Response> {
     if !meta.is_dir() {
         return Err(fail(
             ErrorKind::InvalidArgument,
-            format!("{} is not a directory; read it with sandbox_files_read", path.display()),
+            format!(
+                "{} is not a directory; read it with sandbox_files_read",
+                path.display()
+            ),
         ));
     }
     let mut entries = Vec::new();
@@ -269,7 +301,9 @@ fn list_dir_inner(path: &str, max_entries: u64) -> Result<Response> {
         }
         let name = entry.file_name().to_string_lossy().into_owned();
         // symlink_metadata: report links as links, never follow them.
-        let Ok(m) = entry.path().symlink_metadata() else { continue };
+        let Ok(m) = entry.path().symlink_metadata() else {
+            continue;
+        };
         entries.push(DirEntry {
             name,
             kind: kind_of(m.file_type()),
@@ -348,7 +382,10 @@ fn rename_inner(from: &str, to: &str) -> Result<Response> {
     {
         return Err(fail(
             ErrorKind::NotFound,
-            format!("the destination directory {} does not exist; create it first", parent.display()),
+            format!(
+                "the destination directory {} does not exist; create it first",
+                parent.display()
+            ),
         ));
     }
     match fs::rename(&from, &to) {
@@ -387,7 +424,10 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
     if !meta.is_dir() {
         return Err(fail(
             ErrorKind::InvalidArgument,
-            format!("{} is not a directory; read single files with sandbox_files_read", root.display()),
+            format!(
+                "{} is not a directory; read single files with sandbox_files_read",
+                root.display()
+            ),
         ));
     }
     let too_large = |files: u64| {
@@ -408,14 +448,18 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = root.join(&rel);
-        let Ok(read) = fs::read_dir(&dir) else { continue };
+        let Ok(read) = fs::read_dir(&dir) else {
+            continue;
+        };
         let mut children: Vec<_> = read.flatten().collect();
         children.sort_by_key(|e| e.file_name());
         for entry in children {
             let rel_child = rel.join(entry.file_name());
             let name = rel_child.to_string_lossy().into_owned();
             // symlink_metadata: a symlink is recorded as skipped, never followed.
-            let Ok(m) = entry.path().symlink_metadata() else { continue };
+            let Ok(m) = entry.path().symlink_metadata() else {
+                continue;
+            };
             let ft = m.file_type();
             if ft.is_dir() {
                 writer
@@ -423,7 +467,8 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
                     .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;
                 stack.push(rel_child);
             } else if ft.is_file() {
-                let mut f = File::open(entry.path()).map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
+                let mut f =
+                    File::open(entry.path()).map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
                 writer
                     .start_file(name, options.unix_permissions(m.mode() & 0o777))
                     .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;
@@ -431,7 +476,9 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
                 // even for a huge incompressible file.
                 let mut chunk = vec![0u8; 64 * 1024];
                 loop {
-                    let n = f.read(&mut chunk).map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
+                    let n = f
+                        .read(&mut chunk)
+                        .map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
                     if n == 0 {
                         break;
                     }

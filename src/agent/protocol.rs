@@ -15,12 +15,30 @@ pub const MAX_FRAME: usize = 24 * 1024 * 1024;
 pub enum Request {
     Ping,
     Exec(ExecSpec),
-    ReadFile { path: String, max_bytes: u64 },
-    WriteFile { path: String, data_b64: String },
-    ListDir { path: String, max_entries: u64 },
-    Delete { path: String, recursive: bool },
-    Move { from: String, to: String },
-    ZipDir { path: String, max_bytes: u64 },
+    ReadFile {
+        path: String,
+        max_bytes: u64,
+    },
+    WriteFile {
+        path: String,
+        data_b64: String,
+    },
+    ListDir {
+        path: String,
+        max_entries: u64,
+    },
+    Delete {
+        path: String,
+        recursive: bool,
+    },
+    Move {
+        from: String,
+        to: String,
+    },
+    ZipDir {
+        path: String,
+        max_bytes: u64,
+    },
     /// Kill every process in the sandbox except the agent (after an OOM kill, say).
     KillAll,
 }

@@ -30,8 +30,7 @@ impl Reaper {
     /// Starts the reaping task on the current (single-threaded) runtime.
     pub fn start() -> std::io::Result<Self> {
         let reaper = Self::default();
-        let mut signals =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        let mut signals = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
         let task = reaper.clone();
         tokio::task::spawn_local(async move {
             loop {

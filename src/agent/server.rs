@@ -22,7 +22,9 @@ struct State {
 /// registering a child before its exit can be observed.
 pub fn run(listen_fd: RawFd, status_fd: RawFd) -> anyhow::Result<()> {
     // SAFETY: the launcher passes the write end of a pipe at this number, for us alone.
-    let mut status = Some(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(status_fd) }));
+    let mut status = Some(std::fs::File::from(unsafe {
+        OwnedFd::from_raw_fd(status_fd)
+    }));
     let result = serve(listen_fd, &mut status);
     if let (Err(e), Some(mut status)) = (&result, status) {
         use std::io::Write;
@@ -91,7 +93,8 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         Request::ZipDir { path, max_bytes } => files::zip_dir(&path, max_bytes),
         Request::KillAll => {
             // From PID 1, kill(-1) reaches every other process in the namespace.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
             Response::Done
         }
     };

@@ -81,12 +81,17 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
         for ex in &file.excludes {
             let label = format!("[[exclude]] {}", ex.operation);
             if spec.operation(&ex.operation).is_none() {
-                let hint = did_you_mean(&ex.operation, spec.operations.iter().map(|o| o.id.as_str()));
+                let hint =
+                    did_you_mean(&ex.operation, spec.operations.iter().map(|o| o.id.as_str()));
                 let known: Vec<&str> = spec.operations.iter().map(|o| o.id.as_str()).collect();
                 ctx.fail(
                     &file.name,
                     Some(&label),
-                    format!("unknown operation `{}`.{hint} Operations: {}", ex.operation, known.join(", ")),
+                    format!(
+                        "unknown operation `{}`.{hint} Operations: {}",
+                        ex.operation,
+                        known.join(", ")
+                    ),
                 );
             } else if ex.reason.trim().is_empty() {
                 ctx.fail(
@@ -145,7 +150,10 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
     let mut toolsets: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for tool in files.iter().flat_map(|f| f.tools.iter()) {
         for set in &tool.toolsets {
-            toolsets.entry(set.clone()).or_default().push(tool.name.clone());
+            toolsets
+                .entry(set.clone())
+                .or_default()
+                .push(tool.name.clone());
         }
     }
 
@@ -206,7 +214,11 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
         );
     }
     if raw.title.trim().is_empty() || raw.title.len() > 80 {
-        ctx.fail(f, t, "`title` must be 1-80 characters: a short human-readable name");
+        ctx.fail(
+            f,
+            t,
+            "`title` must be 1-80 characters: a short human-readable name",
+        );
     }
     if raw.description.trim().is_empty() {
         ctx.fail(
@@ -292,7 +304,10 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
             ctx.fail(
                 f,
                 t,
-                format!("`timeout_arg_ms = \"{arg}\"` must name an integer argument of `{}`", op.id),
+                format!(
+                    "`timeout_arg_ms = \"{arg}\"` must name an integer argument of `{}`",
+                    op.id
+                ),
             );
         }
     }
@@ -514,10 +529,7 @@ fn check_errors(
         if !(is_status || codes.contains(key) || TRANSPORT_ERROR_KEYS.contains(&key.as_str())) {
             let hint = did_you_mean(
                 key,
-                codes
-                    .iter()
-                    .map(String::as_str)
-                    .chain(TRANSPORT_ERROR_KEYS),
+                codes.iter().map(String::as_str).chain(TRANSPORT_ERROR_KEYS),
             );
             ctx.fail(
                 f,
@@ -563,9 +575,9 @@ fn check_errors(
 /// Whether every placeholder of `message` is a built-in or one of `args`.
 fn fits(message: &str, args: &[ArgDef]) -> bool {
     placeholders(message).is_ok_and(|names| {
-        names
-            .iter()
-            .all(|n| BUILTIN_PLACEHOLDERS.contains(&n.as_str()) || args.iter().any(|a| &a.name == n))
+        names.iter().all(|n| {
+            BUILTIN_PLACEHOLDERS.contains(&n.as_str()) || args.iter().any(|a| &a.name == n)
+        })
     })
 }
 

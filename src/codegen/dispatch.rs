@@ -23,7 +23,14 @@ fn accessor(schema: &Value) -> &'static str {
         _ => "",
     };
     match kind {
-        "integer" if schema.get("minimum").and_then(Value::as_f64).is_some_and(|m| m >= 0.0) => "u64",
+        "integer"
+            if schema
+                .get("minimum")
+                .and_then(Value::as_f64)
+                .is_some_and(|m| m >= 0.0) =>
+        {
+            "u64"
+        }
         "integer" => "i64",
         "number" => "f64",
         "boolean" => "bool",

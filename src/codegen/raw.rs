@@ -109,7 +109,10 @@ pub fn parse_file(name: &str, text: &str) -> Result<RawFile, Vec<CodegenError>> 
             .unwrap_or_default();
         vec![err(
             None,
-            format!("is not valid TOML{at}: {}", e.message().trim().replace('\n', " ")),
+            format!(
+                "is not valid TOML{at}: {}",
+                e.message().trim().replace('\n', " ")
+            ),
         )]
     })?;
     let mut errors = Vec::new();

@@ -119,8 +119,7 @@ impl Spec {
                 let body_type = match &op.request_body {
                     None => None,
                     Some(body) => {
-                        let (name, required_fields, properties) =
-                            self.body_fields(&id, body)?;
+                        let (name, required_fields, properties) = self.body_fields(&id, body)?;
                         for (field, schema) in properties {
                             if args.iter().any(|a| a.name == field) {
                                 return Err(format!(
@@ -175,7 +174,11 @@ impl Spec {
                     .and_then(|c| c.parameters.get(name))
                 {
                     Some(ReferenceOr::Item(p)) => p.clone(),
-                    _ => return Err(format!("parameter reference `{reference}` does not resolve")),
+                    _ => {
+                        return Err(format!(
+                            "parameter reference `{reference}` does not resolve"
+                        ));
+                    }
                 }
             }
         };
@@ -237,11 +240,14 @@ impl Spec {
         body: &ReferenceOr<openapiv3::RequestBody>,
     ) -> Result<(String, Vec<String>, Vec<(String, Value)>), String> {
         let ReferenceOr::Item(body) = body else {
-            return Err(format!("operation `{op}`: request body is a $ref; inline it"));
+            return Err(format!(
+                "operation `{op}`: request body is a $ref; inline it"
+            ));
         };
-        let media = body.content.get("application/json").ok_or_else(|| {
-            format!("operation `{op}`: request body must be application/json")
-        })?;
+        let media = body
+            .content
+            .get("application/json")
+            .ok_or_else(|| format!("operation `{op}`: request body must be application/json"))?;
         let Some(ReferenceOr::Reference { reference }) = &media.schema else {
             return Err(format!(
                 "operation `{op}`: request body schema must be a $ref to components/schemas, \
@@ -298,7 +304,9 @@ impl Spec {
             ));
         };
         let ReferenceOr::Item(response) = response else {
-            return Err(format!("operation `{op_id}`: success response is a $ref; inline it"));
+            return Err(format!(
+                "operation `{op_id}`: success response is a $ref; inline it"
+            ));
         };
         let media = response.content.get("application/json").ok_or_else(|| {
             format!("operation `{op_id}`: success response must be application/json")
@@ -348,8 +356,8 @@ impl Spec {
         }
         for (key, value) in obj {
             match key.as_str() {
-                "allOf" | "nullable" | "$ref" | "example" | "externalDocs" | "xml"
-                | "readOnly" | "writeOnly" | "deprecated" | "discriminator" => {}
+                "allOf" | "nullable" | "$ref" | "example" | "externalDocs" | "xml" | "readOnly"
+                | "writeOnly" | "deprecated" | "discriminator" => {}
                 "format" => {
                     let s = value.as_str().unwrap_or("");
                     let openapi_only = [
@@ -386,7 +394,11 @@ impl Spec {
                 }
                 "exclusiveMinimum" | "exclusiveMaximum" => {
                     // OpenAPI 3.0's boolean form becomes JSON Schema's numeric form.
-                    let bound = if key == "exclusiveMinimum" { "minimum" } else { "maximum" };
+                    let bound = if key == "exclusiveMinimum" {
+                        "minimum"
+                    } else {
+                        "maximum"
+                    };
                     if value == &Value::Bool(true)
                         && let Some(n) = obj.get(bound)
                     {
@@ -395,7 +407,11 @@ impl Spec {
                     }
                 }
                 "minimum" | "maximum" => {
-                    let exclusive = if key == "minimum" { "exclusiveMinimum" } else { "exclusiveMaximum" };
+                    let exclusive = if key == "minimum" {
+                        "exclusiveMinimum"
+                    } else {
+                        "exclusiveMaximum"
+                    };
                     if obj.get(exclusive) != Some(&Value::Bool(true)) {
                         out.insert(key.clone(), value.clone());
                     }

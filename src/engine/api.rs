@@ -37,7 +37,9 @@ fn sandbox_id(raw: &str) -> Result<&str, EngineError> {
     if ids::is_sandbox_id(raw) {
         Ok(raw)
     } else {
-        Err(EngineError::sandbox_not_found(raw.chars().take(64).collect::<String>().as_str()))
+        Err(EngineError::sandbox_not_found(
+            raw.chars().take(64).collect::<String>().as_str(),
+        ))
     }
 }
 
@@ -60,7 +62,10 @@ fn shape_type(s: &crate::engine::driver::Shape) -> types::Shape {
 fn metadata_type(m: &BTreeMap<String, String>) -> Result<types::Metadata, EngineError> {
     let mut out = BTreeMap::new();
     for (k, v) in m {
-        out.insert(k.clone(), types::MetadataValue::try_from(v.clone()).map_err(internal)?);
+        out.insert(
+            k.clone(),
+            types::MetadataValue::try_from(v.clone()).map_err(internal)?,
+        );
     }
     Ok(types::Metadata(out))
 }
@@ -87,16 +92,24 @@ fn sandbox_type(view: &SandboxView) -> Result<types::Sandbox, EngineError> {
     })
 }
 
-fn check_metadata(m: &BTreeMap<String, types::MetadataValue>) -> Result<BTreeMap<String, String>, EngineError> {
+fn check_metadata(
+    m: &BTreeMap<String, types::MetadataValue>,
+) -> Result<BTreeMap<String, String>, EngineError> {
     let mut out = BTreeMap::new();
     for (k, v) in m {
-        if k.is_empty() || k.chars().count() > MAX_METADATA_KEY || k.contains([',', '=']) || k.contains('\0') {
+        if k.is_empty()
+            || k.chars().count() > MAX_METADATA_KEY
+            || k.contains([',', '='])
+            || k.contains('\0')
+        {
             return Err(EngineError::InvalidArgument(format!(
                 "metadata key {k:?} is invalid: use 1-{MAX_METADATA_KEY} characters without `,`, `=` or NUL"
             )));
         }
         if v.contains('\0') {
-            return Err(EngineError::InvalidArgument(format!("metadata value of {k:?} contains a NUL byte")));
+            return Err(EngineError::InvalidArgument(format!(
+                "metadata value of {k:?} contains a NUL byte"
+            )));
         }
         out.insert(k.clone(), v.to_string());
     }
@@ -117,7 +130,9 @@ fn check_env(env: &types::EnvVars) -> Result<Vec<(String, String)>, EngineError>
             )));
         }
         if v.contains('\0') {
-            return Err(EngineError::InvalidArgument(format!("environment variable {k} contains a NUL byte")));
+            return Err(EngineError::InvalidArgument(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
         }
         out.push((k.clone(), v.to_string()));
     }
@@ -192,7 +207,9 @@ pub struct ListQuery {
 /// `key=value,key=value` → pairs.
 fn parse_metadata_filter(s: &str) -> Result<Vec<(String, String)>, EngineError> {
     if s.len() > 2048 {
-        return Err(EngineError::InvalidArgument("metadata filter is longer than 2048 characters".into()));
+        return Err(EngineError::InvalidArgument(
+            "metadata filter is longer than 2048 characters".into(),
+        ));
     }
     s.split(',')
         .map(str::trim)
@@ -227,7 +244,12 @@ pub async fn list_sandboxes(
         .manager
         .list(status, &filter, tenant.as_deref())
         .into_iter()
-        .map(|record| sandbox_type(&SandboxView { record, usage: None }))
+        .map(|record| {
+            sandbox_type(&SandboxView {
+                record,
+                usage: None,
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(types::SandboxList { sandboxes }))
 }
@@ -237,7 +259,10 @@ pub async fn get_sandbox(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<types::Sandbox> {
-    let view = state.manager.get(sandbox_id(&id)?, tenant.as_deref(), true).await?;
+    let view = state
+        .manager
+        .get(sandbox_id(&id)?, tenant.as_deref(), true)
+        .await?;
     Ok(Json(sandbox_type(&view)?))
 }
 
@@ -273,7 +298,10 @@ pub async fn pause_sandbox(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<types::Sandbox> {
-    let view = state.manager.pause(sandbox_id(&id)?, tenant.as_deref()).await?;
+    let view = state
+        .manager
+        .pause(sandbox_id(&id)?, tenant.as_deref())
+        .await?;
     Ok(Json(sandbox_type(&view)?))
 }
 
@@ -282,7 +310,10 @@ pub async fn resume_sandbox(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<types::Sandbox> {
-    let view = state.manager.resume(sandbox_id(&id)?, tenant.as_deref()).await?;
+    let view = state
+        .manager
+        .resume(sandbox_id(&id)?, tenant.as_deref())
+        .await?;
     Ok(Json(sandbox_type(&view)?))
 }
 
@@ -369,7 +400,9 @@ pub struct DeleteQuery {
     recursive: bool,
 }
 
-fn query<T>(q: Result<Query<T>, axum::extract::rejection::QueryRejection>) -> Result<T, EngineError> {
+fn query<T>(
+    q: Result<Query<T>, axum::extract::rejection::QueryRejection>,
+) -> Result<T, EngineError> {
     q.map(|Query(v)| v)
         .map_err(|e| EngineError::InvalidArgument(e.body_text()))
 }
@@ -389,8 +422,16 @@ pub async fn read_file(
         path: q.path,
         max_bytes: READ_LIMIT,
     };
-    match state.manager.file_op(sandbox_id(&id)?, tenant.as_deref(), request).await? {
-        Response::File { path, data_b64, size } => {
+    match state
+        .manager
+        .file_op(sandbox_id(&id)?, tenant.as_deref(), request)
+        .await?
+    {
+        Response::File {
+            path,
+            data_b64,
+            size,
+        } => {
             let want_text = !matches!(q.encoding, Some(types::FileEncoding::Base64));
             let bytes = B64
                 .decode(&data_b64)
@@ -440,7 +481,11 @@ pub async fn write_file(
         path: body.path.to_string(),
         data_b64,
     };
-    match state.manager.file_op(sandbox_id(&id)?, tenant.as_deref(), request).await? {
+    match state
+        .manager
+        .file_op(sandbox_id(&id)?, tenant.as_deref(), request)
+        .await?
+    {
         Response::Written { path, size } => Ok(Json(types::WriteResult { path, size })),
         other => Err(unexpected(other)),
     }
@@ -463,8 +508,16 @@ pub async fn list_files(
         path: q.path,
         max_entries: LIST_LIMIT,
     };
-    match state.manager.file_op(sandbox_id(&id)?, tenant.as_deref(), request).await? {
-        Response::Dir { path, entries, truncated } => Ok(Json(types::FileList {
+    match state
+        .manager
+        .file_op(sandbox_id(&id)?, tenant.as_deref(), request)
+        .await?
+    {
+        Response::Dir {
+            path,
+            entries,
+            truncated,
+        } => Ok(Json(types::FileList {
             path,
             truncated,
             entries: entries
@@ -497,8 +550,15 @@ pub async fn delete_file(
         path: q.path,
         recursive: q.recursive,
     };
-    match state.manager.file_op(sandbox_id(&id)?, tenant.as_deref(), request).await? {
-        Response::Deleted { path } => Ok(Json(types::DeleteResult { path, deleted: true })),
+    match state
+        .manager
+        .file_op(sandbox_id(&id)?, tenant.as_deref(), request)
+        .await?
+    {
+        Response::Deleted { path } => Ok(Json(types::DeleteResult {
+            path,
+            deleted: true,
+        })),
         other => Err(unexpected(other)),
     }
 }
@@ -513,7 +573,11 @@ pub async fn move_file(
         from: body.from.to_string(),
         to: body.to.to_string(),
     };
-    match state.manager.file_op(sandbox_id(&id)?, tenant.as_deref(), request).await? {
+    match state
+        .manager
+        .file_op(sandbox_id(&id)?, tenant.as_deref(), request)
+        .await?
+    {
         Response::Moved { from, to } => Ok(Json(types::MoveResult { from, to })),
         other => Err(unexpected(other)),
     }
@@ -530,7 +594,11 @@ pub async fn download_dir(
         path: q.path,
         max_bytes: ZIP_LIMIT,
     };
-    match state.manager.file_op(sandbox_id(&id)?, tenant.as_deref(), request).await? {
+    match state
+        .manager
+        .file_op(sandbox_id(&id)?, tenant.as_deref(), request)
+        .await?
+    {
         Response::Zip {
             path,
             zip_b64,

@@ -39,9 +39,7 @@ pub fn sandbox_id() -> String {
 
 /// Whether `s` has the shape of a sandbox id (it may still not exist).
 pub fn is_sandbox_id(s: &str) -> bool {
-    s.len() == 30
-        && s.starts_with("sbx_")
-        && s.as_bytes()[4..].iter().all(|b| ALPHABET.contains(b))
+    s.len() == 30 && s.starts_with("sbx_") && s.as_bytes()[4..].iter().all(|b| ALPHABET.contains(b))
 }
 
 /// A new API key: 256 random bits.

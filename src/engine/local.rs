@@ -18,10 +18,10 @@ use tokio::net::TcpListener;
 
 use crate::client::ApiKey;
 use crate::engine::config::EngineConfig;
+use crate::engine::ids;
 use crate::engine::linux::NamespacesDriver;
 use crate::engine::manager::Manager;
 use crate::engine::server::{EngineServer, Keys};
-use crate::engine::ids;
 
 /// How long to wait for another process's engine to appear before giving up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,7 +69,10 @@ impl LocalEngine {
 /// Creates the data dir: traversable (sandboxes reach their own directories through it), never
 /// listable by others.
 pub fn prepare_data_dir(config: &EngineConfig) -> std::io::Result<()> {
-    fs::DirBuilder::new().recursive(true).mode(0o711).create(&config.data_dir)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&config.data_dir)?;
     fs::set_permissions(&config.data_dir, fs::Permissions::from_mode(0o711))
 }
 
@@ -87,14 +90,21 @@ pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<fs::File>> {
         Ok(Some(file))
     } else {
         let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(None) } else { Err(e) }
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(None)
+        } else {
+            Err(e)
+        }
     }
 }
 
 /// Opens the manager for `config` with the namespaces driver.
 pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, String> {
-    let driver = NamespacesDriver::new(config.sandboxes_dir(), config.exe.clone()).map_err(|e| e.to_string())?;
-    Manager::open(config.clone(), Arc::new(driver)).await.map_err(|e| e.to_string())
+    let driver = NamespacesDriver::new(config.sandboxes_dir(), config.exe.clone())
+        .map_err(|e| e.to_string())?;
+    Manager::open(config.clone(), Arc::new(driver))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Publishes where this process's engine listens, for other local MCP servers.
@@ -104,8 +114,15 @@ pub fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<(
         key: key.to_string(),
         pid: std::process::id(),
     };
-    let tmp = config.data_dir.join(format!(".engine.json.{}", std::process::id()));
-    let mut f = fs::OpenOptions::new().create(true).truncate(true).write(true).mode(0o600).open(&tmp)?;
+    let tmp = config
+        .data_dir
+        .join(format!(".engine.json.{}", std::process::id()));
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o600)
+        .open(&tmp)?;
     f.write_all(&serde_json::to_vec(&endpoint).map_err(std::io::Error::other)?)?;
     f.sync_all()?;
     fs::rename(&tmp, config.endpoint_file())
@@ -114,7 +131,11 @@ pub fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<(
 /// The loopback URL other processes should use for a listen address.
 pub fn local_url(addr: SocketAddr) -> String {
     let host = if addr.ip().is_unspecified() {
-        if addr.is_ipv4() { "127.0.0.1".to_string() } else { "[::1]".to_string() }
+        if addr.is_ipv4() {
+            "127.0.0.1".to_string()
+        } else {
+            "[::1]".to_string()
+        }
     } else if addr.is_ipv6() {
         format!("[{}]", addr.ip())
     } else {
@@ -124,7 +145,11 @@ pub fn local_url(addr: SocketAddr) -> String {
 }
 
 async fn healthy(url: &str, key: &str) -> bool {
-    let Ok(client) = reqwest::Client::builder().timeout(Duration::from_secs(2)).no_proxy().build() else {
+    let Ok(client) = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .no_proxy()
+        .build()
+    else {
         return false;
     };
     client
@@ -137,10 +162,13 @@ async fn healthy(url: &str, key: &str) -> bool {
 
 /// Starts the engine here if no other process runs one for this data dir, else attaches to it.
 pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, String> {
-    prepare_data_dir(config).map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
+    prepare_data_dir(config)
+        .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
     let started = Instant::now();
     loop {
-        match try_lock(config).map_err(|e| format!("cannot lock {}: {e}", config.lock_file().display()))? {
+        match try_lock(config)
+            .map_err(|e| format!("cannot lock {}: {e}", config.lock_file().display()))?
+        {
             Some(lock) => return start_owned(config, lock).await,
             None => {
                 if let Ok(text) = fs::read_to_string(config.endpoint_file())
@@ -172,9 +200,14 @@ async fn start_owned(config: &EngineConfig, lock: fs::File) -> Result<LocalEngin
         .await
         .map_err(|e| format!("cannot listen on loopback: {e}"))?;
     let key = ids::api_key();
-    let server = EngineServer::start(manager, listener, Keys::new([], None).with_service_key(&key))
-        .map_err(|e| format!("cannot start the engine: {e}"))?;
-    publish(config, &server.url, &key).map_err(|e| format!("cannot write {}: {e}", config.endpoint_file().display()))?;
+    let server = EngineServer::start(
+        manager,
+        listener,
+        Keys::new([], None).with_service_key(&key),
+    )
+    .map_err(|e| format!("cannot start the engine: {e}"))?;
+    publish(config, &server.url, &key)
+        .map_err(|e| format!("cannot write {}: {e}", config.endpoint_file().display()))?;
     tracing::info!(url = %server.url, data_dir = %config.data_dir.display(), "sandbox engine started");
     Ok(LocalEngine {
         url: server.url.clone(),

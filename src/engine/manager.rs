@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::agent::protocol::{ErrorKind, ExecOutcome, ExecSpec, Request, Response, read_frame, write_frame};
+use crate::agent::protocol::{
+    ErrorKind, ExecOutcome, ExecSpec, Request, Response, read_frame, write_frame,
+};
 use crate::engine::config::EngineConfig;
 use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
 use crate::engine::error::EngineError;
@@ -59,7 +61,11 @@ struct Entry {
 impl Entry {
     fn new(record: Record, runtime: Runtime, ready: bool) -> Arc<Self> {
         let last = record.last_active_at;
-        let status = if runtime == Runtime::Running { Status::Running } else { Status::Paused };
+        let status = if runtime == Runtime::Running {
+            Status::Running
+        } else {
+            Status::Paused
+        };
         Arc::new(Self {
             record: Mutex::new(record),
             lifecycle: tokio::sync::Mutex::new(runtime),
@@ -79,7 +85,11 @@ impl Entry {
     }
 
     fn set_visible(&self, runtime: Runtime) {
-        *lock(&self.visible_status) = if runtime == Runtime::Running { Status::Running } else { Status::Paused };
+        *lock(&self.visible_status) = if runtime == Runtime::Running {
+            Status::Running
+        } else {
+            Status::Paused
+        };
     }
 
     fn touch(&self) {
@@ -154,7 +164,9 @@ pub struct Manager {
     create_lock: tokio::sync::Mutex<()>,
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, EngineError> {
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, EngineError> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| EngineError::Internal(format!("background task failed: {e}")))
@@ -162,7 +174,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 impl Manager {
     /// Opens the state, loads templates and recovers every sandbox that existed.
-    pub async fn open(config: EngineConfig, driver: Arc<dyn Driver>) -> Result<Arc<Self>, EngineError> {
+    pub async fn open(
+        config: EngineConfig,
+        driver: Arc<dyn Driver>,
+    ) -> Result<Arc<Self>, EngineError> {
         let db = config.state_db();
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let templates_dir = config.templates_dir();
@@ -223,7 +238,11 @@ impl Manager {
                             }
                         }
                     };
-                    let status = if runtime == Runtime::Running { Status::Running } else { Status::Paused };
+                    let status = if runtime == Runtime::Running {
+                        Status::Running
+                    } else {
+                        Status::Paused
+                    };
                     let store = self.store.clone();
                     let rid = id.clone();
                     blocking(move || store.set_status(&rid, status)).await??;
@@ -237,12 +256,19 @@ impl Manager {
     }
 
     fn template(&self, name: &str) -> Result<&Template, EngineError> {
-        self.templates.iter().find(|t| t.name == name).ok_or_else(|| {
-            EngineError::NotFound(format!(
-                "template {name} does not exist; templates: {}",
-                self.templates.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(", ")
-            ))
-        })
+        self.templates
+            .iter()
+            .find(|t| t.name == name)
+            .ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "template {name} does not exist; templates: {}",
+                    self.templates
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
     }
 
     fn entry(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Entry>, EngineError> {
@@ -271,14 +297,20 @@ impl Manager {
     }
 
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxView, EngineError> {
-        let template_name = req.template.clone().unwrap_or_else(|| templates::BASE.to_string());
+        let template_name = req
+            .template
+            .clone()
+            .unwrap_or_else(|| templates::BASE.to_string());
         let template = self.template(&template_name)?;
         let now = ids::now_ms();
         let record = {
             let _guard = self.create_lock.lock().await;
             let (count, used_slots): (usize, Vec<u32>) = {
                 let map = lock(&self.sandboxes);
-                (map.len(), map.values().map(|e| lock(&e.record).uid_slot).collect())
+                (
+                    map.len(),
+                    map.values().map(|e| lock(&e.record).uid_slot).collect(),
+                )
             };
             if count >= self.config.max_sandboxes {
                 return Err(EngineError::QuotaExceeded(format!(
@@ -286,7 +318,9 @@ impl Manager {
                     self.config.max_sandboxes
                 )));
             }
-            let uid_slot = (1u32..).find(|s| !used_slots.contains(s)).unwrap_or(u32::MAX);
+            let uid_slot = (1u32..)
+                .find(|s| !used_slots.contains(s))
+                .unwrap_or(u32::MAX);
             let record = Record {
                 id: ids::sandbox_id(),
                 name: req.name.clone(),
@@ -304,7 +338,10 @@ impl Manager {
             let store = self.store.clone();
             let r = record.clone();
             blocking(move || store.insert(&r)).await??;
-            lock(&self.sandboxes).insert(record.id.clone(), Entry::new(record.clone(), Runtime::Stopped, false));
+            lock(&self.sandboxes).insert(
+                record.id.clone(),
+                Entry::new(record.clone(), Runtime::Stopped, false),
+            );
             record
         };
 
@@ -342,7 +379,12 @@ impl Manager {
             .ok_or_else(|| EngineError::sandbox_not_found(id))
     }
 
-    pub fn list(&self, status: Option<Status>, metadata: &[(String, String)], tenant: Option<&str>) -> Vec<Record> {
+    pub fn list(
+        &self,
+        status: Option<Status>,
+        metadata: &[(String, String)],
+        tenant: Option<&str>,
+    ) -> Vec<Record> {
         let mut out: Vec<Record> = lock(&self.sandboxes)
             .values()
             .filter(|e| e.ready.load(Ordering::Acquire))
@@ -351,11 +393,20 @@ impl Manager {
             .filter(|r| status.is_none_or(|s| r.status == s))
             .filter(|r| metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
             .collect();
-        out.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| a.id.cmp(&b.id)));
+        out.sort_by(|a, b| {
+            b.created_at
+                .cmp(&a.created_at)
+                .then_with(|| a.id.cmp(&b.id))
+        });
         out
     }
 
-    pub async fn get(&self, id: &str, tenant: Option<&str>, with_usage: bool) -> Result<SandboxView, EngineError> {
+    pub async fn get(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        with_usage: bool,
+    ) -> Result<SandboxView, EngineError> {
         let entry = self.entry(id, tenant)?;
         let usage = if with_usage {
             let driver = self.driver.clone();
@@ -480,7 +531,9 @@ impl Manager {
         let sid = id.to_string();
         blocking(move || -> Result<(), EngineError> {
             driver.destroy(&sid).map_err(|e| {
-                EngineError::Internal(format!("kill incomplete ({e}); it is retried when the engine restarts"))
+                EngineError::Internal(format!(
+                    "kill incomplete ({e}); it is retried when the engine restarts"
+                ))
             })?;
             store.delete(&sid)?;
             Ok(())
@@ -504,8 +557,17 @@ impl Manager {
         let entry = self.entry(id, tenant)?;
         let _inflight = InFlight::new(entry.clone());
         self.ensure_running(id, &entry).await?;
+        // Nothing has been sent if the agent cannot be reached: when it turns out to be dead
+        // (crashed, OOM-killed), restart it and go on, so the caller never sees the crash.
+        let mut conn = match self.driver.connect(id).await {
+            Ok(conn) => conn,
+            Err(_) => {
+                self.note_agent_failure(id, &entry).await;
+                self.ensure_running(id, &entry).await?;
+                self.driver.connect(id).await?
+            }
+        };
         let exchange = async {
-            let mut conn = self.driver.connect(id).await?;
             write_frame(&mut conn, &request)
                 .await
                 .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
@@ -518,7 +580,11 @@ impl Manager {
                             "the sandbox's agent closed the connection (it may have run out of memory)".into(),
                         ));
                     }
-                    Err(e) => return Err(DriverError::Agent(format!("the sandbox's agent broke the protocol: {e}"))),
+                    Err(e) => {
+                        return Err(DriverError::Agent(format!(
+                            "the sandbox's agent broke the protocol: {e}"
+                        )));
+                    }
                 }
             }
         };
@@ -554,7 +620,9 @@ impl Manager {
             stream: false,
         };
         let deadline = Duration::from_millis(timeout_ms) + EXEC_GRACE;
-        let (_, response) = self.agent_call(id, tenant, Request::Exec(spec), deadline).await?;
+        let (_, response) = self
+            .agent_call(id, tenant, Request::Exec(spec), deadline)
+            .await?;
         let outcome = match response {
             Response::Exec(outcome) => outcome,
             other => return Err(agent_error(other)),
@@ -563,19 +631,31 @@ impl Manager {
         // rest too, so the sandbox never limps on half-dead.
         let oom_killed = self.oom_kills(id).await > before;
         if oom_killed {
-            let _ = self.agent_call(id, tenant, Request::KillAll, AGENT_TIMEOUT).await;
+            let _ = self
+                .agent_call(id, tenant, Request::KillAll, AGENT_TIMEOUT)
+                .await;
         }
-        Ok(ExecResult { outcome, oom_killed })
+        Ok(ExecResult {
+            outcome,
+            oom_killed,
+        })
     }
 
     async fn oom_kills(&self, id: &str) -> u64 {
         let driver = self.driver.clone();
         let sid = id.to_string();
-        blocking(move || driver.usage(&sid).oom_kills).await.unwrap_or(0)
+        blocking(move || driver.usage(&sid).oom_kills)
+            .await
+            .unwrap_or(0)
     }
 
     /// A file operation: one request, one response.
-    pub async fn file_op(&self, id: &str, tenant: Option<&str>, request: Request) -> Result<Response, EngineError> {
+    pub async fn file_op(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        request: Request,
+    ) -> Result<Response, EngineError> {
         let (_, response) = self.agent_call(id, tenant, request, AGENT_TIMEOUT).await?;
         match response {
             Response::Error { .. } => Err(agent_error(response)),
@@ -587,7 +667,8 @@ impl Manager {
         let entry = self.entry(id, tenant)?;
         let driver = self.driver.clone();
         let sid = id.to_string();
-        let (usage, disk_bytes) = blocking(move || (driver.usage(&sid), driver.disk_bytes(&sid))).await?;
+        let (usage, disk_bytes) =
+            blocking(move || (driver.usage(&sid), driver.disk_bytes(&sid))).await?;
         let record = entry.record();
         Ok(Metrics {
             status: record.status,
@@ -679,6 +760,8 @@ fn agent_error(response: Response) -> EngineError {
             ErrorKind::PayloadTooLarge => EngineError::PayloadTooLarge(message),
             ErrorKind::Io => EngineError::Sandbox(message),
         },
-        other => EngineError::Sandbox(format!("unexpected answer from the sandbox's agent: {other:?}")),
+        other => EngineError::Sandbox(format!(
+            "unexpected answer from the sandbox's agent: {other:?}"
+        )),
     }
 }

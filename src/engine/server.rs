@@ -259,7 +259,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/health", get(api::health))
         .route("/v1/templates", get(api::list_templates))
-        .route("/v1/sandboxes", post(api::create_sandbox).get(api::list_sandboxes))
+        .route(
+            "/v1/sandboxes",
+            post(api::create_sandbox).get(api::list_sandboxes),
+        )
         .route(
             sandbox,
             get(api::get_sandbox)
@@ -272,7 +275,9 @@ pub fn router(state: AppState) -> Router {
         .route(&format!("{sandbox}/exec"), post(api::exec_command))
         .route(
             &format!("{sandbox}/files"),
-            get(api::read_file).put(api::write_file).delete(api::delete_file),
+            get(api::read_file)
+                .put(api::write_file)
+                .delete(api::delete_file),
         )
         .route(&format!("{sandbox}/files/list"), get(api::list_files))
         .route(&format!("{sandbox}/files/move"), post(api::move_file))
@@ -294,7 +299,11 @@ pub struct EngineServer {
 
 impl EngineServer {
     /// Serves `manager` on `listener` and runs its timers.
-    pub fn start(manager: Arc<Manager>, listener: TcpListener, keys: Keys) -> std::io::Result<Self> {
+    pub fn start(
+        manager: Arc<Manager>,
+        listener: TcpListener,
+        keys: Keys,
+    ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         let url = format!("http://{addr}");
         let stop = CancellationToken::new();
@@ -305,7 +314,8 @@ impl EngineServer {
         let app = router(state);
         let shutdown = stop.clone();
         let server = tokio::spawn(async move {
-            let serve = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await });
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await });
             if let Err(e) = serve.await {
                 tracing::error!("engine server stopped: {e}");
             }

@@ -108,7 +108,10 @@ impl Store {
     }
 
     fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
-        let conn = self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&conn)
     }
 
@@ -152,7 +155,11 @@ impl Store {
         })
     }
 
-    pub fn set_metadata(&self, id: &str, metadata: &BTreeMap<String, String>) -> rusqlite::Result<()> {
+    pub fn set_metadata(
+        &self,
+        id: &str,
+        metadata: &BTreeMap<String, String>,
+    ) -> rusqlite::Result<()> {
         let metadata = serde_json::to_string(metadata).map_err(db_err)?;
         self.with(|c| {
             c.execute(
@@ -174,7 +181,10 @@ impl Store {
     }
 
     pub fn delete(&self, id: &str) -> rusqlite::Result<()> {
-        self.with(|c| c.execute("DELETE FROM sandboxes WHERE id = ?1", params![id]).map(|_| ()))
+        self.with(|c| {
+            c.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])
+                .map(|_| ())
+        })
     }
 
     pub fn get(&self, id: &str) -> rusqlite::Result<Option<Record>> {
@@ -193,7 +203,8 @@ impl Store {
     }
 }
 
-const SELECT: &str = "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
+const SELECT: &str =
+    "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
     uid_slot, created_at, last_active_at, expires_at, tenant FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
@@ -256,7 +267,10 @@ mod tests {
             store.insert(&record("sbx_a", 1)).unwrap();
             store.set_status("sbx_a", Status::Running).unwrap();
             store.insert(&record("sbx_b", 2)).unwrap();
-            assert!(store.insert(&record("sbx_c", 2)).is_err(), "uid slots are unique");
+            assert!(
+                store.insert(&record("sbx_c", 2)).is_err(),
+                "uid slots are unique"
+            );
             store.delete("sbx_b").unwrap();
         }
         let store = Store::open(&path).unwrap();

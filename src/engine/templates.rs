@@ -70,7 +70,10 @@ impl Template {
 
 /// Loads every template, building `base` first if it is missing.
 pub fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
-    fs::DirBuilder::new().recursive(true).mode(0o755).create(templates_dir)?;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(templates_dir)?;
     let base = templates_dir.join(BASE);
     if !base.join("template.json").exists() {
         build_base(templates_dir)?;
@@ -85,7 +88,10 @@ pub fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
             Ok(file) if dir.file_name().is_some_and(|n| n == file.name.as_str()) => {
                 out.push(Template::from_file(&dir, file));
             }
-            Ok(_) => tracing::warn!("{}: template name does not match its directory; skipped", dir.display()),
+            Ok(_) => tracing::warn!(
+                "{}: template name does not match its directory; skipped",
+                dir.display()
+            ),
             Err(e) => tracing::warn!("{}: invalid template.json: {e}; skipped", dir.display()),
         }
     }
@@ -228,7 +234,11 @@ fn build_etc(etc: &Path) -> io::Result<()> {
     if host.join("ssl/openssl.cnf").is_file() {
         copy_entry(&host.join("ssl/openssl.cnf"), &etc.join("ssl/openssl.cnf"))?;
     }
-    let shell = if Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
+    let shell = if Path::new("/bin/bash").exists() {
+        "/bin/bash"
+    } else {
+        "/bin/sh"
+    };
     let synthesized = [
         ("passwd", format!(
             "root:x:0:0:root:/root:{shell}\nuser:x:1000:1000:user:/home/user:{shell}\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
@@ -257,7 +267,10 @@ fn copy_entry(from: &Path, to: &Path) -> io::Result<()> {
         std::os::unix::fs::symlink(fs::read_link(from)?, to)
     } else if meta.is_file() && meta.len() <= MAX_ETC_FILE {
         fs::copy(from, to)?;
-        fs::set_permissions(to, fs::Permissions::from_mode(meta.permissions().mode() & 0o755))
+        fs::set_permissions(
+            to,
+            fs::Permissions::from_mode(meta.permissions().mode() & 0o755),
+        )
     } else {
         Ok(())
     }

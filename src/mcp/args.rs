@@ -41,7 +41,11 @@ impl Args {
         self.map.get(name)
     }
 
-    fn required<T>(&self, name: &str, read: impl Fn(&Value) -> Option<T>) -> Result<T, CallFailure> {
+    fn required<T>(
+        &self,
+        name: &str,
+        read: impl Fn(&Value) -> Option<T>,
+    ) -> Result<T, CallFailure> {
         self.optional(name, read)?
             .ok_or_else(|| CallFailure::InvalidArgs(format!("missing required argument `{name}`")))
     }

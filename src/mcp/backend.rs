@@ -36,7 +36,8 @@ struct Inner {
 impl Backend {
     /// A fixed remote control plane.
     pub fn remote(url: &str, key: Option<ApiKey>) -> Result<Self, String> {
-        let client = connect(url, key.as_ref()).map_err(|e| format!("invalid SANDBOX_MCP_URL: {e}"))?;
+        let client =
+            connect(url, key.as_ref()).map_err(|e| format!("invalid SANDBOX_MCP_URL: {e}"))?;
         let (current, _) = watch::channel(Some(Ok(Arc::new(client))));
         Ok(Self {
             inner: Arc::new(Inner {

@@ -75,9 +75,10 @@ fn from_client_error(e: Error<types::Error>) -> CallFailure {
                 CallFailure::Unreachable(format!("the connection failed: {text}"))
             }
         }
-        Error::ResponseBodyError(e) => {
-            CallFailure::BadResponse(format!("the response body broke off: {}", describe(&e.without_url())))
-        }
+        Error::ResponseBodyError(e) => CallFailure::BadResponse(format!(
+            "the response body broke off: {}",
+            describe(&e.without_url())
+        )),
         Error::InvalidResponsePayload(_, e) => {
             CallFailure::BadResponse(format!("the response does not match the API: {e}"))
         }

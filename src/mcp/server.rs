@@ -59,7 +59,8 @@ pub struct SandboxMcp {
 
 /// The MCP tool as the model sees it: everything comes from the registry.
 pub fn to_mcp_tool(def: &ToolDef) -> Tool {
-    let object = |v: &serde_json::Value| -> JsonObject { v.as_object().cloned().unwrap_or_default() };
+    let object =
+        |v: &serde_json::Value| -> JsonObject { v.as_object().cloned().unwrap_or_default() };
     let annotations = ToolAnnotations::new()
         .read_only(def.annotations.read_only)
         .destructive(def.annotations.destructive)
@@ -122,7 +123,9 @@ impl SandboxMcp {
         };
         match outcome {
             Ok(value) => Ok(shape::success_result(def, value)),
-            Err(CallFailure::UnknownTool(n)) => Err(shape::protocol_error(&CallFailure::UnknownTool(n))),
+            Err(CallFailure::UnknownTool(n)) => {
+                Err(shape::protocol_error(&CallFailure::UnknownTool(n)))
+            }
             Err(failure) => {
                 tracing::debug!(tool = name, ?failure, "tool call failed");
                 Ok(shape::failure_result(def, Some(&args), &failure))
@@ -137,7 +140,9 @@ impl SandboxMcp {
             .and_then(|name| args.get(name))
             .and_then(serde_json::Value::as_u64)
             .map(|ms| Duration::from_millis(ms) + self.settings.timeout_grace);
-        own.map_or(self.settings.request_timeout, |d| d.max(self.settings.request_timeout))
+        own.map_or(self.settings.request_timeout, |d| {
+            d.max(self.settings.request_timeout)
+        })
     }
 
     async fn dispatch_with_recovery(

@@ -80,7 +80,11 @@ pub fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult {
 }
 
 /// A failed call the model can act on: `isError: true` and the tool-def's message.
-pub fn failure_result(tool: &ToolDef, args: Option<&Args>, failure: &CallFailure) -> CallToolResult {
+pub fn failure_result(
+    tool: &ToolDef,
+    args: Option<&Args>,
+    failure: &CallFailure,
+) -> CallToolResult {
     CallToolResult::error(vec![Content::text(failure_message(tool, args, failure))])
 }
 
@@ -146,7 +150,9 @@ fn default_template(failure: &CallFailure) -> &'static str {
         CallFailure::Unreachable(_) => {
             "The sandbox engine is unreachable ({message}). Check SANDBOX_MCP_URL, or restart the MCP server."
         }
-        CallFailure::Deadline(_) => "The sandbox engine did not answer in time ({message}). Retry once.",
+        CallFailure::Deadline(_) => {
+            "The sandbox engine did not answer in time ({message}). Retry once."
+        }
         CallFailure::BadResponse(_) => {
             "The sandbox engine sent a response this server does not understand ({message}). Check that the engine and the MCP server are the same version."
         }
@@ -243,7 +249,10 @@ mod tests {
         }];
         let mut v = json!({"entries": [1, 2, 3, 4]});
         apply_caps(&caps, &mut v);
-        assert_eq!(v, json!({"entries": [1, 2], "entries_total": 4, "truncated": true}));
+        assert_eq!(
+            v,
+            json!({"entries": [1, 2], "entries_total": 4, "truncated": true})
+        );
     }
 
     #[test]

@@ -239,7 +239,10 @@ mod tests {
 
     #[test]
     fn finds_top_level_id_anywhere() {
-        assert_eq!(scan(r#"{"jsonrpc":"2.0","id":7,"method":"x"}"#), Some(7.into()));
+        assert_eq!(
+            scan(r#"{"jsonrpc":"2.0","id":7,"method":"x"}"#),
+            Some(7.into())
+        );
         assert_eq!(
             scan(r#"{"method":"x","params":{"id":99,"s":"\"id\":1"},"id":"abc"}"#),
             Some("abc".into())

@@ -99,22 +99,31 @@ impl Layout {
             return Layout::None;
         };
         let layout = Self::parse_mountinfo(&info);
-        if layout.prepare().is_ok() { layout } else { Layout::None }
+        if layout.prepare().is_ok() {
+            layout
+        } else {
+            Layout::None
+        }
     }
 
     /// Parses mountinfo; pure, for tests.
     pub fn parse_mountinfo(info: &str) -> Layout {
         let mut v2 = None;
-        let (mut memory, mut pids, mut cpu, mut cpuacct, mut freezer) = (None, None, None, None, None);
+        let (mut memory, mut pids, mut cpu, mut cpuacct, mut freezer) =
+            (None, None, None, None, None);
         let mut any_v1 = false;
         for line in info.lines() {
-            let Some((left, right)) = line.split_once(" - ") else { continue };
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
             let mount_point = left.split_whitespace().nth(4).map(PathBuf::from);
             let mut r = right.split_whitespace();
             let fstype = r.next().unwrap_or("");
             let _source = r.next();
             let options = r.next().unwrap_or("");
-            let Some(mount_point) = mount_point else { continue };
+            let Some(mount_point) = mount_point else {
+                continue;
+            };
             match fstype {
                 "cgroup2" => v2 = Some(mount_point),
                 "cgroup" => {
@@ -147,8 +156,18 @@ impl Layout {
         }
     }
 
-    /// Creates the parent cgroups (and, on v2, enables the controllers sandboxes need).
+    /// Creates the parent cgroups (and, on v2, enables the controllers sandboxes need), and checks
+    /// that this process may create sandbox cgroups under them.
     fn prepare(&self) -> io::Result<()> {
+        self.create_parents()?;
+        for dir in self.parent_dirs() {
+            nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK)
+                .map_err(|e| io::Error::other(format!("{}: {e}", dir.display())))?;
+        }
+        Ok(())
+    }
+
+    fn create_parents(&self) -> io::Result<()> {
         match self {
             Layout::None => Err(io::Error::other("no cgroups")),
             Layout::V2 { root } => {
@@ -160,7 +179,9 @@ impl Layout {
             }
             Layout::Hybrid { memory, pids, .. } => {
                 if memory.is_none() || pids.is_none() {
-                    return Err(io::Error::other("the memory and pids controllers are required"));
+                    return Err(io::Error::other(
+                        "the memory and pids controllers are required",
+                    ));
                 }
                 for dir in self.parent_dirs() {
                     fs::create_dir_all(dir)?;
@@ -198,7 +219,9 @@ impl Layout {
         match self {
             Layout::Hybrid {
                 unified: Some(u), ..
-            } if u.join("cgroup.freeze").exists() || u.join(PARENT).join("cgroup.freeze").exists() => {
+            } if u.join("cgroup.freeze").exists()
+                || u.join(PARENT).join("cgroup.freeze").exists() =>
+            {
                 FreezeMethod::V2
             }
             Layout::Hybrid { .. } => FreezeMethod::V1,
@@ -235,7 +258,10 @@ impl Cgroups {
 
     /// The `cgroup.procs` files a process writes itself into to join the sandbox.
     pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs().into_iter().map(|d| d.join("cgroup.procs")).collect()
+        self.dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
     }
 
     /// Creates the cgroups and applies the limits. Idempotent.
@@ -262,7 +288,10 @@ impl Cgroups {
                 memory, pids, cpu, ..
             } => {
                 if let Some(d) = self.dir(memory) {
-                    write(&d.join("memory.limit_in_bytes"), &limits.memory_bytes.to_string())?;
+                    write(
+                        &d.join("memory.limit_in_bytes"),
+                        &limits.memory_bytes.to_string(),
+                    )?;
                     let memsw = d.join("memory.memsw.limit_in_bytes");
                     if memsw.exists() {
                         let _ = write(&memsw, &limits.memory_bytes.to_string());
@@ -309,7 +338,9 @@ impl Cgroups {
         match (self.freeze, self.v2_dir(), self.freezer_dir()) {
             (FreezeMethod::V2, Some(d), _) if d.join("cgroup.freeze").exists() => {
                 write(&d.join("cgroup.freeze"), if frozen { "1" } else { "0" })?;
-                self.wait_until(|| read_keyed(&d.join("cgroup.events"), "frozen") == Some(u64::from(frozen)))
+                self.wait_until(|| {
+                    read_keyed(&d.join("cgroup.events"), "frozen") == Some(u64::from(frozen))
+                })
             }
             (_, _, Some(d)) => {
                 let state = if frozen { "FROZEN" } else { "THAWED" };
@@ -328,8 +359,9 @@ impl Cgroups {
     pub fn is_frozen(&self) -> bool {
         match (self.freeze, self.v2_dir(), self.freezer_dir()) {
             (FreezeMethod::V2, Some(d), _) => read_u64(&d.join("cgroup.freeze")) == Some(1),
-            (_, _, Some(d)) => fs::read_to_string(d.join("freezer.state"))
-                .is_ok_and(|s| s.trim() != "THAWED"),
+            (_, _, Some(d)) => {
+                fs::read_to_string(d.join("freezer.state")).is_ok_and(|s| s.trim() != "THAWED")
+            }
             _ => false,
         }
     }
@@ -338,7 +370,10 @@ impl Cgroups {
         let start = Instant::now();
         while !done() {
             if start.elapsed() > Duration::from_secs(5) {
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "the cgroup freezer did not settle within 5 s"));
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the cgroup freezer did not settle within 5 s",
+                ));
             }
             std::thread::sleep(Duration::from_micros(100));
         }
@@ -368,7 +403,10 @@ impl Cgroups {
             // SIGKILLs are delivered.
             let _ = self.freeze();
             for pid in self.pids() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::SIGKILL,
+                );
             }
             let _ = self.thaw();
         }
@@ -378,7 +416,10 @@ impl Cgroups {
                 return Err(io::Error::other("processes survived a cgroup kill for 5 s"));
             }
             for pid in self.pids() {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::SIGKILL,
+                );
             }
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -404,9 +445,11 @@ impl Cgroups {
             Layout::None => {}
             Layout::V2 { .. } => {
                 if let Some(d) = self.v2_dir() {
-                    s.cpu_seconds = read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
+                    s.cpu_seconds =
+                        read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
                     s.memory_bytes = read_u64(&d.join("memory.current")).unwrap_or(0);
-                    s.memory_peak_bytes = read_u64(&d.join("memory.peak")).unwrap_or(s.memory_bytes);
+                    s.memory_peak_bytes =
+                        read_u64(&d.join("memory.peak")).unwrap_or(s.memory_bytes);
                     s.memory_limit_bytes = read_u64(&d.join("memory.max")).unwrap_or(0);
                     s.pids = read_u64(&d.join("pids.current")).unwrap_or(0);
                     s.pids_limit = read_u64(&d.join("pids.max")).unwrap_or(0);
@@ -422,13 +465,16 @@ impl Cgroups {
                 if let Some(d) = self.dir(cpuacct) {
                     s.cpu_seconds = read_u64(&d.join("cpuacct.usage")).unwrap_or(0) as f64 / 1e9;
                 } else if let Some(d) = self.v2_dir() {
-                    s.cpu_seconds = read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
+                    s.cpu_seconds =
+                        read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
                 }
                 if let Some(d) = self.dir(memory) {
                     s.memory_bytes = read_u64(&d.join("memory.usage_in_bytes")).unwrap_or(0);
-                    s.memory_peak_bytes = read_u64(&d.join("memory.max_usage_in_bytes")).unwrap_or(0);
+                    s.memory_peak_bytes =
+                        read_u64(&d.join("memory.max_usage_in_bytes")).unwrap_or(0);
                     s.memory_limit_bytes = read_u64(&d.join("memory.limit_in_bytes")).unwrap_or(0);
-                    s.oom_kills = read_keyed(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0);
+                    s.oom_kills =
+                        read_keyed(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0);
                 }
                 if let Some(d) = self.dir(pids) {
                     s.pids = read_u64(&d.join("pids.current")).unwrap_or(0);
@@ -459,14 +505,23 @@ mod tests {
     fn parses_hybrid_layout() {
         let layout = Layout::parse_mountinfo(HYBRID);
         let Layout::Hybrid {
-            memory, unified, cpuacct, ..
+            memory,
+            unified,
+            cpuacct,
+            ..
         } = &layout
         else {
             panic!("expected hybrid, got {layout:?}");
         };
         assert_eq!(memory.as_deref(), Some(Path::new("/sys/fs/cgroup/memory")));
-        assert_eq!(cpuacct.as_deref(), Some(Path::new("/sys/fs/cgroup/cpuacct")));
-        assert_eq!(unified.as_deref(), Some(Path::new("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            cpuacct.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/cpuacct"))
+        );
+        assert_eq!(
+            unified.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/unified"))
+        );
         let cg = layout.sandbox("sbx_x");
         assert!(cg.procs_files().contains(&PathBuf::from(
             "/sys/fs/cgroup/memory/sandbox-mcp/sbx_x/cgroup.procs"

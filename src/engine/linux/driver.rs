@@ -84,18 +84,32 @@ impl NamespacesDriver {
     /// Creates the sandbox's directories (idempotent; a restart reuses them).
     fn prepare_dirs(&self, spec: &StartSpec) -> io::Result<()> {
         let dir = self.dir(&spec.id);
-        fs::DirBuilder::new().recursive(true).mode(0o711).create(&dir)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&dir)?;
         let owner = (self.uid == 0).then(|| plan::uid_base(spec.uid_slot));
         let mut targets = vec!["/".to_string()];
-        targets.extend(spec.template.host_dirs.iter().map(|d| d.display().to_string()));
+        targets.extend(
+            spec.template
+                .host_dirs
+                .iter()
+                .map(|d| d.display().to_string()),
+        );
         for target in &targets {
             let staging = plan::staging_dir(&dir, target);
             if !staging.exists() {
-                fs::DirBuilder::new().recursive(true).mode(0o755).create(&staging)?;
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&staging)?;
             }
             for path in [plan::upper_dir(&dir, target), plan::work_dir(&dir, target)] {
                 if !path.exists() {
-                    fs::DirBuilder::new().recursive(true).mode(0o755).create(&path)?;
+                    fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o755)
+                        .create(&path)?;
                     if let Some(uid) = owner {
                         // The overlay is mounted by the sandbox's root (this host id), which
                         // must own its upper and work directories.
@@ -105,7 +119,10 @@ impl NamespacesDriver {
             }
         }
         // The upper root becomes the sandbox's `/`: keep the template's mode.
-        let _ = fs::set_permissions(plan::upper_dir(&dir, "/"), fs::Permissions::from_mode(0o755));
+        let _ = fs::set_permissions(
+            plan::upper_dir(&dir, "/"),
+            fs::Permissions::from_mode(0o755),
+        );
         let rootfs = dir.join("rootfs");
         if !rootfs.exists() {
             fs::DirBuilder::new().mode(0o755).create(&rootfs)?;
@@ -122,7 +139,9 @@ impl NamespacesDriver {
                 max_pids: spec.shape.max_pids,
                 vcpus: spec.shape.vcpus,
             })
-            .map_err(|e| DriverError::Launch(format!("cannot create the sandbox's cgroups: {e}")))?;
+            .map_err(|e| {
+                DriverError::Launch(format!("cannot create the sandbox's cgroups: {e}"))
+            })?;
         }
         let plan = plan::build(&PlanInput {
             sandbox_id: &spec.id,
@@ -132,7 +151,11 @@ impl NamespacesDriver {
             uid_slot: spec.uid_slot,
             host_uid: self.uid,
             host_gid: self.gid,
-            cgroup_procs: if self.layout.enforced() { cg.procs_files() } else { Vec::new() },
+            cgroup_procs: if self.layout.enforced() {
+                cg.procs_files()
+            } else {
+                Vec::new()
+            },
             env: &spec.env,
             memory_bytes: spec.shape.memory_mb * 1024 * 1024,
         });
@@ -144,7 +167,12 @@ impl NamespacesDriver {
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| DriverError::Launch(format!("cannot run the launcher {}: {e}", self.exe.display())))?;
+            .map_err(|e| {
+                DriverError::Launch(format!(
+                    "cannot run the launcher {}: {e}",
+                    self.exe.display()
+                ))
+            })?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
                 .write_all(&input)
@@ -164,12 +192,17 @@ impl NamespacesDriver {
         })?;
         match (report.ok, report.pid) {
             (true, Some(pid)) => {
-                let _ = fs::write(dir.join("agent.pid"), format!("{pid} {}", start_time(pid).unwrap_or(0)));
+                let _ = fs::write(
+                    dir.join("agent.pid"),
+                    format!("{pid} {}", start_time(pid).unwrap_or(0)),
+                );
                 Ok(pid)
             }
             _ => Err(DriverError::Launch(format!(
                 "cannot start the sandbox: {}",
-                report.error.unwrap_or_else(|| "unknown launcher failure".into())
+                report
+                    .error
+                    .unwrap_or_else(|| "unknown launcher failure".into())
             ))),
         }
     }
@@ -203,8 +236,9 @@ impl Driver for NamespacesDriver {
 
     fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
-            self.prepare_dirs(spec)
-                .map_err(|e| DriverError::Launch(format!("cannot create the sandbox's directories: {e}")))?;
+            self.prepare_dirs(spec).map_err(|e| {
+                DriverError::Launch(format!("cannot create the sandbox's directories: {e}"))
+            })?;
             self.launch(spec).await.map(|_| ())
         })
     }
@@ -212,21 +246,36 @@ impl Driver for NamespacesDriver {
     fn connect<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<AgentConn, DriverError>> {
         Box::pin(async move {
             let path = self.dir(id).join("agent.sock");
-            let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::UnixStream::connect(&path))
-                .await
-                .map_err(|_| DriverError::Agent("the sandbox's agent did not accept a connection within 5 s".into()))?
-                .map_err(|e| DriverError::Agent(format!("cannot reach the sandbox's agent: {e}")))?;
+            let stream = tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio::net::UnixStream::connect(&path),
+            )
+            .await
+            .map_err(|_| {
+                DriverError::Agent(
+                    "the sandbox's agent did not accept a connection within 5 s".into(),
+                )
+            })?
+            .map_err(|e| DriverError::Agent(format!("cannot reach the sandbox's agent: {e}")))?;
             Ok(Box::new(stream) as AgentConn)
         })
     }
 
     fn liveness<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Liveness> {
         Box::pin(async move {
-            if self.layout.enforced() && self.cgroups(id).is_frozen() && !self.cgroups(id).pids().is_empty() {
+            if self.layout.enforced()
+                && self.cgroups(id).is_frozen()
+                && !self.cgroups(id).pids().is_empty()
+            {
                 return Liveness::Frozen;
             }
             let path = self.dir(id).join("agent.sock");
-            match tokio::time::timeout(Duration::from_millis(500), tokio::net::UnixStream::connect(&path)).await {
+            match tokio::time::timeout(
+                Duration::from_millis(500),
+                tokio::net::UnixStream::connect(&path),
+            )
+            .await
+            {
                 Ok(Ok(_)) => Liveness::Running,
                 _ => Liveness::Stopped,
             }
@@ -251,11 +300,14 @@ impl Driver for NamespacesDriver {
 
     fn stop(&self, id: &str) -> Result<(), DriverError> {
         if self.layout.enforced() {
-            self.cgroups(id).kill_all().map_err(|e| io_err("kill processes", e))?;
+            self.cgroups(id)
+                .kill_all()
+                .map_err(|e| io_err("kill processes", e))?;
         }
         // Killing the sandbox's init takes every process in its pid namespace with it.
         if let Some(pid) = self.agent_pid(id) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
         let _ = fs::remove_file(self.dir(id).join("agent.pid"));
         Ok(())
@@ -309,13 +361,17 @@ pub fn disk_usage(dir: &Path) -> u64 {
     let mut seen = 0usize;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&d) else { continue };
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
         for entry in entries.flatten() {
             seen += 1;
             if seen > 1_000_000 {
                 return total;
             }
-            let Ok(m) = entry.path().symlink_metadata() else { continue };
+            let Ok(m) = entry.path().symlink_metadata() else {
+                continue;
+            };
             total += m.blocks() * 512;
             if m.is_dir() {
                 stack.push(entry.path());

@@ -99,7 +99,10 @@ fn launch() -> Result<i32, String> {
     // 1. Join the cgroups first: the child is created inside them.
     let me = std::process::id().to_string();
     for procs in &plan.cgroup_procs {
-        ctx(fs::write(procs, &me), &format!("join cgroup {}", procs.display()))?;
+        ctx(
+            fs::write(procs, &me),
+            &format!("join cgroup {}", procs.display()),
+        )?;
     }
 
     // 2. The agent binary, opened now: after pivot_root it is out of reach.
@@ -116,7 +119,10 @@ fn launch() -> Result<i32, String> {
         "chmod agent socket",
     )?;
 
-    let (status_read, status_write) = ctx(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC), "status pipe")?;
+    let (status_read, status_write) = ctx(
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC),
+        "status pipe",
+    )?;
     let (parent_end, child_end) = ctx(
         socketpair(
             AddressFamily::Unix,
@@ -171,7 +177,10 @@ fn agent_ready(status: OwnedFd) -> Result<(), String> {
 
 fn write_map(pid: i32, file: &str, map: IdMap) -> Result<(), String> {
     let line = format!("{} {} {}\n", map.inside, map.outside, map.count);
-    ctx(fs::write(format!("/proc/{pid}/{file}"), line), &format!("write {file}"))
+    ctx(
+        fs::write(format!("/proc/{pid}/{file}"), line),
+        &format!("write {file}"),
+    )
 }
 
 /// The outside half: id maps, id-mapped lower layers, then wait for the exec.
@@ -179,30 +188,48 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
     // The child first makes its mounts private, so nothing attached below can propagate back to
     // the host's mount namespace.
     let mut buf = vec![0u8; 4096];
-    let n = ctx(nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()), "wait for child")?;
+    let n = ctx(
+        nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()),
+        "wait for child",
+    )?;
     if &buf[..n] != b"ready" {
         return Err(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
     if !plan.privileged {
         // Unprivileged: setgroups must be denied before a gid map can be written.
-        ctx(fs::write(format!("/proc/{pid}/setgroups"), "deny"), "deny setgroups")?;
+        ctx(
+            fs::write(format!("/proc/{pid}/setgroups"), "deny"),
+            "deny setgroups",
+        )?;
     }
     write_map(pid, "uid_map", plan.uid_map)?;
     write_map(pid, "gid_map", plan.gid_map)?;
 
     if plan.privileged {
-        let userns = ctx(fs::File::open(format!("/proc/{pid}/ns/user")), "open child user namespace")?;
+        let userns = ctx(
+            fs::File::open(format!("/proc/{pid}/ns/user")),
+            "open child user namespace",
+        )?;
         let trees = plan
             .layers
             .iter()
             .map(|layer| {
                 let lower = layer.lower.to_string_lossy();
-                ctx(sys::idmapped_tree(&lower, userns.as_raw_fd()), &format!("id-map {lower}"))
+                ctx(
+                    sys::idmapped_tree(&lower, userns.as_raw_fd()),
+                    &format!("id-map {lower}"),
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         // Enter the child's mount namespace (this process exits right after) and attach them.
-        let mntns = ctx(fs::File::open(format!("/proc/{pid}/ns/mnt")), "open child mount namespace")?;
-        ctx(nix::sched::setns(&mntns, nix::sched::CloneFlags::CLONE_NEWNS), "enter child mount namespace")?;
+        let mntns = ctx(
+            fs::File::open(format!("/proc/{pid}/ns/mnt")),
+            "open child mount namespace",
+        )?;
+        ctx(
+            nix::sched::setns(&mntns, nix::sched::CloneFlags::CLONE_NEWNS),
+            "enter child mount namespace",
+        )?;
         for (tree, layer) in trees.iter().zip(&plan.layers) {
             ctx(
                 sys::move_mount_to(tree, &layer.staging.to_string_lossy()),
@@ -210,10 +237,16 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
             )?;
         }
     }
-    ctx(nix::sys::socket::send(sync.as_raw_fd(), b"go", MsgFlags::empty()), "signal child")?;
+    ctx(
+        nix::sys::socket::send(sync.as_raw_fd(), b"go", MsgFlags::empty()),
+        "signal child",
+    )?;
 
     // The child's end is close-on-exec: EOF means it exec'd the agent; a message is its error.
-    let n = ctx(nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()), "wait for child")?;
+    let n = ctx(
+        nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()),
+        "wait for child",
+    )?;
     if n > 0 {
         return Err(String::from_utf8_lossy(&buf[..n]).into_owned());
     }
@@ -225,7 +258,13 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
 }
 
 /// The inside half. Returns only on failure, with the reason.
-fn child(plan: &LaunchPlan, sync: &OwnedFd, exe: OwnedFd, listener: UnixListener, status: OwnedFd) -> String {
+fn child(
+    plan: &LaunchPlan,
+    sync: &OwnedFd,
+    exe: OwnedFd,
+    listener: UnixListener,
+    status: OwnedFd,
+) -> String {
     match setup(plan, sync) {
         Ok(()) => {}
         Err(e) => return e,
@@ -251,7 +290,11 @@ fn child(plan: &LaunchPlan, sync: &OwnedFd, exe: OwnedFd, listener: UnixListener
             return format!("place descriptor {target}: {}", io::Error::last_os_error());
         }
     }
-    if let Ok(null) = fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..3 {
             // SAFETY: dup2 onto the standard descriptors; `null` stays open until the end.
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
@@ -272,12 +315,24 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
     // Nothing mounted from here on may propagate back to the host. (The new user namespace grants
     // full capabilities over the new mount namespace even before the id maps exist.)
     ctx(
-        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>),
+        mount(
+            None::<&str>,
+            "/",
+            None::<&str>,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None::<&str>,
+        ),
         "make mounts private",
     )?;
-    ctx(nix::sys::socket::send(sync.as_raw_fd(), b"ready", MsgFlags::empty()), "signal parent")?;
+    ctx(
+        nix::sys::socket::send(sync.as_raw_fd(), b"ready", MsgFlags::empty()),
+        "signal parent",
+    )?;
     let mut buf = [0u8; 8];
-    let n = ctx(nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()), "wait for parent")?;
+    let n = ctx(
+        nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()),
+        "wait for parent",
+    )?;
     if &buf[..n] != b"go" {
         return Err("the launcher gave up".into());
     }
@@ -288,14 +343,24 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
     }
     let root_gid = nix::unistd::Gid::from_raw(0);
     let root_uid = nix::unistd::Uid::from_raw(0);
-    ctx(nix::unistd::setresgid(root_gid, root_gid, root_gid), "setresgid")?;
-    ctx(nix::unistd::setresuid(root_uid, root_uid, root_uid), "setresuid")?;
+    ctx(
+        nix::unistd::setresgid(root_gid, root_gid, root_gid),
+        "setresgid",
+    )?;
+    ctx(
+        nix::unistd::setresuid(root_uid, root_uid, root_uid),
+        "setresuid",
+    )?;
 
     let rootfs = plan.rootfs.as_path();
     for layer in &plan.layers {
         // As root the lower layer is the id-mapped copy the parent attached; otherwise the host
         // directory itself (whose files then stay read-only inside the sandbox).
-        let lower = if plan.privileged { &layer.staging } else { &layer.lower };
+        let lower = if plan.privileged {
+            &layer.staging
+        } else {
+            &layer.lower
+        };
         let lower = lower.display();
         let target = if layer.target == "/" {
             rootfs.to_path_buf()
@@ -342,7 +407,11 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
             None::<&str>,
             "/dev",
             None::<&str>,
-            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NOEXEC,
             None::<&str>,
         ),
         "make /dev read-only",
@@ -413,7 +482,10 @@ fn setup_dev(dev: &Path, shm_bytes: u64) -> Result<(), String> {
         ("stdout", "/proc/self/fd/1"),
         ("stderr", "/proc/self/fd/2"),
     ] {
-        ctx(std::os::unix::fs::symlink(target, dev.join(link)), &format!("link /dev/{link}"))?;
+        ctx(
+            std::os::unix::fs::symlink(target, dev.join(link)),
+            &format!("link /dev/{link}"),
+        )?;
     }
     Ok(())
 }
@@ -431,15 +503,27 @@ fn restrict(exe: &OwnedFd) -> Result<(), String> {
             // SAFETY: prctl with integer arguments.
             let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
             if ret != 0 {
-                return Err(format!("drop capability {cap}: {}", io::Error::last_os_error()));
+                return Err(format!(
+                    "drop capability {cap}: {}",
+                    io::Error::last_os_error()
+                ));
             }
         }
     }
     // SAFETY: prctl with integer arguments.
     unsafe {
-        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
     }
-    ctx(sys::clear_inheritable_caps(), "clear inheritable capabilities")?;
+    ctx(
+        sys::clear_inheritable_caps(),
+        "clear inheritable capabilities",
+    )?;
     ctx(nix::sys::prctl::set_no_new_privs(), "set no_new_privs")?;
     // Best effort: kernels without Landlock still get everything else.
     let _ = landlock::restrict(exe);

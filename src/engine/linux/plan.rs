@@ -190,9 +190,15 @@ mod tests {
         assert_eq!(plan.uid_map.count, UID_RANGE);
         assert_eq!(plan.layers.len(), 2);
         assert_eq!(plan.layers[0].target, "/");
-        assert_eq!(plan.layers[0].upper, PathBuf::from("/data/sandboxes/sbx_a/upper/root"));
+        assert_eq!(
+            plan.layers[0].upper,
+            PathBuf::from("/data/sandboxes/sbx_a/upper/root")
+        );
         assert_eq!(plan.layers[1].lower, PathBuf::from("/usr"));
-        assert_eq!(plan.layers[1].work, PathBuf::from("/data/sandboxes/sbx_a/work/usr"));
+        assert_eq!(
+            plan.layers[1].work,
+            PathBuf::from("/data/sandboxes/sbx_a/work/usr")
+        );
         assert_eq!(plan.shm_bytes, 128 << 20);
     }
 

@@ -66,7 +66,12 @@ fn denied() -> Vec<i64> {
         libc::SYS_fanotify_init,
     ];
     #[cfg(target_arch = "x86_64")]
-    list.extend([libc::SYS_iopl, libc::SYS_ioperm, libc::SYS_uselib, libc::SYS_lookup_dcookie]);
+    list.extend([
+        libc::SYS_iopl,
+        libc::SYS_ioperm,
+        libc::SYS_uselib,
+        libc::SYS_lookup_dcookie,
+    ]);
     list
 }
 
@@ -74,7 +79,12 @@ fn arch() -> Result<TargetArch, String> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))
 }
 
-fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, String> {
+fn cond(
+    arg: u8,
+    len: SeccompCmpArgLen,
+    op: SeccompCmpOp,
+    value: u64,
+) -> Result<SeccompCondition, String> {
     SeccompCondition::new(arg, len, op, value).map_err(|e| format!("seccomp: {e}"))
 }
 
@@ -85,24 +95,45 @@ fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
 /// The two programs to install, in order: the EPERM deny list, then `clone3` → ENOSYS.
 pub fn programs() -> Result<Vec<BpfProgram>, String> {
     let arch = arch()?;
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied().into_iter().map(|nr| (nr, vec![])).collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        denied().into_iter().map(|nr| (nr, vec![])).collect();
 
     let new_user = libc::CLONE_NEWUSER as u64;
     // clone(flags, ...) and unshare(flags): deny when CLONE_NEWUSER is set.
     rules.insert(
         libc::SYS_clone,
-        vec![rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(new_user), new_user)?])?],
+        vec![rule(vec![cond(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(new_user),
+            new_user,
+        )?])?],
     );
     rules.insert(
         libc::SYS_unshare,
-        vec![rule(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(new_user), new_user)?])?],
+        vec![rule(vec![cond(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(new_user),
+            new_user,
+        )?])?],
     );
     // ioctl(fd, TIOCSTI | TIOCLINUX, ...): no typing into a terminal someone else reads.
     rules.insert(
         libc::SYS_ioctl,
         vec![
-            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCSTI)?])?,
-            rule(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::TIOCLINUX)?])?,
+            rule(vec![cond(
+                1,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                libc::TIOCSTI,
+            )?])?,
+            rule(vec![cond(
+                1,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                libc::TIOCLINUX,
+            )?])?,
         ],
     );
     let deny = SeccompFilter::new(

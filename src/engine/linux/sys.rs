@@ -6,7 +6,8 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 fn cstr(s: &str) -> io::Result<CString> {
-    CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+    CString::new(s)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
 }
 
 #[repr(C)]
@@ -114,7 +115,11 @@ pub fn pivot_root_here() -> io::Result<()> {
     let dot = cstr(".")?;
     // SAFETY: valid NUL-terminated paths.
     let ret = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Marks every descriptor from `first` up close-on-exec.
@@ -122,7 +127,11 @@ pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: plain syscall on integer arguments.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// `execveat(fd, "", argv, envp, AT_EMPTY_PATH)`: runs the program open at `fd`, which need not
@@ -136,7 +145,10 @@ pub fn exec_fd(fd: RawFd, argv: &[&str], env: &[(String, String)]) -> io::Error 
         .map(|(k, v)| cstr(&format!("{k}={v}")))
         .collect::<io::Result<Vec<_>>>()
     else {
-        return io::Error::new(io::ErrorKind::InvalidInput, "environment contains a NUL byte");
+        return io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "environment contains a NUL byte",
+        );
     };
     let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
     argv_p.push(std::ptr::null());
@@ -210,13 +222,23 @@ pub fn clear_inheritable_caps() -> io::Result<()> {
     let mut data = [CapData::default(); 2];
     // SAFETY: capget/capset with a v3 header and two data structs, as the ABI requires.
     unsafe {
-        if libc::syscall(libc::SYS_capget, &mut header as *mut CapHeader, data.as_mut_ptr()) < 0 {
+        if libc::syscall(
+            libc::SYS_capget,
+            &mut header as *mut CapHeader,
+            data.as_mut_ptr(),
+        ) < 0
+        {
             return Err(io::Error::last_os_error());
         }
         for d in &mut data {
             d.inheritable = 0;
         }
-        if libc::syscall(libc::SYS_capset, &mut header as *mut CapHeader, data.as_ptr()) < 0 {
+        if libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        ) < 0
+        {
             return Err(io::Error::last_os_error());
         }
     }
@@ -239,5 +261,9 @@ pub fn move_mount_to(tree: &OwnedFd, target: &str) -> io::Result<()> {
             MOVE_MOUNT_F_EMPTY_PATH,
         )
     };
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }

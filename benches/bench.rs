@@ -1,0 +1,585 @@
+//! Every benchmark, in one run: `cargo bench` measures and rewrites docs/benchmarks.md.
+//!
+//! The engine runs as its own process (`sandbox-mcp engine`), as in production; the MCP server is
+//! the real binary over stdio. Figures are medians and 95th percentiles of repeated runs on this
+//! machine; targets come from the issues that set them. Timed assertions do not belong in tests on
+//! shared machines, so the targets are checked here and reported, not enforced.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
+const KEY: &str = "bench-key";
+
+/// One measured figure.
+struct Figure {
+    name: String,
+    unit: &'static str,
+    median: f64,
+    p95: f64,
+    target: Option<(f64, &'static str)>,
+    note: String,
+}
+
+fn percentile(samples: &mut [f64], p: f64) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let idx = ((samples.len() as f64 - 1.0) * p).round() as usize;
+    samples[idx]
+}
+
+fn figure(
+    name: &str,
+    unit: &'static str,
+    mut samples: Vec<f64>,
+    target: Option<(f64, &'static str)>,
+    note: &str,
+) -> Figure {
+    let median = percentile(&mut samples, 0.5);
+    let p95 = percentile(&mut samples, 0.95);
+    eprintln!(
+        "{name}: median {median:.3} {unit}, p95 {p95:.3} {unit} ({} runs)",
+        samples.len()
+    );
+    Figure {
+        name: name.into(),
+        unit,
+        median,
+        p95,
+        target,
+        note: format!("{note} ({} runs)", samples.len()),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+struct Engine {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Engine {
+    fn start() -> Engine {
+        let dir = tempfile::Builder::new()
+            .prefix("smcpb")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(BIN)
+            .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
+            .env("SANDBOX_MCP_DATA_DIR", dir.path().join("data"))
+            .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+            .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
+            .env("SANDBOX_MCP_IDLE_PAUSE", "0")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        let engine = Engine {
+            child,
+            url,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while engine.get("/v1/health").is_err() {
+            assert!(Instant::now() < deadline, "engine did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        engine
+    }
+
+    fn http() -> &'static reqwest::blocking::Client {
+        static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
+        CLIENT.get_or_init(|| {
+            reqwest::blocking::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(600))
+                .build()
+                .unwrap()
+        })
+    }
+
+    fn get(&self, path: &str) -> Result<Value, String> {
+        let r = Self::http()
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(KEY)
+            .send()
+            .map_err(|e| e.to_string())?;
+        r.json().map_err(|e| e.to_string())
+    }
+
+    fn send(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let mut req = Self::http()
+            .request(method.parse().unwrap(), format!("{}{path}", self.url))
+            .bearer_auth(KEY);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().unwrap();
+        let status = resp.status();
+        let v: Value = resp.json().unwrap();
+        assert!(status.is_success(), "{method} {path}: {status} {v}");
+        v
+    }
+
+    fn create(&self) -> String {
+        self.send("POST", "/v1/sandboxes", Some(json!({})))["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn exec(&self, id: &str, command: &str) -> Value {
+        self.send(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"command": command, "timeout_ms": 600000})),
+        )
+    }
+
+    fn kill(&self, id: &str) {
+        self.send("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    }
+
+    fn status_kib(&self, field: &str) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Ok(v) = self.get("/v1/sandboxes") {
+            for s in v["sandboxes"].as_array().into_iter().flatten() {
+                let _ = Self::http()
+                    .delete(format!(
+                        "{}/v1/sandboxes/{}",
+                        self.url,
+                        s["id"].as_str().unwrap_or("")
+                    ))
+                    .bearer_auth(KEY)
+                    .send();
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The MCP server binary over stdio.
+struct Mcp {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    next_id: u64,
+}
+
+impl Mcp {
+    fn spawn(url: &str) -> Mcp {
+        let mut child = Command::new(BIN)
+            .env("SANDBOX_MCP_URL", url)
+            .env("SANDBOX_MCP_API_KEY", KEY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Mcp {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+        }
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params});
+        let mut line = serde_json::to_vec(&msg).unwrap();
+        line.push(b'\n');
+        self.stdin.write_all(&line).unwrap();
+        self.stdin.flush().unwrap();
+        let mut buf = String::new();
+        self.stdout.read_line(&mut buf).unwrap();
+        serde_json::from_str(&buf).unwrap()
+    }
+
+    fn initialize(&mut self) -> Value {
+        let r = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "0"}}),
+        );
+        self.stdin
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")
+            .unwrap();
+        self.stdin.flush().unwrap();
+        r
+    }
+
+    fn call(&mut self, name: &str, args: Value) -> Value {
+        let r = self.request("tools/call", json!({"name": name, "arguments": args}));
+        assert_ne!(r["result"]["isError"], true, "{name}: {r}");
+        r
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
+    let start = Instant::now();
+    let v = f();
+    (start.elapsed(), v)
+}
+
+fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
+    // Process start → initialize response.
+    let mut samples = Vec::new();
+    for _ in 0..40 {
+        let (d, r) = time(|| {
+            let mut mcp = Mcp::spawn(&engine.url);
+            mcp.initialize()
+        });
+        assert!(r["result"]["serverInfo"].is_object());
+        samples.push(ms(d));
+    }
+    out.push(figure(
+        "MCP: process start → initialize response",
+        "ms",
+        samples,
+        Some((5.0, "≤ 5 ms")),
+        "stdio, release binary, remote engine",
+    ));
+
+    let mut mcp = Mcp::spawn(&engine.url);
+    mcp.initialize();
+    let mut samples = Vec::new();
+    for _ in 0..300 {
+        let (d, r) = time(|| mcp.request("tools/list", json!({})));
+        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 16);
+        samples.push(ms(d));
+    }
+    out.push(figure(
+        "MCP: tools/list round trip",
+        "ms",
+        samples,
+        Some((1.0, "≤ 1 ms")),
+        "16 tools, ~61 KB of JSON over stdio",
+    ));
+
+    // Per-call overhead: tools/call sandbox_info minus the raw HTTP call it makes.
+    let id = engine.create();
+    let mut via_mcp = Vec::new();
+    let mut raw = Vec::new();
+    for i in 0..800 {
+        // Interleave so both see the same machine noise.
+        if i % 2 == 0 {
+            let (d, _) = time(|| mcp.call("sandbox_info", json!({"sandbox_id": id})));
+            via_mcp.push(ms(d));
+        } else {
+            let (d, _) = time(|| engine.get(&format!("/v1/sandboxes/{id}")).unwrap());
+            raw.push(ms(d));
+        }
+    }
+    let mcp_med = percentile(&mut via_mcp.clone(), 0.5);
+    let raw_med = percentile(&mut raw.clone(), 0.5);
+    out.push(figure(
+        "MCP: tools/call sandbox_info (stdio, end to end)",
+        "ms",
+        via_mcp,
+        None,
+        "includes the HTTP call below",
+    ));
+    out.push(figure(
+        "HTTP: GET /v1/sandboxes/{id} (raw reqwest)",
+        "ms",
+        raw,
+        None,
+        "the same engine call without MCP",
+    ));
+    out.push(Figure {
+        name: "MCP layer overhead per call (median difference)".into(),
+        unit: "ms",
+        median: mcp_med - raw_med,
+        p95: f64::NAN,
+        target: Some((0.2, "≤ 0.2 ms")),
+        note: "tools/call minus raw HTTP, medians of the two series above".into(),
+    });
+    engine.kill(&id);
+}
+
+fn engine_figures(engine: &Engine, out: &mut Vec<Figure>) {
+    // Floor: a bare fork+exec of `true` on the host.
+    let mut samples = Vec::new();
+    for _ in 0..200 {
+        let (d, s) = time(|| Command::new("/bin/true").status().unwrap());
+        assert!(s.success());
+        samples.push(ms(d));
+    }
+    out.push(figure(
+        "Floor: fork+exec of /bin/true on the host",
+        "ms",
+        samples,
+        None,
+        "std::process::Command",
+    ));
+
+    // create → first exec result.
+    let mut samples = Vec::new();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        let (d, id) = time(|| {
+            let id = engine.create();
+            let r = engine.exec(&id, "true");
+            assert_eq!(r["exit_code"], 0);
+            id
+        });
+        samples.push(ms(d));
+        ids.push(id);
+    }
+    out.push(figure(
+        "Engine: create → first exec result (`true`)",
+        "ms",
+        samples,
+        Some((15.0, "≤ 15 ms")),
+        "HTTP API, base template",
+    ));
+    for id in ids.drain(..) {
+        engine.kill(&id);
+    }
+
+    let id = engine.create();
+    let mut samples = Vec::new();
+    for _ in 0..300 {
+        let (d, _) = time(|| engine.exec(&id, "true"));
+        samples.push(ms(d));
+    }
+    out.push(figure(
+        "Engine: exec round trip in a warm sandbox (`true`)",
+        "ms",
+        samples,
+        Some((2.0, "≤ 2 ms")),
+        "HTTP API",
+    ));
+
+    let (mut pause, mut resume) = (Vec::new(), Vec::new());
+    for _ in 0..100 {
+        let (d, _) = time(|| engine.send("POST", &format!("/v1/sandboxes/{id}/pause"), None));
+        pause.push(ms(d));
+        let (d, _) = time(|| engine.send("POST", &format!("/v1/sandboxes/{id}/resume"), None));
+        resume.push(ms(d));
+    }
+    out.push(figure(
+        "Engine: pause (freeze) round trip",
+        "ms",
+        pause,
+        Some((1.0, "≤ 1 ms")),
+        "HTTP API, includes the state commit",
+    ));
+    out.push(figure(
+        "Engine: resume (thaw) round trip",
+        "ms",
+        resume,
+        Some((1.0, "≤ 1 ms")),
+        "HTTP API, includes the state commit",
+    ));
+
+    // 1 GiB of stdout: drain rate and the engine's peak RSS.
+    let before = engine.status_kib("VmHWM:");
+    let mut rates = Vec::new();
+    for _ in 0..3 {
+        let (d, r) = time(|| engine.exec(&id, "yes | head -c 1073741824"));
+        assert_eq!(r["stdout_bytes"], 1_073_741_824u64);
+        rates.push(1024.0 / d.as_secs_f64());
+    }
+    let peak = engine.status_kib("VmHWM:");
+    out.push(figure(
+        "Engine: 1 GiB of stdout through exec, drain rate",
+        "MiB/s",
+        rates,
+        None,
+        "yes | head -c 1G, capped to 32 KiB",
+    ));
+    out.push(Figure {
+        name: "Engine: peak RSS after draining 3 × 1 GiB".into(),
+        unit: "MiB",
+        median: peak as f64 / 1024.0,
+        p95: f64::NAN,
+        target: Some((50.0, "≤ 50 MiB")),
+        note: format!("VmHWM of the engine process ({} MiB before)", before / 1024),
+    });
+    engine.kill(&id);
+}
+
+fn meminfo_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn cgroup_memory(id: &str) -> Option<u64> {
+    for p in [
+        format!("/sys/fs/cgroup/memory/sandbox-mcp/{id}/memory.usage_in_bytes"),
+        format!("/sys/fs/cgroup/sandbox-mcp/{id}/memory.current"),
+    ] {
+        if let Ok(v) = std::fs::read_to_string(&p) {
+            return v.trim().parse().ok();
+        }
+    }
+    None
+}
+
+fn idle_memory(engine: &Engine, out: &mut Vec<Figure>) {
+    let n = 200;
+    // Warm the page cache and the template first, so the delta is per-sandbox cost.
+    let warm = engine.create();
+    engine.exec(&warm, "true");
+    engine.kill(&warm);
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+    let used_before = meminfo_kib("MemTotal:") - meminfo_kib("MemAvailable:");
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        ids.push(engine.create());
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let charged: Vec<f64> = ids
+        .iter()
+        .filter_map(|id| cgroup_memory(id))
+        .map(|b| b as f64 / 1024.0 / 1024.0)
+        .collect();
+    let used_after = meminfo_kib("MemTotal:") - meminfo_kib("MemAvailable:");
+    let per_sandbox_host = (used_after.saturating_sub(used_before)) as f64 / 1024.0 / n as f64;
+    if !charged.is_empty() {
+        out.push(figure(
+            &format!("Memory per idle sandbox, {n} alive (charged to its cgroup)"),
+            "MiB",
+            charged,
+            Some((1.0, "≤ 1 MiB")),
+            "memory cgroup usage of each idle sandbox: agent plus kernel objects",
+        ));
+    }
+    out.push(Figure {
+        name: format!("Memory per idle sandbox, {n} alive (host-wide)"),
+        unit: "MiB",
+        median: per_sandbox_host,
+        p95: f64::NAN,
+        target: None,
+        note: "(MemTotal − MemAvailable) delta / N, including page tables and the engine's bookkeeping".into(),
+    });
+    for id in ids {
+        engine.kill(&id);
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = meminfo_kib("MemTotal:") / 1024 / 1024;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cores} cores ({cpu}), {mem} GiB, Linux {}", kernel.trim())
+}
+
+fn render(figures: &[Figure], extra: &str) -> String {
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut md = String::new();
+    md.push_str("# Benchmarks\n\n");
+    md.push_str("Generated by `cargo bench` (benches/bench.rs), which rewrites this file. Do not edit by hand.\n\n");
+    md.push_str(&format!(
+        "- Run: {date}\n- Machine: {}\n- Build: release profile of sandbox-mcp {}\n\n",
+        machine(),
+        env!("CARGO_PKG_VERSION")
+    ));
+    md.push_str("All figures come from one run on a shared machine; compare medians and ratios, not single samples.\n\n");
+    md.push_str("| Figure | Median | p95 | Target | Notes |\n|---|---:|---:|---|---|\n");
+    for f in figures {
+        let fmt = |v: f64| {
+            if v.is_nan() {
+                "—".to_string()
+            } else if v >= 100.0 {
+                format!("{v:.0} {}", f.unit)
+            } else {
+                format!("{v:.3} {}", f.unit)
+            }
+        };
+        let target = match f.target {
+            Some((limit, label)) => {
+                let met = if f.unit == "MiB/s" {
+                    f.median >= limit
+                } else {
+                    f.median <= limit
+                };
+                format!("{label} {}", if met { "✅" } else { "❌" })
+            }
+            None => String::new(),
+        };
+        let cell = |s: &str| s.replace('|', "\\|");
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} |\n",
+            cell(&f.name),
+            fmt(f.median),
+            fmt(f.p95),
+            target,
+            cell(&f.note)
+        ));
+    }
+    md.push_str(extra);
+    md
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` would pass nothing useful: skip then.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("benches/bench.rs: run with `cargo bench`");
+        return;
+    }
+    let mut figures = Vec::new();
+    let engine = Engine::start();
+    mcp_figures(&engine, &mut figures);
+    engine_figures(&engine, &mut figures);
+    idle_memory(&engine, &mut figures);
+    drop(engine);
+    let doc = render(&figures, "");
+    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, doc).unwrap();
+    eprintln!("wrote {}", path.display());
+}
