@@ -38,6 +38,9 @@ fn serve(listen_fd: RawFd, status: &mut Option<std::fs::File>) -> anyhow::Result
     // SAFETY: the launcher guarantees `listen_fd` is an open, listening unix socket that nothing
     // else in this process owns.
     let fd = unsafe { OwnedFd::from_raw_fd(listen_fd) };
+    // Close-on-exec: the launcher passed it inheritable, and no command the agent runs may
+    // inherit the socket (it could accept the engine's connections).
+    nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
     let std_listener = std::os::unix::net::UnixListener::from(fd);
     std_listener.set_nonblocking(true)?;
     // Non-dumpable: other processes in the sandbox cannot read the agent's memory or descriptors
