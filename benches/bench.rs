@@ -279,7 +279,7 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
     let mut samples = Vec::new();
     for _ in 0..300 {
         let (d, r) = time(|| mcp.request("tools/list", json!({})));
-        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 16);
+        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 22);
         samples.push(ms(d));
     }
     out.push(figure(
@@ -287,7 +287,7 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
         "ms",
         samples,
         Some((1.0, "≤ 1 ms")),
-        "16 tools, ~61 KB of JSON over stdio",
+        "all tools (22), the full tools/list JSON over stdio",
     ));
 
     // Per-call overhead: tools/call sandbox_info minus the raw HTTP call it makes.
@@ -382,6 +382,49 @@ fn engine_figures(engine: &Engine, out: &mut Vec<Figure>) {
         "ms",
         samples,
         Some((2.0, "≤ 2 ms")),
+        "HTTP API",
+    ));
+
+    // run_code: warm round trip of `1+1` in the default Python context.
+    let code = |c: &str| {
+        engine.send(
+            "POST",
+            &format!("/v1/sandboxes/{id}/code"),
+            Some(json!({"code": c})),
+        )
+    };
+    assert_eq!(code("1+1")["result"], "2");
+    let mut samples = Vec::new();
+    for _ in 0..300 {
+        let (d, r) = time(|| code("1+1"));
+        assert_eq!(r["result"], "2");
+        samples.push(ms(d));
+    }
+    out.push(figure(
+        "Engine: run_code `1+1`, warm Python context",
+        "ms",
+        samples,
+        Some((5.0, "≤ 5 ms")),
+        "HTTP API",
+    ));
+    let node = |c: &str| {
+        engine.send(
+            "POST",
+            &format!("/v1/sandboxes/{id}/code"),
+            Some(json!({"code": c, "language": "node"})),
+        )
+    };
+    assert_eq!(node("1+1")["result"], "2");
+    let mut samples = Vec::new();
+    for _ in 0..300 {
+        let (d, _) = time(|| node("1+1"));
+        samples.push(ms(d));
+    }
+    out.push(figure(
+        "Engine: run_code `1+1`, warm Node.js context",
+        "ms",
+        samples,
+        None,
         "HTTP API",
     ));
 

@@ -12,6 +12,9 @@
 pub mod capture;
 pub mod exec;
 pub mod files;
+pub mod jobs;
 pub mod protocol;
 pub mod reaper;
+pub mod repl;
 pub mod server;
+pub mod spawn;

@@ -13,7 +13,7 @@ mod generated {
     include!(concat!(env!("OUT_DIR"), "/client.rs"));
 }
 
-pub use generated::{Client, Error, ResponseValue, types};
+pub use generated::{ByteStream, Client, Error, ResponseValue, types};
 
 use std::time::Duration;
 

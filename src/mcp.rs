@@ -8,6 +8,7 @@
 pub mod args;
 pub mod backend;
 pub mod call;
+pub mod progress;
 pub mod server;
 pub mod shape;
 pub mod stdio;

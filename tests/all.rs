@@ -15,6 +15,7 @@ mod common;
 #[allow(dead_code)]
 mod codegen;
 
+mod code_jobs;
 mod codegen_validator;
 mod conformance;
 mod engine_api;

@@ -224,6 +224,20 @@ impl TestEngine {
         )
         .await
     }
+
+    /// A client whose notifications go to `handler`.
+    pub async fn mcp_handled<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+    ) -> RunningService<RoleClient, H> {
+        mcp_with_handler(
+            Backend::remote(&self.url, Some(ApiKey::new(KEY))).unwrap(),
+            ServerSettings::default(),
+            "all",
+            handler,
+        )
+        .await
+    }
 }
 
 impl Drop for TestEngine {
@@ -248,6 +262,16 @@ pub type McpClient = RunningService<RoleClient, ()>;
 
 /// An rmcp client and our server connected through an in-memory duplex pipe.
 pub async fn mcp_for(backend: Backend, settings: ServerSettings, tools: &str) -> McpClient {
+    mcp_with_handler(backend, settings, tools, ()).await
+}
+
+/// Like [`mcp_for`], with a client handler that sees notifications (progress, say).
+pub async fn mcp_with_handler<H: rmcp::ClientHandler>(
+    backend: Backend,
+    settings: ServerSettings,
+    tools: &str,
+    handler: H,
+) -> RunningService<RoleClient, H> {
     let server = SandboxMcp::new(backend, registry().select(tools).unwrap(), settings);
     let (client_io, server_io) = tokio::io::duplex(16 * 1024 * 1024);
     tokio::spawn(async move {
@@ -257,7 +281,7 @@ pub async fn mcp_for(backend: Backend, settings: ServerSettings, tools: &str) ->
         }
     });
     let (r, w) = tokio::io::split(client_io);
-    ().serve((r, w)).await.unwrap()
+    handler.serve((r, w)).await.unwrap()
 }
 
 /// Calls a tool and returns the result (tool errors included; protocol errors panic).

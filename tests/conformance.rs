@@ -10,72 +10,92 @@ use crate::require_sandboxes;
 const SPEC_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/sandbox-mcp.json");
 
 /// One request per operation, in an order that works (kill last).
-fn request_for(op: &str, id: &str) -> Option<(&'static str, String, Option<Value>)> {
-    let s = format!("/v1/sandboxes/{id}");
-    Some(match op {
-        "health" => ("GET", "/v1/health".into(), None),
-        "list_templates" => ("GET", "/v1/templates".into(), None),
-        "create_sandbox" => (
-            "POST",
-            "/v1/sandboxes".into(),
-            Some(json!({"name": "conformance", "metadata": {"k": "v"}})),
-        ),
-        "list_sandboxes" => (
-            "GET",
-            "/v1/sandboxes?status=running&metadata=k%3Dv".into(),
-            None,
-        ),
-        "get_sandbox" => ("GET", s, None),
-        "update_sandbox" => ("PATCH", s, Some(json!({"metadata": {"k": "w"}}))),
-        "exec_command" => (
-            "POST",
-            format!("{s}/exec"),
-            Some(json!({"command": "echo hi; echo oops >&2; exit 3"})),
-        ),
-        "write_file" => (
-            "PUT",
-            format!("{s}/files"),
-            Some(json!({"path": "/root/c/f.txt", "content": "aGk=", "encoding": "base64"})),
-        ),
-        "read_file" => ("GET", format!("{s}/files?path=/root/c/f.txt"), None),
-        "list_files" => ("GET", format!("{s}/files/list?path=/root/c"), None),
-        "download_dir" => ("GET", format!("{s}/files/download?path=/root/c"), None),
-        "move_file" => (
-            "POST",
-            format!("{s}/files/move"),
-            Some(json!({"from": "/root/c/f.txt", "to": "/root/c/g.txt"})),
-        ),
-        "delete_file" => (
-            "DELETE",
-            format!("{s}/files?path=/root/c&recursive=true"),
-            None,
-        ),
-        "get_sandbox_metrics" => ("GET", format!("{s}/metrics"), None),
-        "pause_sandbox" => ("POST", format!("{s}/pause"), None),
-        "resume_sandbox" => ("POST", format!("{s}/resume"), None),
-        "kill_sandbox" => ("DELETE", s, None),
-        _ => return None,
-    })
-}
-
-const ORDER: [&str; 17] = [
-    "health",
-    "list_templates",
-    "create_sandbox",
-    "list_sandboxes",
-    "get_sandbox",
-    "update_sandbox",
-    "exec_command",
-    "write_file",
-    "read_file",
-    "list_files",
-    "download_dir",
-    "move_file",
-    "delete_file",
-    "get_sandbox_metrics",
-    "pause_sandbox",
-    "resume_sandbox",
-    "kill_sandbox",
+const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
+    ("health", "GET", "/v1/health", None),
+    ("list_templates", "GET", "/v1/templates", None),
+    (
+        "create_sandbox",
+        "POST",
+        "/v1/sandboxes",
+        Some(r#"{"name": "conformance", "metadata": {"k": "v"}}"#),
+    ),
+    (
+        "list_sandboxes",
+        "GET",
+        "/v1/sandboxes?status=running&metadata=k%3Dv",
+        None,
+    ),
+    ("get_sandbox", "GET", "{s}", None),
+    (
+        "update_sandbox",
+        "PATCH",
+        "{s}",
+        Some(r#"{"metadata": {"k": "w"}}"#),
+    ),
+    (
+        "exec_command",
+        "POST",
+        "{s}/exec",
+        Some(r#"{"command": "echo hi; echo oops >&2; exit 3"}"#),
+    ),
+    (
+        "exec_command_stream",
+        "POST",
+        "{s}/exec/stream",
+        Some(r#"{"command": "echo a; sleep 0.1; echo b"}"#),
+    ),
+    (
+        "run_code",
+        "POST",
+        "{s}/code",
+        Some(r#"{"code": "x = 6 * 7\nx"}"#),
+    ),
+    (
+        "run_code_stream",
+        "POST",
+        "{s}/code/stream",
+        Some(r#"{"code": "print('streamed'); x + 1"}"#),
+    ),
+    (
+        "create_code_context",
+        "POST",
+        "{s}/contexts",
+        Some(r#"{"language": "node"}"#),
+    ),
+    ("list_code_contexts", "GET", "{s}/contexts", None),
+    ("delete_code_context", "DELETE", "{s}/contexts/ctx_1", None),
+    ("get_job", "GET", "{s}/jobs/job_1?since_offset=0", None),
+    ("kill_job", "DELETE", "{s}/jobs/job_1", None),
+    (
+        "write_file",
+        "PUT",
+        "{s}/files",
+        Some(r#"{"path": "/root/c/f.txt", "content": "aGk=", "encoding": "base64"}"#),
+    ),
+    ("read_file", "GET", "{s}/files?path=/root/c/f.txt", None),
+    ("list_files", "GET", "{s}/files/list?path=/root/c", None),
+    (
+        "download_dir",
+        "GET",
+        "{s}/files/download?path=/root/c",
+        None,
+    ),
+    (
+        "move_file",
+        "POST",
+        "{s}/files/move",
+        Some(r#"{"from": "/root/c/f.txt", "to": "/root/c/g.txt"}"#),
+    ),
+    (
+        "delete_file",
+        "DELETE",
+        "{s}/files?path=/root/c&recursive=true",
+        None,
+    ),
+    ("get_sandbox_metrics", "GET", "{s}/metrics", None),
+    ("pause_sandbox", "POST", "{s}/pause", None),
+    ("resume_sandbox", "POST", "{s}/resume", None),
+    ("kill_sandbox", "DELETE", "{s}", None),
 ];
 
 #[tokio::test]
@@ -88,22 +108,23 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
     .unwrap();
     for op in &spec.operations {
         assert!(
-            ORDER.contains(&op.id.as_str()),
+            REQUESTS.iter().any(|r| r.0 == op.id),
             "no conformance request for `{}`: add one to tests/conformance.rs",
             op.id
         );
     }
-    assert_eq!(ORDER.len(), spec.operations.len());
+    assert_eq!(REQUESTS.len(), spec.operations.len());
     let error_schema = spec
         .to_json_schema(&json!({"$ref": "#/components/schemas/Error"}), 0)
         .unwrap();
     let engine = TestEngine::start().await;
     let http = engine.http();
     let mut id = String::from("sbx_0000000000000000000000000a");
-    for op_id in ORDER {
+    for (op_id, method, template, body) in REQUESTS {
         let op = spec.operation(op_id).unwrap();
-        let (method, path, body) = request_for(op_id, &id).unwrap();
-        assert_eq!(method, op.method, "{op_id}");
+        assert_eq!(*method, op.method, "{op_id}");
+        let path = template.replace("{s}", &format!("/v1/sandboxes/{id}"));
+        let body: Option<Value> = body.map(|b| serde_json::from_str(b).unwrap());
         let send = |auth: bool, path: String| {
             let mut req = http.request(method.parse().unwrap(), format!("{}{path}", engine.url));
             if auth {
@@ -134,9 +155,47 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             );
             assert_eq!(v["error_code"], "not_found");
         }
+        if *op_id == "get_job" {
+            // A job to look at (and then kill).
+            let r = http
+                .post(format!("{}/v1/sandboxes/{id}/exec", engine.url))
+                .bearer_auth(KEY)
+                .json(&json!({"command": "echo job; sleep 30", "background": true}))
+                .send()
+                .await
+                .unwrap();
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["job_id"], "job_1", "{v}");
+        }
         // The real call: success, with a body that fits the documented schema exactly.
         let resp = send(true, path.clone()).await.unwrap();
         let status = resp.status().as_u16();
+        if op.streaming {
+            assert_eq!(status, 200, "{op_id}");
+            assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+            let text = resp.text().await.unwrap();
+            let events: Vec<Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            for e in &events {
+                let violations = sandbox_mcp::jsonschema::validate(&op.response_schema, e);
+                assert!(violations.is_empty(), "{op_id}: {violations:?}\n{e}");
+            }
+            let last = events.last().unwrap();
+            assert_eq!(last["type"], "result", "{op_id}: {text}");
+            assert!(
+                events[..events.len() - 1]
+                    .iter()
+                    .all(|e| e["type"] == "output")
+            );
+            // The result is shaped like the JSON operation's response.
+            let mirror = op_id.trim_end_matches("_stream");
+            let schema = &spec.operation(mirror).unwrap().response_schema;
+            let violations = sandbox_mcp::jsonschema::validate(schema, &last["result"]);
+            assert!(violations.is_empty(), "{op_id}: {violations:?}\n{last}");
+            continue;
+        }
         let v: Value = resp.json().await.unwrap();
         assert!(
             (200..300).contains(&status),
@@ -144,17 +203,21 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
         );
         let violations = sandbox_mcp::jsonschema::validate(&op.response_schema, &v);
         assert!(violations.is_empty(), "{op_id}: {violations:?}\n{v}");
-        if op_id == "create_sandbox" {
-            assert_eq!(status, 201);
-            id = v["id"].as_str().unwrap().to_string();
-        }
-        if op_id == "exec_command" {
-            assert_eq!(v["exit_code"], 3);
-            assert_eq!(v["stdout"], "hi\n");
-            assert_eq!(v["stderr"], "oops\n");
-        }
-        if op_id == "read_file" {
-            assert_eq!(v["content"], "hi");
+        match *op_id {
+            "create_sandbox" => {
+                assert_eq!(status, 201);
+                id = v["id"].as_str().unwrap().to_string();
+            }
+            "exec_command" => {
+                assert_eq!(v["exit_code"], 3);
+                assert_eq!(v["stdout"], "hi\n");
+                assert_eq!(v["stderr"], "oops\n");
+            }
+            "read_file" => assert_eq!(v["content"], "hi"),
+            "run_code" => assert_eq!(v["result"], "42"),
+            "get_job" => assert_eq!(v["status"], "running"),
+            "create_code_context" => assert_eq!(v["context_id"], "ctx_1"),
+            _ => {}
         }
     }
 }
@@ -165,7 +228,7 @@ fn the_spec_is_openapi_3_0_with_an_operation_id_everywhere() {
     let raw: Value = serde_json::from_str(&text).unwrap();
     assert!(raw["openapi"].as_str().unwrap().starts_with("3.0."));
     let spec = Spec::parse("openapi/sandbox-mcp.json", &text).unwrap();
-    assert_eq!(spec.operations.len(), 17);
+    assert_eq!(spec.operations.len(), REQUESTS.len());
     for (path, item) in raw["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
             assert!(op["operationId"].is_string(), "{method} {path}");

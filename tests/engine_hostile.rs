@@ -67,7 +67,11 @@ async fn a_gigabyte_of_output_is_capped_with_exact_counts_and_bounded_memory() {
     assert!(
         stdout.len() <= 32 * 1024
             && stdout.starts_with("y\ny\n")
-            && stdout.contains("bytes omitted")
+            && stdout.contains("bytes omitted"),
+        "{} bytes: {:?} … {:?}",
+        stdout.len(),
+        &stdout[..40.min(stdout.len())],
+        &stdout[stdout.len().saturating_sub(80)..]
     );
     let grew = rss_kib().saturating_sub(before);
     assert!(

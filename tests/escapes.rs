@@ -59,10 +59,24 @@ async fn commands_inherit_no_descriptors_from_the_agent() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     // Only stdin, stdout and stderr (and the directory being listed): never the agent's socket.
-    let out = py(&client, &id, "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))").await;
+    let out = py(
+        &client,
+        &id,
+        "import os\nprint(sorted(int(f) for f in os.listdir('/proc/self/fd')))",
+    )
+    .await;
     assert_eq!(out, "[0, 1, 2, 3]\n", "{out}");
-    let out = sh(&client, &id, "ls -l /proc/self/fd/ | grep -c socket || true").await;
-    assert_eq!(out.trim(), "0", "a socket leaked into the sandbox's commands");
+    let out = sh(
+        &client,
+        &id,
+        "ls -l /proc/self/fd/ | grep -c socket || true",
+    )
+    .await;
+    assert_eq!(
+        out.trim(),
+        "0",
+        "a socket leaked into the sandbox's commands"
+    );
 }
 
 #[tokio::test]

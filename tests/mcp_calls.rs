@@ -12,7 +12,7 @@ async fn tools_list_carries_annotations_and_schemas() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let tools = client.list_all_tools().await.unwrap();
-    assert_eq!(tools.len(), 16);
+    assert_eq!(tools.len(), sandbox_mcp::tooldefs::registry().tools.len());
     let get = |name: &str| {
         tools
             .iter()
@@ -228,7 +228,10 @@ async fn unreachable_control_plane_is_an_actionable_tool_error() {
     );
     assert!(started.elapsed() < Duration::from_secs(10));
     // The server is still up.
-    assert_eq!(client.list_all_tools().await.unwrap().len(), 16);
+    assert_eq!(
+        client.list_all_tools().await.unwrap().len(),
+        sandbox_mcp::tooldefs::registry().tools.len()
+    );
 }
 
 #[tokio::test]

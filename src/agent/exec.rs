@@ -1,9 +1,7 @@
 //! Running one command: `/bin/sh -c` in its own session, output captured with caps as it
-//! arrives, killed on timeout or when the engine hangs up (a cancelled call).
+//! arrives (and spilled to a file when it overflows), killed on timeout or when the engine hangs up
+//! (a cancelled call).
 
-use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -12,230 +10,176 @@ use tokio::net::unix::pipe;
 use super::capture::Capture;
 use super::protocol::{ErrorKind, ExecOutcome, ExecSpec, Response, Stream, write_frame};
 use super::reaper::{Exit, Reaper};
+use super::spawn::{self, DEFAULT_CWD, Launch, error};
 
 /// After the shell exits, how long to keep reading output that background children may still
 /// hold open, before answering anyway.
 const LINGER: Duration = Duration::from_millis(100);
-/// Working directory when none is given.
-pub const DEFAULT_CWD: &str = "/root";
 
-/// The environment every command starts from (before sandbox and per-call variables).
-pub fn base_env() -> Vec<(String, String)> {
-    [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
-        ("HOME", "/root"),
-        ("USER", "root"),
-        ("LOGNAME", "root"),
-        ("SHELL", "/bin/sh"),
-        ("LANG", "C.UTF-8"),
-        ("LC_ALL", "C.UTF-8"),
-        ("TERM", "dumb"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
+/// The two output streams of a running process, captured with caps and optionally streamed to
+/// the engine as `Output` frames.
+pub struct Pump {
+    pub out: Option<pipe::Receiver>,
+    pub err: Option<pipe::Receiver>,
+    pub stdout: Capture,
+    pub stderr: Capture,
+    stream: bool,
+    buf_out: Vec<u8>,
+    buf_err: Vec<u8>,
+    /// Output waiting to be streamed, per stream, with how much was skipped to bound it.
+    pending: [(String, u64); 2],
+    last_flush: tokio::time::Instant,
 }
 
-fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
-    Response::Error {
-        kind,
-        message: message.into(),
-    }
+/// Streamed output is sent at most this often...
+const STREAM_INTERVAL: Duration = Duration::from_millis(100);
+/// ...and at most this much per stream each time (the newest; the rest is counted as skipped).
+/// So a command printing a gigabyte streams a few hundred KiB per second, not a gigabyte.
+const STREAM_BATCH: usize = 16 * 1024;
+
+/// What one read of a pump produced.
+pub enum Chunk {
+    Data(Stream, usize),
+    Closed(Stream),
 }
 
-/// Runs `spec`. `conn` is the engine's connection: streamed output goes there, and its closing
-/// means the call was cancelled.
-pub async fn run<C>(
-    spec: ExecSpec,
-    sandbox_env: &[(String, String)],
-    reaper: &Reaper,
-    conn: &mut C,
-) -> Response
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-{
-    let cwd = spec.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string());
-    if cwd.contains('\0') {
-        return error(ErrorKind::InvalidArgument, "cwd contains a NUL byte");
-    }
-    match std::fs::metadata(&cwd) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            return error(
-                ErrorKind::InvalidArgument,
-                format!("cwd {cwd} is not a directory"),
-            );
-        }
-        Err(_) => {
-            return error(
-                ErrorKind::InvalidArgument,
-                format!("cwd {cwd} does not exist; create it first (mkdir -p) or omit cwd"),
-            );
-        }
-    }
-    if spec.command.contains('\0') {
-        return error(ErrorKind::InvalidArgument, "command contains a NUL byte");
-    }
-    for (k, v) in &spec.env {
-        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
-            return error(
-                ErrorKind::InvalidArgument,
-                format!("invalid environment variable name or value: {k:?}"),
-            );
+impl Pump {
+    pub fn new(
+        out: Option<pipe::Receiver>,
+        err: Option<pipe::Receiver>,
+        max: usize,
+        stream: bool,
+    ) -> Self {
+        Self {
+            out,
+            err,
+            stdout: Capture::new(max).spilling_to(spawn::spill_path("stdout")),
+            stderr: Capture::new(max).spilling_to(spawn::spill_path("stderr")),
+            stream,
+            buf_out: vec![0u8; 64 * 1024],
+            buf_err: vec![0u8; 64 * 1024],
+            pending: [(String::new(), 0), (String::new(), 0)],
+            last_flush: tokio::time::Instant::now(),
         }
     }
 
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(&spec.command)
-        .current_dir(&cwd)
-        .env_clear()
-        .envs(base_env())
-        .envs(sandbox_env.iter().cloned())
-        .envs(spec.env.iter().cloned())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: runs in the forked child before exec; setsid is async-signal-safe. A new session
-    // gives the command its own process group (killed as a unit on timeout) and no controlling
-    // terminal (so TIOCSTI has nothing to inject into).
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
+    /// When buffered output should be streamed, if there is any.
+    pub fn stream_due(&self) -> Option<tokio::time::Instant> {
+        self.pending
+            .iter()
+            .any(|(p, skipped)| !p.is_empty() || *skipped > 0)
+            .then(|| self.last_flush + STREAM_INTERVAL)
     }
-    let started = Instant::now();
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let hint = if e.raw_os_error() == Some(libc::EAGAIN) {
-                " (the sandbox's process limit is reached; kill some processes)"
+
+    /// Sends buffered output as `Output` frames.
+    pub async fn flush_stream<C: AsyncWrite + Unpin>(&mut self, conn: &mut C) {
+        for (i, which) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
+            let (text, skipped) = std::mem::take(&mut self.pending[i]);
+            if text.is_empty() && skipped == 0 {
+                continue;
+            }
+            let data = if skipped > 0 {
+                format!("…[{skipped} bytes not streamed]…\n{text}")
             } else {
-                ""
+                text
             };
-            return error(
-                ErrorKind::Io,
-                format!("cannot start the command: {e}{hint}"),
-            );
+            let _ = write_frame(
+                conn,
+                &Response::Output {
+                    stream: which,
+                    data,
+                },
+            )
+            .await;
         }
-    };
-    let pid = child.id() as i32;
-    let exit_rx = reaper.watch(pid);
-    let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
-        return error(ErrorKind::Io, "the command's output pipes are missing");
-    };
-    drop(child); // never waited on through std: the reaper owns every exit status
+        self.last_flush = tokio::time::Instant::now();
+    }
 
-    let pipe_inodes = [inode_of(&out), inode_of(&err)];
-    let (mut out, mut err) = match (to_async(out.into()), to_async(err.into())) {
-        (Ok(o), Ok(e)) => (Some(o), Some(e)),
-        _ => {
-            kill_group(pid);
-            return error(ErrorKind::Io, "cannot watch the command's output");
+    pub fn open(&self) -> bool {
+        self.out.is_some() || self.err.is_some()
+    }
+
+    /// Waits for output on either stream. Cancel-safe (it only reads), so it can sit in a
+    /// `select!`; hand what it returns to [`Pump::handle`] in the branch body, never inside the
+    /// select, because writing a frame must not be interrupted half-way.
+    pub async fn read(&mut self) -> Chunk {
+        let (which, n) = tokio::select! {
+            n = read_some(&mut self.out, &mut self.buf_out) => (Stream::Stdout, n),
+            n = read_some(&mut self.err, &mut self.buf_err) => (Stream::Stderr, n),
+        };
+        match n {
+            Some(n) => Chunk::Data(which, n),
+            None => Chunk::Closed(which),
         }
-    };
+    }
 
-    let max = spec.max_output_bytes as usize;
-    let mut stdout = Capture::new(max);
-    let mut stderr = Capture::new(max);
-    let mut exit: Option<Exit> = None;
-    let mut exit_rx = Some(exit_rx);
-    let mut timed_out = false;
-    let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms));
-    tokio::pin!(deadline);
-    let linger = tokio::time::sleep(Duration::from_secs(86_400));
-    tokio::pin!(linger);
-    let mut buf_out = vec![0u8; 64 * 1024];
-    let mut buf_err = vec![0u8; 64 * 1024];
-    let mut hangup = [0u8; 1];
+    /// Records a chunk (and streams it to the engine when asked to).
+    pub async fn handle<C: AsyncWrite + Unpin>(&mut self, chunk: Chunk, conn: &mut C) {
+        match chunk {
+            Chunk::Data(which, n) => self.record(which, n, conn).await,
+            Chunk::Closed(Stream::Stdout) => self.out = None,
+            Chunk::Closed(Stream::Stderr) => self.err = None,
+        }
+    }
 
-    while out.is_some() || err.is_some() || exit.is_none() {
-        tokio::select! {
-            n = read_some(&mut out, &mut buf_out) => {
-                match n {
-                    Some(n) => {
-                        stdout.push(&buf_out[..n]);
-                        if spec.stream {
-                            let data = String::from_utf8_lossy(&buf_out[..n]).into_owned();
-                            let _ = write_frame(conn, &Response::Output { stream: Stream::Stdout, data }).await;
-                        }
+    async fn record<C: AsyncWrite + Unpin>(&mut self, which: Stream, n: usize, conn: &mut C) {
+        let data = match which {
+            Stream::Stdout => &self.buf_out[..n],
+            Stream::Stderr => &self.buf_err[..n],
+        };
+        match which {
+            Stream::Stdout => self.stdout.push(data),
+            Stream::Stderr => self.stderr.push(data),
+        }
+        if self.stream {
+            let i = usize::from(which == Stream::Stderr);
+            let (pending, skipped) = &mut self.pending[i];
+            pending.push_str(&String::from_utf8_lossy(data));
+            if pending.len() > STREAM_BATCH {
+                let mut cut = pending.len() - STREAM_BATCH;
+                while !pending.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                *skipped += cut as u64;
+                pending.drain(..cut);
+            }
+            if self.last_flush.elapsed() >= STREAM_INTERVAL {
+                self.flush_stream(conn).await;
+            }
+        }
+    }
+
+    /// Reads whatever is already buffered in the pipes, without waiting.
+    pub async fn drain_ready<C: AsyncWrite + Unpin>(&mut self, conn: &mut C) {
+        for which in [Stream::Stdout, Stream::Stderr] {
+            loop {
+                let pipe = match which {
+                    Stream::Stdout => &mut self.out,
+                    Stream::Stderr => &mut self.err,
+                };
+                let Some(p) = pipe else { break };
+                let buf = match which {
+                    Stream::Stdout => &mut self.buf_out,
+                    Stream::Stderr => &mut self.buf_err,
+                };
+                match p.try_read(buf) {
+                    Ok(0) => {
+                        *pipe = None;
+                        break;
                     }
-                    None => out = None,
-                }
-            }
-            n = read_some(&mut err, &mut buf_err) => {
-                match n {
-                    Some(n) => {
-                        stderr.push(&buf_err[..n]);
-                        if spec.stream {
-                            let data = String::from_utf8_lossy(&buf_err[..n]).into_owned();
-                            let _ = write_frame(conn, &Response::Output { stream: Stream::Stderr, data }).await;
-                        }
-                    }
-                    None => err = None,
-                }
-            }
-            status = wait_exit(&mut exit_rx), if exit_rx.is_some() => {
-                exit_rx = None;
-                exit = Some(status.unwrap_or(Exit::Signal(libc::SIGKILL)));
-                linger.as_mut().reset(tokio::time::Instant::now() + LINGER);
-            }
-            () = &mut deadline, if !timed_out && exit.is_none() => {
-                timed_out = true;
-                kill_group(pid);
-                kill_pipe_holders(&pipe_inodes);
-            }
-            () = &mut linger, if exit.is_some() => {
-                // Background children still hold the pipes: answer now, keep draining quietly
-                // so they never die of SIGPIPE.
-                if timed_out {
-                    kill_pipe_holders(&pipe_inodes);
-                }
-                for p in [out.take(), err.take()].into_iter().flatten() {
-                    tokio::task::spawn_local(drain(p));
-                }
-            }
-            r = conn.read(&mut hangup) => {
-                if matches!(r, Ok(0) | Err(_)) {
-                    // The engine hung up: the call was cancelled. Kill what it started.
-                    kill_group(pid);
-                    kill_pipe_holders(&pipe_inodes);
-                    return error(ErrorKind::Io, "cancelled");
+                    Ok(n) => self.record(which, n, conn).await,
+                    Err(_) => break,
                 }
             }
         }
     }
 
-    let (exit_code, signal) = match exit {
-        Some(Exit::Code(c)) => (Some(c), None),
-        Some(Exit::Signal(s)) => (None, Some(s)),
-        None => (None, None),
-    };
-    Response::Exec(ExecOutcome {
-        exit_code,
-        signal,
-        truncated: stdout.truncated() || stderr.truncated(),
-        stdout: stdout.render(),
-        stderr: stderr.render(),
-        stdout_bytes: stdout.total(),
-        stderr_bytes: stderr.total(),
-        timed_out,
-        duration_ms: started.elapsed().as_millis() as u64,
-    })
-}
-
-async fn wait_exit(
-    rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>,
-) -> Result<Exit, tokio::sync::oneshot::error::RecvError> {
-    match rx {
-        Some(rx) => rx.await,
-        None => std::future::pending().await,
+    /// Hands the still-open pipes to background tasks that read and discard until EOF, so
+    /// lingering writers never die of SIGPIPE.
+    pub fn detach(&mut self) {
+        for p in [self.out.take(), self.err.take()].into_iter().flatten() {
+            tokio::task::spawn_local(drain(p));
+        }
     }
 }
 
@@ -254,55 +198,128 @@ async fn drain(mut p: pipe::Receiver) {
     while matches!(p.read(&mut buf).await, Ok(n) if n > 0) {}
 }
 
-fn to_async(fd: OwnedFd) -> std::io::Result<pipe::Receiver> {
-    pipe::Receiver::from_owned_fd(fd)
+/// Sleeps until `due`, or forever when nothing is due.
+pub async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
-fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
-    nix::sys::stat::fstat(fd).map(|s| s.st_ino).unwrap_or(0)
+pub async fn wait_exit(rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>) -> Exit {
+    match rx {
+        Some(rx) => rx.await.unwrap_or(Exit::Signal(libc::SIGKILL)),
+        None => std::future::pending().await,
+    }
 }
 
-/// SIGKILL to the command's process group (its session leader's pid).
-pub fn kill_group(pid: i32) {
-    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-}
-
-/// SIGKILL to every process still holding one of these pipes: descendants that left the
-/// command's process group (setsid, double fork) but would otherwise keep the call open.
-pub fn kill_pipe_holders(inodes: &[u64]) {
-    let me = std::process::id();
-    let wanted: Vec<String> = inodes
-        .iter()
-        .filter(|i| **i != 0)
-        .map(|i| format!("pipe:[{i}]"))
-        .collect();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        let holds = fds.flatten().any(|fd| {
-            std::fs::read_link(fd.path())
-                .map(|target| wanted.iter().any(|w| target.as_os_str() == w.as_str()))
-                .unwrap_or(false)
-        });
-        if holds {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::SIGKILL,
-            );
+/// Resolves when the engine closes its end of the connection (the call was cancelled).
+pub async fn hangup<C: AsyncRead + Unpin>(conn: &mut C) {
+    let mut byte = [0u8; 1];
+    loop {
+        match conn.read(&mut byte).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {} // the engine sends nothing after the request; ignore stray bytes
         }
     }
+}
+
+/// Runs `spec`. `rd`/`wr` are the engine's connection: streamed output goes to `wr`, and `rd`
+/// closing means the call was cancelled.
+pub async fn run<R, W>(
+    spec: ExecSpec,
+    sandbox_env: &[(String, String)],
+    reaper: &Reaper,
+    rd: &mut R,
+    wr: &mut W,
+) -> Response
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let cwd = spec.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string());
+    if spec.command.contains('\0') {
+        return error(ErrorKind::InvalidArgument, "command contains a NUL byte");
+    }
+    if let Err(e) = spawn::check(&cwd, &spec.env) {
+        return e;
+    }
+    let started = Instant::now();
+    let launch = Launch {
+        program: "/bin/sh",
+        args: &["-c", &spec.command],
+        cwd: &cwd,
+        env: &[sandbox_env, &spec.env],
+        merge_output: false,
+        extra_fds: &[],
+    };
+    let child = match spawn::start(&launch, reaper) {
+        Ok(c) => c,
+        Err(e) => return e,
+    };
+    let pid = child.pid;
+    let inodes = child.pipe_inodes.clone();
+    let mut pump = Pump::new(
+        Some(child.stdout),
+        child.stderr,
+        spec.max_output_bytes as usize,
+        spec.stream,
+    );
+    let mut exit_rx = Some(child.exit);
+    let mut exit: Option<Exit> = None;
+    let mut timed_out = false;
+    let deadline = tokio::time::sleep(Duration::from_millis(spec.timeout_ms));
+    tokio::pin!(deadline);
+    let linger = tokio::time::sleep(Duration::from_secs(86_400));
+    tokio::pin!(linger);
+
+    while pump.open() || exit.is_none() {
+        let due = pump.stream_due();
+        tokio::select! {
+            chunk = pump.read() => pump.handle(chunk, wr).await,
+            () = sleep_until_due(due) => pump.flush_stream(wr).await,
+            status = wait_exit(&mut exit_rx), if exit_rx.is_some() => {
+                exit_rx = None;
+                exit = Some(status);
+                linger.as_mut().reset(tokio::time::Instant::now() + LINGER);
+            }
+            () = &mut deadline, if !timed_out && exit.is_none() => {
+                timed_out = true;
+                spawn::kill_group(pid);
+                spawn::kill_pipe_holders(&inodes);
+            }
+            () = &mut linger, if exit.is_some() => {
+                if timed_out {
+                    spawn::kill_pipe_holders(&inodes);
+                }
+                pump.detach();
+            }
+            () = hangup(rd) => {
+                // The engine hung up: the call was cancelled. Kill what it started.
+                spawn::kill_group(pid);
+                spawn::kill_pipe_holders(&inodes);
+                return error(ErrorKind::Io, "cancelled");
+            }
+        }
+    }
+
+    pump.flush_stream(wr).await;
+    let (exit_code, signal) = match exit {
+        Some(Exit::Code(c)) => (Some(c), None),
+        Some(Exit::Signal(s)) => (None, Some(s)),
+        None => (None, None),
+    };
+    Response::Exec(Box::new(ExecOutcome {
+        exit_code,
+        signal,
+        truncated: pump.stdout.truncated() || pump.stderr.truncated(),
+        stdout: pump.stdout.render(),
+        stderr: pump.stderr.render(),
+        stdout_bytes: pump.stdout.total(),
+        stderr_bytes: pump.stderr.total(),
+        stdout_file: pump.stdout.spill_path(),
+        stderr_file: pump.stderr.spill_path(),
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+    }))
 }

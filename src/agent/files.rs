@@ -13,8 +13,8 @@ use std::path::{Component, Path, PathBuf};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use super::exec::DEFAULT_CWD;
 use super::protocol::{DirEntry, ErrorKind, FileKind, Response};
+use super::spawn::DEFAULT_CWD;
 
 const MAX_PATH: usize = 4096;
 /// Most entries read from one directory before giving up on sorting all of them.

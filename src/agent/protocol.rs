@@ -41,6 +41,58 @@ pub enum Request {
     },
     /// Kill every process in the sandbox except the agent (after an OOM kill, say).
     KillAll,
+    RunCode(RunCodeSpec),
+    CreateContext {
+        language: Language,
+        cwd: Option<String>,
+    },
+    ListContexts,
+    DeleteContext {
+        context_id: String,
+    },
+    /// Start a command in the background; answered at once with the job.
+    StartJob {
+        command: String,
+        cwd: Option<String>,
+        env: Vec<(String, String)>,
+    },
+    JobStatus {
+        job_id: String,
+        since_offset: u64,
+        max_bytes: u64,
+    },
+    KillJob {
+        job_id: String,
+    },
+    ListJobs,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Language {
+    Python,
+    Node,
+}
+
+impl Language {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Node => "node",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunCodeSpec {
+    pub code: String,
+    /// A context made with `CreateContext`; `None` uses the language's default context.
+    pub context_id: Option<String>,
+    /// Language of the default context (ignored when `context_id` names one).
+    pub language: Language,
+    pub timeout_ms: u64,
+    pub max_output_bytes: u64,
+    pub stream: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -73,7 +125,7 @@ pub enum Response {
         stream: Stream,
         data: String,
     },
-    Exec(ExecOutcome),
+    Exec(Box<ExecOutcome>),
     File {
         path: String,
         data_b64: String,
@@ -107,9 +159,91 @@ pub enum Response {
         kind: ErrorKind,
         message: String,
     },
+    Code(Box<CodeOutcome>),
+    Context(ContextInfo),
+    Contexts {
+        contexts: Vec<ContextInfo>,
+    },
+    ContextDeleted {
+        context_id: String,
+    },
+    Job(Box<JobInfo>),
+    Jobs {
+        jobs: Vec<JobInfo>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CodeOutcome {
+    pub context_id: String,
+    pub language: Language,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    pub truncated: bool,
+    pub stdout_file: Option<String>,
+    pub stderr_file: Option<String>,
+    /// repr() / util.inspect() of the last expression, when it has a value.
+    pub result: Option<String>,
+    pub error: Option<CodeError>,
+    pub timed_out: bool,
+    /// The interpreter died during this call; its state is gone and the next call starts fresh.
+    pub context_lost: bool,
+    /// This call ran in a fresh interpreter because the previous one had died.
+    pub context_restarted: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CodeError {
+    pub name: String,
+    pub message: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ContextInfo {
+    pub context_id: String,
+    pub language: Language,
+    pub cwd: String,
+    /// Milliseconds since the Unix epoch.
+    pub created_at: i64,
+    /// Whether an interpreter is running for it (a context starts one on first use).
+    pub alive: bool,
+    pub is_default: bool,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Running,
+    Exited,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobInfo {
+    pub job_id: String,
+    pub command: String,
+    pub status: JobState,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Milliseconds since the Unix epoch.
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    /// Bytes the job has written (stdout and stderr, interleaved as written).
+    pub output_bytes: u64,
+    /// The job's output log inside the sandbox.
+    pub log_file: String,
+    /// Output from `offset` to `next_offset` (JobStatus only).
+    pub output: Option<String>,
+    pub offset: u64,
+    pub next_offset: u64,
+    /// Bytes before `offset` that were dropped from the log to keep it bounded.
+    pub dropped_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ExecOutcome {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -120,6 +254,11 @@ pub struct ExecOutcome {
     pub truncated: bool,
     pub timed_out: bool,
     pub duration_ms: u64,
+    /// Full copies of truncated streams, inside the sandbox.
+    #[serde(default)]
+    pub stdout_file: Option<String>,
+    #[serde(default)]
+    pub stderr_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

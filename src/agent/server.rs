@@ -5,14 +5,18 @@ use std::rc::Rc;
 
 use tokio::net::UnixStream;
 
+use super::jobs::Jobs;
 use super::protocol::{Request, Response, read_frame, write_frame};
 use super::reaper::Reaper;
+use super::repl::Contexts;
 use super::{exec, files};
 
 struct State {
     reaper: Reaper,
     /// Variables set at sandbox creation: the agent's own environment.
     env: Vec<(String, String)>,
+    contexts: Contexts,
+    jobs: Jobs,
 }
 
 /// Runs the agent until the sandbox is killed: listens on `listen_fd`, and reports `ready` (or
@@ -40,7 +44,10 @@ fn serve(listen_fd: RawFd, status: &mut Option<std::fs::File>) -> anyhow::Result
     let fd = unsafe { OwnedFd::from_raw_fd(listen_fd) };
     // Close-on-exec: the launcher passed it inheritable, and no command the agent runs may
     // inherit the socket (it could accept the engine's connections).
-    nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))?;
+    nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
     let std_listener = std::os::unix::net::UnixListener::from(fd);
     std_listener.set_nonblocking(true)?;
     // Non-dumpable: other processes in the sandbox cannot read the agent's memory or descriptors
@@ -56,6 +63,8 @@ fn serve(listen_fd: RawFd, status: &mut Option<std::fs::File>) -> anyhow::Result
         let state = Rc::new(State {
             reaper: Reaper::start()?,
             env: std::env::vars().collect(),
+            contexts: Contexts::default(),
+            jobs: Jobs::default(),
         });
         if let Some(mut pipe) = status.take() {
             use std::io::Write;
@@ -82,12 +91,41 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         Ok(Some(r)) => r,
         _ => return,
     };
+    let (mut rd, mut wr) = conn.split();
     let response = match request {
         Request::Ping => Response::Pong {
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
         },
-        Request::Exec(spec) => exec::run(spec, &state.env, &state.reaper, &mut conn).await,
+        Request::Exec(spec) => exec::run(spec, &state.env, &state.reaper, &mut rd, &mut wr).await,
+        Request::RunCode(spec) => {
+            state
+                .contexts
+                .run(spec, &state.env, &state.reaper, &mut rd, &mut wr)
+                .await
+        }
+        Request::CreateContext { language, cwd } => {
+            state
+                .contexts
+                .create(language, cwd, &state.env, &state.reaper)
+                .await
+        }
+        Request::ListContexts => state.contexts.list(),
+        Request::DeleteContext { context_id } => state.contexts.delete(&context_id).await,
+        Request::StartJob { command, cwd, env } => {
+            state
+                .jobs
+                .start(command, cwd, &env, &state.env, &state.reaper)
+        }
+        Request::JobStatus {
+            job_id,
+            since_offset,
+            max_bytes,
+        } => state.jobs.status(&job_id, since_offset, max_bytes),
+        Request::KillJob { job_id } => state.jobs.kill(&job_id),
+        Request::ListJobs => Response::Jobs {
+            jobs: state.jobs.list(),
+        },
         Request::ReadFile { path, max_bytes } => files::read_file(&path, max_bytes),
         Request::WriteFile { path, data_b64 } => files::write_file(&path, &data_b64),
         Request::ListDir { path, max_entries } => files::list_dir(&path, max_entries),
@@ -101,5 +139,5 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             Response::Done
         }
     };
-    let _ = write_frame(&mut conn, &response).await;
+    let _ = write_frame(&mut wr, &response).await;
 }

@@ -67,11 +67,10 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
             }
             // Count the operation as bound even when the tool has errors, so one mistake is
             // not reported twice ("unbound operation").
-            if spec.operation(&raw.operation).is_some() {
-                bound
-                    .entry(raw.operation.clone())
-                    .or_default()
-                    .push(raw.name.clone());
+            for op in std::iter::once(&raw.operation).chain(raw.stream_operation.as_ref()) {
+                if spec.operation(op).is_some() {
+                    bound.entry(op.clone()).or_default().push(raw.name.clone());
+                }
             }
             if let Some(tool) = bind_tool(&mut ctx, file, raw) {
                 tools.push(tool);
@@ -270,6 +269,20 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
         return None;
     };
 
+    if op.streaming {
+        ctx.fail(
+            f,
+            t,
+            format!(
+                "operation `{}` answers with a stream of events; bind the JSON operation it mirrors and name this one as its `stream_operation`",
+                op.id
+            ),
+        );
+    }
+    if let Some(stream) = &raw.stream_operation {
+        check_stream(ctx, f, raw, op, stream);
+    }
+
     let annotations = apply(
         apply(infer_annotations(&op.method), &file.defaults.annotations),
         &raw.annotations,
@@ -330,7 +343,49 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
         caps,
         errors,
         timeout_arg_ms: raw.timeout_arg_ms.clone(),
+        stream_operation: raw.stream_operation.clone(),
     })
+}
+
+/// A `stream_operation` must stream and take exactly the arguments of the tool's operation, so
+/// the same arguments build either request.
+fn check_stream(ctx: &mut Ctx<'_>, f: &str, raw: &RawTool, op: &Operation, stream: &str) {
+    let t = Some(raw.name.as_str());
+    let Some(s) = ctx.spec.operation(stream) else {
+        let hint = did_you_mean(stream, ctx.spec.operations.iter().map(|o| o.id.as_str()));
+        ctx.fail(f, t, format!("unknown stream_operation `{stream}`.{hint}"));
+        return;
+    };
+    if !s.streaming {
+        ctx.fail(
+            f,
+            t,
+            format!(
+                "stream_operation `{stream}` does not answer with {}",
+                super::spec::NDJSON
+            ),
+        );
+        return;
+    }
+    let sig = |o: &Operation| -> Vec<(String, Location)> {
+        let mut v: Vec<_> = o
+            .args
+            .iter()
+            .map(|a| (a.name.clone(), a.location))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    };
+    if sig(s) != sig(op) || s.body_type != op.body_type {
+        ctx.fail(
+            f,
+            t,
+            format!(
+                "stream_operation `{stream}` must take the same arguments and body as `{}`",
+                op.id
+            ),
+        );
+    }
 }
 
 fn build_args(ctx: &mut Ctx<'_>, f: &str, raw: &RawTool, op: &Operation) -> (Vec<ArgDef>, Value) {

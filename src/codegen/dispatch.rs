@@ -8,8 +8,8 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use super::model::{ArgLocation, Registry};
-use super::spec::Spec;
+use super::model::{ArgLocation, Registry, ToolDef};
+use super::spec::{Operation, Spec};
 
 /// The Rust accessor on `Args` for a parameter of this schema.
 fn accessor(schema: &Value) -> &'static str {
@@ -38,6 +38,44 @@ fn accessor(schema: &Value) -> &'static str {
     }
 }
 
+/// The lines that build the request for `op` from the tool's arguments, into `req`.
+fn build_request(out: &mut String, tool: &ToolDef, op: &Operation) {
+    let _ = writeln!(out, "            #[allow(unused_mut)]");
+    let _ = writeln!(out, "            let mut req = client.{}();", op.id);
+    let mut body_fields = Vec::new();
+    for arg in &tool.args {
+        let Some(op_arg) = op.args.iter().find(|a| a.name == arg.name) else {
+            continue;
+        };
+        match arg.location {
+            ArgLocation::Body => body_fields.push(format!("{:?}", arg.name)),
+            ArgLocation::Path | ArgLocation::Query => {
+                let kind = accessor(&op_arg.schema);
+                if op_arg.required {
+                    let _ = writeln!(
+                        out,
+                        "            req = req.{name}(args.{kind}({name:?})?);",
+                        name = arg.name
+                    );
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "            if let Some(v) = args.opt_{kind}({name:?})? {{ req = req.{name}(v); }}",
+                        name = arg.name
+                    );
+                }
+            }
+        }
+    }
+    if let Some(body) = &op.body_type {
+        let _ = writeln!(
+            out,
+            "            req = req.body(args.body::<crate::client::types::{body}>(&[{}])?);",
+            body_fields.join(", ")
+        );
+    }
+}
+
 pub fn generate(spec: &Spec, registry: &Registry) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -60,44 +98,35 @@ pub fn generate(spec: &Spec, registry: &Registry) -> String {
             continue;
         };
         let _ = writeln!(out, "        {:?} => {{", tool.name);
-        let _ = writeln!(out, "            #[allow(unused_mut)]");
-        let _ = writeln!(out, "            let mut req = client.{}();", op.id);
-        let mut body_fields = Vec::new();
-        for arg in &tool.args {
-            let Some(op_arg) = op.args.iter().find(|a| a.name == arg.name) else {
-                continue;
-            };
-            match arg.location {
-                ArgLocation::Body => body_fields.push(format!("{:?}", arg.name)),
-                ArgLocation::Path | ArgLocation::Query => {
-                    let kind = accessor(&op_arg.schema);
-                    if op_arg.required {
-                        let _ = writeln!(
-                            out,
-                            "            req = req.{name}(args.{kind}({name:?})?);",
-                            name = arg.name
-                        );
-                    } else {
-                        let _ = writeln!(
-                            out,
-                            "            if let Some(v) = args.opt_{kind}({name:?})? {{ req = req.{name}(v); }}",
-                            name = arg.name
-                        );
-                    }
-                }
-            }
-        }
-        if let Some(body) = &op.body_type {
-            let _ = writeln!(
-                out,
-                "            req = req.body(args.body::<crate::client::types::{body}>(&[{}])?);",
-                body_fields.join(", ")
-            );
-        }
+        build_request(&mut out, tool, op);
         out.push_str("            respond(req.send().await)\n        }\n");
     }
     out.push_str(
-        "        _ => Err(crate::mcp::call::CallFailure::unknown_tool(tool)),\n    }\n}\n",
+        "        _ => Err(crate::mcp::call::CallFailure::unknown_tool(tool)),\n    }\n}\n\n",
     );
+    out.push_str(
+        "/// Calls the streaming variant of `tool`'s operation; `None` when it has none.\n\
+         pub(crate) async fn dispatch_stream(\n    \
+         client: &crate::client::Client,\n    \
+         tool: &str,\n    \
+         args: &crate::mcp::args::Args,\n\
+         ) -> Result<Option<crate::mcp::call::EventStream>, crate::mcp::call::CallFailure> {\n    \
+         #[allow(unused_imports)]\n    \
+         use crate::mcp::call::respond_stream;\n    \
+         match tool {\n",
+    );
+    for tool in &registry.tools {
+        let Some(op) = tool
+            .stream_operation
+            .as_ref()
+            .and_then(|s| spec.operation(s))
+        else {
+            continue;
+        };
+        let _ = writeln!(out, "        {:?} => {{", tool.name);
+        build_request(&mut out, tool, op);
+        out.push_str("            respond_stream(req.send().await).map(Some)\n        }\n");
+    }
+    out.push_str("        _ => Ok(None),\n    }\n}\n");
     out
 }

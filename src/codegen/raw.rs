@@ -47,6 +47,8 @@ pub struct RawTool {
     pub timeout_arg_ms: Option<String>,
     #[serde(default)]
     pub toolsets: Vec<String>,
+    /// An NDJSON variant of `operation`, used when the client asks for progress.
+    pub stream_operation: Option<String>,
 }
 
 /// Annotation overrides; unset ones are inferred from the HTTP method.

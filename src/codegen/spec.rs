@@ -50,9 +50,15 @@ pub struct Operation {
     pub args: Vec<OpArg>,
     /// Name of the `components.schemas` entry the request body refers to.
     pub body_type: Option<String>,
-    /// JSON Schema of the success response body (`type: object`).
+    /// JSON Schema of the success response body (`type: object`); for a streaming operation, the
+    /// schema of one event.
     pub response_schema: Value,
+    /// The success response is NDJSON (`application/x-ndjson`), one event per line.
+    pub streaming: bool,
 }
+
+/// Media type of streamed responses.
+pub const NDJSON: &str = "application/x-ndjson";
 
 impl Spec {
     pub fn parse(file: &str, text: &str) -> Result<Self, CodegenError> {
@@ -137,7 +143,7 @@ impl Spec {
                         Some(name)
                     }
                 };
-                let response_schema = self.success_schema(&id, op)?;
+                let (response_schema, streaming) = self.success_schema(&id, op)?;
                 out.push(Operation {
                     id,
                     method: method.to_string(),
@@ -145,6 +151,7 @@ impl Spec {
                     args,
                     body_type,
                     response_schema,
+                    streaming,
                 });
             }
         }
@@ -289,7 +296,11 @@ impl Spec {
         Ok((name, required, properties))
     }
 
-    fn success_schema(&self, op_id: &str, op: &openapiv3::Operation) -> Result<Value, String> {
+    fn success_schema(
+        &self,
+        op_id: &str,
+        op: &openapiv3::Operation,
+    ) -> Result<(Value, bool), String> {
         let success: Vec<_> = op
             .responses
             .responses
@@ -308,9 +319,18 @@ impl Spec {
                 "operation `{op_id}`: success response is a $ref; inline it"
             ));
         };
-        let media = response.content.get("application/json").ok_or_else(|| {
-            format!("operation `{op_id}`: success response must be application/json")
-        })?;
+        let (media, streaming) = match (
+            response.content.get("application/json"),
+            response.content.get(NDJSON),
+        ) {
+            (Some(m), None) => (m, false),
+            (None, Some(m)) => (m, true),
+            _ => {
+                return Err(format!(
+                    "operation `{op_id}`: success response must be application/json, or {NDJSON} for a stream of events"
+                ));
+            }
+        };
         let schema = media
             .schema
             .as_ref()
@@ -322,7 +342,7 @@ impl Spec {
                 "operation `{op_id}`: success response must be an object (MCP structuredContent is an object)"
             ));
         }
-        Ok(schema)
+        Ok((schema, streaming))
     }
 
     /// Converts an OpenAPI 3.0 schema to a self-contained JSON Schema: `$ref`s inlined,

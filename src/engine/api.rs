@@ -3,6 +3,7 @@
 //! every response is built as the generated type the client will parse.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -11,12 +12,20 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 
-use crate::agent::protocol::{FileKind, Request, Response};
+use axum::body::Body;
+use axum::response::IntoResponse;
+use futures::StreamExt;
+
+use crate::agent::protocol::{
+    CodeOutcome, ContextInfo, ExecOutcome, ExecSpec, FileKind, JobInfo, JobState, Language,
+    Request, Response, RunCodeSpec,
+};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::manager::{
-    CreateRequest, LIST_LIMIT, READ_LIMIT, SandboxView, WRITE_LIMIT, ZIP_LIMIT,
+    CreateRequest, EXEC_GRACE, EXEC_OUTPUT_CAP, JOB_PAGE, LIST_LIMIT, READ_LIMIT, SandboxView,
+    WRITE_LIMIT, ZIP_LIMIT, agent_error,
 };
 use crate::engine::server::{ApiJson, AppState, Tenant};
 use crate::engine::state::{Record, Status};
@@ -70,6 +79,113 @@ fn metadata_type(m: &BTreeMap<String, String>) -> Result<types::Metadata, Engine
     Ok(types::Metadata(out))
 }
 
+fn job_summary(j: &JobInfo) -> Result<types::JobSummary, EngineError> {
+    Ok(types::JobSummary {
+        job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
+        command: j.command.clone(),
+        status: job_state(j.status),
+        exit_code: j.exit_code,
+        signal: j.signal,
+        started_at: ids::rfc3339(j.started_at),
+        finished_at: j.finished_at.map(ids::rfc3339),
+        output_bytes: j.output_bytes,
+        log_file: j.log_file.clone(),
+    })
+}
+
+fn job_state(s: JobState) -> types::JobState {
+    match s {
+        JobState::Running => types::JobState::Running,
+        JobState::Exited => types::JobState::Exited,
+    }
+}
+
+fn job_status(j: JobInfo) -> Result<types::JobStatus, EngineError> {
+    Ok(types::JobStatus {
+        job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
+        status: job_state(j.status),
+        exit_code: j.exit_code,
+        signal: j.signal,
+        started_at: ids::rfc3339(j.started_at),
+        finished_at: j.finished_at.map(ids::rfc3339),
+        output_bytes: j.output_bytes,
+        log_file: j.log_file,
+        has_more: j.next_offset < j.output_bytes,
+        output: j.output.unwrap_or_default(),
+        offset: j.offset,
+        next_offset: j.next_offset,
+        dropped_bytes: j.dropped_bytes,
+        command: j.command,
+    })
+}
+
+fn language_type(l: Language) -> types::Language {
+    match l {
+        Language::Python => types::Language::Python,
+        Language::Node => types::Language::Node,
+    }
+}
+
+fn language_of(l: types::Language) -> Language {
+    match l {
+        types::Language::Python => Language::Python,
+        types::Language::Node => Language::Node,
+    }
+}
+
+fn context_type(c: ContextInfo) -> Result<types::CodeContext, EngineError> {
+    Ok(types::CodeContext {
+        context_id: types::ContextId::try_from(c.context_id).map_err(internal)?,
+        language: language_type(c.language),
+        cwd: c.cwd,
+        created_at: ids::rfc3339(c.created_at),
+        alive: c.alive,
+        is_default: c.is_default,
+    })
+}
+
+fn code_result(o: CodeOutcome) -> Result<types::RunCodeResult, EngineError> {
+    Ok(types::RunCodeResult {
+        context_id: types::ContextId::try_from(o.context_id).map_err(internal)?,
+        language: language_type(o.language),
+        result: o.result,
+        error: o.error.map(|e| types::CodeError {
+            name: e.name,
+            message: e.message,
+            traceback: e.traceback,
+        }),
+        stdout: o.stdout,
+        stderr: o.stderr,
+        stdout_bytes: o.stdout_bytes,
+        stderr_bytes: o.stderr_bytes,
+        truncated: o.truncated,
+        stdout_file: o.stdout_file,
+        stderr_file: o.stderr_file,
+        timed_out: o.timed_out,
+        context_lost: o.context_lost,
+        context_restarted: o.context_restarted,
+        duration_ms: o.duration_ms,
+    })
+}
+
+fn exec_result(o: ExecOutcome, oom_killed: bool) -> types::ExecResult {
+    types::ExecResult {
+        exit_code: o.exit_code,
+        signal: o.signal,
+        stdout: o.stdout,
+        stderr: o.stderr,
+        truncated: o.truncated,
+        stdout_bytes: o.stdout_bytes,
+        stderr_bytes: o.stderr_bytes,
+        stdout_file: o.stdout_file,
+        stderr_file: o.stderr_file,
+        timed_out: o.timed_out,
+        oom_killed: Some(oom_killed),
+        duration_ms: o.duration_ms,
+        job_id: None,
+    }
+}
+
 fn sandbox_type(view: &SandboxView) -> Result<types::Sandbox, EngineError> {
     let r: &Record = &view.record;
     Ok(types::Sandbox {
@@ -83,6 +199,11 @@ fn sandbox_type(view: &SandboxView) -> Result<types::Sandbox, EngineError> {
         created_at: ids::rfc3339(r.created_at),
         last_active_at: ids::rfc3339(r.last_active_at),
         expires_at: r.expires_at.map(ids::rfc3339),
+        jobs: view
+            .jobs
+            .iter()
+            .map(job_summary)
+            .collect::<Result<Vec<_>, _>>()?,
         usage: view.usage.map(|(u, disk)| types::Usage {
             cpu_seconds: u.cpu_seconds,
             memory_bytes: u.memory_bytes,
@@ -248,6 +369,7 @@ pub async fn list_sandboxes(
             sandbox_type(&SandboxView {
                 record,
                 usage: None,
+                jobs: Vec::new(),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -259,10 +381,13 @@ pub async fn get_sandbox(
     Tenant(tenant): Tenant,
     Path(id): Path<String>,
 ) -> ApiResult<types::Sandbox> {
-    let view = state
+    let id = sandbox_id(&id)?;
+    let mut view = state.manager.get(id, tenant.as_deref(), true).await?;
+    view.jobs = state
         .manager
-        .get(sandbox_id(&id)?, tenant.as_deref(), true)
-        .await?;
+        .jobs(id, tenant.as_deref())
+        .await
+        .unwrap_or_default();
     Ok(Json(sandbox_type(&view)?))
 }
 
@@ -339,6 +464,28 @@ pub async fn get_sandbox_metrics(
     }))
 }
 
+/// Checks an exec request; the command, cwd and environment for the agent.
+fn exec_spec(body: &types::ExecRequest, stream: bool) -> Result<ExecSpec, EngineError> {
+    let timeout_ms = body.timeout_ms.get();
+    if timeout_ms > 600_000 {
+        return Err(EngineError::InvalidArgument(format!(
+            "timeout_ms is {timeout_ms}; the maximum is 600000 (10 minutes). For longer work, set background and poll the job."
+        )));
+    }
+    let env = match &body.env {
+        Some(e) => check_env(e)?,
+        None => Vec::new(),
+    };
+    Ok(ExecSpec {
+        command: body.command.to_string(),
+        cwd: body.cwd.as_ref().map(|c| c.to_string()),
+        env,
+        timeout_ms,
+        max_output_bytes: EXEC_OUTPUT_CAP,
+        stream,
+    })
+}
+
 pub async fn exec_command(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
@@ -346,40 +493,338 @@ pub async fn exec_command(
     ApiJson(body): ApiJson<types::ExecRequest>,
 ) -> ApiResult<types::ExecResult> {
     let id = sandbox_id(&id)?;
-    let timeout_ms = body.timeout_ms.get();
-    if timeout_ms > 600_000 {
-        return Err(EngineError::InvalidArgument(format!(
-            "timeout_ms is {timeout_ms}; the maximum is 600000 (10 minutes). For longer work, run it in the background and poll."
-        )));
+    let spec = exec_spec(&body, false)?;
+    if body.background {
+        let request = Request::StartJob {
+            command: spec.command,
+            cwd: spec.cwd,
+            env: spec.env,
+        };
+        return match state
+            .manager
+            .request(id, tenant.as_deref(), request, Duration::from_secs(60))
+            .await?
+        {
+            Response::Job(job) => {
+                let mut r = exec_result(ExecOutcome::default(), false);
+                r.oom_killed = None;
+                r.job_id = Some(job.job_id);
+                Ok(Json(r))
+            }
+            other => Err(unexpected(other)),
+        };
     }
-    let env = match &body.env {
-        Some(e) => check_env(e)?,
-        None => Vec::new(),
-    };
     let result = state
         .manager
         .exec(
             id,
             tenant.as_deref(),
-            body.command.to_string(),
-            body.cwd.as_ref().map(|c| c.to_string()),
-            env,
-            timeout_ms,
+            spec.command,
+            spec.cwd,
+            spec.env,
+            spec.timeout_ms,
         )
         .await?;
-    let o = result.outcome;
-    Ok(Json(types::ExecResult {
-        exit_code: o.exit_code,
-        signal: o.signal,
-        stdout: o.stdout,
-        stderr: o.stderr,
-        truncated: o.truncated,
-        stdout_bytes: o.stdout_bytes,
-        stderr_bytes: o.stderr_bytes,
-        timed_out: o.timed_out,
-        oom_killed: Some(result.oom_killed),
-        duration_ms: o.duration_ms,
-    }))
+    Ok(Json(exec_result(result.outcome, result.oom_killed)))
+}
+
+/// An NDJSON response from a stream of agent frames; `finish` turns the final frame into the
+/// `result` event.
+async fn event_stream<F, Fut>(
+    frames: impl futures::Stream<Item = Result<Response, EngineError>> + Send + 'static,
+    finish: F,
+) -> axum::response::Response
+where
+    F: Fn(Response) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<serde_json::Value, EngineError>> + Send,
+{
+    let request_id = crate::engine::server::current_request_id();
+    let finish = std::sync::Arc::new(finish);
+    let error_event = move |e: EngineError, request_id: &str| {
+        let (_, code) = e.status_and_code();
+        serde_json::json!({"type": "error", "error": {"error_code": code, "message": e.to_string(), "request_id": request_id}})
+    };
+    let lines = frames.then(move |frame| {
+        let finish = finish.clone();
+        let request_id = request_id.clone();
+        async move {
+            let event = match frame {
+                Ok(Response::Output { stream, data }) => {
+                    serde_json::json!({"type": "output", "stream": stream, "data": data})
+                }
+                Ok(r @ Response::Error { .. }) => error_event(agent_error(r), &request_id),
+                Err(e) => error_event(e, &request_id),
+                Ok(last) => match finish(last).await {
+                    Ok(result) => serde_json::json!({"type": "result", "result": result}),
+                    Err(e) => error_event(e, &request_id),
+                },
+            };
+            let mut line = serde_json::to_vec(&event).unwrap_or_default();
+            line.push(b'\n');
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(line))
+        }
+    });
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::engine::server::NDJSON,
+        )],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+pub async fn exec_command_stream(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::ExecRequest>,
+) -> Result<axum::response::Response, EngineError> {
+    if body.background {
+        // Nothing to stream: the job starts and the answer is immediate.
+        let result = exec_command(State(state), Tenant(tenant), Path(id), ApiJson(body)).await?;
+        let value = serde_json::to_value(result.0).map_err(internal)?;
+        let line = serde_json::json!({"type": "result", "result": value}).to_string() + "\n";
+        return Ok((
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::engine::server::NDJSON,
+            )],
+            line,
+        )
+            .into_response());
+    }
+    let id = sandbox_id(&id)?.to_string();
+    let spec = exec_spec(&body, true)?;
+    let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+    let before = state.manager.oom_mark(&id).await;
+    let frames = state
+        .manager
+        .agent_stream(&id, tenant.as_deref(), Request::Exec(spec), deadline)
+        .await?;
+    let manager = state.manager.clone();
+    Ok(event_stream(frames, move |last| {
+        let manager = manager.clone();
+        let id = id.clone();
+        let tenant = tenant.clone();
+        async move {
+            match last {
+                Response::Exec(outcome) => {
+                    let oom = manager.settle_oom(&id, tenant.as_deref(), before).await;
+                    serde_json::to_value(exec_result(*outcome, oom)).map_err(internal)
+                }
+                other => Err(unexpected(other)),
+            }
+        }
+    })
+    .await)
+}
+
+fn code_spec(body: types::RunCodeRequest, stream: bool) -> Result<RunCodeSpec, EngineError> {
+    let timeout_ms = body.timeout_ms.get();
+    if timeout_ms > 600_000 {
+        return Err(EngineError::InvalidArgument(format!(
+            "timeout_ms is {timeout_ms}; the maximum is 600000 (10 minutes)"
+        )));
+    }
+    Ok(RunCodeSpec {
+        code: body.code.to_string(),
+        context_id: body.context_id.map(|c| c.to_string()),
+        language: language_of(body.language),
+        timeout_ms,
+        max_output_bytes: EXEC_OUTPUT_CAP,
+        stream,
+    })
+}
+
+pub async fn run_code(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::RunCodeRequest>,
+) -> ApiResult<types::RunCodeResult> {
+    let id = sandbox_id(&id)?;
+    match state
+        .manager
+        .run_code(id, tenant.as_deref(), code_spec(body, false)?)
+        .await?
+    {
+        Response::Code(outcome) => Ok(Json(code_result(*outcome)?)),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn run_code_stream(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::RunCodeRequest>,
+) -> Result<axum::response::Response, EngineError> {
+    let id = sandbox_id(&id)?;
+    let spec = code_spec(body, true)?;
+    let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+    let frames = state
+        .manager
+        .agent_stream(id, tenant.as_deref(), Request::RunCode(spec), deadline)
+        .await?;
+    Ok(event_stream(frames, |last| async move {
+        match last {
+            Response::Code(outcome) => {
+                serde_json::to_value(code_result(*outcome)?).map_err(internal)
+            }
+            other => Err(unexpected(other)),
+        }
+    })
+    .await)
+}
+
+pub async fn list_code_contexts(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<types::CodeContextList> {
+    match state
+        .manager
+        .request(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            Request::ListContexts,
+            Duration::from_secs(30),
+        )
+        .await?
+    {
+        Response::Contexts { contexts } => Ok(Json(types::CodeContextList {
+            contexts: contexts
+                .into_iter()
+                .map(context_type)
+                .collect::<Result<_, _>>()?,
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn create_code_context(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::CreateContextRequest>,
+) -> Result<(StatusCode, Json<types::CodeContext>), EngineError> {
+    let request = Request::CreateContext {
+        language: language_of(body.language),
+        cwd: body.cwd.map(|c| c.to_string()),
+    };
+    match state
+        .manager
+        .request(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            request,
+            Duration::from_secs(60),
+        )
+        .await?
+    {
+        Response::Context(c) => Ok((StatusCode::CREATED, Json(context_type(c)?))),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn delete_code_context(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path((id, context_id)): Path<(String, String)>,
+) -> ApiResult<types::DeleteContextResult> {
+    let context = types::ContextId::try_from(context_id.clone()).map_err(|_| {
+        EngineError::NotFound(format!(
+            "code context {} does not exist; call sandbox_code_context_list to see the contexts",
+            context_id.chars().take(40).collect::<String>()
+        ))
+    })?;
+    let request = Request::DeleteContext {
+        context_id: context.to_string(),
+    };
+    match state
+        .manager
+        .request(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            request,
+            Duration::from_secs(30),
+        )
+        .await?
+    {
+        Response::ContextDeleted { .. } => Ok(Json(types::DeleteContextResult {
+            context_id: context,
+            deleted: true,
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct JobQuery {
+    #[serde(default)]
+    since_offset: u64,
+}
+
+fn job_id(raw: &str) -> Result<String, EngineError> {
+    types::JobId::try_from(raw.to_string())
+        .map(|j| j.to_string())
+        .map_err(|_| {
+            EngineError::NotFound(format!(
+                "job {} does not exist; sandbox_info lists the sandbox's jobs",
+                raw.chars().take(40).collect::<String>()
+            ))
+        })
+}
+
+pub async fn get_job(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path((id, job)): Path<(String, String)>,
+    q: Result<Query<JobQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<types::JobStatus> {
+    let q = query(q)?;
+    let request = Request::JobStatus {
+        job_id: job_id(&job)?,
+        since_offset: q.since_offset,
+        max_bytes: JOB_PAGE,
+    };
+    match state
+        .manager
+        .request(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            request,
+            Duration::from_secs(30),
+        )
+        .await?
+    {
+        Response::Job(j) => Ok(Json(job_status(*j)?)),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn kill_job(
+    State(state): State<AppState>,
+    Tenant(tenant): Tenant,
+    Path((id, job)): Path<(String, String)>,
+) -> ApiResult<types::JobStatus> {
+    let request = Request::KillJob {
+        job_id: job_id(&job)?,
+    };
+    match state
+        .manager
+        .request(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            request,
+            Duration::from_secs(30),
+        )
+        .await?
+    {
+        Response::Job(j) => Ok(Json(job_status(*j)?)),
+        other => Err(unexpected(other)),
+    }
 }
 
 #[derive(Deserialize)]

@@ -13,8 +13,11 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::Stream;
+
 use crate::agent::protocol::{
-    ErrorKind, ExecOutcome, ExecSpec, Request, Response, read_frame, write_frame,
+    ErrorKind, ExecOutcome, ExecSpec, JobInfo, Request, Response, RunCodeSpec, read_frame,
+    write_frame,
 };
 use crate::engine::config::EngineConfig;
 use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
@@ -34,7 +37,9 @@ pub const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
 /// Most entries `list_files` returns.
 pub const LIST_LIMIT: u64 = 1000;
 /// Slack over an exec's own timeout before the engine gives up on the agent.
-const EXEC_GRACE: Duration = Duration::from_secs(10);
+pub const EXEC_GRACE: Duration = Duration::from_secs(10);
+/// Most output returned by one job status call.
+pub const JOB_PAGE: u64 = 32 * 1024;
 /// Deadline for agent operations other than exec.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -136,6 +141,7 @@ pub struct CreateRequest {
 pub struct SandboxView {
     pub record: Record,
     pub usage: Option<(Usage, u64)>,
+    pub jobs: Vec<JobInfo>,
 }
 
 /// Resource use and limits of one sandbox.
@@ -369,6 +375,7 @@ impl Manager {
         Ok(SandboxView {
             record: entry.record(),
             usage: None,
+            jobs: Vec::new(),
         })
     }
 
@@ -418,6 +425,7 @@ impl Manager {
         Ok(SandboxView {
             record: entry.record(),
             usage,
+            jobs: Vec::new(),
         })
     }
 
@@ -436,6 +444,7 @@ impl Manager {
         Ok(SandboxView {
             record: entry.record(),
             usage: None,
+            jobs: Vec::new(),
         })
     }
 
@@ -452,6 +461,7 @@ impl Manager {
         Ok(SandboxView {
             record: entry.record(),
             usage: None,
+            jobs: Vec::new(),
         })
     }
 
@@ -479,6 +489,7 @@ impl Manager {
         Ok(SandboxView {
             record: entry.record(),
             usage: None,
+            jobs: Vec::new(),
         })
     }
 
@@ -554,19 +565,7 @@ impl Manager {
         request: Request,
         deadline: Duration,
     ) -> Result<(Arc<Entry>, Response), EngineError> {
-        let entry = self.entry(id, tenant)?;
-        let _inflight = InFlight::new(entry.clone());
-        self.ensure_running(id, &entry).await?;
-        // Nothing has been sent if the agent cannot be reached: when it turns out to be dead
-        // (crashed, OOM-killed), restart it and go on, so the caller never sees the crash.
-        let mut conn = match self.driver.connect(id).await {
-            Ok(conn) => conn,
-            Err(_) => {
-                self.note_agent_failure(id, &entry).await;
-                self.ensure_running(id, &entry).await?;
-                self.driver.connect(id).await?
-            }
-        };
+        let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
         let exchange = async {
             write_frame(&mut conn, &request)
                 .await
@@ -601,6 +600,132 @@ impl Manager {
         }
     }
 
+    /// A connection to the sandbox's agent, resuming or restarting the sandbox as needed.
+    async fn agent_conn(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<(Arc<Entry>, InFlight, crate::engine::driver::AgentConn), EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let inflight = InFlight::new(entry.clone());
+        self.ensure_running(id, &entry).await?;
+        // Nothing has been sent if the agent cannot be reached: when it turns out to be dead
+        // (crashed, OOM-killed), restart it and go on, so the caller never sees the crash.
+        let conn = match self.driver.connect(id).await {
+            Ok(conn) => conn,
+            Err(_) => {
+                self.note_agent_failure(id, &entry).await;
+                self.ensure_running(id, &entry).await?;
+                self.driver.connect(id).await?
+            }
+        };
+        Ok((entry, inflight, conn))
+    }
+
+    /// Sends one request and returns every frame the agent answers with, ending with the final
+    /// one. Dropping the stream closes the connection, which the agent takes as a cancellation.
+    pub async fn agent_stream(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+        request: Request,
+        deadline: Duration,
+    ) -> Result<impl Stream<Item = Result<Response, EngineError>> + Send + 'static, EngineError>
+    {
+        let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        write_frame(&mut conn, &request)
+            .await
+            .map_err(|e| EngineError::Sandbox(format!("the sandbox's agent hung up: {e}")))?;
+        let until = tokio::time::Instant::now() + deadline;
+        let state = Some((conn, inflight, entry, self.clone(), id.to_string()));
+        Ok(futures::stream::unfold(state, move |state| async move {
+            let (mut conn, inflight, entry, manager, id) = state?;
+            match tokio::time::timeout_at(until, read_frame::<_, Response>(&mut conn)).await {
+                Ok(Ok(Some(frame @ Response::Output { .. }))) => {
+                    Some((Ok(frame), Some((conn, inflight, entry, manager, id))))
+                }
+                Ok(Ok(Some(frame))) => Some((Ok(frame), None)),
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    manager.note_agent_failure(&id, &entry).await;
+                    Some((
+                        Err(EngineError::Sandbox(
+                            "the sandbox's agent closed the connection (it may have run out of memory)".into(),
+                        )),
+                        None,
+                    ))
+                }
+                Err(_) => Some((
+                    Err(EngineError::Timeout(format!(
+                        "the sandbox did not answer within {} s",
+                        deadline.as_secs()
+                    ))),
+                    None,
+                )),
+            }
+        }))
+    }
+
+    /// Oom kills counted so far, to tell whether a command ran out of memory.
+    pub async fn oom_mark(&self, id: &str) -> u64 {
+        self.oom_kills(id).await
+    }
+
+    /// After a command finished: whether the sandbox ran out of memory since `before`; if so,
+    /// its remaining processes are killed (v1 cgroups have no oom.group).
+    pub async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
+        let oom = self.oom_kills(id).await > before;
+        if oom {
+            let _ = self
+                .agent_call(id, tenant, Request::KillAll, AGENT_TIMEOUT)
+                .await;
+        }
+        oom
+    }
+
+    /// Any request whose answer is one frame; agent errors become engine errors.
+    pub async fn request(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        request: Request,
+        deadline: Duration,
+    ) -> Result<Response, EngineError> {
+        let (_, response) = self.agent_call(id, tenant, request, deadline).await?;
+        match response {
+            Response::Error { .. } => Err(agent_error(response)),
+            ok => Ok(ok),
+        }
+    }
+
+    /// Background jobs of a running sandbox (a paused one is not woken up to list them).
+    pub async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
+        let entry = self.entry(id, tenant).ok()?;
+        if *lock(&entry.visible_status) != Status::Running {
+            return None;
+        }
+        // Asked directly: looking at a sandbox is not activity, and must not keep it from
+        // being paused when idle.
+        let mut conn = self.driver.connect(id).await.ok()?;
+        write_frame(&mut conn, &Request::ListJobs).await.ok()?;
+        match tokio::time::timeout(Duration::from_secs(5), read_frame::<_, Response>(&mut conn))
+            .await
+        {
+            Ok(Ok(Some(Response::Jobs { jobs }))) => Some(jobs),
+            _ => None,
+        }
+    }
+
+    pub async fn run_code(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        spec: RunCodeSpec,
+    ) -> Result<Response, EngineError> {
+        let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+        self.request(id, tenant, Request::RunCode(spec), deadline)
+            .await
+    }
+
     pub async fn exec(
         &self,
         id: &str,
@@ -629,14 +754,9 @@ impl Manager {
         };
         // v1 cgroups have no oom.group: when the kernel killed one process for memory, kill the
         // rest too, so the sandbox never limps on half-dead.
-        let oom_killed = self.oom_kills(id).await > before;
-        if oom_killed {
-            let _ = self
-                .agent_call(id, tenant, Request::KillAll, AGENT_TIMEOUT)
-                .await;
-        }
+        let oom_killed = self.settle_oom(id, tenant, before).await;
         Ok(ExecResult {
-            outcome,
+            outcome: *outcome,
             oom_killed,
         })
     }
@@ -750,7 +870,7 @@ impl Manager {
 }
 
 /// Maps an agent error response to an engine error.
-fn agent_error(response: Response) -> EngineError {
+pub fn agent_error(response: Response) -> EngineError {
     match response {
         Response::Error { kind, message } => match kind {
             ErrorKind::NotFound => EngineError::NotFound(message),

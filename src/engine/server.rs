@@ -29,6 +29,14 @@ tokio::task_local! {
     static REQUEST_ID: String;
 }
 
+/// Media type of streamed responses.
+pub const NDJSON: &str = "application/x-ndjson";
+
+/// The id of the request being handled (empty outside a request).
+pub fn current_request_id() -> String {
+    REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
+}
+
 /// Who made a request: the tenant its key belongs to, if any.
 #[derive(Debug, Clone, Default)]
 pub struct Principal {
@@ -273,6 +281,27 @@ pub fn router(state: AppState) -> Router {
         .route(&format!("{sandbox}/resume"), post(api::resume_sandbox))
         .route(&format!("{sandbox}/metrics"), get(api::get_sandbox_metrics))
         .route(&format!("{sandbox}/exec"), post(api::exec_command))
+        .route(
+            &format!("{sandbox}/exec/stream"),
+            post(api::exec_command_stream),
+        )
+        .route(&format!("{sandbox}/code"), post(api::run_code))
+        .route(
+            &format!("{sandbox}/code/stream"),
+            post(api::run_code_stream),
+        )
+        .route(
+            &format!("{sandbox}/contexts"),
+            get(api::list_code_contexts).post(api::create_code_context),
+        )
+        .route(
+            &format!("{sandbox}/contexts/{{context_id}}"),
+            axum::routing::delete(api::delete_code_context),
+        )
+        .route(
+            &format!("{sandbox}/jobs/{{job_id}}"),
+            get(api::get_job).delete(api::kill_job),
+        )
         .route(
             &format!("{sandbox}/files"),
             get(api::read_file)

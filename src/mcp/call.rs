@@ -102,3 +102,80 @@ fn describe(e: &reqwest::Error) -> String {
     }
     text
 }
+
+/// A streamed response: NDJSON events (`output`, then a final `result` or `error`).
+pub struct EventStream {
+    inner: crate::client::ByteStream,
+    buf: Vec<u8>,
+}
+
+/// Longest event line accepted from a stream (a final result carries capped output).
+const MAX_EVENT: usize = 32 * 1024 * 1024;
+
+impl EventStream {
+    /// The next event, or `None` when the stream ended.
+    pub async fn next(&mut self) -> Result<Option<Value>, CallFailure> {
+        use futures::StreamExt;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return serde_json::from_slice(&line)
+                    .map(Some)
+                    .map_err(|e| CallFailure::BadResponse(format!("the event stream broke: {e}")));
+            }
+            match self.inner.next().await {
+                Some(Ok(chunk)) => {
+                    if self.buf.len() + chunk.len() > MAX_EVENT {
+                        return Err(CallFailure::BadResponse(
+                            "an event in the stream is too large".into(),
+                        ));
+                    }
+                    self.buf.extend_from_slice(&chunk);
+                }
+                Some(Err(e)) => {
+                    return Err(CallFailure::Unreachable(format!(
+                        "the event stream broke off: {}",
+                        describe(&e.without_url())
+                    )));
+                }
+                None if self.buf.iter().all(u8::is_ascii_whitespace) => return Ok(None),
+                None => {
+                    let line = std::mem::take(&mut self.buf);
+                    return serde_json::from_slice(&line).map(Some).map_err(|e| {
+                        CallFailure::BadResponse(format!("the event stream broke: {e}"))
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Like [`respond`], for an operation that answers with a stream of events.
+pub fn respond_stream(
+    result: Result<ResponseValue<crate::client::ByteStream>, Error<types::Error>>,
+) -> Result<EventStream, CallFailure> {
+    match result {
+        Ok(response) => Ok(EventStream {
+            inner: response.into_inner(),
+            buf: Vec::new(),
+        }),
+        Err(e) => Err(from_client_error(e)),
+    }
+}
+
+/// A failure carried by an `error` event.
+pub fn event_failure(event: &Value) -> CallFailure {
+    let e = &event["error"];
+    CallFailure::Api {
+        status: 500,
+        code: e["error_code"].as_str().unwrap_or("internal").to_string(),
+        message: e["message"]
+            .as_str()
+            .unwrap_or("the operation failed")
+            .to_string(),
+        request_id: e["request_id"].as_str().unwrap_or("").to_string(),
+    }
+}

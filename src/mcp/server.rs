@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::args::Args;
 use crate::mcp::backend::Backend;
 use crate::mcp::call::CallFailure;
-use crate::mcp::{dispatch, shape};
+pub use crate::mcp::progress::Progress;
+use crate::mcp::{dispatch, progress, shape};
 use crate::tooldefs::ToolDef;
 
 /// Protocol revisions this server speaks. 2025-06-18 is the oldest with structured tool output.
@@ -95,12 +96,14 @@ impl SandboxMcp {
         &self.backend
     }
 
-    /// Runs one tool call to completion, cancellation or deadline.
+    /// Runs one tool call to completion, cancellation or deadline. With `progress`, tools that
+    /// have a streaming operation send their output as progress notifications while they run.
     pub async fn call(
         &self,
         name: &str,
         arguments: Option<JsonObject>,
         ct: CancellationToken,
+        progress: Option<Progress>,
     ) -> Result<CallToolResult, McpError> {
         let Some(def) = self.defs.iter().find(|d| d.name == name).copied() else {
             return Err(shape::protocol_error(&CallFailure::unknown_tool(name)));
@@ -116,7 +119,7 @@ impl SandboxMcp {
         let outcome = tokio::select! {
             biased;
             () = ct.cancelled() => Err(CallFailure::Deadline("the call was cancelled".into())),
-            r = tokio::time::timeout(deadline, self.dispatch_with_recovery(def, &args)) => match r {
+                        r = tokio::time::timeout(deadline, self.dispatch_with_recovery(def, &args, progress)) => match r {
                 Ok(r) => r,
                 Err(_) => Err(CallFailure::Deadline(format!("no answer within {} s", deadline.as_secs()))),
             },
@@ -149,15 +152,35 @@ impl SandboxMcp {
         &self,
         def: &ToolDef,
         args: &Args,
+        progress: Option<Progress>,
     ) -> Result<serde_json::Value, CallFailure> {
         let client = self.backend.client().await?;
-        match dispatch::dispatch(&client, &def.name, args).await {
+        match self
+            .dispatch_once(&client, def, args, progress.clone())
+            .await
+        {
             Err(f) if f.is_connect_failure() && self.backend.recover(&client).await => {
                 let client = self.backend.client().await?;
-                dispatch::dispatch(&client, &def.name, args).await
+                self.dispatch_once(&client, def, args, progress).await
             }
             other => other,
         }
+    }
+
+    async fn dispatch_once(
+        &self,
+        client: &crate::client::Client,
+        def: &ToolDef,
+        args: &Args,
+        progress: Option<Progress>,
+    ) -> Result<serde_json::Value, CallFailure> {
+        if let Some(progress) = progress
+            && def.stream_operation.is_some()
+            && let Some(events) = dispatch::dispatch_stream(client, &def.name, args).await?
+        {
+            return progress::relay(events, progress).await;
+        }
+        dispatch::dispatch(client, &def.name, args).await
     }
 }
 
@@ -190,7 +213,11 @@ impl ServerHandler for SandboxMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        self.call(&request.name, request.arguments, context.ct)
+        let progress = context.meta.get_progress_token().map(|token| Progress {
+            peer: context.peer.clone(),
+            token,
+        });
+        self.call(&request.name, request.arguments, context.ct, progress)
             .await
             .map(CallToolResponse::from)
     }

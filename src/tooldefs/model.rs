@@ -48,6 +48,10 @@ pub struct ToolDef {
     pub errors: BTreeMap<String, String>,
     /// Integer argument (milliseconds) that extends the call's deadline, e.g. an exec timeout.
     pub timeout_arg_ms: Option<String>,
+    /// NDJSON variant of `operation` with the same arguments, used when the client asks for
+    /// progress: its `output` events become progress notifications, its `result` the result.
+    #[serde(default)]
+    pub stream_operation: Option<String>,
 }
 
 /// MCP tool annotations, resolved: HTTP-method defaults with TOML overrides applied.

@@ -1,0 +1,330 @@
+//! Background jobs: commands that outlive the call that started them.
+//!
+//! A job's stdout and stderr go, interleaved as written, to a log file inside the sandbox
+//! (`/tmp/sandbox-mcp/jobs/<id>.log`); `JobStatus` pages through it by byte offset. Offsets are
+//! absolute and never reused: when a log outgrows its limit, its oldest half is dropped and
+//! `dropped_bytes` says how much is gone. Jobs are bounded in number, running and kept.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use tokio::io::AsyncReadExt;
+
+use super::protocol::{ErrorKind, JobInfo, JobState, Response};
+use super::reaper::{Exit, Reaper};
+use super::spawn::{self, DEFAULT_CWD, Launch, error};
+
+pub const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
+/// Most jobs running at once in one sandbox.
+pub const MAX_RUNNING: usize = 64;
+/// Most jobs remembered (finished ones are forgotten oldest first).
+pub const MAX_KEPT: usize = 256;
+/// A log is trimmed to half when it grows past this.
+const LOG_LIMIT: u64 = 64 * 1024 * 1024;
+
+struct Job {
+    id: String,
+    command: String,
+    pid: i32,
+    started_at: i64,
+    finished_at: Cell<Option<i64>>,
+    exit: Cell<Option<Exit>>,
+    /// Bytes ever written by the job.
+    bytes: Cell<u64>,
+    /// Bytes dropped from the front of the log.
+    dropped: Cell<u64>,
+    log: PathBuf,
+    pipe_inodes: Vec<u64>,
+}
+
+impl Job {
+    fn info(&self) -> JobInfo {
+        let (exit_code, signal) = match self.exit.get() {
+            Some(Exit::Code(c)) => (Some(c), None),
+            Some(Exit::Signal(s)) => (None, Some(s)),
+            None => (None, None),
+        };
+        JobInfo {
+            job_id: self.id.clone(),
+            command: self.command.clone(),
+            status: if self.exit.get().is_some() {
+                JobState::Exited
+            } else {
+                JobState::Running
+            },
+            exit_code,
+            signal,
+            started_at: self.started_at,
+            finished_at: self.finished_at.get(),
+            output_bytes: self.bytes.get(),
+            log_file: self.log.display().to_string(),
+            output: None,
+            offset: 0,
+            next_offset: self.bytes.get(),
+            dropped_bytes: self.dropped.get(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    #[test]
+    fn pages_never_end_inside_a_character() {
+        let text = "aé€😀".as_bytes();
+        for cut in 0..=text.len() {
+            let end = super::utf8_safe_end(&text[..cut]);
+            assert!(
+                std::str::from_utf8(&text[..end]).is_ok(),
+                "cut {cut} → {end}"
+            );
+            assert!(cut - end < 4);
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Jobs {
+    map: RefCell<BTreeMap<u64, Rc<Job>>>,
+    next: Cell<u64>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn unknown(id: &str) -> Response {
+    error(
+        ErrorKind::NotFound,
+        format!(
+            "job {id} does not exist (or was forgotten after finishing); sandbox_info lists the sandbox's jobs"
+        ),
+    )
+}
+
+impl Jobs {
+    fn find(&self, id: &str) -> Option<Rc<Job>> {
+        self.map.borrow().values().find(|j| j.id == id).cloned()
+    }
+
+    /// Frees a slot by forgetting the oldest finished job; fails when too many are running.
+    fn make_room(&self) -> Result<(), Response> {
+        let running = self
+            .map
+            .borrow()
+            .values()
+            .filter(|j| j.exit.get().is_none())
+            .count();
+        if running >= MAX_RUNNING {
+            return Err(error(
+                ErrorKind::Conflict,
+                format!(
+                    "{running} background jobs are already running in this sandbox (the limit is {MAX_RUNNING}); wait for some or stop them with sandbox_job_kill"
+                ),
+            ));
+        }
+        let mut map = self.map.borrow_mut();
+        while map.len() >= MAX_KEPT {
+            let oldest_done = map
+                .iter()
+                .find(|(_, j)| j.exit.get().is_some())
+                .map(|(k, _)| *k);
+            match oldest_done {
+                Some(k) => {
+                    if let Some(j) = map.remove(&k) {
+                        let _ = std::fs::remove_file(&j.log);
+                    }
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    pub fn start(
+        &self,
+        command: String,
+        cwd: Option<String>,
+        env: &[(String, String)],
+        sandbox_env: &[(String, String)],
+        reaper: &Reaper,
+    ) -> Response {
+        let cwd = cwd.unwrap_or_else(|| DEFAULT_CWD.to_string());
+        if command.contains('\0') {
+            return error(ErrorKind::InvalidArgument, "command contains a NUL byte");
+        }
+        if let Err(e) = spawn::check(&cwd, env) {
+            return e;
+        }
+        if let Err(e) = self.make_room() {
+            return e;
+        }
+        let n = self.next.get() + 1;
+        let id = format!("job_{n}");
+        let log = Path::new(JOB_DIR).join(format!("{id}.log"));
+        let file = std::fs::create_dir_all(JOB_DIR).and_then(|()| File::create(&log));
+        let file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                return error(
+                    ErrorKind::Io,
+                    format!("cannot create the job's log {}: {e}", log.display()),
+                );
+            }
+        };
+        let launch = Launch {
+            program: "/bin/sh",
+            args: &["-c", &command],
+            cwd: &cwd,
+            env: &[sandbox_env, env],
+            merge_output: true,
+            extra_fds: &[],
+        };
+        let started = match spawn::start(&launch, reaper) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_file(&log);
+                return e;
+            }
+        };
+        self.next.set(n);
+        let job = Rc::new(Job {
+            id,
+            command,
+            pid: started.pid,
+            started_at: now_ms(),
+            finished_at: Cell::new(None),
+            exit: Cell::new(None),
+            bytes: Cell::new(0),
+            dropped: Cell::new(0),
+            log,
+            pipe_inodes: started.pipe_inodes.clone(),
+        });
+        self.map.borrow_mut().insert(n, job.clone());
+        tokio::task::spawn_local(record(job.clone(), started.stdout, file));
+        tokio::task::spawn_local(async move {
+            let exit = started.exit.await.unwrap_or(Exit::Signal(libc::SIGKILL));
+            job.exit.set(Some(exit));
+            job.finished_at.set(Some(now_ms()));
+        });
+        let info = self.find(&format!("job_{n}")).map(|j| j.info());
+        match info {
+            Some(info) => Response::Job(Box::new(info)),
+            None => error(ErrorKind::Io, "the job vanished"),
+        }
+    }
+
+    pub fn status(&self, id: &str, since: u64, max_bytes: u64) -> Response {
+        let Some(job) = self.find(id) else {
+            return unknown(id);
+        };
+        let mut info = job.info();
+        let total = job.bytes.get();
+        let dropped = job.dropped.get();
+        let offset = since.clamp(dropped, total);
+        let want = (total - offset).min(max_bytes) as usize;
+        let mut data = vec![0u8; want];
+        let read = File::open(&job.log)
+            .and_then(|mut f| {
+                f.seek(SeekFrom::Start(offset - dropped))?;
+                let mut got = 0;
+                while got < want {
+                    match f.read(&mut data[got..])? {
+                        0 => break,
+                        n => got += n,
+                    }
+                }
+                Ok(got)
+            })
+            .unwrap_or(0);
+        data.truncate(read);
+        // Do not split a UTF-8 character at the end of a page: leave it for the next one.
+        if offset + (data.len() as u64) < total {
+            let end = utf8_safe_end(&data);
+            data.truncate(end);
+        }
+        info.output = Some(String::from_utf8_lossy(&data).into_owned());
+        info.offset = offset;
+        info.next_offset = offset + data.len() as u64;
+        Response::Job(Box::new(info))
+    }
+
+    pub fn kill(&self, id: &str) -> Response {
+        let Some(job) = self.find(id) else {
+            return unknown(id);
+        };
+        if job.exit.get().is_none() {
+            spawn::kill_group(job.pid);
+            spawn::kill_pipe_holders(&job.pipe_inodes);
+        }
+        Response::Job(Box::new(job.info()))
+    }
+
+    pub fn list(&self) -> Vec<JobInfo> {
+        self.map.borrow().values().map(|j| j.info()).collect()
+    }
+}
+
+/// Where to cut `data` so it does not end inside a UTF-8 character (an incomplete trailing
+/// sequence is left for the next page).
+fn utf8_safe_end(data: &[u8]) -> usize {
+    let len = data.len();
+    for back in 1..=3.min(len) {
+        let b = data[len - back];
+        if b & 0xC0 != 0x80 {
+            // A lead byte (or ASCII): how long its character is.
+            let width = match b {
+                0x00..=0x7F => 1,
+                0xC0..=0xDF => 2,
+                0xE0..=0xEF => 3,
+                _ => 4,
+            };
+            return if width > back { len - back } else { len };
+        }
+    }
+    len
+}
+
+/// Copies a job's output to its log until every writer has closed the pipe.
+async fn record(job: Rc<Job>, mut pipe: tokio::net::unix::pipe::Receiver, mut file: File) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if file.write_all(&buf[..n]).is_err() {
+            // Disk full or the log was deleted: keep draining so the job never blocks.
+            job.bytes.set(job.bytes.get() + n as u64);
+            continue;
+        }
+        job.bytes.set(job.bytes.get() + n as u64);
+        let kept = job.bytes.get() - job.dropped.get();
+        if kept > LOG_LIMIT
+            && let Ok(f) = trim(&job.log, kept / 2)
+        {
+            job.dropped.set(job.dropped.get() + kept / 2);
+            file = f;
+        }
+    }
+}
+
+/// Drops the first `cut` bytes of a log; returns the new file, opened for appending.
+fn trim(path: &Path, cut: u64) -> std::io::Result<File> {
+    let tmp = path.with_extension("log.trim");
+    {
+        let mut src = File::open(path)?;
+        src.seek(SeekFrom::Start(cut))?;
+        let mut dst = File::create(&tmp)?;
+        std::io::copy(&mut src, &mut dst)?;
+    }
+    std::fs::rename(&tmp, path)?;
+    OpenOptions::new().append(true).open(path)
+}

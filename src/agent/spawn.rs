@@ -1,0 +1,247 @@
+//! Starting processes inside the sandbox: one place that builds the environment, gives each
+//! process its own session, wires its pipes and registers it with the reaper.
+
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use tokio::net::unix::pipe;
+
+use super::protocol::{ErrorKind, Response};
+use super::reaper::{Exit, Reaper};
+
+/// Working directory when none is given.
+pub const DEFAULT_CWD: &str = "/root";
+
+/// The environment every process starts from (before sandbox and per-call variables).
+pub fn base_env() -> Vec<(String, String)> {
+    [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", "/root"),
+        ("USER", "root"),
+        ("LOGNAME", "root"),
+        ("SHELL", "/bin/sh"),
+        ("LANG", "C.UTF-8"),
+        ("LC_ALL", "C.UTF-8"),
+        ("TERM", "dumb"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// Checks a working directory and an environment before anything is started.
+pub fn check(cwd: &str, env: &[(String, String)]) -> Result<(), Response> {
+    if cwd.contains('\0') {
+        return Err(error(ErrorKind::InvalidArgument, "cwd contains a NUL byte"));
+    }
+    match std::fs::metadata(cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(error(
+                ErrorKind::InvalidArgument,
+                format!("cwd {cwd} is not a directory"),
+            ));
+        }
+        Err(_) => {
+            return Err(error(
+                ErrorKind::InvalidArgument,
+                format!("cwd {cwd} does not exist; create it first (mkdir -p) or omit cwd"),
+            ));
+        }
+    }
+    for (k, v) in env {
+        if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+            return Err(error(
+                ErrorKind::InvalidArgument,
+                format!("invalid environment variable name or value: {k:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What to start.
+pub struct Launch<'a> {
+    pub program: &'a str,
+    pub args: &'a [&'a str],
+    pub cwd: &'a str,
+    /// Sandbox-wide variables, then per-call ones (later wins).
+    pub env: &'a [&'a [(String, String)]],
+    /// stdout and stderr into one pipe, in the order written (background jobs).
+    pub merge_output: bool,
+    /// Descriptors to place at 3, 4, … in the child (interpreter control pipes).
+    pub extra_fds: &'a [RawFd],
+}
+
+/// A started process.
+pub struct Started {
+    pub pid: i32,
+    pub exit: tokio::sync::oneshot::Receiver<Exit>,
+    pub stdout: pipe::Receiver,
+    /// `None` when output is merged into `stdout`.
+    pub stderr: Option<pipe::Receiver>,
+    /// Inodes of the output pipes, to find escaped descendants that still hold them.
+    pub pipe_inodes: Vec<u64>,
+}
+
+fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
+    nix::sys::stat::fstat(fd).map(|s| s.st_ino).unwrap_or(0)
+}
+
+/// Starts a process in its own session with stdin on /dev/null.
+pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, Response> {
+    let mut cmd = Command::new(launch.program);
+    cmd.args(launch.args)
+        .current_dir(launch.cwd)
+        .env_clear()
+        .envs(base_env())
+        .stdin(Stdio::null());
+    for vars in launch.env {
+        cmd.envs(vars.iter().cloned());
+    }
+    let merged = if launch.merge_output {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| error(ErrorKind::Io, format!("cannot create a pipe: {e}")))?;
+        let w2 = w
+            .try_clone()
+            .map_err(|e| error(ErrorKind::Io, format!("cannot create a pipe: {e}")))?;
+        cmd.stdout(Stdio::from(w)).stderr(Stdio::from(w2));
+        Some(r)
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        None
+    };
+    let extra: Vec<RawFd> = launch.extra_fds.to_vec();
+    // SAFETY: runs in the forked child before exec and calls only async-signal-safe functions
+    // (setsid, fcntl, dup2). A new session gives the process its own process group (killed as a
+    // unit) and no controlling terminal (so TIOCSTI has nothing to inject into). Extra descriptors
+    // are first moved above the target numbers so placing one cannot clobber another.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            let mut high = Vec::with_capacity(extra.len());
+            for fd in &extra {
+                let h = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64);
+                if h < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                high.push(h);
+            }
+            for (i, h) in high.iter().enumerate() {
+                if libc::dup2(*h, 3 + i as RawFd) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::EAGAIN) => " (the sandbox's process limit is reached; kill some processes)",
+            Some(libc::ENOENT) => " (it is not installed in this sandbox)",
+            _ => "",
+        };
+        error(
+            ErrorKind::Io,
+            format!("cannot start {}: {e}{hint}", launch.program),
+        )
+    })?;
+    drop(cmd); // closes our copies of the merged pipe's write ends
+    let pid = child.id() as i32;
+    let exit = reaper.watch(pid);
+    let to_async = |fd: OwnedFd| {
+        pipe::Receiver::from_owned_fd(fd)
+            .map_err(|e| error(ErrorKind::Io, format!("cannot watch output: {e}")))
+    };
+    let (stdout, stderr) = match merged {
+        Some(r) => (to_async(r)?, None),
+        None => {
+            let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+                return Err(error(ErrorKind::Io, "output pipes are missing"));
+            };
+            (to_async(out.into())?, Some(to_async(err.into())?))
+        }
+    };
+    drop(child); // never waited on through std: the reaper owns every exit status
+    let mut pipe_inodes = vec![inode_of(&stdout)];
+    if let Some(e) = &stderr {
+        pipe_inodes.push(inode_of(e));
+    }
+    Ok(Started {
+        pid,
+        exit,
+        stdout,
+        stderr,
+        pipe_inodes,
+    })
+}
+
+/// SIGKILL to a process group (its session leader's pid).
+pub fn kill_group(pid: i32) {
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+}
+
+/// SIGKILL to every process still holding one of these pipes: descendants that left the
+/// process group (setsid, double fork) but would otherwise keep a call open.
+pub fn kill_pipe_holders(inodes: &[u64]) {
+    let me = std::process::id();
+    let wanted: Vec<String> = inodes
+        .iter()
+        .filter(|i| **i != 0)
+        .map(|i| format!("pipe:[{i}]"))
+        .collect();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path())
+                .map(|target| wanted.iter().any(|w| target.as_os_str() == w.as_str()))
+                .unwrap_or(false)
+        });
+        if holds {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// A fresh path for a spilled stream: `/tmp/sandbox-mcp/output/<time>-<n>.<stream>`.
+pub fn spill_path(stream: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    std::path::Path::new(super::capture::SPILL_DIR).join(format!("{ms}-{n}.{stream}"))
+}
