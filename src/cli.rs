@@ -41,6 +41,26 @@ enum Command {
     Engine(EngineArgs),
     /// Print the tools this server offers, for people.
     Tools(ToolsArgs),
+    /// Manage the access keys of the HTTP transport (`serve --http`).
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum KeysCommand {
+    /// Create a key for a tenant and print its token (shown once, never stored).
+    Create {
+        /// Tenant the key belongs to: it sees and touches only that tenant's sandboxes.
+        #[arg(long)]
+        tenant: String,
+    },
+    /// List keys (ids, tenants, state; never tokens).
+    List,
+    /// Revoke a key by id; a running server refuses it at once.
+    Revoke {
+        /// The key's id, as `keys list` shows it.
+        id: String,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -64,6 +84,48 @@ struct ServeArgs {
     /// timeout (sandbox_exec's timeout_ms) get that plus 15 s.
     #[arg(long, env = "SANDBOX_MCP_TIMEOUT", default_value_t = 60, global = true)]
     request_timeout: u64,
+    /// Give each MCP session its own sandbox, created on first use and killed when the session
+    /// ends; tools then take no sandbox_id.
+    #[arg(long, env = "SANDBOX_MCP_SESSION_SANDBOX", global = true)]
+    session_sandbox: bool,
+    /// Serve MCP over Streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8080).
+    #[arg(long, env = "SANDBOX_MCP_HTTP", value_name = "ADDR", global = true)]
+    http: Option<std::net::SocketAddr>,
+    /// HTTP: serve without authentication (refused unless ADDR is loopback).
+    #[arg(long, global = true)]
+    dev: bool,
+    /// HTTP: also accept this host name in Host and Origin headers (loopback names always are).
+    #[arg(
+        long = "allow-host",
+        env = "SANDBOX_MCP_ALLOW_HOSTS",
+        value_delimiter = ',',
+        global = true
+    )]
+    allow_hosts: Vec<String>,
+    /// HTTP: also accept this browser Origin (`https://app.example.com`).
+    #[arg(
+        long = "allow-origin",
+        env = "SANDBOX_MCP_ALLOW_ORIGINS",
+        value_delimiter = ',',
+        global = true
+    )]
+    allow_origins: Vec<String>,
+    /// HTTP: requests per second per tenant (bursts of twice that); 0 for no limit.
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_RATE_LIMIT",
+        default_value_t = 100.0,
+        global = true
+    )]
+    rate_limit: f64,
+    /// HTTP: close a session (and kill its session sandbox) after this many idle seconds.
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_SESSION_IDLE",
+        default_value_t = 1800,
+        global = true
+    )]
+    session_idle_timeout: u64,
     #[command(flatten)]
     engine: EngineSettings,
 }
@@ -149,6 +211,7 @@ pub fn main() -> ExitCode {
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
         Some(Command::Engine(args)) => runtime.block_on(engine(cli.serve.engine, args)),
         Some(Command::Tools(args)) => tools(&cli.serve.tools, args.json),
+        Some(Command::Keys(cmd)) => keys(&cli.serve.engine, cmd),
     };
     // Sandboxes and sockets are shut down already; don't wait for idle blocking threads.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -163,7 +226,10 @@ pub fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging("warn,rmcp::service=error");
-    let selection = registry().select(&args.tools).map_err(anyhow::Error::msg)?;
+    let profile = args.session_sandbox.then_some("session");
+    let selection = registry()
+        .select_in(profile, &args.tools)
+        .map_err(anyhow::Error::msg)?;
     let backend = match &args.url {
         Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
             .map_err(anyhow::Error::msg)?,
@@ -173,8 +239,26 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
         ..ServerSettings::default()
     };
-    let server = SandboxMcp::new(backend.clone(), selection, settings);
-    let session = crate::mcp::stdio::frame(
+    let outcome = match args.http {
+        Some(listen) => serve_http(&args, listen, backend.clone(), selection, settings).await,
+        None => serve_stdio(&args, backend.clone(), selection, settings).await,
+    };
+    backend.shutdown().await;
+    outcome
+}
+
+async fn serve_stdio(
+    args: &ServeArgs,
+    backend: Backend,
+    selection: Vec<&'static crate::tooldefs::ToolDef>,
+    settings: ServerSettings,
+) -> anyhow::Result<()> {
+    let mut server = SandboxMcp::new(backend, selection, settings);
+    if args.session_sandbox {
+        server = server.with_session(crate::mcp::session::SessionSandboxes::default());
+    }
+    let session = server.clone();
+    let io = crate::mcp::stdio::frame(
         tokio::io::stdin(),
         tokio::io::stdout(),
         |input, output| async move {
@@ -185,11 +269,81 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     let outcome = tokio::select! {
-        r = session => r,
+        r = io => r,
         () = terminated() => Ok(()),
     };
-    backend.shutdown().await;
+    // stdin EOF or SIGTERM ends the (only) session.
+    session.end_session().await;
     outcome
+}
+
+async fn serve_http(
+    args: &ServeArgs,
+    listen: std::net::SocketAddr,
+    backend: Backend,
+    selection: Vec<&'static crate::tooldefs::ToolDef>,
+    settings: ServerSettings,
+) -> anyhow::Result<()> {
+    use crate::mcp::http::{HttpOptions, HttpServer};
+    let config = args.engine.config();
+    let keys = std::sync::Arc::new(crate::keys::KeyStore::open(&config.data_dir));
+    if !args.dev
+        && keys
+            .list()
+            .map(|k| k.iter().all(|k| k.revoked_at.is_some()))
+            .unwrap_or(true)
+    {
+        tracing::warn!(
+            "no access keys yet: every request will get 401. Create one with `sandbox-mcp keys create --tenant NAME` (it works without a restart)"
+        );
+    }
+    let opts = HttpOptions {
+        listen,
+        dev: args.dev,
+        allowed_hosts: args.allow_hosts.clone(),
+        allowed_origins: args.allow_origins.clone(),
+        rate_limit: args.rate_limit,
+        session_idle: Duration::from_secs(args.session_idle_timeout.max(1)),
+        session_sandbox: args.session_sandbox,
+    };
+    let server = HttpServer::start(opts, backend, Some(keys), selection, settings).await?;
+    eprintln!("sandbox-mcp: serving MCP on http://{}/mcp", server.addr);
+    terminated().await;
+    tracing::info!("shutting down: finishing in-flight calls");
+    server.shutdown(Duration::from_secs(30)).await;
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)] // the token is the command's output, alone on stdout
+fn keys(settings: &EngineSettings, cmd: KeysCommand) -> anyhow::Result<()> {
+    let config = settings.config();
+    std::fs::create_dir_all(&config.data_dir)?;
+    let store = crate::keys::KeyStore::open(&config.data_dir);
+    match cmd {
+        KeysCommand::Create { tenant } => {
+            let (record, token) = store.create(&tenant)?;
+            eprintln!(
+                "created {} for tenant {}; the token below is shown only once",
+                record.id, record.tenant
+            );
+            println!("{token}");
+        }
+        KeysCommand::List => {
+            println!("{:<14} {:<24} {:<22} STATE", "ID", "TENANT", "CREATED");
+            for k in store.list()? {
+                let state = k
+                    .revoked_at
+                    .as_deref()
+                    .map_or("active".to_string(), |t| format!("revoked {t}"));
+                println!("{:<14} {:<24} {:<22} {state}", k.id, k.tenant, k.created_at);
+            }
+        }
+        KeysCommand::Revoke { id } => {
+            let record = store.revoke(&id)?;
+            eprintln!("revoked {} (tenant {})", record.id, record.tenant);
+        }
+    }
+    Ok(())
 }
 
 /// Resolves on SIGTERM or SIGINT.

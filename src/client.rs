@@ -41,7 +41,22 @@ impl std::fmt::Debug for ApiKey {
 /// No overall timeout is set here: the MCP layer gives each call its own deadline (an exec may
 /// legitimately run for ten minutes), and progenitor's default of 15 s would cut those short.
 pub fn connect(base_url: &str, key: Option<&ApiKey>) -> Result<Client, reqwest::Error> {
+    connect_as(base_url, key, None)
+}
+
+/// Like [`connect`], acting for one tenant: the engine then shows and creates only that tenant's
+/// sandboxes (the `x-sandbox-tenant` header, see `engine::server::Tenant`).
+pub fn connect_as(
+    base_url: &str,
+    key: Option<&ApiKey>,
+    tenant: Option<&str>,
+) -> Result<Client, reqwest::Error> {
     let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(tenant) = tenant
+        && let Ok(value) = reqwest::header::HeaderValue::from_str(tenant)
+    {
+        headers.insert("x-sandbox-tenant", value);
+    }
     if let Some(key) = key
         && let Ok(mut value) =
             reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose()))

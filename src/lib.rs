@@ -10,5 +10,6 @@ pub mod cli;
 pub mod client;
 pub mod engine;
 pub mod jsonschema;
+pub mod keys;
 pub mod mcp;
 pub mod tooldefs;

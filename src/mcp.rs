@@ -8,8 +8,10 @@
 pub mod args;
 pub mod backend;
 pub mod call;
+pub mod http;
 pub mod progress;
 pub mod server;
+pub mod session;
 pub mod shape;
 pub mod stdio;
 

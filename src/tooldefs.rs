@@ -7,7 +7,9 @@ pub mod model;
 
 use std::sync::LazyLock;
 
-pub use model::{Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Registry, ToolDef};
+pub use model::{
+    Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Profile, Registry, ToolDef,
+};
 
 const REGISTRY_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/tools.json"));
 
@@ -22,6 +24,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
             tools: Vec::new(),
             inventory: Vec::new(),
             toolsets: Default::default(),
+            profiles: Default::default(),
         }
     })
 });
@@ -34,6 +37,23 @@ pub fn registry() -> &'static Registry {
 impl Registry {
     pub fn tool(&self, name: &str) -> Option<&ToolDef> {
         self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// Resolves `--tools` within a profile's tools (`None`: the plain tools).
+    pub fn select_in(&self, profile: Option<&str>, spec: &str) -> Result<Vec<&ToolDef>, String> {
+        let Some(name) = profile else {
+            return self.select(spec);
+        };
+        let profile = self
+            .profiles
+            .get(name)
+            .ok_or_else(|| format!("no tool profile `{name}`"))?;
+        let wanted: Vec<&str> = self.select(spec)?.iter().map(|t| t.name.as_str()).collect();
+        Ok(profile
+            .tools
+            .iter()
+            .filter(|t| wanted.contains(&t.name.as_str()))
+            .collect())
     }
 
     /// Resolves `--tools`: `all`, a toolset name, or a comma-separated list of tool names.

@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
 
-use super::model::{Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Registry, ToolDef};
+use super::model::{
+    Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Profile, Registry, ToolDef,
+};
 use super::raw::{RawAnnotations, RawFile, RawTool};
 use super::spec::{Location, Operation, Spec};
 use super::{CodegenError, did_you_mean, jsonschema};
@@ -156,6 +158,21 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
         }
     }
 
+    let mut profiles = BTreeMap::new();
+    for file in files {
+        for raw in &file.profiles {
+            if let Some(p) = bind_profile(&mut ctx, &file.name, raw, &tools)
+                && profiles.insert(raw.name.clone(), p).is_some()
+            {
+                ctx.fail(
+                    &file.name,
+                    Some(&format!("[[profile]] {}", raw.name)),
+                    "a profile of this name already exists; rename one",
+                );
+            }
+        }
+    }
+
     if !ctx.errors.is_empty() {
         return Err(ctx.errors);
     }
@@ -165,6 +182,94 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
         tools,
         inventory,
         toolsets,
+        profiles,
+    })
+}
+
+/// A profile's tools: the registry's, minus the excluded, with the session argument hidden.
+fn bind_profile(
+    ctx: &mut Ctx<'_>,
+    f: &str,
+    raw: &super::raw::RawProfile,
+    tools: &[ToolDef],
+) -> Option<Profile> {
+    let label = format!("[[profile]] {}", raw.name);
+    let before = ctx.errors.len();
+    if raw.name.is_empty()
+        || !raw
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b == b'-' || b == b'_')
+    {
+        ctx.fail(f, Some(&label), "a profile name uses a-z, `-` and `_` only");
+    }
+    if raw.description.trim().is_empty() {
+        ctx.fail(
+            f,
+            Some(&label),
+            "`description` is empty; say what the profile is for",
+        );
+    }
+    for name in &raw.exclude {
+        if !tools.iter().any(|t| &t.name == name) {
+            let hint = did_you_mean(name, tools.iter().map(|t| t.name.as_str()));
+            ctx.fail(
+                f,
+                Some(&label),
+                format!("excludes unknown tool `{name}`.{hint}"),
+            );
+        }
+    }
+    if let Some(arg) = &raw.session_arg
+        && !tools.iter().any(|t| t.args.iter().any(|a| &a.name == arg))
+    {
+        ctx.fail(
+            f,
+            Some(&label),
+            format!("session_arg `{arg}` is no argument of any tool"),
+        );
+    }
+    if ctx.errors.len() > before {
+        return None;
+    }
+    let tools = tools
+        .iter()
+        .filter(|t| !raw.exclude.contains(&t.name))
+        .cloned()
+        .map(|mut t| {
+            if let Some(arg) = &raw.session_arg
+                && let Some(a) = t.args.iter_mut().find(|a| &a.name == arg)
+            {
+                a.hidden = true;
+                a.required = false;
+                if let Some(props) = t
+                    .input_schema
+                    .get_mut("properties")
+                    .and_then(Value::as_object_mut)
+                {
+                    props.remove(arg);
+                }
+                if let Some(req) = t
+                    .input_schema
+                    .get_mut("required")
+                    .and_then(Value::as_array_mut)
+                {
+                    req.retain(|v| v.as_str() != Some(arg.as_str()));
+                    if req.is_empty()
+                        && let Some(o) = t.input_schema.as_object_mut()
+                    {
+                        o.remove("required");
+                    }
+                }
+                t.session_arg = Some(arg.clone());
+            }
+            t
+        })
+        .collect();
+    Some(Profile {
+        description: raw.description.trim().to_string(),
+        session_arg: raw.session_arg.clone(),
+        tools,
     })
 }
 
@@ -344,6 +449,7 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
         errors,
         timeout_arg_ms: raw.timeout_arg_ms.clone(),
         stream_operation: raw.stream_operation.clone(),
+        session_arg: None,
     })
 }
 

@@ -16,6 +16,20 @@ pub struct RawFile {
     pub defaults: RawDefaults,
     pub tools: Vec<RawTool>,
     pub excludes: Vec<RawExclude>,
+    pub profiles: Vec<RawProfile>,
+}
+
+/// `[[profile]]`: a tool surface derived from all the tools.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawProfile {
+    pub name: String,
+    pub description: String,
+    /// Argument filled from the session instead of given by the model.
+    pub session_arg: Option<String>,
+    /// Tools left out of this profile.
+    #[serde(default)]
+    pub exclude: Vec<String>,
 }
 
 /// `[defaults]`: applies to every tool in the file unless the tool says otherwise.
@@ -90,7 +104,7 @@ pub struct RawExclude {
     pub reason: String,
 }
 
-const TOP_LEVEL_KEYS: [&str; 3] = ["defaults", "tool", "exclude"];
+const TOP_LEVEL_KEYS: [&str; 4] = ["defaults", "tool", "exclude", "profile"];
 
 /// Parses one file, collecting every error in it.
 pub fn parse_file(name: &str, text: &str) -> Result<RawFile, Vec<CodegenError>> {
@@ -163,6 +177,25 @@ pub fn parse_file(name: &str, text: &str) -> Result<RawFile, Vec<CodegenError>> 
                         .map(|o| format!("[[exclude]] {o}"));
                     match entry.try_into::<RawExclude>() {
                         Ok(x) => file.excludes.push(x),
+                        Err(e) => errors.push(err(label, clean(&e))),
+                    }
+                }
+            }
+            "profile" => {
+                let toml::Value::Array(entries) = value else {
+                    errors.push(err(
+                        None,
+                        "`profile` must be an array of tables: write `[[profile]]`".into(),
+                    ));
+                    continue;
+                };
+                for entry in entries {
+                    let label = entry
+                        .get("name")
+                        .and_then(toml::Value::as_str)
+                        .map(|n| format!("[[profile]] {n}"));
+                    match entry.try_into::<RawProfile>() {
+                        Ok(p) => file.profiles.push(p),
                         Err(e) => errors.push(err(label, clean(&e))),
                     }
                 }

@@ -41,14 +41,16 @@ pub fn current_request_id() -> String {
 #[derive(Debug, Clone, Default)]
 pub struct Principal {
     pub tenant: Option<String>,
-    /// May act for any tenant named in the `x-sandbox-tenant` header (the MCP server's own key).
-    pub service: bool,
 }
 
-/// Header a service key uses to act for one tenant.
+/// Header with which a request acts for one tenant (the MCP HTTP server sends it for its clients).
 pub const TENANT_HEADER: &str = "x-sandbox-tenant";
 
 /// The tenant whose sandboxes a request may see (`None`: all).
+///
+/// A key bound to a tenant always acts for it. An unbound key (which sees every sandbox) may narrow
+/// itself to one tenant with the `x-sandbox-tenant` header; narrowing grants nothing, so any
+/// unbound key may do it.
 pub struct Tenant(pub Option<String>);
 
 impl<S: Send + Sync> FromRequestParts<S> for Tenant {
@@ -60,15 +62,22 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
             .get::<Principal>()
             .cloned()
             .ok_or(EngineError::Unauthorized)?;
-        if principal.service
-            && let Some(value) = parts.headers.get(TENANT_HEADER)
-        {
-            let tenant = value
-                .to_str()
-                .map_err(|_| EngineError::InvalidArgument("invalid tenant header".into()))?;
-            return Ok(Tenant(Some(tenant.to_string())));
+        if principal.tenant.is_some() {
+            return Ok(Tenant(principal.tenant));
         }
-        Ok(Tenant(principal.tenant))
+        match parts.headers.get(TENANT_HEADER) {
+            None => Ok(Tenant(None)),
+            Some(value) => {
+                let tenant = value
+                    .to_str()
+                    .ok()
+                    .filter(|t| crate::keys::valid_tenant(t))
+                    .ok_or_else(|| {
+                        EngineError::InvalidArgument("invalid x-sandbox-tenant header".into())
+                    })?;
+                Ok(Tenant(Some(tenant.to_string())))
+            }
+        }
     }
 }
 
@@ -163,15 +172,9 @@ impl Keys {
         }
     }
 
-    /// Adds a service key (the local MCP server's).
+    /// Adds a key (the local MCP server's).
     pub fn with_service_key(mut self, key: &str) -> Self {
-        self.fixed.push((
-            digest(key),
-            Principal {
-                tenant: None,
-                service: true,
-            },
-        ));
+        self.fixed.push((digest(key), Principal { tenant: None }));
         self
     }
 

@@ -41,6 +41,11 @@ impl Args {
         self.map.get(name)
     }
 
+    /// Sets an argument the model does not give (a session's sandbox id).
+    pub fn set(&mut self, name: &str, value: Value) {
+        self.map.insert(name.to_string(), value);
+    }
+
     fn required<T>(
         &self,
         name: &str,

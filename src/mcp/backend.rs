@@ -4,13 +4,16 @@
 //! The local engine starts in the background so `initialize` is answered at once; the first tool
 //! call waits for it. When a shared engine goes away (its owning process exited), the next call
 //! that fails to connect takes over: it starts an engine here, or attaches to whichever process
-//! won the race, and the call is retried once.
+//! won the race, and the call is retried once. Clients are built per tenant (the HTTP transport
+//! serves several), and rebuilt when the engine changes.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::{Mutex, watch};
+use tokio::sync::watch;
 
-use crate::client::{ApiKey, Client, connect};
+use crate::client::{ApiKey, Client, connect_as};
 use crate::engine::config::EngineConfig;
 use crate::engine::local::{self, LocalEngine};
 use crate::mcp::call::CallFailure;
@@ -25,39 +28,63 @@ enum Mode {
     Local(EngineConfig),
 }
 
+/// The control plane to talk to; `generation` changes whenever it does.
+#[derive(Clone)]
+struct Endpoint {
+    url: String,
+    key: Option<ApiKey>,
+    generation: u64,
+}
+
 struct Inner {
     mode: Mode,
-    /// The current client, or why there is none (yet). `None` while the local engine starts.
-    current: watch::Sender<Option<Result<Arc<Client>, String>>>,
-    /// The local engine this process owns or attached to; replaced on takeover.
-    local: Mutex<Option<LocalEngine>>,
+    /// The current endpoint, or why there is none (yet). `None` while the local engine starts.
+    endpoint: watch::Sender<Option<Result<Endpoint, String>>>,
+    /// Clients of the current endpoint, per tenant.
+    clients: Mutex<HashMap<Option<String>, Handle>>,
+        /// The local engine this process owns or attached to; replaced on takeover.
+    local: tokio::sync::Mutex<Option<LocalEngine>>,
+    /// Last generation handed out; never reused, so a stale handle never matches a new endpoint.
+    generations: AtomicU64,
+}
+
+/// A client and the endpoint generation it belongs to.
+#[derive(Clone)]
+pub struct Handle {
+    pub client: Arc<Client>,
+    generation: u64,
 }
 
 impl Backend {
+    fn with_mode(mode: Mode, endpoint: Option<Result<Endpoint, String>>) -> Self {
+        let (tx, _) = watch::channel(endpoint);
+        Self {
+            inner: Arc::new(Inner {
+                mode,
+                endpoint: tx,
+                clients: Mutex::new(HashMap::new()),
+                local: tokio::sync::Mutex::new(None),
+                generations: AtomicU64::new(0),
+            }),
+        }
+    }
+
     /// A fixed remote control plane.
     pub fn remote(url: &str, key: Option<ApiKey>) -> Result<Self, String> {
-        let client =
-            connect(url, key.as_ref()).map_err(|e| format!("invalid SANDBOX_MCP_URL: {e}"))?;
-        let (current, _) = watch::channel(Some(Ok(Arc::new(client))));
-        Ok(Self {
-            inner: Arc::new(Inner {
-                mode: Mode::Remote,
-                current,
-                local: Mutex::new(None),
-            }),
-        })
+        // Build one client now so a malformed URL fails at startup, not at the first call.
+        crate::client::connect(url, key.as_ref())
+            .map_err(|e| format!("invalid SANDBOX_MCP_URL: {e}"))?;
+        let endpoint = Endpoint {
+            url: url.to_string(),
+            key,
+            generation: 0,
+        };
+        Ok(Self::with_mode(Mode::Remote, Some(Ok(endpoint))))
     }
 
     /// The local engine for `config.data_dir`, started or attached to in the background.
     pub fn local(config: EngineConfig) -> Self {
-        let (current, _) = watch::channel(None);
-        let backend = Self {
-            inner: Arc::new(Inner {
-                mode: Mode::Local(config),
-                current,
-                local: Mutex::new(None),
-            }),
-        };
+        let backend = Self::with_mode(Mode::Local(config), None);
         let starter = backend.clone();
         tokio::spawn(async move {
             starter.resolve_local().await;
@@ -65,7 +92,7 @@ impl Backend {
         backend
     }
 
-    /// (Re)starts or attaches to the local engine and publishes the client.
+    /// (Re)starts or attaches to the local engine and publishes its endpoint.
     async fn resolve_local(&self) {
         let Mode::Local(config) = &self.inner.mode else {
             return;
@@ -74,52 +101,78 @@ impl Backend {
         if let Some(old) = slot.take() {
             old.shutdown().await;
         }
+        let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let outcome = match local::start_or_attach(config).await {
             Ok(engine) => {
-                let client = connect(engine.url(), Some(engine.key()))
-                    .map(Arc::new)
-                    .map_err(|e| format!("cannot build the engine client: {e}"));
+                let endpoint = Endpoint {
+                    url: engine.url().to_string(),
+                    key: Some(engine.key().clone()),
+                    generation,
+                };
                 *slot = Some(engine);
-                client
+                Ok(endpoint)
             }
             Err(e) => {
                 tracing::error!("local sandbox engine failed to start: {e}");
                 Err(format!("the local sandbox engine failed to start: {e}"))
             }
         };
-        self.inner.current.send_replace(Some(outcome));
+        self.inner.endpoint.send_replace(Some(outcome));
     }
 
-    /// The client to use now, waiting for the local engine if it is still starting.
-    pub async fn client(&self) -> Result<Arc<Client>, CallFailure> {
-        let mut rx = self.inner.current.subscribe();
-        let value = rx
+    /// The client to use now for `tenant`, waiting for the local engine if it is still starting.
+    pub async fn client(&self, tenant: Option<&str>) -> Result<Handle, CallFailure> {
+        let mut rx = self.inner.endpoint.subscribe();
+        let endpoint = rx
             .wait_for(Option::is_some)
             .await
-            .map_err(|_| CallFailure::Unreachable("the engine was shut down".into()))?;
-        match value.as_ref() {
-            Some(Ok(client)) => Ok(client.clone()),
-            Some(Err(e)) => Err(CallFailure::Unreachable(e.clone())),
-            None => Err(CallFailure::Unreachable("the engine is not ready".into())),
+            .map_err(|_| CallFailure::Unreachable("the engine was shut down".into()))?
+            .clone();
+        let endpoint = match endpoint {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => return Err(CallFailure::Unreachable(e)),
+            None => return Err(CallFailure::Unreachable("the engine is not ready".into())),
+        };
+        let mut clients = self.inner.clients.lock().unwrap_or_else(|p| p.into_inner());
+        let key = tenant.map(String::from);
+        if let Some(handle) = clients.get(&key)
+            && handle.generation == endpoint.generation
+        {
+            return Ok(handle.clone());
         }
+        let client = Arc::new(
+            connect_as(&endpoint.url, endpoint.key.as_ref(), tenant).map_err(|e| {
+                CallFailure::Unreachable(format!("cannot build the engine client: {e}"))
+            })?,
+        );
+        let handle = Handle {
+            client,
+            generation: endpoint.generation,
+        };
+        clients.insert(key, handle.clone());
+        Ok(handle)
     }
 
     /// After `failed` could not connect: for a local engine, take over or re-attach.
-    /// Returns whether a different client is now available (the caller retries once).
-    pub async fn recover(&self, failed: &Arc<Client>) -> bool {
+    /// Returns whether a different endpoint is now available (the caller retries once).
+    pub async fn recover(&self, failed: &Handle) -> bool {
         if matches!(self.inner.mode, Mode::Remote) {
             return false;
         }
-        let still_current = matches!(
-            self.inner.current.borrow().as_ref(),
-            Some(Ok(c)) if Arc::ptr_eq(c, failed)
-        );
-        if still_current {
+        let current = |b: &Backend| {
+            b.inner
+                .endpoint
+                .borrow()
+                .as_ref()
+                .and_then(|e| e.as_ref().ok())
+                .map(|e| e.generation)
+        };
+        if current(self) == Some(failed.generation) {
             tracing::info!("the shared sandbox engine went away; taking over");
-            self.inner.current.send_replace(None);
+            self.inner.endpoint.send_replace(None);
             self.resolve_local().await;
         }
-        matches!(self.inner.current.borrow().as_ref(), Some(Ok(c)) if !Arc::ptr_eq(c, failed))
+        current(self).is_some_and(|g| g != failed.generation)
     }
 
     /// Stops the engine this process owns, if any (sandboxes are kept, paused).

@@ -18,6 +18,7 @@ use crate::mcp::args::Args;
 use crate::mcp::backend::Backend;
 use crate::mcp::call::CallFailure;
 pub use crate::mcp::progress::Progress;
+use crate::mcp::session::{SessionSandbox, SessionSandboxes};
 use crate::mcp::{dispatch, progress, shape};
 use crate::tooldefs::ToolDef;
 
@@ -56,7 +57,24 @@ pub struct SandboxMcp {
     defs: Arc<Vec<&'static ToolDef>>,
     tools: Arc<Vec<Tool>>,
     settings: ServerSettings,
+    /// The session's sandbox, with the `session` profile.
+    session: Option<Arc<SessionSandbox>>,
 }
+
+/// What a call needs besides its arguments.
+#[derive(Default)]
+pub struct CallContext {
+    pub ct: CancellationToken,
+    pub progress: Option<Progress>,
+    /// The tenant the HTTP transport authenticated (None on stdio and in --dev).
+    pub tenant: Option<String>,
+    /// The call came without an MCP session (a stateless 2026-07-28 request).
+    pub stateless: bool,
+}
+
+/// The tenant and session of a `tools/call` on the HTTP transport, set by its middleware.
+#[derive(Clone, Debug)]
+pub struct RequestTenant(pub Option<String>);
 
 /// The MCP tool as the model sees it: everything comes from the registry.
 pub fn to_mcp_tool(def: &ToolDef) -> Tool {
@@ -85,6 +103,24 @@ impl SandboxMcp {
             defs: Arc::new(defs),
             tools: Arc::new(tools),
             settings,
+            session: None,
+        }
+    }
+
+    /// A server for one session of the `session` profile: its tools take no sandbox id, and
+    /// the session's own sandbox is created on first use.
+    pub fn with_session(mut self, sandboxes: SessionSandboxes) -> Self {
+        self.session = Some(Arc::new(SessionSandbox::new(
+            self.backend.clone(),
+            sandboxes,
+        )));
+        self
+    }
+
+    /// Ends the session now: kills its sandbox, if it made one.
+    pub async fn end_session(&self) {
+        if let Some(s) = &self.session {
+            s.end().await;
         }
     }
 
@@ -96,30 +132,44 @@ impl SandboxMcp {
         &self.backend
     }
 
-    /// Runs one tool call to completion, cancellation or deadline. With `progress`, tools that
-    /// have a streaming operation send their output as progress notifications while they run.
+    /// Runs one tool call to completion, cancellation or deadline. With a progress token, tools
+    /// that have a streaming operation send their output as progress notifications as it comes.
     pub async fn call(
         &self,
         name: &str,
         arguments: Option<JsonObject>,
-        ct: CancellationToken,
-        progress: Option<Progress>,
+        cx: CallContext,
     ) -> Result<CallToolResult, McpError> {
         let Some(def) = self.defs.iter().find(|d| d.name == name).copied() else {
             return Err(shape::protocol_error(&CallFailure::unknown_tool(name)));
         };
-        let args = match Args::prepare(def, arguments) {
+        let mut args = match Args::prepare(def, arguments) {
             Ok(args) => args,
             Err(problems) => {
                 let failure = CallFailure::InvalidArgs(problems.join("; "));
                 return Ok(shape::failure_result(def, None, &failure));
             }
         };
+        let tenant = cx.tenant.as_deref();
+        if let (Some(arg), Some(session)) = (&def.session_arg, &self.session) {
+            if cx.stateless {
+                let failure = CallFailure::InvalidArgs(
+                    "this server gives each MCP session its own sandbox, and this request came without a session; \
+                     connect with protocol 2025-06-18 or 2025-11-25 (which have sessions)"
+                        .into(),
+                );
+                return Ok(shape::failure_result(def, Some(&args), &failure));
+            }
+            match session.id(tenant).await {
+                Ok(id) => args.set(arg, serde_json::Value::String(id)),
+                Err(failure) => return Ok(shape::failure_result(def, Some(&args), &failure)),
+            }
+        }
         let deadline = self.deadline(def, &args);
         let outcome = tokio::select! {
             biased;
-            () = ct.cancelled() => Err(CallFailure::Deadline("the call was cancelled".into())),
-                        r = tokio::time::timeout(deadline, self.dispatch_with_recovery(def, &args, progress)) => match r {
+            () = cx.ct.cancelled() => Err(CallFailure::Deadline("the call was cancelled".into())),
+            r = tokio::time::timeout(deadline, self.dispatch_with_recovery(def, &args, cx.progress, tenant)) => match r {
                 Ok(r) => r,
                 Err(_) => Err(CallFailure::Deadline(format!("no answer within {} s", deadline.as_secs()))),
             },
@@ -153,15 +203,17 @@ impl SandboxMcp {
         def: &ToolDef,
         args: &Args,
         progress: Option<Progress>,
+        tenant: Option<&str>,
     ) -> Result<serde_json::Value, CallFailure> {
-        let client = self.backend.client().await?;
+        let handle = self.backend.client(tenant).await?;
         match self
-            .dispatch_once(&client, def, args, progress.clone())
+            .dispatch_once(&handle.client, def, args, progress.clone())
             .await
         {
-            Err(f) if f.is_connect_failure() && self.backend.recover(&client).await => {
-                let client = self.backend.client().await?;
-                self.dispatch_once(&client, def, args, progress).await
+            Err(f) if f.is_connect_failure() && self.backend.recover(&handle).await => {
+                let handle = self.backend.client(tenant).await?;
+                self.dispatch_once(&handle.client, def, args, progress)
+                    .await
             }
             other => other,
         }
@@ -217,7 +269,18 @@ impl ServerHandler for SandboxMcp {
             peer: context.peer.clone(),
             token,
         });
-        self.call(&request.name, request.arguments, context.ct, progress)
+        let parts = context.extensions.get::<http::request::Parts>();
+        let tenant = parts
+            .and_then(|p| p.extensions.get::<RequestTenant>())
+            .and_then(|t| t.0.clone());
+        let stateless = parts.is_some_and(|p| !p.headers.contains_key("mcp-session-id"));
+        let cx = CallContext {
+            ct: context.ct,
+            progress,
+            tenant,
+            stateless,
+        };
+        self.call(&request.name, request.arguments, cx)
             .await
             .map(CallToolResponse::from)
     }

@@ -18,9 +18,22 @@ pub struct Registry {
     pub tools: Vec<ToolDef>,
     /// Every operation of the spec: bound to which tools, or excluded and why.
     pub inventory: Vec<InventoryEntry>,
-    /// Named subsets of tools (`--tools core`), from `[toolsets]` tables.
+    /// Named subsets of tools (`--tools core`), from the tools' `toolsets` keys.
     #[serde(default)]
     pub toolsets: BTreeMap<String, Vec<String>>,
+    /// Alternative tool surfaces (`--session-sandbox` uses `session`), from `[[profile]]` tables.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// A tool surface derived from the registry: some tools left out, one argument bound to the
+/// session instead of given by the model.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Profile {
+    pub description: String,
+    /// The argument every tool takes from the session (hidden from the model).
+    pub session_arg: Option<String>,
+    pub tools: Vec<ToolDef>,
 }
 
 /// One MCP tool bound to one API operation.
@@ -52,6 +65,9 @@ pub struct ToolDef {
     /// progress: its `output` events become progress notifications, its `result` the result.
     #[serde(default)]
     pub stream_operation: Option<String>,
+    /// In a profile: the argument filled from the session (hidden from the model).
+    #[serde(default)]
+    pub session_arg: Option<String>,
 }
 
 /// MCP tool annotations, resolved: HTTP-method defaults with TOML overrides applied.

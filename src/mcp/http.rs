@@ -1,0 +1,369 @@
+//! The Streamable HTTP transport (`sandbox-mcp serve --http ADDR`): rmcp's service at `/mcp`
+//! behind one guard that, in order,
+//!
+//! 1. rejects a `Host` or `Origin` that is not allowed (403): DNS rebinding cannot turn a browser
+//!    into a client of a server on loopback;
+//! 2. refuses new requests while draining for shutdown (503);
+//! 3. authenticates the bearer token against the key store (401 with `WWW-Authenticate: Bearer`),
+//!    and keeps the token to itself: the engine only ever sees the server's own key plus the tenant;
+//! 4. holds a session to the tenant that opened it: another tenant's session id is unknown (404);
+//! 5. rate-limits per tenant (429 with `Retry-After`).
+//!
+//! Sessions (`Mcp-Session-Id`) serve 2025 clients; 2026-07-28 requests are stateless. A tenant's
+//! sandboxes are invisible to every other tenant: each call reaches the engine as that tenant.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::keys::KeyStore;
+use crate::mcp::backend::Backend;
+use crate::mcp::server::{RequestTenant, SandboxMcp, ServerSettings};
+use crate::mcp::session::SessionSandboxes;
+use crate::tooldefs::ToolDef;
+
+/// Largest request body accepted.
+pub const BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// Hosts always allowed in `Host` and `Origin`.
+const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+#[derive(Debug, Clone)]
+pub struct HttpOptions {
+    pub listen: SocketAddr,
+    /// Serve without authentication (loopback only).
+    pub dev: bool,
+    /// Extra host names accepted in `Host` (and as the host of `Origin`).
+    pub allowed_hosts: Vec<String>,
+    /// Extra origins (`scheme://host[:port]`) accepted in `Origin`.
+    pub allowed_origins: Vec<String>,
+    /// Requests per second per tenant (0: unlimited); bursts of twice that are allowed.
+    pub rate_limit: f64,
+    /// A session idle this long is closed (and its session sandbox killed).
+    pub session_idle: Duration,
+    /// Give each session its own sandbox (the `session` profile).
+    pub session_sandbox: bool,
+}
+
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+struct Guard {
+    keys: Option<Arc<KeyStore>>,
+    hosts: Vec<String>,
+    origins: Vec<String>,
+    /// Session id → tenant that opened it.
+    sessions: Mutex<HashMap<String, Option<String>>>,
+    buckets: Mutex<HashMap<Option<String>, Bucket>>,
+    rate: f64,
+    draining: AtomicBool,
+    inflight: AtomicUsize,
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32001, "message": message},
+    });
+    let mut response = (status, axum::Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// The host of a `Host` header value (`name`, `name:port`, `[v6]:port`), lowercased.
+fn host_of(authority: &str) -> String {
+    let a = authority.trim().to_ascii_lowercase();
+    if let Some(rest) = a.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or("").to_string();
+    }
+    match a.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !h.contains(':') => {
+            h.to_string()
+        }
+        _ => a,
+    }
+}
+
+impl Guard {
+    fn host_allowed(&self, host: &str) -> bool {
+        let h = host_of(host);
+        self.hosts
+            .iter()
+            .any(|a| a == &h || a.eq_ignore_ascii_case(host.trim()))
+    }
+
+    fn origin_allowed(&self, origin: &str) -> bool {
+        let o = origin.trim().trim_end_matches('/').to_ascii_lowercase();
+        if self.origins.iter().any(|a| a == &o) {
+            return true;
+        }
+        // Any port of an allowed host, over http or https.
+        let Some((scheme, rest)) = o.split_once("://") else {
+            return false;
+        };
+        (scheme == "http" || scheme == "https") && self.hosts.contains(&host_of(rest))
+    }
+
+    /// Takes a token from the tenant's bucket; the wait until the next one when it is empty.
+    fn rate_limited(&self, tenant: &Option<String>) -> Option<Duration> {
+        if self.rate <= 0.0 {
+            return None;
+        }
+        let burst = self.rate * 2.0;
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let b = buckets.entry(tenant.clone()).or_insert(Bucket {
+            tokens: burst,
+            at: Instant::now(),
+        });
+        let now = Instant::now();
+        b.tokens = (b.tokens + now.duration_since(b.at).as_secs_f64() * self.rate).min(burst);
+        b.at = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            None
+        } else {
+            Some(Duration::from_secs_f64((1.0 - b.tokens) / self.rate))
+        }
+    }
+}
+
+async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !g.host_allowed(host) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "Host not allowed; start the server with --allow-host for this name",
+        );
+    }
+    if let Some(origin) = headers.get(header::ORIGIN)
+        && !origin.to_str().is_ok_and(|o| g.origin_allowed(o))
+    {
+        return error(
+            StatusCode::FORBIDDEN,
+            "Origin not allowed; start the server with --allow-origin for this origin",
+        );
+    }
+    if g.draining.load(Ordering::Acquire) {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down; retry elsewhere",
+        );
+    }
+    let tenant: Option<String> = match &g.keys {
+        None => None, // --dev
+        Some(keys) => {
+            let token = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| {
+                    v.strip_prefix("Bearer ")
+                        .or_else(|| v.strip_prefix("bearer "))
+                })
+                .map(str::trim);
+            match token.and_then(|t| keys.tenant_of(t)) {
+                Some(t) => Some(t),
+                None => {
+                    return error(
+                        StatusCode::UNAUTHORIZED,
+                        "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
+                    );
+                }
+            }
+        }
+    };
+    let session = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    if let Some(sid) = &session {
+        let owner = g
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sid)
+            .cloned();
+        if matches!(&owner, Some(o) if o != &tenant) {
+            // Another tenant's session answers exactly like an unknown one.
+            return error(StatusCode::NOT_FOUND, "Session not found");
+        }
+    }
+    if let Some(wait) = g.rate_limited(&tenant) {
+        let mut r = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            &format!(
+                "rate limit exceeded: at most {} requests per second for this tenant; retry in {} ms",
+                g.rate,
+                wait.as_millis().max(1)
+            ),
+        );
+        if let Ok(v) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+            r.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return r;
+    }
+    let deleting = req.method() == axum::http::Method::DELETE;
+    req.extensions_mut().insert(RequestTenant(tenant.clone()));
+    g.inflight.fetch_add(1, Ordering::AcqRel);
+    let response = next.run(req).await;
+    g.inflight.fetch_sub(1, Ordering::AcqRel);
+    let mut sessions = g.sessions.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(new) = response
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        sessions.entry(new.to_string()).or_insert(tenant);
+    }
+    if let Some(sid) = &session
+        && (deleting || response.status() == StatusCode::NOT_FOUND)
+    {
+        sessions.remove(sid);
+    }
+    response
+}
+
+/// A running HTTP server.
+pub struct HttpServer {
+    pub addr: SocketAddr,
+    guard: Arc<Guard>,
+    cancel: CancellationToken,
+    sandboxes: SessionSandboxes,
+    backend: Backend,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpServer {
+    /// Binds and starts serving.
+    pub async fn start(
+        opts: HttpOptions,
+        backend: Backend,
+        keys: Option<Arc<KeyStore>>,
+        tools: Vec<&'static ToolDef>,
+        settings: ServerSettings,
+    ) -> anyhow::Result<Self> {
+        if opts.dev && !opts.listen.ip().is_loopback() {
+            anyhow::bail!(
+                "--dev serves without authentication and is only allowed on a loopback address, not {}",
+                opts.listen
+            );
+        }
+        let mut hosts: Vec<String> = LOOPBACK.iter().map(|h| h.to_string()).collect();
+        hosts.extend(
+            opts.allowed_hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase()),
+        );
+        let guard = Arc::new(Guard {
+            keys: if opts.dev { None } else { keys },
+            origins: opts
+                .allowed_origins
+                .iter()
+                .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+                .collect(),
+            hosts: hosts.clone(),
+            sessions: Mutex::new(HashMap::new()),
+            buckets: Mutex::new(HashMap::new()),
+            rate: opts.rate_limit,
+            draining: AtomicBool::new(false),
+            inflight: AtomicUsize::new(0),
+        });
+        let cancel = CancellationToken::new();
+        let sandboxes = SessionSandboxes::default();
+        let factory = {
+            let backend = backend.clone();
+            let sandboxes = sandboxes.clone();
+            let session = opts.session_sandbox;
+            move || {
+                let server = SandboxMcp::new(backend.clone(), tools.clone(), settings.clone());
+                Ok(if session {
+                    server.with_session(sandboxes.clone())
+                } else {
+                    server
+                })
+            }
+        };
+        let mut sessions = LocalSessionManager::default();
+        sessions.session_config.keep_alive = Some(opts.session_idle);
+        let config = StreamableHttpServerConfig::default()
+            .with_allowed_hosts(hosts)
+            .with_cancellation_token(cancel.child_token())
+            .with_max_request_body_bytes(BODY_LIMIT);
+        let service = StreamableHttpService::new(factory, Arc::new(sessions), config);
+        let app = Router::new()
+            .nest_service("/mcp", service)
+            .layer(middleware::from_fn_with_state(guard.clone(), guard_fn))
+            .layer(DefaultBodyLimit::max(BODY_LIMIT));
+        let listener = tokio::net::TcpListener::bind(opts.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
+        let addr = listener.local_addr()?;
+        let stop = cancel.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!("HTTP server stopped: {e}");
+            }
+        });
+        Ok(Self {
+            addr,
+            guard,
+            cancel,
+            sandboxes,
+            backend,
+            task,
+        })
+    }
+
+    /// Graceful shutdown: refuse new requests, let in-flight ones finish (up to `grace`), end
+    /// every session (killing session sandboxes), stop.
+    pub async fn shutdown(self, grace: Duration) {
+        self.guard.draining.store(true, Ordering::Release);
+        let deadline = Instant::now() + grace;
+        while self.guard.inflight.load(Ordering::Acquire) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+        self.sandboxes.kill_all(&self.backend).await;
+    }
+}
+
+async fn guard_fn(state: State<Arc<Guard>>, req: Request, next: Next) -> Response {
+    guard(state, req, next).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_of;
+
+    #[test]
+    fn hosts_are_parsed_from_authorities() {
+        assert_eq!(host_of("localhost:8080"), "localhost");
+        assert_eq!(host_of("LOCALHOST"), "localhost");
+        assert_eq!(host_of("[::1]:99"), "::1");
+        assert_eq!(host_of("127.0.0.1"), "127.0.0.1");
+        assert_eq!(host_of("evil.example.com:80"), "evil.example.com");
+    }
+}

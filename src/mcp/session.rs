@@ -1,0 +1,133 @@
+//! Session-scoped sandboxes (`--session-sandbox`, the `session` tool profile): each MCP session
+//! gets one sandbox, created on its first tool call and killed when the session ends — DELETE on
+//! the HTTP transport, stdin EOF or SIGTERM on stdio, or the transport's idle timeout. Tools then
+//! take no `sandbox_id`; the server fills it in.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::OnceCell;
+
+use crate::client::types;
+use crate::mcp::backend::Backend;
+use crate::mcp::call::{CallFailure, respond};
+
+/// Every live session sandbox of a server, so shutdown can kill those whose sessions are still
+/// open.
+#[derive(Clone, Default)]
+pub struct SessionSandboxes {
+    live: Arc<Mutex<HashMap<String, Option<String>>>>,
+}
+
+impl SessionSandboxes {
+    fn insert(&self, id: &str, tenant: Option<String>) {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), tenant);
+    }
+
+    fn remove(&self, id: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+            .is_some()
+    }
+
+    /// Kills every session sandbox still alive (server shutdown).
+    pub async fn kill_all(&self, backend: &Backend) {
+        let live: Vec<(String, Option<String>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        for (id, tenant) in live {
+            kill(backend, &id, tenant.as_deref()).await;
+        }
+    }
+}
+
+async fn kill(backend: &Backend, id: &str, tenant: Option<&str>) {
+    if let Ok(handle) = backend.client(tenant).await {
+        match handle
+            .client
+            .kill_sandbox()
+            .sandbox_id(id.to_string())
+            .send()
+            .await
+        {
+            Ok(_) => tracing::info!(sandbox = id, "session ended; its sandbox was killed"),
+            Err(e) => tracing::warn!(sandbox = id, "could not kill the session's sandbox: {e}"),
+        }
+    }
+}
+
+/// The sandbox of one session.
+pub struct SessionSandbox {
+    backend: Backend,
+    registry: SessionSandboxes,
+    id: OnceCell<(String, Option<String>)>,
+}
+
+impl SessionSandbox {
+    pub fn new(backend: Backend, registry: SessionSandboxes) -> Self {
+        Self {
+            backend,
+            registry,
+            id: OnceCell::new(),
+        }
+    }
+
+    /// The session's sandbox id, creating the sandbox on first use.
+    pub async fn id(&self, tenant: Option<&str>) -> Result<String, CallFailure> {
+        let (id, owner) = self
+            .id
+            .get_or_try_init(|| async {
+                let handle = self.backend.client(tenant).await?;
+                let body: types::CreateSandboxRequest = serde_json::from_value(
+                    serde_json::json!({"metadata": {"mcp-session": "true"}}),
+                )
+                .map_err(|e| CallFailure::InvalidArgs(e.to_string()))?;
+                let sandbox = respond(handle.client.create_sandbox().body(body).send().await)?;
+                let id = sandbox["id"].as_str().unwrap_or_default().to_string();
+                self.registry.insert(&id, tenant.map(String::from));
+                tracing::info!(sandbox = %id, "created the session's sandbox");
+                Ok::<_, CallFailure>((id, tenant.map(String::from)))
+            })
+            .await?;
+        if owner.as_deref() != tenant {
+            // A session belongs to one tenant; the HTTP layer enforces it, this is a backstop.
+            return Err(CallFailure::InvalidArgs(
+                "this session belongs to another tenant".into(),
+            ));
+        }
+        Ok(id.clone())
+    }
+
+    /// Kills the sandbox now (stdio EOF or SIGTERM, where nothing runs after the server).
+    pub async fn end(&self) {
+        if let Some((id, tenant)) = self.id.get()
+            && self.registry.remove(id)
+        {
+            kill(&self.backend, id, tenant.as_deref()).await;
+        }
+    }
+}
+
+impl Drop for SessionSandbox {
+    fn drop(&mut self) {
+        // The HTTP transport drops a session's server when the session ends (DELETE or idle).
+        let Some((id, tenant)) = self.id.get().cloned() else {
+            return;
+        };
+        if !self.registry.remove(&id) {
+            return;
+        }
+        let backend = self.backend.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { kill(&backend, &id, tenant.as_deref()).await });
+        }
+    }
+}
