@@ -47,3 +47,61 @@ fn output_caps_per_tool() {
         .collect();
     settings().bind(|| insta::assert_json_snapshot!("output_caps", caps));
 }
+
+/// The `session` profile (`--session-sandbox`): the same tools minus sandbox lifecycle, with
+/// sandbox_id filled in by the server.
+#[test]
+fn tools_list_of_the_session_profile() {
+    let registry = sandbox_mcp::tooldefs::registry();
+    let tools: Vec<_> = registry
+        .select_in(Some("session"), "all")
+        .unwrap()
+        .into_iter()
+        .map(sandbox_mcp::mcp::server::to_mcp_tool)
+        .collect();
+    let profile = &registry.profiles["session"];
+    let value = serde_json::json!({
+        "description": profile.description,
+        "session_arg": profile.session_arg,
+        "tools": tools,
+    });
+    settings().bind(|| insta::assert_json_snapshot!("tools_list_session", value));
+}
+
+/// What each toolset costs in context: the whole tools/list, and the part most clients put in
+/// front of the model (name, description, input schema; output schemas are for validating
+/// results). Tokens are estimated as bytes / 4. README.md quotes these figures.
+#[test]
+fn toolset_context_cost() {
+    let registry = sandbox_mcp::tooldefs::registry();
+    let mut costs = serde_json::Map::new();
+    let mut sets: Vec<String> = vec!["all".into()];
+    sets.extend(registry.toolsets.keys().cloned());
+    for set in sets {
+        let tools: Vec<_> = registry
+            .select(&set)
+            .unwrap()
+            .into_iter()
+            .map(sandbox_mcp::mcp::server::to_mcp_tool)
+            .collect();
+        let bytes = serde_json::to_vec(&serde_json::json!({"tools": tools}))
+            .unwrap()
+            .len();
+        let prompt: Vec<_> = tools
+            .iter()
+            .map(|t| serde_json::json!({"name": t.name, "description": t.description, "input_schema": t.input_schema}))
+            .collect();
+        let prompt_bytes = serde_json::to_vec(&prompt).unwrap().len();
+        costs.insert(
+            set,
+            serde_json::json!({
+                "tools": tools.len(),
+                "tools_list_bytes": bytes,
+                "tools_list_tokens": bytes / 4,
+                "model_facing_bytes": prompt_bytes,
+                "model_facing_tokens": prompt_bytes / 4,
+            }),
+        );
+    }
+    settings().bind(|| insta::assert_json_snapshot!("toolset_costs", costs));
+}

@@ -280,3 +280,50 @@ async fn remote_engine_over_http_with_api_key() {
     .await
     .unwrap();
 }
+
+/// `--session-sandbox` on stdio: the one session's sandbox is made on first use and killed
+/// when stdin closes, or on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_sandbox_dies_with_stdin_eof_and_with_sigterm() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let url = engine.url.clone();
+    let manager = engine.manager.clone();
+    tokio::task::spawn_blocking(move || {
+        let count = || manager.list(None, &[], None).len();
+        let wait_for_none = |what: &str| {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while count() > 0 {
+                assert!(Instant::now() < deadline, "{what}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        };
+        let envs = [
+            ("SANDBOX_MCP_URL", url.as_str()),
+            ("SANDBOX_MCP_API_KEY", KEY),
+            ("SANDBOX_MCP_SESSION_SANDBOX", "true"),
+        ];
+        for ending in ["eof", "sigterm"] {
+            let mut server = Server::spawn(&envs);
+            server.initialize("2025-06-18");
+            assert_eq!(count(), 0, "the sandbox is made on first use");
+            server.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_exec", "arguments": {"command": "echo mine > f; cat f"}}}));
+            let r = server.recv();
+            assert_eq!(r["result"]["structuredContent"]["stdout"], "mine\n", "{r}");
+            server.send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "sandbox_files_read", "arguments": {"path": "f"}}}));
+            let r = server.recv();
+            assert_eq!(r["result"]["structuredContent"]["content"], "mine\n", "{r}");
+            assert_eq!(count(), 1);
+            if ending == "eof" {
+                assert!(server.close_and_wait().success());
+            } else {
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+                assert!(server.close_and_wait().success());
+            }
+            wait_for_none(&format!("the session's sandbox should be killed on {ending}"));
+        }
+    })
+    .await
+    .unwrap();
+}

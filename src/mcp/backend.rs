@@ -42,7 +42,7 @@ struct Inner {
     endpoint: watch::Sender<Option<Result<Endpoint, String>>>,
     /// Clients of the current endpoint, per tenant.
     clients: Mutex<HashMap<Option<String>, Handle>>,
-        /// The local engine this process owns or attached to; replaced on takeover.
+    /// The local engine this process owns or attached to; replaced on takeover.
     local: tokio::sync::Mutex<Option<LocalEngine>>,
     /// Last generation handed out; never reused, so a stale handle never matches a new endpoint.
     generations: AtomicU64,

@@ -64,8 +64,10 @@ struct Guard {
     keys: Option<Arc<KeyStore>>,
     hosts: Vec<String>,
     origins: Vec<String>,
-    /// Session id → tenant that opened it.
-    sessions: Mutex<HashMap<String, Option<String>>>,
+    /// Session id → the tenant that opened it, and when it was last used.
+    sessions: Mutex<HashMap<String, (Option<String>, Instant)>>,
+    /// Sessions idle this long are gone from the transport too; forget them.
+    session_idle: Duration,
     buckets: Mutex<HashMap<Option<String>, Bucket>>,
     rate: f64,
     draining: AtomicBool,
@@ -144,6 +146,22 @@ impl Guard {
     }
 }
 
+/// Counts a request as in flight until dropped.
+struct InFlight(Arc<Guard>);
+
+impl InFlight {
+    fn new(g: &Arc<Guard>) -> Self {
+        g.inflight.fetch_add(1, Ordering::AcqRel);
+        Self(g.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Response {
     let headers = req.headers();
     let host = headers
@@ -201,8 +219,11 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
             .sessions
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(sid)
-            .cloned();
+            .get_mut(sid)
+            .map(|(owner, seen)| {
+                *seen = Instant::now();
+                owner.clone()
+            });
         if matches!(&owner, Some(o) if o != &tenant) {
             // Another tenant's session answers exactly like an unknown one.
             return error(StatusCode::NOT_FOUND, "Session not found");
@@ -223,17 +244,33 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
         return r;
     }
     let deleting = req.method() == axum::http::Method::DELETE;
+    let posting = req.method() == axum::http::Method::POST;
     req.extensions_mut().insert(RequestTenant(tenant.clone()));
-    g.inflight.fetch_add(1, Ordering::AcqRel);
-    let response = next.run(req).await;
-    g.inflight.fetch_sub(1, Ordering::AcqRel);
+    let inflight = InFlight::new(&g);
+    let mut response = next.run(req).await;
+    if posting {
+        // A POST's answer streams (SSE) after the headers: it is in flight until its body ends.
+        // GET streams (server notifications) may stay open for ever and do not count.
+        response = response.map(|body| {
+            use futures::StreamExt;
+            axum::body::Body::from_stream(body.into_data_stream().map(move |chunk| {
+                let _ = &inflight;
+                chunk
+            }))
+        });
+    } else {
+        drop(inflight);
+    }
     let mut sessions = g.sessions.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(new) = response
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
+        && !sessions.contains_key(new)
     {
-        sessions.entry(new.to_string()).or_insert(tenant);
+        let horizon = g.session_idle + Duration::from_secs(60);
+        sessions.retain(|_, (_, seen)| seen.elapsed() < horizon);
+        sessions.insert(new.to_string(), (tenant, Instant::now()));
     }
     if let Some(sid) = &session
         && (deleting || response.status() == StatusCode::NOT_FOUND)
@@ -283,6 +320,7 @@ impl HttpServer {
                 .collect(),
             hosts: hosts.clone(),
             sessions: Mutex::new(HashMap::new()),
+            session_idle: opts.session_idle,
             buckets: Mutex::new(HashMap::new()),
             rate: opts.rate_limit,
             draining: AtomicBool::new(false),

@@ -165,6 +165,13 @@ impl SandboxMcp {
                 Err(failure) => return Ok(shape::failure_result(def, Some(&args), &failure)),
             }
         }
+        let session_sandbox = def
+            .session_arg
+            .as_deref()
+            .filter(|_| self.session.is_some())
+            .and_then(|arg| args.get(arg))
+            .and_then(serde_json::Value::as_str)
+            .map(String::from);
         let deadline = self.deadline(def, &args);
         let outcome = tokio::select! {
             biased;
@@ -178,6 +185,19 @@ impl SandboxMcp {
             Ok(value) => Ok(shape::success_result(def, value)),
             Err(CallFailure::UnknownTool(n)) => {
                 Err(shape::protocol_error(&CallFailure::UnknownTool(n)))
+            }
+            Err(CallFailure::Api { code, .. })
+                if code == "not_found"
+                    && let (Some(id), Some(session)) = (&session_sandbox, &self.session)
+                    && session.forget_if_gone(id, tenant).await =>
+            {
+                Ok(CallToolResult::error(vec![
+                    rmcp::model::ContentBlock::text(
+                        "This session's sandbox no longer exists (it was killed or reached its time limit), \
+                     so its files and processes are gone. The next call starts a fresh sandbox; \
+                     recreate any files you need.",
+                    ),
+                ]))
             }
             Err(failure) => {
                 tracing::debug!(tool = name, ?failure, "tool call failed");

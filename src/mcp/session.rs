@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::OnceCell;
-
 use crate::client::types;
 use crate::mcp::backend::Backend;
 use crate::mcp::call::{CallFailure, respond};
@@ -68,7 +66,11 @@ async fn kill(backend: &Backend, id: &str, tenant: Option<&str>) {
 pub struct SessionSandbox {
     backend: Backend,
     registry: SessionSandboxes,
-    id: OnceCell<(String, Option<String>)>,
+    /// The sandbox id and the tenant that owns it, once made. A mutex rather than a once-cell:
+    /// if the sandbox dies (killed, or its own timeout), the next call makes a fresh one.
+    id: Mutex<Option<(String, Option<String>)>>,
+    /// Serializes creation so concurrent first calls share one sandbox.
+    creating: tokio::sync::Mutex<()>,
 }
 
 impl SessionSandbox {
@@ -76,42 +78,66 @@ impl SessionSandbox {
         Self {
             backend,
             registry,
-            id: OnceCell::new(),
+            id: Mutex::new(None),
+            creating: tokio::sync::Mutex::new(()),
         }
     }
 
     /// The session's sandbox id, creating the sandbox on first use.
     pub async fn id(&self, tenant: Option<&str>) -> Result<String, CallFailure> {
-        let (id, owner) = self
-            .id
-            .get_or_try_init(|| async {
-                let handle = self.backend.client(tenant).await?;
-                let body: types::CreateSandboxRequest = serde_json::from_value(
-                    serde_json::json!({"metadata": {"mcp-session": "true"}}),
-                )
-                .map_err(|e| CallFailure::InvalidArgs(e.to_string()))?;
-                let sandbox = respond(handle.client.create_sandbox().body(body).send().await)?;
-                let id = sandbox["id"].as_str().unwrap_or_default().to_string();
-                self.registry.insert(&id, tenant.map(String::from));
-                tracing::info!(sandbox = %id, "created the session's sandbox");
-                Ok::<_, CallFailure>((id, tenant.map(String::from)))
-            })
-            .await?;
-        if owner.as_deref() != tenant {
-            // A session belongs to one tenant; the HTTP layer enforces it, this is a backstop.
-            return Err(CallFailure::InvalidArgs(
-                "this session belongs to another tenant".into(),
-            ));
+        let _creating = self.creating.lock().await;
+        if let Some((id, owner)) = self.current() {
+            if owner.as_deref() != tenant {
+                // A session belongs to one tenant; the HTTP layer enforces it, this is a backstop.
+                return Err(CallFailure::InvalidArgs(
+                    "this session belongs to another tenant".into(),
+                ));
+            }
+            return Ok(id);
         }
-        Ok(id.clone())
+        let handle = self.backend.client(tenant).await?;
+        let body: types::CreateSandboxRequest =
+            serde_json::from_value(serde_json::json!({"metadata": {"mcp-session": "true"}}))
+                .map_err(|e| CallFailure::InvalidArgs(e.to_string()))?;
+        let sandbox = respond(handle.client.create_sandbox().body(body).send().await)?;
+        let id = sandbox["id"].as_str().unwrap_or_default().to_string();
+        self.registry.insert(&id, tenant.map(String::from));
+        tracing::info!(sandbox = %id, "created the session's sandbox");
+        *self.id.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((id.clone(), tenant.map(String::from)));
+        Ok(id)
+    }
+
+    fn current(&self) -> Option<(String, Option<String>)> {
+        self.id.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// After a call on `id` failed with not-found: whether the session's sandbox itself is gone
+    /// (rather than, say, a file). If so it is forgotten, and the next call makes a new one.
+    pub async fn forget_if_gone(&self, id: &str, tenant: Option<&str>) -> bool {
+        let Ok(handle) = self.backend.client(tenant).await else {
+            return false;
+        };
+        let gone = matches!(
+            handle.client.get_sandbox().sandbox_id(id.to_string()).send().await,
+            Err(progenitor_client::Error::ErrorResponse(r)) if r.status().as_u16() == 404
+        );
+        if gone {
+            let mut slot = self.id.lock().unwrap_or_else(|p| p.into_inner());
+            if slot.as_ref().is_some_and(|(current, _)| current == id) {
+                *slot = None;
+                self.registry.remove(id);
+            }
+        }
+        gone
     }
 
     /// Kills the sandbox now (stdio EOF or SIGTERM, where nothing runs after the server).
     pub async fn end(&self) {
-        if let Some((id, tenant)) = self.id.get()
-            && self.registry.remove(id)
+        if let Some((id, tenant)) = self.current()
+            && self.registry.remove(&id)
         {
-            kill(&self.backend, id, tenant.as_deref()).await;
+            kill(&self.backend, &id, tenant.as_deref()).await;
         }
     }
 }
@@ -119,7 +145,7 @@ impl SessionSandbox {
 impl Drop for SessionSandbox {
     fn drop(&mut self) {
         // The HTTP transport drops a session's server when the session ends (DELETE or idle).
-        let Some((id, tenant)) = self.id.get().cloned() else {
+        let Some((id, tenant)) = self.current() else {
             return;
         };
         if !self.registry.remove(&id) {
