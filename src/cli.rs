@@ -153,6 +153,23 @@ struct EngineSettings {
         global = true
     )]
     idle_pause: u64,
+    /// Cap each sandbox's disk use at its template's size (`auto`: when running as root with
+    /// btrfs available, via a loop-mounted btrfs store; `off`: plain directories, use only
+    /// reported).
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_DISK_LIMITS",
+        value_enum,
+        default_value = "auto",
+        global = true
+    )]
+    disk_limits: DiskLimitsArg,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum DiskLimitsArg {
+    Auto,
+    Off,
 }
 
 #[derive(Args, Debug)]
@@ -180,6 +197,10 @@ impl EngineSettings {
         let mut config = EngineConfig::new(self.data_dir.clone().unwrap_or_else(default_data_dir));
         config.max_sandboxes = self.max_sandboxes;
         config.idle_pause = (self.idle_pause > 0).then(|| Duration::from_secs(self.idle_pause));
+        config.disk_limits = match self.disk_limits {
+            DiskLimitsArg::Auto => crate::engine::config::DiskLimits::Auto,
+            DiskLimitsArg::Off => crate::engine::config::DiskLimits::Off,
+        };
         config
     }
 }

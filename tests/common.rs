@@ -60,15 +60,19 @@ pub fn sandbox_support() -> Result<(), String> {
         .clone()
 }
 
-/// The base template shows the host's /usr, and the tests run python3 and node inside sandboxes.
-/// On a fresh machine that lacks them, install them (as root, with apt) so `cargo test` works
-/// with no other step; say so on stderr.
+/// The base template shows the host's /usr, and the tests run python3 and node inside sandboxes;
+/// disk limits need mkfs.btrfs. On a fresh machine that lacks them, install them (as root, with
+/// apt) so `cargo test` works with no other step; say so on stderr.
 fn ensure_host_tools() {
-    let missing: Vec<&str> = [("python3", "/usr/bin/python3"), ("nodejs", "/usr/bin/node")]
-        .into_iter()
-        .filter(|(_, path)| !std::path::Path::new(path).exists())
-        .map(|(pkg, _)| pkg)
-        .collect();
+    let missing: Vec<&str> = [
+        ("python3", "/usr/bin/python3"),
+        ("nodejs", "/usr/bin/node"),
+        ("btrfs-progs", "/usr/sbin/mkfs.btrfs"),
+    ]
+    .into_iter()
+    .filter(|(_, path)| !std::path::Path::new(path).exists())
+    .map(|(pkg, _)| pkg)
+    .collect();
     if missing.is_empty()
         || !nix::unistd::geteuid().is_root()
         || !std::path::Path::new("/usr/bin/apt-get").exists()
@@ -255,6 +259,35 @@ impl Drop for TestEngine {
                 let _ = driver.destroy(&e.file_name().to_string_lossy());
             }
         }
+        sandbox_mcp::engine::linux::disk::release(&self.data_dir().join("sandboxes"));
+    }
+}
+
+/// A temporary directory for engines run as separate processes: on drop, the sandbox store an
+/// engine mounted under `<dir>/data` is unmounted so the directory can go.
+pub struct TempData {
+    pub dir: tempfile::TempDir,
+}
+
+impl TempData {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("smcp")
+                .tempdir_in("/tmp")
+                .unwrap(),
+        }
+    }
+
+    /// The data dir (`<dir>/data`).
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+impl Drop for TempData {
+    fn drop(&mut self) {
+        sandbox_mcp::engine::linux::disk::release(&self.data().join("sandboxes"));
     }
 }
 

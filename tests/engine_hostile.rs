@@ -325,3 +325,110 @@ async fn missing_cwd_and_bad_env_are_clear_errors() {
     let r = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "echo $GREETING; pwd", "cwd": "/tmp", "env": {"GREETING": "hi"}})).await;
     assert_eq!(r["stdout"], "hi\n/tmp\n");
 }
+
+/// A template like `base` with a 64 MiB disk, added to a stopped engine's data dir.
+fn add_small_disk_template(data: &std::path::Path) {
+    let templates = data.join("templates");
+    let mut file: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(templates.join("base/template.json")).unwrap(),
+    )
+    .unwrap();
+    file["name"] = json!("small-disk");
+    file["shape"]["disk_mb"] = json!(64);
+    std::fs::create_dir_all(templates.join("small-disk")).unwrap();
+    let status = std::process::Command::new("cp")
+        .args(["-a"])
+        .arg(templates.join("base/rootfs"))
+        .arg(templates.join("small-disk/rootfs"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::write(templates.join("small-disk/template.json"), file.to_string()).unwrap();
+}
+
+#[tokio::test]
+async fn disk_bomb_hits_the_sandbox_disk_limit_not_the_host() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let dir = engine.stop().await;
+    let config = TestEngine::config_for(dir.path());
+    add_small_disk_template(&config.data_dir);
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let created = ok(&client, "sandbox_create", json!({"template": "small-disk"})).await;
+    let bomb = created["id"].as_str().unwrap().to_string();
+    let m = ok(&client, "sandbox_metrics", json!({"sandbox_id": bomb})).await;
+    if m["disk_limit_enforced"] != true {
+        if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
+            panic!("disk limits are required here but not enforced: {m}");
+        }
+        eprintln!(
+            "SKIPPED disk bomb: disk limits need root, btrfs in the kernel and mkfs.btrfs (btrfs-progs)"
+        );
+        return;
+    }
+    assert_eq!(m["disk_limit_bytes"], 64 * 1024 * 1024);
+    let bystander = ok(&client, "sandbox_create", json!({"template": "small-disk"})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let host_free = || {
+        let s = nix::sys::statvfs::statvfs("/tmp").unwrap();
+        s.blocks_available() as u64 * s.fragment_size() as u64
+    };
+    let before = host_free();
+    // Far past the limit, with dd and with many files.
+    let r = exec(
+        &client,
+        &bomb,
+        "dd if=/dev/urandom of=/root/big bs=1M count=512 2>&1 | tail -1; for i in $(seq 1 100); do head -c 1048576 /dev/urandom > /tmp/f$i || break; done; du -sm /root/big /tmp | tail -2",
+    )
+    .await;
+    let out = format!("{}{}", r["stdout"], r["stderr"]);
+    assert!(out.contains("Disk quota exceeded"), "{r}");
+    let big = sh(&client, &bomb, "stat -c %s /root/big").await;
+    assert!(
+        big.trim().parse::<u64>().unwrap() <= 64 * 1024 * 1024,
+        "{big}"
+    );
+    let after = host_free();
+    assert!(
+        before.saturating_sub(after) < 200 * 1024 * 1024,
+        "the host lost {} MiB",
+        (before - after) >> 20
+    );
+    // The file tool says why a write fails.
+    let message = err(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": bomb, "path": "more.txt", "content": "x".repeat(2 * 1024 * 1024)}),
+    )
+    .await;
+    assert!(
+        message.contains("disk is full") && message.contains("sandbox_files_delete"),
+        "{message}"
+    );
+    // Others are unaffected; deleting files gives the space back.
+    assert_eq!(
+        sh(
+            &client,
+            &bystander,
+            "head -c 10485760 /dev/zero > f && stat -c %s f"
+        )
+        .await,
+        "10485760\n"
+    );
+    sh(&client, &bomb, "rm -f /root/big /tmp/f*; sync").await;
+    assert_eq!(
+        sh(
+            &client,
+            &bomb,
+            "head -c 10485760 /dev/zero > g && stat -c %s g"
+        )
+        .await,
+        "10485760\n"
+    );
+    ok(&client, "sandbox_kill", json!({"sandbox_id": bomb})).await;
+    ok(&client, "sandbox_kill", json!({"sandbox_id": bystander})).await;
+}

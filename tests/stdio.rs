@@ -217,11 +217,8 @@ fn help_documents_every_setting() {
 #[tokio::test]
 async fn embedded_engine_serves_tools_and_is_shared_by_a_second_server() {
     require_sandboxes!();
-    let dir = tempfile::Builder::new()
-        .prefix("smcp")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let data = dir.path().join("data");
+    let dir = crate::common::TempData::new();
+    let data = dir.data();
     let data = data.to_str().unwrap().to_string();
     let result = tokio::task::spawn_blocking(move || {
         let envs = [("SANDBOX_MCP_DATA_DIR", data.as_str())];

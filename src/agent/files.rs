@@ -61,8 +61,8 @@ fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
                 fail(ErrorKind::Conflict, format!("directory {p} is not empty"))
             }
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => fail(
-                ErrorKind::PayloadTooLarge,
-                format!("no space left to {action} {p}"),
+                ErrorKind::DiskFull,
+                format!("the sandbox's disk is full: cannot {action} {p}"),
             ),
             Some(libc::ELOOP) => fail(
                 ErrorKind::InvalidArgument,

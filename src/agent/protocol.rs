@@ -288,6 +288,8 @@ pub enum ErrorKind {
     PermissionDenied,
     Conflict,
     PayloadTooLarge,
+    /// The sandbox's disk is full (its quota, or the store).
+    DiskFull,
     Io,
 }
 

@@ -461,6 +461,7 @@ pub async fn get_sandbox_metrics(
         disk_bytes: m.disk_bytes,
         disk_limit_bytes: m.disk_limit_bytes,
         limits_enforced: m.limits_enforced,
+        disk_limit_enforced: m.disk_limit_enforced,
     }))
 }
 

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::engine::linux::disk::DiskLimits;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Where state, templates and sandbox filesystems live.
@@ -15,6 +17,8 @@ pub struct EngineConfig {
     pub tick: Duration,
     /// The binary re-executed as the sandbox launcher: this one, normally.
     pub exe: PathBuf,
+    /// Whether to cap each sandbox's disk use (a btrfs store; root only).
+    pub disk_limits: DiskLimits,
 }
 
 impl EngineConfig {
@@ -25,6 +29,7 @@ impl EngineConfig {
             idle_pause: Some(Duration::from_secs(15 * 60)),
             tick: Duration::from_secs(5),
             exe: PathBuf::from("/proc/self/exe"),
+            disk_limits: DiskLimits::Auto,
         }
     }
 

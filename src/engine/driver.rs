@@ -86,6 +86,8 @@ pub trait Driver: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// Whether resource limits are enforced (cgroups available).
     fn limits_enforced(&self) -> bool;
+    /// Whether each sandbox's disk use is capped at its shape's `disk_mb`.
+    fn disk_limits_enforced(&self) -> bool;
     /// Creates the sandbox's storage if needed and starts its agent. Resolves once the agent
     /// accepts connections.
     fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>>;

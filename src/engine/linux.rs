@@ -2,10 +2,11 @@
 //! cgroup limits, dropped capabilities, Landlock and seccomp, and the agent as its PID 1.
 //!
 //! [`plan`] computes what to build (pure), [`launcher`] builds it (the hidden `__launch`
-//! subcommand), [`driver`] drives both from the engine; [`cgroups`], [`seccomp`], [`landlock`]
-//! and [`sys`] are the pieces.
+//! subcommand), [`driver`] drives both from the engine; [`cgroups`], [`disk`], [`seccomp`],
+//! [`landlock`] and [`sys`] are the pieces.
 
 pub mod cgroups;
+pub mod disk;
 pub mod driver;
 pub mod landlock;
 pub mod launcher;

@@ -100,8 +100,12 @@ pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<fs::File>> {
 
 /// Opens the manager for `config` with the namespaces driver.
 pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, String> {
-    let driver = NamespacesDriver::new(config.sandboxes_dir(), config.exe.clone())
-        .map_err(|e| e.to_string())?;
+    let driver = NamespacesDriver::new(
+        config.sandboxes_dir(),
+        config.exe.clone(),
+        config.disk_limits,
+    )
+    .map_err(|e| e.to_string())?;
     Manager::open(config.clone(), Arc::new(driver))
         .await
         .map_err(|e| e.to_string())

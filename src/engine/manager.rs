@@ -152,6 +152,7 @@ pub struct Metrics {
     pub disk_bytes: u64,
     pub disk_limit_bytes: u64,
     pub limits_enforced: bool,
+    pub disk_limit_enforced: bool,
 }
 
 /// An exec's outcome plus what the engine learned about memory.
@@ -796,6 +797,7 @@ impl Manager {
             disk_bytes,
             disk_limit_bytes: record.shape.disk_mb * 1024 * 1024,
             limits_enforced: self.driver.limits_enforced(),
+            disk_limit_enforced: self.driver.disk_limits_enforced(),
         })
     }
 
@@ -878,6 +880,7 @@ pub fn agent_error(response: Response) -> EngineError {
             ErrorKind::PermissionDenied => EngineError::PermissionDenied(message),
             ErrorKind::Conflict => EngineError::Conflict(message),
             ErrorKind::PayloadTooLarge => EngineError::PayloadTooLarge(message),
+            ErrorKind::DiskFull => EngineError::QuotaExceeded(message),
             ErrorKind::Io => EngineError::Sandbox(message),
         },
         other => EngineError::Sandbox(format!(

@@ -11,6 +11,7 @@ use futures::future::BoxFuture;
 use tokio::io::AsyncWriteExt;
 
 use super::cgroups::{Cgroups, Layout, Limits};
+use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
@@ -21,6 +22,8 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct NamespacesDriver {
     sandboxes_dir: PathBuf,
     layout: Layout,
+    /// Where sandbox directories live: btrfs subvolumes with disk limits, or plain directories.
+    store: Store,
     /// The binary to re-execute as the launcher (this one, normally).
     exe: PathBuf,
     uid: u32,
@@ -32,7 +35,11 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> DriverError {
 }
 
 impl NamespacesDriver {
-    pub fn new(sandboxes_dir: PathBuf, exe: PathBuf) -> Result<Self, DriverError> {
+    pub fn new(
+        sandboxes_dir: PathBuf,
+        exe: PathBuf,
+        disk_limits: DiskLimits,
+    ) -> Result<Self, DriverError> {
         let path = sandboxes_dir.to_string_lossy();
         // Overlay mount options are comma- and colon-separated; such paths cannot be expressed.
         if path.contains([',', ':', '\n']) {
@@ -54,6 +61,11 @@ impl NamespacesDriver {
             .create(&sandboxes_dir)
             .map_err(|e| io_err("create sandboxes directory", e))?;
         let _ = fs::set_permissions(&sandboxes_dir, fs::Permissions::from_mode(0o711));
+        let store = disk::open(&sandboxes_dir, disk_limits)
+            .map_err(|e| io_err("set up the sandbox store", e))?;
+        if let Store::Plain(why) = &store {
+            tracing::warn!("sandbox disk use is reported but not enforced: {why}");
+        }
         let layout = Layout::detect();
         if !layout.enforced() {
             tracing::warn!(
@@ -63,6 +75,7 @@ impl NamespacesDriver {
         Ok(Self {
             sandboxes_dir,
             layout,
+            store,
             exe,
             uid: nix::unistd::getuid().as_raw(),
             gid: nix::unistd::getgid().as_raw(),
@@ -84,10 +97,12 @@ impl NamespacesDriver {
     /// Creates the sandbox's directories (idempotent; a restart reuses them).
     fn prepare_dirs(&self, spec: &StartSpec) -> io::Result<()> {
         let dir = self.dir(&spec.id);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o711)
-            .create(&dir)?;
+        disk::create_dir(
+            &self.store,
+            &self.sandboxes_dir,
+            &spec.id,
+            spec.shape.disk_mb.saturating_mul(1024 * 1024),
+        )?;
         let owner = (self.uid == 0).then(|| plan::uid_base(spec.uid_slot));
         let mut targets = vec!["/".to_string()];
         targets.extend(
@@ -234,6 +249,10 @@ impl Driver for NamespacesDriver {
         self.layout.enforced()
     }
 
+    fn disk_limits_enforced(&self) -> bool {
+        self.store.enforced()
+    }
+
     fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>> {
         Box::pin(async move {
             self.prepare_dirs(spec).map_err(|e| {
@@ -328,11 +347,8 @@ impl Driver for NamespacesDriver {
             }
             last.map_err(|e| io_err("remove cgroups", e))?;
         }
-        match fs::remove_dir_all(self.dir(id)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_err("delete the sandbox's files", e)),
-        }
+        disk::remove_dir(&self.store, &self.sandboxes_dir, id)
+            .map_err(|e| io_err("delete the sandbox's files", e))
     }
 
     fn usage(&self, id: &str) -> Usage {

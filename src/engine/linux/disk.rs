@@ -1,0 +1,377 @@
+//! Disk limits. Each sandbox's directory (its overlay upper and work dirs) is a btrfs subvolume
+//! with a quota group limited to the template's `disk_mb`, so a sandbox that fills its disk gets
+//! `EDQUOT` ("Disk quota exceeded") and the host's disk, the engine and the other sandboxes are
+//! unaffected.
+//!
+//! Why btrfs: overlayfs has no size limit of its own, ext4/xfs project quotas need mount options
+//! (and kernel quota formats) we cannot count on, and one loop-mounted filesystem per sandbox costs
+//! a loop device, a mount and a journal each. A btrfs subvolume plus a qgroup limit is two ioctls
+//! (well under a millisecond) and deleting one is a third. The store is the data dir's own btrfs
+//! when it has one, otherwise a sparse image file (`<data>/sandboxes.img`, at most 80% of the free
+//! space when made) loop-mounted on `<data>/sandboxes` once per boot.
+//!
+//! Without root, without btrfs support, or on a data dir that already holds sandboxes in plain
+//! directories, the store is plain: disk use is reported but not enforced, and the engine says
+//! so in its log and health report.
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
+/// Smallest image worth making; below this the store stays plain.
+const MIN_IMAGE: u64 = 2 << 30;
+/// Largest image made by default.
+const MAX_IMAGE: u64 = 512 << 30;
+
+/// Whether the engine may set up a btrfs store (`SANDBOX_MCP_DISK_LIMITS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskLimits {
+    /// Enforce limits when the host can (root and btrfs); report why not otherwise.
+    Auto,
+    /// Plain directories, never a loop mount.
+    Off,
+}
+
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// Sandbox directories are btrfs subvolumes with quota limits.
+    Btrfs,
+    /// Plain directories; the reason disk limits are not enforced.
+    Plain(String),
+}
+
+impl Store {
+    pub fn enforced(&self) -> bool {
+        matches!(self, Store::Btrfs)
+    }
+}
+
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; 4088],
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct QuotaCtlArgs {
+    cmd: u64,
+    status: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct QgroupLimitArgs {
+    qgroupid: u64,
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+
+nix::ioctl_write_ptr!(btrfs_subvol_create, 0x94, 14, VolArgs);
+nix::ioctl_write_ptr!(btrfs_snap_destroy, 0x94, 15, VolArgs);
+nix::ioctl_readwrite!(btrfs_quota_ctl, 0x94, 40, QuotaCtlArgs);
+nix::ioctl_read!(btrfs_qgroup_limit, 0x94, 43, QgroupLimitArgs);
+
+const QUOTA_CTL_ENABLE: u64 = 1;
+const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
+const QGROUP_LIMIT_MAX_RFER: u64 = 1;
+
+fn vol_args(name: &str) -> io::Result<VolArgs> {
+    let bytes = name.as_bytes();
+        if bytes.is_empty()
+        || bytes.len() >= 4088
+        || bytes.contains(&0)
+        || bytes.contains(&b'/')
+        || name == "."
+        || name == ".."
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "invalid subvolume name",
+        ));
+    }
+    let mut args = VolArgs {
+        fd: 0,
+        name: [0; 4088],
+    };
+    args.name[..bytes.len()].copy_from_slice(bytes);
+    Ok(args)
+}
+
+// The statfs/statvfs field types differ between architectures.
+#[allow(clippy::unnecessary_cast)]
+fn is_btrfs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == BTRFS_SUPER_MAGIC)
+}
+
+/// Whether something is mounted exactly at `path` (per /proc/self/mountinfo).
+fn mounted_at(path: &Path) -> bool {
+    let Ok(path) = fs::canonicalize(path) else {
+        return false;
+    };
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .is_some_and(|m| unescape_mountinfo(m) == path.as_os_str().as_encoded_bytes())
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
+fn unescape_mountinfo(field: &str) -> Vec<u8> {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .and_then(|s| u8::from_str_radix(s, 8).ok())
+        {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn open_dir(path: &Path) -> io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+}
+
+fn enable_quota(mount: &Path) -> io::Result<()> {
+    let dir = open_dir(mount)?;
+    for cmd in [QUOTA_CTL_ENABLE_SIMPLE, QUOTA_CTL_ENABLE] {
+        let mut args = QuotaCtlArgs { cmd, status: 0 };
+        // SAFETY: a valid btrfs_ioctl_quota_ctl_args on an open directory of the filesystem.
+        match unsafe { btrfs_quota_ctl(dir.as_raw_fd(), &mut args) } {
+            Ok(_) => return Ok(()),
+            // Simple quotas need Linux 6.7; fall back to full qgroups.
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::EOPNOTSUPP)
+                if cmd == QUOTA_CTL_ENABLE_SIMPLE => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+fn run(cmd: &mut Command) -> io::Result<()> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// Mounts the store's image on `sandboxes_dir`.
+fn mount_image(image: &Path, sandboxes_dir: &Path) -> io::Result<()> {
+    run(Command::new("mount")
+        .arg("-t")
+        .arg("btrfs")
+        .arg("-o")
+        .arg("loop,noatime")
+        .arg(image)
+        .arg(sandboxes_dir))
+}
+
+fn find_mkfs() -> Option<PathBuf> {
+    [
+        "/usr/sbin/mkfs.btrfs",
+        "/sbin/mkfs.btrfs",
+        "/usr/bin/mkfs.btrfs",
+    ]
+    .into_iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+}
+
+fn kernel_has_btrfs() -> bool {
+    fs::read_to_string("/proc/filesystems").is_ok_and(|f| {
+        f.lines()
+            .any(|l| l.split_whitespace().last() == Some("btrfs"))
+    })
+}
+
+/// Makes `sandboxes_dir` a btrfs store with quotas if it can; says why not otherwise.
+///
+/// An existing image is always mounted (the sandboxes live in it): failing that is an error.
+pub fn open(sandboxes_dir: &Path, limits: DiskLimits) -> io::Result<Store> {
+    let image = sandboxes_dir.with_extension("img");
+    if image.exists() {
+        // Mounted already when the engine restarts without a reboot.
+        if !(mounted_at(sandboxes_dir) && is_btrfs(sandboxes_dir)) {
+            mount_image(&image, sandboxes_dir).map_err(|e| {
+                io::Error::other(format!(
+                    "cannot mount the sandbox store {}: {e}",
+                    image.display()
+                ))
+            })?;
+        }
+        fs::set_permissions(sandboxes_dir, fs::Permissions::from_mode(0o711))?;
+        enable_quota(sandboxes_dir)?;
+        return Ok(Store::Btrfs);
+    }
+    let plain = |why: &str| Ok(Store::Plain(why.to_string()));
+    if limits == DiskLimits::Off {
+        return plain("disk limits are turned off (SANDBOX_MCP_DISK_LIMITS=off)");
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return plain("disk limits need root (a loop-mounted btrfs store)");
+    }
+    if !kernel_has_btrfs() {
+        return plain("disk limits need btrfs, which this kernel lacks");
+    }
+    let Some(mkfs) = find_mkfs() else {
+        return plain("disk limits need mkfs.btrfs (install btrfs-progs)");
+    };
+    if fs::read_dir(sandboxes_dir)?.next().is_some() {
+        return plain(
+            "this data dir already holds sandboxes in plain directories; a new data dir gets disk limits",
+        );
+    }
+    #[allow(clippy::unnecessary_cast)] // field types differ between architectures
+    let free = nix::sys::statvfs::statvfs(sandboxes_dir)
+        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+        .unwrap_or(0);
+    let size = (free / 10 * 8).min(MAX_IMAGE);
+    if size < MIN_IMAGE {
+        return plain("too little free disk space for a sandbox store (2 GiB)");
+    }
+    // Build the image aside and rename it into place: a crash never leaves a half-made store
+    // that the next start would try to mount.
+    let tmp = sandboxes_dir.with_extension(format!("img.{}", std::process::id()));
+    let made = (|| {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&tmp)?;
+        f.set_len(size)?;
+        f.sync_all()?;
+        drop(f);
+        run(Command::new(&mkfs).arg("-q").arg("-f").arg(&tmp))?;
+        fs::rename(&tmp, &image)
+    })();
+    if let Err(e) = made {
+        let _ = fs::remove_file(&tmp);
+        return plain(&format!("could not make a btrfs store: {e}"));
+    }
+    if let Err(e) = mount_image(&image, sandboxes_dir) {
+        let _ = fs::remove_file(&image);
+        return plain(&format!("could not mount the btrfs store: {e}"));
+    }
+    fs::set_permissions(sandboxes_dir, fs::Permissions::from_mode(0o711))?;
+    enable_quota(sandboxes_dir)?;
+    Ok(Store::Btrfs)
+}
+
+/// Unmounts a store image from `sandboxes_dir` if one is mounted there (tests and `--reset`).
+/// Lazily: frozen sandboxes may still hold it until they die.
+pub fn release(sandboxes_dir: &Path) {
+    if sandboxes_dir.with_extension("img").exists()
+        && mounted_at(sandboxes_dir)
+        && let Ok(c) = CString::new(sandboxes_dir.as_os_str().as_encoded_bytes())
+    {
+        // SAFETY: umount2 of a path we own; MNT_DETACH never blocks.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// Creates a sandbox's directory `parent/name`: a subvolume limited to `limit_bytes` in a btrfs
+/// store, a plain directory otherwise. Idempotent.
+pub fn create_dir(store: &Store, parent: &Path, name: &str, limit_bytes: u64) -> io::Result<()> {
+    let path = parent.join(name);
+    if path.exists() {
+        return Ok(());
+    }
+    match store {
+        Store::Plain(_) => fs::create_dir(&path)?,
+        Store::Btrfs => {
+            let dir = open_dir(parent)?;
+            let args = vol_args(name)?;
+            // SAFETY: a valid btrfs_ioctl_vol_args on an open directory of the filesystem.
+            unsafe { btrfs_subvol_create(dir.as_raw_fd(), &args) }?;
+            let sub = open_dir(&path)?;
+            let mut limit = QgroupLimitArgs {
+                qgroupid: 0, // the subvolume `sub` is in
+                flags: QGROUP_LIMIT_MAX_RFER,
+                max_rfer: limit_bytes,
+                ..QgroupLimitArgs::default()
+            };
+            // SAFETY: a valid btrfs_ioctl_qgroup_limit_args on the new subvolume's root.
+            if let Err(e) = unsafe { btrfs_qgroup_limit(sub.as_raw_fd(), &mut limit) } {
+                drop(sub);
+                let _ = remove_dir(store, parent, name);
+                return Err(io::Error::other(format!("cannot set the disk limit: {e}")));
+            }
+        }
+    }
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o711))
+}
+
+/// Deletes a sandbox's directory and everything in it.
+pub fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
+    let path = parent.join(name);
+    if let Store::Btrfs = store
+        && let Ok(dir) = open_dir(parent)
+        && let Ok(args) = vol_args(name)
+    {
+        // SAFETY: a valid btrfs_ioctl_vol_args on an open directory of the filesystem.
+        match unsafe { btrfs_snap_destroy(dir.as_raw_fd(), &args) } {
+            Ok(_) => return Ok(()),
+            Err(nix::errno::Errno::ENOENT) => return Ok(()),
+            // Not a subvolume (made before the store was): delete it file by file below.
+            Err(_) => {}
+        }
+    }
+    match fs::remove_dir_all(&path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mountinfo(r"/tmp/a\040b"), b"/tmp/a b");
+        assert_eq!(unescape_mountinfo(r"/x\134y"), b"/x\\y");
+        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(r"/trailing\04"), b"/trailing\\04");
+    }
+
+    #[test]
+    fn subvolume_names_are_single_components() {
+        assert!(vol_args("sbx_abc").is_ok());
+                for bad in ["", "a/b", ".", "..", "a\0b"] {
+            assert!(vol_args(bad).is_err(), "{bad:?}");
+        }
+        assert!(vol_args(&"x".repeat(4088)).is_err());
+    }
+}
