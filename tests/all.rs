@@ -22,6 +22,7 @@ mod engine_api;
 mod engine_hostile;
 mod engine_lifecycle;
 mod escapes;
+mod faults;
 mod http_transport;
 mod mcp_calls;
 mod snapshots;

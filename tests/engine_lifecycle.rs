@@ -303,3 +303,214 @@ async fn the_v1_freezer_pauses_too() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_ne!(std::fs::read_to_string(&up).unwrap(), before);
 }
+
+/// An engine process on `data` (a new port each time), ready to serve.
+async fn spawn_engine(data: &std::path::Path) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new(BIN)
+        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
+        .env("SANDBOX_MCP_DATA_DIR", data)
+        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+        .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
+        .env("SANDBOX_MCP_IDLE_PAUSE", "0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{url}/v1/health"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "engine did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (child, url)
+}
+
+/// Everything the engine acknowledged: sandbox ids, and files written with their content.
+#[derive(Default)]
+struct Acked {
+    sandboxes: Vec<String>,
+    files: Vec<(String, String, String)>,
+}
+
+/// `kill -9` of the engine in the middle of a burst of creates and file writes, over and over:
+/// after each restart every acknowledged sandbox is listed and every acknowledged file is there
+/// with its exact content. Bounded: five rounds, or fewer past 60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged() {
+    require_sandboxes!();
+    let dir = crate::common::TempData::new();
+    let data = dir.data();
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Acked::default()));
+    let started = Instant::now();
+    let mut rounds = 0;
+    while rounds < 5 && (rounds < 1 || started.elapsed() < Duration::from_secs(60)) {
+        rounds += 1;
+        let (mut engine, url) = spawn_engine(&data).await;
+        let mut workers = Vec::new();
+        for w in 0..4 {
+            let (http, url, acked) = (http.clone(), url.clone(), acked.clone());
+            workers.push(tokio::spawn(async move {
+                let mut mine = Vec::new();
+                for seq in 0.. {
+                    // Up to four sandboxes per worker and round, then writes into them.
+                    if mine.len() < 4 && seq % 3 == 0 {
+                        let Ok(r) = http
+                            .post(format!("{url}/v1/sandboxes"))
+                            .bearer_auth(KEY)
+                            .json(&json!({"metadata": {"worker": w.to_string()}}))
+                            .send()
+                            .await
+                        else {
+                            return;
+                        };
+                        if r.status() != 201 {
+                            return;
+                        }
+                        let Ok(v) = r.json::<serde_json::Value>().await else {
+                            return;
+                        };
+                        let id = v["id"].as_str().unwrap().to_string();
+                        acked.lock().unwrap().sandboxes.push(id.clone());
+                        mine.push(id);
+                        continue;
+                    }
+                    let Some(id) = mine.get(seq % mine.len().max(1)).cloned() else {
+                        continue;
+                    };
+                    let path = format!("/root/r{rounds}-w{w}-{seq}.txt");
+                    let content = format!("{id} {seq} {}", "x".repeat(seq * 37 % 4000));
+                    let Ok(r) = http
+                        .put(format!("{url}/v1/sandboxes/{id}/files"))
+                        .bearer_auth(KEY)
+                        .json(&json!({"path": path, "content": content}))
+                        .send()
+                        .await
+                    else {
+                        return;
+                    };
+                    if !r.status().is_success() {
+                        return;
+                    }
+                    // Acknowledged only once the whole response arrived.
+                    if r.bytes().await.is_err() {
+                        return;
+                    }
+                    acked.lock().unwrap().files.push((id, path, content));
+                }
+            }));
+        }
+        // Kill mid-burst: once this round has acknowledged a good number of operations.
+        let (s0, f0) = {
+            let a = acked.lock().unwrap();
+            (a.sandboxes.len(), a.files.len())
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (s, f) = {
+                let a = acked.lock().unwrap();
+                (a.sandboxes.len(), a.files.len())
+            };
+            if s >= s0 + 8 && f >= f0 + 40 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the burst made no progress");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        engine.kill().unwrap(); // SIGKILL, while the workers are still sending
+        engine.wait().unwrap();
+        for w in workers {
+            let _ = w.await;
+        }
+
+        // Restart and check everything acknowledged so far, across every crash.
+        let (mut engine, url) = spawn_engine(&data).await;
+        let listed: serde_json::Value = http
+            .get(format!("{url}/v1/sandboxes"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let listed = listed.to_string();
+        let (sandboxes, files) = {
+            let a = acked.lock().unwrap();
+            (a.sandboxes.clone(), a.files.clone())
+        };
+        for id in &sandboxes {
+            assert!(
+                listed.contains(id.as_str()),
+                "round {rounds}: acknowledged sandbox {id} is gone"
+            );
+        }
+        for (id, path, content) in &files {
+            let r = http
+                .get(format!("{url}/v1/sandboxes/{id}/files"))
+                .bearer_auth(KEY)
+                .query(&[("path", path)])
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let body: serde_json::Value = r.json().await.unwrap();
+            assert!(
+                status.is_success(),
+                "round {rounds}: {id}:{path}: {status} {body}"
+            );
+            assert_eq!(
+                body["content"].as_str(),
+                Some(content.as_str()),
+                "round {rounds}: {id}:{path} changed"
+            );
+        }
+        eprintln!(
+            "round {rounds}: {} sandboxes and {} files acknowledged, all intact after kill -9",
+            sandboxes.len(),
+            files.len()
+        );
+        engine.kill().unwrap();
+        engine.wait().unwrap();
+    }
+    // Clean up every sandbox, acknowledged or not.
+    let (mut engine, url) = spawn_engine(&data).await;
+    let listed: serde_json::Value = http
+        .get(format!("{url}/v1/sandboxes"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for s in listed["sandboxes"].as_array().unwrap() {
+        let id = s["id"].as_str().unwrap();
+        http.delete(format!("{url}/v1/sandboxes/{id}"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap();
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(engine.id() as i32),
+        nix::sys::signal::SIGTERM,
+    );
+    engine.wait().unwrap();
+}

@@ -49,6 +49,8 @@ pub fn respond<T: Serialize>(
     }
 }
 
+const NOT_THE_API: &str = "an HTML page came back instead of an API response; is SANDBOX_MCP_URL the engine, not a proxy or another service?";
+
 fn from_client_error(e: Error<types::Error>) -> CallFailure {
     match e {
         Error::ErrorResponse(rv) => {
@@ -79,13 +81,26 @@ fn from_client_error(e: Error<types::Error>) -> CallFailure {
             "the response body broke off: {}",
             describe(&e.without_url())
         )),
-        Error::InvalidResponsePayload(_, e) => {
-            CallFailure::BadResponse(format!("the response does not match the API: {e}"))
+        Error::InvalidResponsePayload(body, e) => {
+            if body.trim_ascii_start().starts_with(b"<") {
+                // A proxy's error page, or another service at the engine's address.
+                CallFailure::BadResponse(NOT_THE_API.into())
+            } else {
+                CallFailure::BadResponse(format!("the response does not match the API: {e}"))
+            }
         }
-        Error::UnexpectedResponse(response) => CallFailure::BadResponse(format!(
-            "unexpected HTTP status {}",
-            response.status().as_u16()
-        )),
+        Error::UnexpectedResponse(response) => {
+            let html = response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/html"));
+            CallFailure::BadResponse(if html {
+                NOT_THE_API.into()
+            } else {
+                format!("unexpected HTTP status {}", response.status().as_u16())
+            })
+        }
         Error::InvalidUpgrade(e) => CallFailure::BadResponse(describe(&e.without_url())),
         Error::Custom(message) => CallFailure::BadResponse(message),
     }
@@ -112,6 +127,16 @@ pub struct EventStream {
 /// Longest event line accepted from a stream (a final result carries capped output).
 const MAX_EVENT: usize = 32 * 1024 * 1024;
 
+fn parse_event(line: &[u8]) -> Result<Option<Value>, CallFailure> {
+    serde_json::from_slice(line).map(Some).map_err(|e| {
+        CallFailure::BadResponse(if line.trim_ascii_start().starts_with(b"<") {
+            NOT_THE_API.into()
+        } else {
+            format!("the event stream broke: {e}")
+        })
+    })
+}
+
 impl EventStream {
     /// The next event, or `None` when the stream ended.
     pub async fn next(&mut self) -> Result<Option<Value>, CallFailure> {
@@ -122,9 +147,7 @@ impl EventStream {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                return serde_json::from_slice(&line)
-                    .map(Some)
-                    .map_err(|e| CallFailure::BadResponse(format!("the event stream broke: {e}")));
+                return parse_event(&line);
             }
             match self.inner.next().await {
                 Some(Ok(chunk)) => {
@@ -144,9 +167,7 @@ impl EventStream {
                 None if self.buf.iter().all(u8::is_ascii_whitespace) => return Ok(None),
                 None => {
                     let line = std::mem::take(&mut self.buf);
-                    return serde_json::from_slice(&line).map(Some).map_err(|e| {
-                        CallFailure::BadResponse(format!("the event stream broke: {e}"))
-                    });
+                    return parse_event(&line);
                 }
             }
         }

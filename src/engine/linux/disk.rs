@@ -86,7 +86,7 @@ const QGROUP_LIMIT_MAX_RFER: u64 = 1;
 
 fn vol_args(name: &str) -> io::Result<VolArgs> {
     let bytes = name.as_bytes();
-        if bytes.is_empty()
+    if bytes.is_empty()
         || bytes.len() >= 4088
         || bytes.contains(&0)
         || bytes.contains(&b'/')
@@ -369,7 +369,7 @@ mod tests {
     #[test]
     fn subvolume_names_are_single_components() {
         assert!(vol_args("sbx_abc").is_ok());
-                for bad in ["", "a/b", ".", "..", "a\0b"] {
+        for bad in ["", "a/b", ".", "..", "a\0b"] {
             assert!(vol_args(bad).is_err(), "{bad:?}");
         }
         assert!(vol_args(&"x".repeat(4088)).is_err());

@@ -1,0 +1,211 @@
+//! A control plane that is unreachable, slow, or answers garbage: every tool answers within its
+//! deadline with an actionable `isError` result, and the MCP server stays up.
+//!
+//! The real engine cannot be made slow or broken on demand, so these use test-only HTTP stubs
+//! (the standards allow exactly that); everything on the MCP side is the real server.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use sandbox_mcp::client::ApiKey;
+use sandbox_mcp::mcp::backend::Backend;
+use sandbox_mcp::mcp::server::ServerSettings;
+use sandbox_mcp::tooldefs::registry;
+
+use crate::common::{McpClient, call, mcp_for, text};
+
+const SANDBOX: &str = "sbx_0123456789abcdefghjkmnpqrs";
+
+/// Valid arguments for every tool (so the failure is the control plane's, not validation's).
+fn valid_args(tool: &str) -> Value {
+    let schema = &registry()
+        .tools
+        .iter()
+        .find(|t| t.name == tool)
+        .unwrap()
+        .input_schema;
+    let mut args = serde_json::Map::new();
+    for name in schema["required"].as_array().into_iter().flatten() {
+        let name = name.as_str().unwrap();
+        let value = match name {
+            "sandbox_id" => json!(SANDBOX),
+            "metadata" => json!({"k": "v"}),
+            "command" => json!("true"),
+            "code" => json!("1 + 1"),
+            "language" => json!("python"),
+            "job_id" => json!("job_1"),
+            "context_id" => json!("default"),
+            "content" => json!("x"),
+            "path" | "from" => json!("a.txt"),
+            "to" => json!("b.txt"),
+            other => panic!("{tool}: no test value for required argument `{other}`; add one"),
+        };
+        args.insert(name.to_string(), value);
+    }
+    // Tools with their own timeout argument get a short one: their deadline derives from it.
+    if schema["properties"].get("timeout_ms").is_some() {
+        args.insert("timeout_ms".into(), json!(1000));
+    }
+    Value::Object(args)
+}
+
+fn settings() -> ServerSettings {
+    ServerSettings {
+        request_timeout: Duration::from_secs(2),
+        timeout_grace: Duration::from_secs(1),
+    }
+}
+
+/// Calls every tool at once; returns (tool, elapsed, result text, is_error).
+async fn call_every_tool(client: &McpClient) -> Vec<(String, Duration, String, Option<bool>)> {
+    let calls = registry().tools.iter().map(|t| async move {
+        let started = Instant::now();
+        let r = call(client, &t.name, valid_args(&t.name)).await;
+        (t.name.clone(), started.elapsed(), text(&r), r.is_error)
+    });
+    futures::future::join_all(calls).await
+}
+
+/// Every tool failed within `limit`, with a short message that says what happened and what to
+/// do; the server still answers afterwards.
+async fn assert_contained(client: &McpClient, kind: &str, limit: Duration, expect: &[&str]) {
+    for (tool, elapsed, message, is_error) in call_every_tool(client).await {
+        if tool == "sandbox_files_read" {
+            eprintln!("{kind}: {tool} after {elapsed:?}: {message}");
+        }
+        assert_eq!(
+            is_error,
+            Some(true),
+            "{kind}: {tool} did not fail: {message}"
+        );
+        assert!(
+            elapsed <= limit,
+            "{kind}: {tool} took {elapsed:?} (limit {limit:?})"
+        );
+        assert!(
+            expect.iter().any(|e| message.contains(e)),
+            "{kind}: {tool}: {message}"
+        );
+        assert!(
+            message.len() < 600,
+            "{kind}: {tool}: message too long: {message}"
+        );
+        for leak in ["panicked", "stack backtrace", "super-secret", "<html"] {
+            assert!(
+                !message.contains(leak),
+                "{kind}: {tool} leaked {leak:?}: {message}"
+            );
+        }
+    }
+    let tools = client.list_all_tools().await.unwrap();
+    assert_eq!(
+        tools.len(),
+        registry().tools.len(),
+        "{kind}: server not answering"
+    );
+}
+
+async fn serve_stub(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+async fn client_for(url: &str) -> McpClient {
+    let backend = Backend::remote(url, Some(ApiKey::new("super-secret-key"))).unwrap();
+    mcp_for(backend, settings(), "all").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_control_plane() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = client_for(&format!("http://127.0.0.1:{port}")).await;
+    assert_contained(
+        &client,
+        "unreachable",
+        Duration::from_secs(5),
+        &["unreachable"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_reset_by_the_control_plane() {
+    // Accepts and closes every connection without a byte.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            drop(socket);
+        }
+    });
+    let client = client_for(&url).await;
+    assert_contained(&client, "reset", Duration::from_secs(5), &["unreachable"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_control_plane_hits_each_tools_deadline() {
+    let url = serve_stub(axum::Router::new().fallback(|| async {
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        "too late"
+    }))
+    .await;
+    let client = client_for(&url).await;
+    // Deadline: 2 s (request timeout), or timeout_ms 1 s + 1 s grace; plus scheduling slack.
+    assert_contained(
+        &client,
+        "slow",
+        Duration::from_secs(6),
+        &["did not answer in time", "No answer"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_from_the_control_plane() {
+    for (kind, app) in [
+        (
+            "html 200",
+            axum::Router::new().fallback(|| async {
+                (
+                    [("content-type", "text/html")],
+                    "<html><body>proxy error page</body></html>",
+                )
+            }),
+        ),
+        (
+            "json of the wrong shape",
+            axum::Router::new().fallback(|| async { axum::Json(json!({"unexpected": [1, 2, 3]})) }),
+        ),
+        (
+            "html 502",
+            axum::Router::new().fallback(|| async {
+                (
+                    axum::http::StatusCode::BAD_GATEWAY,
+                    [("content-type", "text/html")],
+                    "<html><body>bad gateway</body></html>",
+                )
+            }),
+        ),
+        (
+            "truncated json",
+            axum::Router::new()
+                .fallback(|| async { ([("content-type", "application/json")], "{\"id\": \"sbx_") }),
+        ),
+    ] {
+        let url = serve_stub(app).await;
+        let client = client_for(&url).await;
+        let expect: &[&str] = if kind.starts_with("html") {
+            &["an HTML page came back"]
+        } else {
+            &["does not understand"]
+        };
+        assert_contained(&client, kind, Duration::from_secs(5), expect).await;
+    }
+}
