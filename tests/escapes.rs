@@ -251,3 +251,119 @@ async fn setuid_binaries_cannot_raise_privileges() {
     let mounts = sh(&client, &id, "grep -E ' / | /usr ' /proc/self/mounts").await;
     assert!(mounts.lines().all(|l| l.contains("nosuid")), "{mounts}");
 }
+
+#[tokio::test]
+async fn host_abstract_unix_sockets_are_unreachable() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    // A listener in the host's abstract namespace (like X11's or a session bus's).
+    let name = format!("smcp-test-{}", std::process::id());
+    use std::os::linux::net::SocketAddrExt;
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind_addr(&addr).unwrap();
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            r#"
+import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("\0{name}"); print("CONNECTED")
+except OSError as e:
+    print("refused", e.errno)
+"#
+        ),
+    )
+    .await;
+    assert!(out.starts_with("refused"), "{out}");
+    drop(listener);
+}
+
+/// Hard links made inside a sandbox point at its own copy-up of a file: writing through them
+/// (with exec or the file tools) never changes the template, the host's /usr or another sandbox.
+#[tokio::test]
+async fn hardlinks_never_write_through_to_the_template_the_host_or_other_sandboxes() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let a = create(&client).await;
+    let b = create(&client).await;
+    let host_env = std::fs::read("/usr/bin/env").unwrap();
+    let template_hostname = engine
+        .data_dir()
+        .join("templates/base/rootfs/etc/hostname");
+    let template_before = std::fs::read(&template_hostname).ok();
+    let b_hostname = sh(&client, &b, "cat /etc/hostname").await;
+
+    let r = exec(
+        &client,
+        &a,
+        "ln /usr/bin/env /root/env-link && ln /etc/hostname /root/host-link && \
+         echo pwned >> /root/env-link; echo pwned > /root/host-link; \
+         ln /proc/1/exe /root/agent-link; echo rc=$?",
+    )
+    .await;
+    assert!(r["stdout"].as_str().unwrap().contains("rc="), "{r}");
+    // Through the file tool too.
+    ok(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": a, "path": "/root/env-link", "content": "replaced"}),
+    )
+    .await;
+    ok(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": a, "path": "/usr/bin/env", "content": "#!/bin/sh\necho replaced\n"}),
+    )
+    .await;
+
+    assert_eq!(std::fs::read("/usr/bin/env").unwrap(), host_env, "the host's /usr changed");
+    assert_eq!(
+        std::fs::read(&template_hostname).ok(),
+        template_before,
+        "the template changed"
+    );
+    assert_eq!(sh(&client, &b, "cat /etc/hostname").await, b_hostname);
+    assert_eq!(
+        sh(&client, &b, "/usr/bin/env true && echo intact").await,
+        "intact\n"
+    );
+}
+
+/// One sandbox cannot see another's files or processes.
+#[tokio::test]
+async fn sandboxes_cannot_see_each_other() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let a = create(&client).await;
+    let b = create(&client).await;
+    exec(
+        &client,
+        &b,
+                "echo b-secret > /root/b-secret.txt; cp /bin/sleep /tmp/b-marker-process; /tmp/b-marker-process 600 > /dev/null 2>&1 &",
+    )
+    .await;
+    // B sees its own marker process (so its absence in A means something).
+    assert_eq!(
+        sh(&client, &b, "ps -eo args | grep -c '[b]-marker-process'").await,
+        "1\n"
+    );
+    let out = sh(
+        &client,
+        &a,
+        "find / -xdev -name 'b-secret*' 2>/dev/null | head; ps -eo args | grep -c '[b]-marker-process'; \
+         ls /proc | grep -c '^[0-9]'",
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(!out.contains("b-secret"), "{out}");
+        // The marker process is not visible.
+    assert_eq!(lines[lines.len() - 2], "0", "{out}");
+    // A sees only its own handful of processes.
+    assert!(lines[lines.len() - 1].parse::<u32>().unwrap() < 10, "{out}");
+}
