@@ -64,8 +64,13 @@ fn type_name(value: &Value) -> &'static str {
 fn matches_type(expected: &str, value: &Value) -> bool {
     match expected {
         "integer" => match value {
+                        // Whole floats count (`3.0`), within 64 bits: every integer of this API is one.
             Value::Number(n) => {
-                n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+                n.is_i64()
+                    || n.is_u64()
+                    || n.as_f64().is_some_and(|f| {
+                        f.fract() == 0.0 && f >= i64::MIN as f64 && f < u64::MAX as f64
+                    })
             }
             _ => false,
         },
@@ -368,6 +373,16 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect()
+    }
+
+    #[test]
+    fn whole_floats_are_integers_within_64_bits() {
+        let s = json!({"type": "integer"});
+        assert!(validate(&s, &json!(3.0)).is_empty());
+        assert!(validate(&s, &json!(-7)).is_empty());
+        assert!(!validate(&s, &json!(3.5)).is_empty());
+        assert!(!validate(&s, &json!(1e300)).is_empty());
+        assert!(!validate(&s, &json!(-1e300)).is_empty());
     }
 
     #[test]

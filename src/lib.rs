@@ -9,6 +9,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod engine;
+pub mod fuzzing;
 pub mod jsonschema;
 pub mod keys;
 pub mod mcp;

@@ -23,6 +23,7 @@ mod engine_hostile;
 mod engine_lifecycle;
 mod escapes;
 mod faults;
+mod fuzz_replay;
 mod http_transport;
 mod mcp_calls;
 mod snapshots;

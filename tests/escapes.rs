@@ -292,9 +292,7 @@ async fn hardlinks_never_write_through_to_the_template_the_host_or_other_sandbox
     let a = create(&client).await;
     let b = create(&client).await;
     let host_env = std::fs::read("/usr/bin/env").unwrap();
-    let template_hostname = engine
-        .data_dir()
-        .join("templates/base/rootfs/etc/hostname");
+    let template_hostname = engine.data_dir().join("templates/base/rootfs/etc/hostname");
     let template_before = std::fs::read(&template_hostname).ok();
     let b_hostname = sh(&client, &b, "cat /etc/hostname").await;
 
@@ -321,7 +319,11 @@ async fn hardlinks_never_write_through_to_the_template_the_host_or_other_sandbox
     )
     .await;
 
-    assert_eq!(std::fs::read("/usr/bin/env").unwrap(), host_env, "the host's /usr changed");
+    assert_eq!(
+        std::fs::read("/usr/bin/env").unwrap(),
+        host_env,
+        "the host's /usr changed"
+    );
     assert_eq!(
         std::fs::read(&template_hostname).ok(),
         template_before,
@@ -362,7 +364,7 @@ async fn sandboxes_cannot_see_each_other() {
     .await;
     let lines: Vec<&str> = out.lines().collect();
     assert!(!out.contains("b-secret"), "{out}");
-        // The marker process is not visible.
+    // The marker process is not visible.
     assert_eq!(lines[lines.len() - 2], "0", "{out}");
     // A sees only its own handful of processes.
     assert!(lines[lines.len() - 1].parse::<u32>().unwrap() < 10, "{out}");

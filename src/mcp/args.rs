@@ -14,6 +14,45 @@ pub struct Args {
     map: Map<String, Value>,
 }
 
+/// JSON Schema counts `3.0` as an integer, and models do send it; the typed client's integer
+/// fields do not accept it. Where the schema says integer, a whole float becomes an integer.
+fn integers_as_integers(schema: &Value, value: &mut Value) {
+    let says_integer = match &schema["type"] {
+        Value::String(t) => t == "integer",
+        Value::Array(ts) => ts.iter().any(|t| t == "integer"),
+        _ => false,
+    };
+    match value {
+        Value::Number(n) if says_integer && n.is_f64() => {
+            if let Some(f) = n.as_f64()
+                && f.fract() == 0.0
+            {
+                // Out-of-range floats stay floats; the typed client rejects those clearly.
+                if f >= 0.0 && f < u64::MAX as f64 {
+                    *value = Value::from(f as u64);
+                } else if f < 0.0 && f >= i64::MIN as f64 {
+                    *value = Value::from(f as i64);
+                }
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                if let Some(s) = schema["properties"].get(k) {
+                    integers_as_integers(s, v);
+                } else if schema["additionalProperties"].is_object() {
+                    integers_as_integers(&schema["additionalProperties"], v);
+                }
+            }
+        }
+        Value::Array(items) if schema["items"].is_object() => {
+            for v in items {
+                integers_as_integers(&schema["items"], v);
+            }
+        }
+        _ => {}
+    }
+}
+
 impl Args {
     /// Validates `raw` against the schema the model was shown and applies defaults
     /// (including those of hidden arguments). Returns one message per problem.
@@ -24,6 +63,8 @@ impl Args {
         if !violations.is_empty() {
             return Err(violations.iter().map(ToString::to_string).collect());
         }
+                let mut value = value;
+        integers_as_integers(&tool.input_schema, &mut value);
         let Value::Object(mut map) = value else {
             return Err(vec!["arguments must be an object".into()]);
         };
@@ -37,7 +78,7 @@ impl Args {
         Ok(Self { map })
     }
 
-    pub fn get(&self, name: &str) -> Option<&Value> {
+        pub fn get(&self, name: &str) -> Option<&Value> {
         self.map.get(name)
     }
 

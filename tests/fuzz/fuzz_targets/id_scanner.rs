@@ -1,0 +1,3 @@
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| sandbox_mcp::fuzzing::id_scanner(data));
