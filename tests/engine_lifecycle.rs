@@ -514,3 +514,22 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
     );
     engine.wait().unwrap();
 }
+
+/// A data dir under a directory only root may search (`/root/...`, a `mktemp -d`): the sandbox's
+/// root, an unprivileged host uid, never needs to traverse it.
+#[tokio::test]
+async fn a_data_dir_under_a_private_directory_works() {
+    require_sandboxes!();
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::Builder::new()
+        .prefix("smcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let config = TestEngine::config_for(dir.path());
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    assert_eq!(sh(&client, &id, "echo fine; ls / | grep -c usr").await, "fine\n1\n");
+    ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+}

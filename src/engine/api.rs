@@ -327,7 +327,7 @@ pub struct ListQuery {
 
 /// `key=value,key=value` → pairs.
 fn parse_metadata_filter(s: &str) -> Result<Vec<(String, String)>, EngineError> {
-    if s.len() > 2048 {
+    if s.chars().count() > 2048 {
         return Err(EngineError::InvalidArgument(
             "metadata filter is longer than 2048 characters".into(),
         ));

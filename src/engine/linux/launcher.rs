@@ -25,7 +25,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, socketpair};
@@ -337,6 +337,20 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
         return Err("the launcher gave up".into());
     }
 
+        // From here on this process is the sandbox's root: an unprivileged host uid that may be unable
+    // to search the data dir's parents (a data dir under /root, say). So enter the sandbox's own
+    // directory now, with the launcher's host identity, and name everything in it relative to it.
+    let base = plan
+        .rootfs
+        .parent()
+        .ok_or("the sandbox's rootfs has no parent directory")?;
+    ctx(nix::unistd::chdir(base), "enter the sandbox's directory")?;
+    let inside = |p: &Path| -> Result<PathBuf, String> {
+        p.strip_prefix(base)
+            .map(Path::to_path_buf)
+            .map_err(|_| format!("{} is outside the sandbox's directory", p.display()))
+    };
+
     // Become root of the new user namespace; drop supplementary groups inherited from the host.
     if plan.privileged {
         ctx(nix::unistd::setgroups(&[]), "clear supplementary groups")?;
@@ -352,14 +366,15 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
         "setresuid",
     )?;
 
-    let rootfs = plan.rootfs.as_path();
+        let rootfs = inside(&plan.rootfs)?;
+    let rootfs = rootfs.as_path();
     for layer in &plan.layers {
         // As root the lower layer is the id-mapped copy the parent attached; otherwise the host
         // directory itself (whose files then stay read-only inside the sandbox).
         let lower = if plan.privileged {
-            &layer.staging
+            inside(&layer.staging)?
         } else {
-            &layer.lower
+            layer.lower.clone()
         };
         let lower = lower.display();
         let target = if layer.target == "/" {
@@ -369,8 +384,8 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
         };
         let data = format!(
             "lowerdir={lower},upperdir={},workdir={},userxattr",
-            layer.upper.display(),
-            layer.work.display()
+            inside(&layer.upper)?.display(),
+            inside(&layer.work)?.display()
         );
         ctx(
             mount(
