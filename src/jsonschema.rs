@@ -40,6 +40,9 @@ const MAX_VIOLATIONS: usize = 10;
 /// Values are quoted in messages, but never at a length that would flood a model's context.
 const MAX_QUOTED: usize = 60;
 
+/// The spec's pattern for strings that must not contain NUL (paths, commands, code).
+const NO_NUL: &str = "^[^\\u0000]*$";
+
 fn push(out: &mut Vec<Violation>, path: &str, message: String) {
     if out.len() < MAX_VIOLATIONS {
         out.push(Violation {
@@ -64,7 +67,7 @@ fn type_name(value: &Value) -> &'static str {
 fn matches_type(expected: &str, value: &Value) -> bool {
     match expected {
         "integer" => match value {
-                        // Whole floats count (`3.0`), within 64 bits: every integer of this API is one.
+            // Whole floats count (`3.0`), within 64 bits: every integer of this API is one.
             Value::Number(n) => {
                 n.is_i64()
                     || n.is_u64()
@@ -199,6 +202,16 @@ fn check_string(
     }
     if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
         match regress::Regex::new(pattern) {
+            // The most common pattern, "no NUL anywhere", is named in words: a model can act
+            // on "contains a NUL character" but not on a regular expression.
+            Ok(_) if pattern == NO_NUL && s.contains('\0') => push(
+                out,
+                path,
+                format!(
+                    "{} contains a NUL character (\\u0000), which is never allowed here",
+                    quote(&Value::String(s.to_string()))
+                ),
+            ),
             Ok(re) if re.find(s).is_none() => push(
                 out,
                 path,

@@ -18,6 +18,7 @@ mod codegen;
 mod code_jobs;
 mod codegen_validator;
 mod conformance;
+mod docs;
 mod engine_api;
 mod engine_hostile;
 mod engine_lifecycle;

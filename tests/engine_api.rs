@@ -241,13 +241,26 @@ async fn metadata_filters_and_updates() {
             .sandboxes
             .is_empty()
     );
-    let e = client
-        .list_sandboxes()
-        .metadata("justakey")
+    // The typed client refuses a filter without `=` before sending it; the engine refuses it
+    // too, for clients that do not check.
+    assert!(
+        client
+            .list_sandboxes()
+            .metadata("justakey")
+            .send()
+            .await
+            .is_err()
+    );
+    let resp = engine
+        .http()
+        .get(format!("{}/v1/sandboxes?metadata=justakey", engine.url))
+        .header("authorization", format!("Bearer {KEY}"))
         .send()
         .await
-        .unwrap_err();
-    assert_eq!(e.status().map(|s| s.as_u16()), Some(400));
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error_code"], "invalid_argument", "{body}");
     let running = client
         .list_sandboxes()
         .status("running")
@@ -256,4 +269,40 @@ async fn metadata_filters_and_updates() {
         .unwrap()
         .into_inner();
     assert_eq!(running.sandboxes.len(), 2);
+}
+
+#[tokio::test]
+async fn a_create_without_a_body_uses_the_defaults() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    // `curl -X POST …/v1/sandboxes`, or a generic client that leaves out an all-optional body.
+    let resp = engine
+        .http()
+        .post(format!("{}/v1/sandboxes", engine.url))
+        .header("authorization", format!("Bearer {KEY}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 201);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "running", "{body}");
+    assert_eq!(body["template"], "base", "{body}");
+    // A body that is present but empty and typed as JSON is still malformed.
+    let resp = engine
+        .http()
+        .post(format!("{}/v1/sandboxes", engine.url))
+        .header("authorization", format!("Bearer {KEY}"))
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let id = body["id"].as_str().unwrap();
+    engine
+        .client()
+        .kill_sandbox()
+        .sandbox_id(id)
+        .send()
+        .await
+        .unwrap();
 }

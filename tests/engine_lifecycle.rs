@@ -530,6 +530,9 @@ async fn a_data_dir_under_a_private_directory_works() {
     let engine = TestEngine::start_on(dir, config).await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    assert_eq!(sh(&client, &id, "echo fine; ls / | grep -c usr").await, "fine\n1\n");
+    assert_eq!(
+        sh(&client, &id, "echo fine; ls / | grep -c usr").await,
+        "fine\n1\n"
+    );
     ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
 }

@@ -469,3 +469,35 @@ async fn structured_content_matches_the_output_schema() {
         "the text block carries the same JSON"
     );
 }
+
+#[tokio::test]
+async fn nulls_for_optional_arguments_and_whole_floats_are_accepted() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    // What models and generic clients really send: `null` for "not given", `30.0` for 30.
+    let created = ok(
+        &client,
+        "sandbox_create",
+        json!({"name": null, "template": null, "metadata": null, "timeout_seconds": 600.0}),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["template"], "base");
+    let out = ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "pwd", "cwd": null, "env": null, "timeout_ms": 5000.0}),
+    )
+    .await;
+    assert_eq!(out["stdout"], "/root\n");
+    // A required argument given as null is still an error that names it.
+    let m = err(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": null}),
+    )
+    .await;
+    assert!(m.contains("command"), "{m}");
+    ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+}

@@ -278,7 +278,7 @@ impl Spec {
                 "operation `{op}`: body schema `{name}` must be an object"
             ));
         }
-        let required = schema
+        let required: Vec<String> = schema
             .get("required")
             .and_then(Value::as_array)
             .map(|r| {
@@ -291,7 +291,20 @@ impl Spec {
         let properties = schema
             .get("properties")
             .and_then(Value::as_object)
-            .map(|p| p.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .map(|p| {
+                p.iter()
+                    .map(|(k, v)| {
+                        // An optional field's `null` means "not given": the model is shown the
+                        // plain type and simply leaves the argument out.
+                        let v = if required.contains(k) {
+                            v.clone()
+                        } else {
+                            without_null(v.clone())
+                        };
+                        (k.clone(), v)
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
         Ok((name, required, properties))
     }
@@ -465,4 +478,34 @@ impl Spec {
         }
         Ok(Value::Object(out))
     }
+}
+
+/// `schema` without the `null` alternative that `nullable: true` added.
+fn without_null(mut schema: Value) -> Value {
+    let Some(obj) = schema.as_object_mut() else {
+        return schema;
+    };
+    if let Some(Value::Array(types)) = obj.get("type") {
+        let rest: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+        let plain = match rest.as_slice() {
+            [one] => one.clone(),
+            _ => Value::Array(rest),
+        };
+        obj.insert("type".into(), plain);
+    }
+    if let Some(Value::Array(options)) = obj.get_mut("enum") {
+        options.retain(|o| !o.is_null());
+    }
+    if let Some(Value::Array(alternatives)) = obj.get("anyOf")
+        && let [inner, null] = alternatives.as_slice()
+        && null == &serde_json::json!({"type": "null"})
+        && let Value::Object(inner) = inner.clone()
+    {
+        let description = obj.get("description").cloned();
+        *obj = inner;
+        if let Some(d) = description {
+            obj.insert("description".into(), d);
+        }
+    }
+    schema
 }

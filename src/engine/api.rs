@@ -27,7 +27,7 @@ use crate::engine::manager::{
     CreateRequest, EXEC_GRACE, EXEC_OUTPUT_CAP, JOB_PAGE, LIST_LIMIT, READ_LIMIT, SandboxView,
     WRITE_LIMIT, ZIP_LIMIT, agent_error,
 };
-use crate::engine::server::{ApiJson, AppState, Tenant};
+use crate::engine::server::{ApiJson, ApiJsonOrEmpty, AppState, Tenant};
 use crate::engine::state::{Record, Status};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
@@ -36,6 +36,9 @@ type ApiResult<T> = Result<Json<T>, EngineError>;
 const MAX_ENV_NAME: usize = 128;
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
+/// Most metadata pairs and environment variables (the spec's `maxProperties`).
+const MAX_METADATA_PAIRS: usize = 32;
+const MAX_ENV_VARS: usize = 64;
 
 fn internal(e: impl std::fmt::Display) -> EngineError {
     EngineError::Internal(format!("response does not fit the API: {e}"))
@@ -69,6 +72,12 @@ fn shape_type(s: &crate::engine::driver::Shape) -> types::Shape {
 }
 
 fn metadata_type(m: &BTreeMap<String, String>) -> Result<types::Metadata, EngineError> {
+    if m.len() > MAX_METADATA_PAIRS {
+        return Err(EngineError::InvalidArgument(format!(
+            "metadata has {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            m.len()
+        )));
+    }
     let mut out = BTreeMap::new();
     for (k, v) in m {
         out.insert(
@@ -238,6 +247,12 @@ fn check_metadata(
 }
 
 fn check_env(env: &types::EnvVars) -> Result<Vec<(String, String)>, EngineError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(EngineError::InvalidArgument(format!(
+            "{} environment variables given; at most {MAX_ENV_VARS} are allowed",
+            env.len()
+        )));
+    }
     let mut out = Vec::new();
     for (k, v) in env.iter() {
         let valid = !k.is_empty()
@@ -288,7 +303,7 @@ pub async fn list_templates(State(state): State<AppState>) -> ApiResult<types::T
 pub async fn create_sandbox(
     State(state): State<AppState>,
     Tenant(tenant): Tenant,
-    ApiJson(body): ApiJson<types::CreateSandboxRequest>,
+    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<types::Sandbox>), EngineError> {
     let metadata = match &body.metadata {
         Some(m) => check_metadata(&m.0)?,

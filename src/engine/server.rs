@@ -110,6 +110,39 @@ where
     }
 }
 
+/// Like [`ApiJson`], but a request with no body at all (`curl -X POST …`, or a client that
+/// leaves out a body whose fields are all optional) counts as `{}`.
+pub struct ApiJsonOrEmpty<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJsonOrEmpty<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned + Default,
+{
+    type Rejection = EngineError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let empty = req
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .is_none()
+            && req
+                .headers()
+                .get(axum::http::header::CONTENT_LENGTH)
+                .is_none_or(|v| v.as_bytes() == b"0")
+            && req
+                .headers()
+                .get(axum::http::header::TRANSFER_ENCODING)
+                .is_none();
+        if empty {
+            return Ok(Self(T::default()));
+        }
+        ApiJson::<T>::from_request(req, state)
+            .await
+            .map(|ApiJson(v)| Self(v))
+    }
+}
+
 impl IntoResponse for EngineError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();

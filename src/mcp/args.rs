@@ -57,13 +57,19 @@ impl Args {
     /// Validates `raw` against the schema the model was shown and applies defaults
     /// (including those of hidden arguments). Returns one message per problem.
     pub fn prepare(tool: &ToolDef, raw: Option<Map<String, Value>>) -> Result<Self, Vec<String>> {
-        let map = raw.unwrap_or_default();
+        let mut map = raw.unwrap_or_default();
+        // `null` for an optional argument means "not given" (the API's optional fields are
+        // nullable; the model is shown the plain type, but some clients send nulls anyway).
+        let required = tool.input_schema["required"].as_array();
+        map.retain(|name, v| {
+            !v.is_null() || required.is_some_and(|r| r.iter().any(|n| n == name.as_str()))
+        });
         let value = Value::Object(map);
         let violations = jsonschema::validate(&tool.input_schema, &value);
         if !violations.is_empty() {
             return Err(violations.iter().map(ToString::to_string).collect());
         }
-                let mut value = value;
+        let mut value = value;
         integers_as_integers(&tool.input_schema, &mut value);
         let Value::Object(mut map) = value else {
             return Err(vec!["arguments must be an object".into()]);
@@ -78,7 +84,7 @@ impl Args {
         Ok(Self { map })
     }
 
-        pub fn get(&self, name: &str) -> Option<&Value> {
+    pub fn get(&self, name: &str) -> Option<&Value> {
         self.map.get(name)
     }
 

@@ -337,7 +337,7 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
         return Err("the launcher gave up".into());
     }
 
-        // From here on this process is the sandbox's root: an unprivileged host uid that may be unable
+    // From here on this process is the sandbox's root: an unprivileged host uid that may be unable
     // to search the data dir's parents (a data dir under /root, say). So enter the sandbox's own
     // directory now, with the launcher's host identity, and name everything in it relative to it.
     let base = plan
@@ -366,7 +366,7 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
         "setresuid",
     )?;
 
-        let rootfs = inside(&plan.rootfs)?;
+    let rootfs = inside(&plan.rootfs)?;
     let rootfs = rootfs.as_path();
     for layer in &plan.layers {
         // As root the lower layer is the id-mapped copy the parent attached; otherwise the host

@@ -1,0 +1,95 @@
+//! The documents stay true: README names every setting the binary has, server.json matches the
+//! package, and CI runs README's test command.
+
+use std::process::Command;
+
+use crate::common::BIN;
+
+fn root(path: &str) -> String {
+    std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
+        .unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every `SANDBOX_MCP_*` variable any subcommand's `--help` shows.
+fn env_vars() -> std::collections::BTreeSet<String> {
+    let mut vars = std::collections::BTreeSet::new();
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["engine", "--help"],
+        &["keys", "create", "--help"],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        for word in help.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("SANDBOX_MCP_") {
+                vars.insert(word.to_string());
+            }
+        }
+    }
+    vars
+}
+
+#[test]
+fn readme_documents_every_environment_variable() {
+    let readme = root("README.md");
+    let vars = env_vars();
+    assert!(vars.len() >= 15, "{vars:?}");
+    for var in &vars {
+        assert!(
+            readme.contains(&format!("`{var}`")),
+            "README.md does not document {var}"
+        );
+    }
+}
+
+#[test]
+fn server_json_matches_the_package() {
+    let server: serde_json::Value = serde_json::from_str(&root("server.json")).unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(server["version"], version);
+    let description = server["description"].as_str().unwrap();
+    assert!(
+        (1..=100).contains(&description.len()),
+        "the registry allows 100 characters"
+    );
+    let name = server["name"].as_str().unwrap();
+    assert_eq!(name.matches('/').count(), 1, "{name}");
+    let vars = env_vars();
+    for package in server["packages"].as_array().unwrap() {
+        assert_eq!(package["version"], version);
+        assert_eq!(package["transport"]["type"], "stdio");
+        for env in package["environmentVariables"].as_array().unwrap() {
+            let var = env["name"].as_str().unwrap();
+            assert!(
+                vars.contains(var),
+                "server.json names {var}, which the binary does not read"
+            );
+        }
+    }
+}
+
+#[test]
+fn ci_runs_readmes_test_command() {
+    let readme = root("README.md");
+    let ci = root(".ci/run");
+    let command = readme
+        .lines()
+        .find(|l| l.contains("# the whole test suite"))
+        .and_then(|l| l.split('#').next())
+        .map(str::trim)
+        .expect("README gives the test command");
+    assert!(
+        ci.lines().any(|l| l.trim() == command),
+        ".ci/run must run `{command}`"
+    );
+    for step in [
+        "cargo fmt --check",
+        "cargo clippy --all-targets -- -D warnings",
+    ] {
+        assert!(
+            ci.lines().any(|l| l.trim() == step),
+            ".ci/run must run `{step}`"
+        );
+    }
+}
