@@ -93,3 +93,40 @@ fn ci_runs_readmes_test_command() {
         );
     }
 }
+
+#[test]
+fn documented_toolset_costs_match_the_snapshot() {
+    let snap = root("snapshots/toolset_costs.snap");
+    let costs: serde_json::Value = serde_json::from_str(&snap[snap.find('{').unwrap()..]).unwrap();
+    let tokens = |cell: &str| -> f64 {
+        let digits: String = cell.chars().filter(char::is_ascii_digit).collect();
+        digits
+            .parse()
+            .unwrap_or_else(|_| panic!("no number in {cell:?}"))
+    };
+    for (doc, set) in ["README.md", "docs/tool-defs.md"]
+        .into_iter()
+        .flat_map(|doc| ["all", "core", "code"].map(|set| (doc, set)))
+    {
+        let text = root(doc);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{set}` |")))
+            .unwrap_or_else(|| panic!("{doc} has no cost row for `{set}`"));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let want = &costs[set];
+        assert_eq!(cells[2], want["tools"].to_string(), "{row}");
+        // README rounds; within 3% of the pinned figure is true enough.
+        for (cell, key) in [
+            (cells[3], "model_facing_tokens"),
+            (cells[4], "tools_list_tokens"),
+        ] {
+            let pinned = want[key].as_f64().unwrap();
+            let shown = tokens(cell);
+            assert!(
+                (shown - pinned).abs() <= pinned * 0.03,
+                "{doc} says {cell} for `{set}` {key}; the snapshot says {pinned}"
+            );
+        }
+    }
+}
