@@ -193,8 +193,20 @@ struct Mcp {
 }
 
 impl Mcp {
+    /// Our server, in front of the engine at `url`.
     fn spawn(url: &str) -> Mcp {
-        let mut child = Command::new(BIN)
+        Self::from_command(Command::new(BIN), url)
+    }
+
+    /// The peer: FastMCP serving the same spec against the same engine.
+    fn fastmcp(url: &str) -> Mcp {
+        let mut cmd = Command::new("python3");
+        cmd.arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fastmcp_server.py"));
+        Self::from_command(cmd, url)
+    }
+
+    fn from_command(mut cmd: Command, url: &str) -> Mcp {
+        let mut child = cmd
             .env("SANDBOX_MCP_URL", url)
             .env("SANDBOX_MCP_API_KEY", KEY)
             .stdin(Stdio::piped())
@@ -219,9 +231,32 @@ impl Mcp {
         line.push(b'\n');
         self.stdin.write_all(&line).unwrap();
         self.stdin.flush().unwrap();
-        let mut buf = String::new();
-        self.stdout.read_line(&mut buf).unwrap();
-        serde_json::from_str(&buf).unwrap()
+        // Skip notifications (log messages, list changes) until the answer to this request.
+        loop {
+            let mut buf = String::new();
+            let n = self.stdout.read_line(&mut buf).unwrap();
+            assert!(
+                n > 0,
+                "the MCP server closed stdout while answering {method}"
+            );
+            let v: Value = serde_json::from_str(&buf).unwrap();
+            if v["id"] == self.next_id {
+                return v;
+            }
+        }
+    }
+
+    /// Resident memory of the server process (for Python, the interpreter and everything loaded).
+    fn rss_mib(&self) -> f64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN);
+        kib / 1024.0
     }
 
     fn initialize(&mut self) -> Value {
@@ -256,17 +291,101 @@ fn time<T>(f: impl FnOnce() -> T) -> (Duration, T) {
     (start.elapsed(), v)
 }
 
-fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
-    // Process start → initialize response.
-    let mut samples = Vec::new();
-    for _ in 0..40 {
-        let (d, r) = time(|| {
-            let mut mcp = Mcp::spawn(&engine.url);
-            mcp.initialize()
-        });
-        assert!(r["result"]["serverInfo"].is_object());
-        samples.push(ms(d));
+/// Whether the peer (FastMCP) can run here; installs it from PyPI when it is missing.
+fn fastmcp_version() -> Result<String, String> {
+    let version = || {
+        Command::new("python3")
+            .args(["-c", "import fastmcp, httpx; print(fastmcp.__version__)"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if let Some(v) = version() {
+        return Ok(v);
     }
+    eprintln!("installing fastmcp from PyPI for the side-by-side figures");
+    let _ = Command::new("python3")
+        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+        .arg("fastmcp>=2.12,<4")
+        .status();
+    version().ok_or_else(|| {
+        "python3 with the `fastmcp` package is not available (`pip install fastmcp`)".into()
+    })
+}
+
+/// One server's figures, for the side-by-side table.
+#[derive(Default)]
+struct Side {
+    start: (f64, f64),
+    list: (f64, f64),
+    call: (f64, f64),
+    /// Median of the raw HTTP calls interleaved with this server's.
+    raw: f64,
+    overhead: f64,
+    rss_mib: f64,
+    list_bytes: usize,
+    tools: usize,
+}
+
+fn median_p95(samples: &[f64]) -> (f64, f64) {
+    let mut s = samples.to_vec();
+    (percentile(&mut s, 0.5), percentile(&mut s, 0.95))
+}
+
+fn start_samples(runs: usize, spawn: impl Fn() -> Mcp) -> Vec<f64> {
+    (0..runs)
+        .map(|_| {
+            let (d, r) = time(|| {
+                let mut mcp = spawn();
+                mcp.initialize()
+            });
+            assert!(r["result"]["serverInfo"].is_object(), "{r}");
+            ms(d)
+        })
+        .collect()
+}
+
+fn list_samples(mcp: &mut Mcp, runs: usize, side: &mut Side) -> Vec<f64> {
+    (0..runs)
+        .map(|_| {
+            let (d, r) = time(|| mcp.request("tools/list", json!({})));
+            side.tools = r["result"]["tools"].as_array().unwrap().len();
+            side.list_bytes = serde_json::to_vec(&r["result"]).unwrap().len();
+            ms(d)
+        })
+        .collect()
+}
+
+/// `runs` calls through `call`, interleaved with as many raw HTTP calls of the same operation.
+fn call_samples(
+    engine: &Engine,
+    id: &str,
+    runs: usize,
+    mut call: impl FnMut(&str),
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut via, mut raw) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        via.push(ms(time(|| call(id)).0));
+        raw.push(ms(time(|| {
+            engine.get(&format!("/v1/sandboxes/{id}")).unwrap()
+        })
+        .0));
+    }
+    (via, raw)
+}
+
+/// The MCP layer: ours, and (in the same run, against the same engine) FastMCP serving the same
+/// spec. Returns the side-by-side section of the report.
+fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) -> String {
+    let peer = fastmcp_version();
+    let mut ours = Side::default();
+    let mut theirs = Side::default();
+
+    // Process start → initialize response.
+    let samples = start_samples(40, || Mcp::spawn(&engine.url));
+    ours.start = median_p95(&samples);
     out.push(figure(
         "MCP: process start → initialize response",
         "ms",
@@ -274,15 +393,11 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
         Some((5.0, "≤ 5 ms")),
         "stdio, release binary, remote engine",
     ));
-
     let mut mcp = Mcp::spawn(&engine.url);
     mcp.initialize();
-    let mut samples = Vec::new();
-    for _ in 0..300 {
-        let (d, r) = time(|| mcp.request("tools/list", json!({})));
-        assert_eq!(r["result"]["tools"].as_array().unwrap().len(), 22);
-        samples.push(ms(d));
-    }
+    let samples = list_samples(&mut mcp, 300, &mut ours);
+    assert_eq!(ours.tools, 22);
+    ours.list = median_p95(&samples);
     out.push(figure(
         "MCP: tools/list round trip",
         "ms",
@@ -291,22 +406,16 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
         "all tools (22), the full tools/list JSON over stdio",
     ));
 
-    // Per-call overhead: tools/call sandbox_info minus the raw HTTP call it makes.
+    // Per-call overhead: tools/call of "get one sandbox" minus the raw HTTP call it makes,
+    // interleaved so that both series see the same machine noise.
     let id = engine.create();
-    let mut via_mcp = Vec::new();
-    let mut raw = Vec::new();
-    for i in 0..800 {
-        // Interleave so both see the same machine noise.
-        if i % 2 == 0 {
-            let (d, _) = time(|| mcp.call("sandbox_info", json!({"sandbox_id": id})));
-            via_mcp.push(ms(d));
-        } else {
-            let (d, _) = time(|| engine.get(&format!("/v1/sandboxes/{id}")).unwrap());
-            raw.push(ms(d));
-        }
-    }
-    let mcp_med = percentile(&mut via_mcp.clone(), 0.5);
-    let raw_med = percentile(&mut raw.clone(), 0.5);
+    let (via_mcp, raw) = call_samples(engine, &id, 400, |id| {
+        mcp.call("sandbox_info", json!({"sandbox_id": id}));
+    });
+    ours.raw = median_p95(&raw).0;
+    ours.call = median_p95(&via_mcp);
+    ours.overhead = ours.call.0 - ours.raw;
+    ours.rss_mib = mcp.rss_mib();
     out.push(figure(
         "MCP: tools/call sandbox_info (stdio, end to end)",
         "ms",
@@ -324,12 +433,110 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) {
     out.push(Figure {
         name: "MCP layer overhead per call (median difference)".into(),
         unit: "ms",
-        median: mcp_med - raw_med,
+        median: ours.overhead,
         p95: f64::NAN,
         target: Some((0.2, "≤ 0.2 ms")),
         note: "tools/call minus raw HTTP, medians of the two series above".into(),
     });
+    out.push(Figure {
+        name: "MCP server resident memory after the calls above".into(),
+        unit: "MiB",
+        median: ours.rss_mib,
+        p95: f64::NAN,
+        target: None,
+        note: "VmRSS of the stdio server process (the engine is separate)".into(),
+    });
+    drop(mcp);
+
+    // The peer, measured the same way once ours has exited, so neither steals the other's CPU.
+    if peer.is_ok() {
+        theirs.start = median_p95(&start_samples(10, || Mcp::fastmcp(&engine.url)));
+        let mut fast = Mcp::fastmcp(&engine.url);
+        fast.initialize();
+        theirs.list = median_p95(&list_samples(&mut fast, 100, &mut theirs));
+        let (via_peer, raw) = call_samples(engine, &id, 200, |id| {
+            let r = fast.call("get_sandbox", json!({"sandbox_id": id}));
+            assert!(r.to_string().contains(id), "{r}");
+        });
+        theirs.raw = median_p95(&raw).0;
+        theirs.call = median_p95(&via_peer);
+        theirs.overhead = theirs.call.0 - theirs.raw;
+        theirs.rss_mib = fast.rss_mib();
+    }
     engine.kill(&id);
+    side_by_side(&peer, &ours, &theirs)
+}
+
+fn side_by_side(peer: &Result<String, String>, ours: &Side, theirs: &Side) -> String {
+    let mut md = String::from("\n## Side by side: FastMCP serving the same spec\n\n");
+    let version = match peer {
+        Ok(v) => v,
+        Err(why) => {
+            md.push_str(&format!("Not measured in this run: {why}.\n"));
+            eprintln!("side by side SKIPPED: {why}");
+            return md;
+        }
+    };
+    md.push_str(&format!(
+        "The same `openapi/sandbox-mcp.json`, served as MCP tools by FastMCP {version}'s \
+         `FastMCP.from_openapi` ([benches/fastmcp_server.py](../benches/fastmcp_server.py)), over \
+         stdio, against the same engine, in the same run as the table above. Calls: our \
+         `sandbox_info` and FastMCP's `get_sandbox`, both one `GET /v1/sandboxes/{{id}}`, \
+         each interleaved with the raw HTTP call (measured one server after the other, so that neither \
+         takes the other's CPU). Medians, p95 in brackets.\n\n"
+    ));
+    md.push_str(
+        "| Figure | sandbox-mcp | FastMCP | FastMCP ÷ sandbox-mcp |\n|---|---:|---:|---:|\n",
+    );
+    type Row<'a> = (&'a str, (f64, f64), (f64, f64), &'a str);
+    let rows: [Row; 3] = [
+        (
+            "Process start → initialize response",
+            ours.start,
+            theirs.start,
+            "ms",
+        ),
+        ("tools/list round trip", ours.list, theirs.list, "ms"),
+        ("tools/call, end to end", ours.call, theirs.call, "ms"),
+    ];
+    for (name, a, b, unit) in rows {
+        md.push_str(&format!(
+            "| {name} | {:.3} {unit} ({:.3}) | {:.3} {unit} ({:.3}) | {:.1}× |\n",
+            a.0,
+            a.1,
+            b.0,
+            b.1,
+            b.0 / a.0
+        ));
+    }
+    md.push_str(&format!(
+        "| MCP layer overhead per call (tools/call − raw HTTP: {:.3} / {:.3} ms) | {:.3} ms | {:.3} ms | {:.1}× |\n",
+        ours.raw,
+        theirs.raw,
+        ours.overhead,
+        theirs.overhead,
+        theirs.overhead / ours.overhead
+    ));
+    md.push_str(&format!(
+        "| Server resident memory | {:.1} MiB | {:.1} MiB | {:.1}× |\n",
+        ours.rss_mib,
+        theirs.rss_mib,
+        theirs.rss_mib / ours.rss_mib
+    ));
+    md.push_str(&format!(
+        "| tools/list: tools, bytes | {}, {} B | {}, {} B | {:.1}× (bytes) |\n",
+        ours.tools,
+        ours.list_bytes,
+        theirs.tools,
+        theirs.list_bytes,
+        theirs.list_bytes as f64 / ours.list_bytes as f64
+    ));
+    md.push_str(
+        "\nWhat the numbers leave out: FastMCP turns every operation into a tool as the spec \
+         states it; ours bind 22 tools through tool-defs, with annotations, output caps, \
+         model-facing descriptions and error messages, validated before any HTTP call.\n",
+    );
+    md
 }
 
 /// `sandbox-mcp serve --http` on a free port in front of `engine`, with one tenant key.
@@ -823,12 +1030,12 @@ fn main() {
     }
     let mut figures = Vec::new();
     let engine = Engine::start();
-    mcp_figures(&engine, &mut figures);
+    let side_by_side = mcp_figures(&engine, &mut figures);
     http_figures(&engine, &mut figures);
     engine_figures(&engine, &mut figures);
     idle_memory(&engine, &mut figures);
     drop(engine);
-    let doc = render(&figures, "");
+    let doc = render(&figures, &side_by_side);
     let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/benchmarks.md");
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, doc).unwrap();
