@@ -104,11 +104,14 @@ impl Engine {
     fn http() -> &'static reqwest::blocking::Client {
         static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
         CLIENT.get_or_init(|| {
-            reqwest::blocking::Client::builder()
-                .no_proxy()
-                .timeout(Duration::from_secs(600))
-                .build()
-                .unwrap()
+            {
+                sandbox_mcp::client::install_tls();
+                reqwest::blocking::Client::builder()
+            }
+            .no_proxy()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .unwrap()
         })
     }
 
@@ -683,7 +686,10 @@ fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
                 .map(|id| {
                     let barrier = barrier.clone();
                     s.spawn(move || {
-                        let client = reqwest::blocking::Client::builder().no_proxy().build().unwrap();
+                        let client = {
+                sandbox_mcp::client::install_tls();
+                reqwest::blocking::Client::builder()
+            }.no_proxy().build().unwrap();
                         let sid = server.open_session(&client);
                         barrier.wait();
                         let mut samples = Vec::with_capacity(calls);

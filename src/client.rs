@@ -64,7 +64,7 @@ pub fn connect_as(
         value.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
-    let http = reqwest::Client::builder()
+    let http = http_builder()
         .default_headers(headers)
         .connect_timeout(Duration::from_secs(5))
         .pool_idle_timeout(Duration::from_secs(60))
@@ -75,4 +75,21 @@ pub fn connect_as(
         base_url.trim_end_matches('/'),
         http,
     ))
+}
+
+/// The builder for every HTTP client this crate makes. reqwest is built without a crypto provider
+/// of its own (`rustls-no-provider`), so the first call installs ring as the process default;
+/// later calls find it installed.
+pub fn http_builder() -> reqwest::ClientBuilder {
+    install_tls();
+    reqwest::Client::builder()
+}
+
+/// Installs ring as rustls's process-wide crypto provider, if none is installed yet. Needed
+/// before building any reqwest client (blocking ones too).
+pub fn install_tls() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err means another thread installed one first: just as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }

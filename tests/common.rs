@@ -203,7 +203,10 @@ impl TestEngine {
 
     /// A raw HTTP client for requests the typed client cannot make (bad input on purpose).
     pub fn http(&self) -> reqwest::Client {
-        reqwest::Client::builder().no_proxy().build().unwrap()
+        sandbox_mcp::client::http_builder()
+            .no_proxy()
+            .build()
+            .unwrap()
     }
 
     /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir.

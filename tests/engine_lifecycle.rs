@@ -322,7 +322,10 @@ async fn spawn_engine(data: &std::path::Path) -> (std::process::Child, String) {
         .spawn()
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let http = sandbox_mcp::client::http_builder()
+        .no_proxy()
+        .build()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while http
         .get(format!("{url}/v1/health"))
@@ -352,7 +355,7 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
     require_sandboxes!();
     let dir = crate::common::TempData::new();
     let data = dir.data();
-    let http = reqwest::Client::builder()
+    let http = sandbox_mcp::client::http_builder()
         .no_proxy()
         .timeout(Duration::from_secs(30))
         .build()

@@ -209,3 +209,37 @@ async fn garbage_from_the_control_plane() {
         assert_contained(&client, kind, Duration::from_secs(5), expect).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_control_plane_is_spoken_to_over_tls() {
+    use tokio::io::AsyncReadExt;
+    // A listener that keeps what the client sends first, then hangs up: it cannot finish a
+    // handshake, but it shows what reached the wire.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let first = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        buf.truncate(n);
+        buf
+    });
+    let client = client_for(&format!("https://localhost:{port}")).await;
+    let r = call(&client, "sandbox_list", json!({})).await;
+    assert_eq!(r.is_error, Some(true));
+    let m = text(&r);
+    assert!(m.contains("unreachable"), "{m}");
+    let hello = first.await.unwrap();
+    // A TLS handshake record (0x16, version 3.x) carrying a ClientHello (1) — and no key.
+    assert!(hello.len() > 5, "{hello:?}");
+    assert_eq!(
+        (hello[0], hello[1], hello[5]),
+        (0x16, 0x03, 0x01),
+        "{hello:?}"
+    );
+    let seen = String::from_utf8_lossy(&hello);
+    assert!(!seen.contains("super-secret-key") && !seen.contains("HTTP/1.1"));
+}

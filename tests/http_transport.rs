@@ -100,7 +100,10 @@ impl Fixture {
 
     fn raw(&self) -> Raw {
         Raw {
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: sandbox_mcp::client::http_builder()
+                .no_proxy()
+                .build()
+                .unwrap(),
             url: self.url.clone(),
         }
     }
@@ -1015,7 +1018,10 @@ async fn sigterm_finishes_in_flight_calls_then_exits() {
             .to_string();
     let (mut child, url) = spawn_http_server(data.path(), &engine, &[]);
     let raw = Raw {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        http: sandbox_mcp::client::http_builder()
+            .no_proxy()
+            .build()
+            .unwrap(),
         url,
     };
     let session = raw.open_session(Some(&token)).await;
