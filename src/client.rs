@@ -64,7 +64,7 @@ pub fn connect_as(
         value.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
-    let http = http_builder()
+    let http = http_builder_for(base_url)
         .default_headers(headers)
         .connect_timeout(Duration::from_secs(5))
         .pool_idle_timeout(Duration::from_secs(60))
@@ -83,6 +83,19 @@ pub fn connect_as(
 pub fn http_builder() -> reqwest::ClientBuilder {
     install_tls();
     reqwest::Client::builder()
+}
+
+/// [`http_builder`] for a client of `base_url`. Only an `https://` URL gets the system's trust
+/// roots: loading them costs milliseconds, which a plain-HTTP client (the embedded engine on
+/// loopback) would pay at every start for nothing.
+pub fn http_builder_for(base_url: &str) -> reqwest::ClientBuilder {
+    let builder = http_builder();
+    if base_url.starts_with("https://") {
+        builder
+    } else {
+        // No trust anchors at all: an https redirect from a plain-HTTP engine fails verification.
+        builder.tls_certs_only(std::iter::empty())
+    }
 }
 
 /// Installs ring as rustls's process-wide crypto provider, if none is installed yet. Needed

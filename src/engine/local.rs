@@ -149,7 +149,7 @@ pub fn local_url(addr: SocketAddr) -> String {
 }
 
 async fn healthy(url: &str, key: &str) -> bool {
-    let Ok(client) = crate::client::http_builder()
+    let Ok(client) = crate::client::http_builder_for(url)
         .timeout(Duration::from_secs(2))
         .no_proxy()
         .build()
