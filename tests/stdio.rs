@@ -324,3 +324,26 @@ async fn session_sandbox_dies_with_stdin_eof_and_with_sigterm() {
     .await
     .unwrap();
 }
+
+#[test]
+fn a_malformed_url_fails_at_startup_with_an_example() {
+    for url in [
+        "localhost:7070",
+        "ftp://example.com",
+        "http://",
+        "not a url",
+    ] {
+        let out = Command::new(BIN)
+            .env("SANDBOX_MCP_URL", url)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{url}: started anyway");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("invalid SANDBOX_MCP_URL") && err.contains("http://10.0.0.5:7070"),
+            "{url}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{url}: stdout carries only JSON-RPC");
+    }
+}

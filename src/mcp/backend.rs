@@ -71,9 +71,17 @@ impl Backend {
 
     /// A fixed remote control plane.
     pub fn remote(url: &str, key: Option<ApiKey>) -> Result<Self, String> {
-        // Build one client now so a malformed URL fails at startup, not at the first call.
-        crate::client::connect(url, key.as_ref())
-            .map_err(|e| format!("invalid SANDBOX_MCP_URL: {e}"))?;
+        // A malformed URL fails at startup, not at the first call. The client itself is built on
+        // first use: for https that loads the system's trust roots, which `initialize` need not
+        // wait for.
+        let hint = "give the engine's base URL, e.g. http://10.0.0.5:7070 or https://sandboxes.example.com";
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| format!("invalid SANDBOX_MCP_URL {url:?}: {e}; {hint}"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || !parsed.has_host() {
+            return Err(format!(
+                "invalid SANDBOX_MCP_URL {url:?}: it must be an http:// or https:// URL with a host; {hint}"
+            ));
+        }
         let endpoint = Endpoint {
             url: url.to_string(),
             key,
