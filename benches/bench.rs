@@ -386,6 +386,29 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>) -> String {
     let mut ours = Side::default();
     let mut theirs = Side::default();
 
+    // Floor for the start figure: running the same binary to print its version, which loads it
+    // and exits before any runtime, registry or MCP work.
+    let samples: Vec<f64> = (0..40)
+        .map(|_| {
+            let (d, s) = time(|| {
+                Command::new(BIN)
+                    .arg("--version")
+                    .stdout(Stdio::null())
+                    .status()
+                    .unwrap()
+            });
+            assert!(s.success());
+            ms(d)
+        })
+        .collect();
+    out.push(figure(
+        "Floor: exec of `sandbox-mcp --version`",
+        "ms",
+        samples,
+        None,
+        "loading the binary alone; the figure below includes it",
+    ));
+
     // Process start → initialize response.
     let samples = start_samples(40, || Mcp::spawn(&engine.url));
     ours.start = median_p95(&samples);
