@@ -9,6 +9,7 @@ pub mod args;
 pub mod backend;
 pub mod call;
 pub mod http;
+pub mod jsonrpc;
 pub mod progress;
 pub mod server;
 pub mod session;

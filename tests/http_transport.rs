@@ -1130,3 +1130,50 @@ async fn a_dead_session_sandbox_is_reported_once_then_replaced() {
     )
     .await;
 }
+
+/// A POST body that is not a valid JSON-RPC message gets a JSON-RPC error (400, `"id": null`)
+/// rather than a plain-text 415.
+#[tokio::test]
+async fn malformed_bodies_get_json_rpc_errors() {
+    let f = Fixture::start().await;
+    let raw = f.raw();
+    let token = f.token("alpha");
+    let session = raw.open_session(Some(&token)).await;
+    for (body, code) in [
+        (r#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#, -32700),
+        ("garbage", -32700),
+        (r#""\udcff""#, -32700),
+        ("1", -32600),
+        ("[]", -32600),
+        ("{}", -32600),
+        (r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, -32600),
+    ] {
+        let request = raw
+            .request(reqwest::Method::POST, Some(&token))
+            .header("mcp-session-id", &session)
+            .header("mcp-protocol-version", INIT_2025)
+            .body(body);
+        let reply = raw.send(request).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{body}: {}",
+            reply.body
+        );
+        assert_eq!(reply.body["error"]["code"], code, "{body}: {}", reply.body);
+        assert!(
+            reply.body.as_object().unwrap().contains_key("id") && reply.body["id"].is_null(),
+            "{body}: {}",
+            reply.body
+        );
+    }
+    // The session still works.
+    let r = raw
+        .post(
+            Some(&token),
+            Some(&session),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
+        )
+        .await;
+    assert_eq!(r.body["id"], 2, "{}", r.body);
+}

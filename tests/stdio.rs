@@ -164,6 +164,10 @@ fn garbage_and_malformed_requests_do_not_break_the_session() {
     let mut server = Server::offline();
     server.initialize("2025-06-18");
     server.send_raw(b"this is not json\n\n   \n");
+    // The garbage line gets a parse error (blank lines are not messages and get nothing).
+    let response = server.recv();
+    assert_eq!(response["error"]["code"], -32700, "{response}");
+    assert!(response["id"].is_null(), "{response}");
     server.send(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": 12}}));
     let response = server.recv();
     assert_eq!(response["id"], 7);
@@ -345,5 +349,151 @@ fn a_malformed_url_fails_at_startup_with_an_example() {
             "{url}: {err}"
         );
         assert!(out.stdout.is_empty(), "{url}: stdout carries only JSON-RPC");
+    }
+}
+
+/// JSON-RPC 2.0 wants exactly one answer per request line: a parse error for a line that is not
+/// JSON, Invalid Request for one that is not a request, each with `"id": null`; none for a
+/// notification. Strict clients wait forever otherwise.
+#[test]
+fn every_malformed_line_gets_one_spec_conformant_answer() {
+    let mut server = Server::offline();
+    server.initialize("2025-06-18");
+    let cases: [(&[u8], i64); 16] = [
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#, -32700),
+        (b"garbage", -32700),
+        (br#""\udcff""#, -32700),
+        (
+            br#"{"jsonrpc":"2.0","id":2,"method":"ping","x":"\udcff"}"#,
+            -32700,
+        ),
+        (b"\xff\xfe{}", -32700),
+        (b"1", -32600),
+        (br#""a string""#, -32600),
+        (b"[]", -32600),
+        (b"{}", -32600),
+        (br#"{"id":3,"method":"ping"}"#, -32600),
+        (br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, -32600),
+        (br#"{"jsonrpc":"2.0","id":6.5,"method":"ping"}"#, -32600),
+        (br#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, -32600),
+        (br#"{"jsonrpc":"2.0","id":8,"method":5}"#, -32600),
+        (br#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#, -32600),
+        (br#"{"jsonrpc":"2.0","id":5}"#, -32600),
+    ];
+    for (line, code) in cases {
+        let mut bytes = line.to_vec();
+        bytes.push(b'\n');
+        server.send_raw(&bytes);
+        let answer = server.recv();
+        let shown = String::from_utf8_lossy(line);
+        assert_eq!(answer["error"]["code"], code, "{shown}: {answer}");
+        let object = answer.as_object().unwrap();
+        assert!(
+            object.contains_key("id") && answer["id"].is_null(),
+            "{shown}: {answer}"
+        );
+        assert_eq!(object.len(), 3, "jsonrpc, id and error only: {answer}");
+    }
+    // Invalid params of a valid request keep its id; a notification, even unknown, gets nothing:
+    // the next answer is the ping's.
+    server.send(json!({"jsonrpc": "2.0", "id": 9, "method": "ping", "params": 5}));
+    let answer = server.recv();
+    assert_eq!(
+        (answer["id"].clone(), answer["error"]["code"].clone()),
+        (json!(9), json!(-32602))
+    );
+    server.send(json!({"jsonrpc": "2.0", "method": "no/such/notification"}));
+    server.send(json!({"jsonrpc": "2.0", "id": 10, "method": "ping"}));
+    assert_eq!(server.recv()["id"], 10);
+    assert!(server.close_and_wait().success());
+}
+
+/// Loop devices whose backing file is `image` (a deleted one included).
+fn loop_devices_of(image: &std::path::Path) -> Vec<String> {
+    let image = image.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let backing =
+                        std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+                    backing
+                        .trim_end()
+                        .trim_end_matches(" (deleted)")
+                        .eq(&image)
+                        .then(|| e.file_name().to_string_lossy().into_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn mounted(path: &std::path::Path) -> bool {
+    let path = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(path.as_str()))
+}
+
+/// When the server exits, the sandbox store is unmounted: the data dir can be deleted at once,
+/// and the loop device goes as soon as nothing uses the filesystem (paused sandboxes may keep it
+/// until they die).
+#[test]
+fn the_data_dir_can_be_deleted_after_the_server_exits() {
+    crate::require_cgroups!();
+    let dir = tempfile::Builder::new()
+        .prefix("smcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let data = dir.path().join("data");
+    let image = data.join("sandboxes.img");
+    let mut server = Server::spawn(&[("SANDBOX_MCP_DATA_DIR", data.to_str().unwrap())]);
+    server.initialize("2025-06-18");
+    let mut call = |id: u64, tool: &str, args: Value| {
+        server.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": args}}));
+        let r = server.recv();
+        assert_ne!(r["result"]["isError"], true, "{tool}: {r}");
+        r["result"]["structuredContent"].clone()
+    };
+    let killed = call(2, "sandbox_create", json!({}))["id"].clone();
+    call(
+        3,
+        "sandbox_exec",
+        json!({"sandbox_id": killed, "command": "echo hi > /root/f"}),
+    );
+    call(4, "sandbox_kill", json!({"sandbox_id": killed}));
+    let kept = call(5, "sandbox_create", json!({}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let enforced =
+        call(6, "sandbox_metrics", json!({"sandbox_id": kept}))["disk_limit_enforced"] == true;
+    assert!(server.close_and_wait().success());
+
+    assert!(
+        !mounted(&data.join("sandboxes")),
+        "the store is still mounted"
+    );
+    if enforced {
+        assert!(
+            !loop_devices_of(&image).is_empty(),
+            "the paused sandbox keeps its filesystem"
+        );
+    }
+    std::fs::remove_dir_all(&data).expect("the data dir cannot be deleted");
+    // The paused sandbox dies (as at the next reboot): the loop device goes with it.
+    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&kept);
+    cg.kill_all().unwrap();
+    let _ = cg.remove();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !loop_devices_of(&image).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "a loop device outlived its use: {:?}",
+            loop_devices_of(&image)
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

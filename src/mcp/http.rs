@@ -7,7 +7,9 @@
 //! 3. authenticates the bearer token against the key store (401 with `WWW-Authenticate: Bearer`),
 //!    and keeps the token to itself: the engine only ever sees the server's own key plus the tenant;
 //! 4. holds a session to the tenant that opened it: another tenant's session id is unknown (404);
-//! 5. rate-limits per tenant (429 with `Retry-After`).
+//! 5. rate-limits per tenant (429 with `Retry-After`);
+//! 6. answers a POST body that is not a valid JSON-RPC message with a JSON-RPC error (400, with
+//!    `-32700` or `-32600` and `"id": null`), where rmcp would answer 415 in plain text.
 //!
 //! Sessions (`Mcp-Session-Id`) serve 2025 clients; 2026-07-28 requests are stateless. A tenant's
 //! sandboxes are invisible to every other tenant: each call reaches the engine as that tenant.
@@ -245,6 +247,12 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
     }
     let deleting = req.method() == axum::http::Method::DELETE;
     let posting = req.method() == axum::http::Method::POST;
+    if posting {
+        req = match checked_body(req).await {
+            Ok(req) => req,
+            Err(answer) => return answer,
+        };
+    }
     req.extensions_mut().insert(RequestTenant(tenant.clone()));
     let inflight = InFlight::new(&g);
     let mut response = next.run(req).await;
@@ -278,6 +286,41 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
         sessions.remove(sid);
     }
     response
+}
+
+/// Reads a POST's JSON body and checks it is a valid JSON-RPC message; rebuilds the request for
+/// rmcp when it is, answers with the JSON-RPC error when it is not. Other media types go on
+/// untouched (rmcp refuses them with 415).
+async fn checked_body(req: Request) -> Result<Request, Response> {
+    let json = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.trim_start().starts_with("application/json"));
+    if !json {
+        return Ok(req);
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(_) => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!(
+                    "request too large: the limit is {} MiB; send large files in parts or create them inside the sandbox",
+                    BODY_LIMIT / (1024 * 1024)
+                ),
+            ));
+        }
+    };
+    match crate::mcp::jsonrpc::check(&bytes) {
+        crate::mcp::jsonrpc::Check::Forward => {
+            Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        }
+        crate::mcp::jsonrpc::Check::Answer(answer) => {
+            Err((StatusCode::BAD_REQUEST, axum::Json(answer)).into_response())
+        }
+    }
 }
 
 /// A running HTTP server.

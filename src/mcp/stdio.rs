@@ -1,13 +1,17 @@
 //! Line framing for the stdio transport, in front of rmcp.
 //!
-//! rmcp drops an over-long line silently, which leaves the client waiting forever for an answer.
-//! This layer reads stdin itself: a line over [`MAX_LINE`] is discarded as it streams in (memory
-//! stays bounded), its JSON-RPC `id` is picked out on the way, and the client gets an error
-//! response for that id at once. Everything written to stdout goes through one writer task, so
-//! protocol lines never interleave; nothing else in the process writes to stdout.
+//! rmcp drops an over-long or malformed line silently, which leaves the client waiting forever
+//! for an answer. This layer reads stdin itself: a line over [`MAX_LINE`] is discarded as it
+//! streams in (memory stays bounded), its JSON-RPC `id` is picked out on the way, and the client
+//! gets an error response for that id at once; every other line is checked by [`jsonrpc::check`]
+//! and answered here when it is not a valid message. Everything written to stdout goes through
+//! one writer task, so protocol lines never interleave; nothing else in the process writes to
+//! stdout.
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
+
+use super::jsonrpc::{self, Check};
 
 /// Longest request line accepted: room for an 8 MiB file sent base64-encoded, with overhead.
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
@@ -41,6 +45,7 @@ where
             match reader.read_until(b'\n', &mut line).await {
                 Ok(0) | Err(_) => break,
                 Ok(_) => {
+                    let line = jsonrpc::add_null_id(&line).unwrap_or(line);
                     if out_tx.send(line).await.is_err() {
                         break;
                     }
@@ -84,10 +89,21 @@ where
                     if let Some(id) = scanner.id() {
                         let _ = tx.send(too_large_response(&id, len)).await;
                     }
-                } else if line.iter().any(|b| !b.is_ascii_whitespace())
-                    && to_rmcp.write_all(&line).await.is_err()
-                {
-                    break;
+                } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
+                    let body = line.strip_suffix(b"\n").unwrap_or(&line);
+                    let body = body.strip_suffix(b"\r").unwrap_or(body);
+                    match jsonrpc::check(body) {
+                        Check::Forward => {
+                            if to_rmcp.write_all(&line).await.is_err() {
+                                break;
+                            }
+                        }
+                        Check::Answer(answer) => {
+                            let mut bytes = serde_json::to_vec(&answer).unwrap_or_default();
+                            bytes.push(b'\n');
+                            let _ = tx.send(bytes).await;
+                        }
+                    }
                 }
                 line.clear();
             }
