@@ -501,3 +501,41 @@ async fn nulls_for_optional_arguments_and_whole_floats_are_accepted() {
     assert!(m.contains("command"), "{m}");
     ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
 }
+
+/// A download near the 10 MiB limit is one MCP message a client accepts (rmcp-based clients drop
+/// any over 16 MiB and wait forever): the zip is whole in `structuredContent`, and the text copy
+/// names its size instead of repeating it.
+#[tokio::test]
+async fn a_download_near_the_limit_fits_in_one_client_message() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(
+        &client,
+        &id,
+        "mkdir /root/big && for i in 1 2 3 4 5 6 7 8 9; do head -c 1000000 /dev/urandom > /root/big/$i; done",
+    )
+    .await;
+    let result = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        call(
+            &client,
+            "sandbox_files_download_dir",
+            json!({"sandbox_id": id, "path": "/root/big"}),
+        ),
+    )
+    .await
+    .expect("the result never reached the client");
+    let structured = result.structured_content.clone().unwrap();
+    assert_eq!(structured["files"], 9);
+    let zip = structured["zip_base64"].as_str().unwrap();
+    assert!(zip.len() > 12_000_000, "{}", zip.len());
+    let copy = text(&result);
+    assert!(
+        copy.len() < 1024 * 1024,
+        "the text copy repeats the zip: {} bytes",
+        copy.len()
+    );
+    assert!(copy.contains("left out of this text copy"), "{copy}");
+}

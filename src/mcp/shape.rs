@@ -69,14 +69,59 @@ pub fn head_tail(s: &str, max: usize) -> String {
     )
 }
 
+/// Longest string repeated in a result's text copy. MCP clients built on rmcp drop any message
+/// over 16 MiB (and leave the call hanging), and a zip sent twice — structured and as text —
+/// would be one; a model gains nothing from megabytes of base64 in its context either.
+pub const TEXT_COPY_MAX_STRING: usize = 2 * 1024 * 1024;
+
 /// A successful call: the (capped) JSON as `structuredContent`, and the same JSON as text for
-/// clients that only read text.
+/// clients that only read text — with any string over [`TEXT_COPY_MAX_STRING`] replaced there by
+/// a note of its size (it stays whole in `structuredContent`).
 pub fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult {
     apply_caps(&tool.caps, &mut value);
-    let text = serde_json::to_string(&value).unwrap_or_default();
+    let text = match elided(&value) {
+        Some(copy) => serde_json::to_string(&copy),
+        None => serde_json::to_string(&value),
+    }
+    .unwrap_or_default();
     let mut result = CallToolResult::structured(value);
     result.content = vec![Content::text(text)];
     result
+}
+
+/// A copy of `value` with its long strings replaced by notes, or `None` when it has none.
+fn elided(value: &Value) -> Option<Value> {
+    match value {
+        Value::String(s) if s.len() > TEXT_COPY_MAX_STRING => Some(Value::String(format!(
+            "…[{} bytes, left out of this text copy: read the field from structuredContent]…",
+            s.len()
+        ))),
+        Value::Array(items) => {
+            let copies: Vec<Option<Value>> = items.iter().map(elided).collect();
+            copies.iter().any(Option::is_some).then(|| {
+                Value::Array(
+                    copies
+                        .into_iter()
+                        .zip(items)
+                        .map(|(c, v)| c.unwrap_or_else(|| v.clone()))
+                        .collect(),
+                )
+            })
+        }
+        Value::Object(map) => {
+            let copies: Vec<(&String, Option<Value>)> =
+                map.iter().map(|(k, v)| (k, elided(v))).collect();
+            copies.iter().any(|(_, c)| c.is_some()).then(|| {
+                Value::Object(
+                    copies
+                        .into_iter()
+                        .map(|(k, c)| (k.clone(), c.unwrap_or_else(|| map[k].clone())))
+                        .collect(),
+                )
+            })
+        }
+        _ => None,
+    }
 }
 
 /// A failed call the model can act on: `isError: true` and the tool-def's message.
@@ -253,6 +298,22 @@ mod tests {
             v,
             json!({"entries": [1, 2], "entries_total": 4, "truncated": true})
         );
+    }
+
+    #[test]
+    fn long_strings_are_left_out_of_the_text_copy_only() {
+        let big = "A".repeat(TEXT_COPY_MAX_STRING + 1);
+        let value = serde_json::json!({"zip_base64": big, "files": 3, "nested": [{"x": "short"}]});
+        let copy = elided(&value).unwrap();
+        assert_eq!(copy["files"], 3);
+        assert_eq!(copy["nested"][0]["x"], "short");
+        assert!(
+            copy["zip_base64"]
+                .as_str()
+                .unwrap()
+                .contains("2097153 bytes")
+        );
+        assert!(elided(&serde_json::json!({"stdout": "x".repeat(1000)})).is_none());
     }
 
     #[test]
