@@ -297,6 +297,17 @@ async fn a_create_without_a_body_uses_the_defaults() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 400);
+    // And the spec says so: the body is optional, and the description says what leaving it out
+    // means (the one rule OpenAPI 3.0 cannot state).
+    let spec: Value = serde_json::from_str(include_str!("../openapi/sandbox-mcp.json")).unwrap();
+    let body_spec = &spec["paths"]["/v1/sandboxes"]["post"]["requestBody"];
+    assert_eq!(body_spec["required"], false, "{body_spec}");
+    assert!(
+        body_spec["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("left out")),
+        "{body_spec}"
+    );
     let id = body["id"].as_str().unwrap();
     engine
         .client()
