@@ -16,5 +16,6 @@ pub mod jobs;
 pub mod protocol;
 pub mod reaper;
 pub mod repl;
+pub mod safe_open;
 pub mod server;
 pub mod spawn;

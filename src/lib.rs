@@ -9,6 +9,7 @@ pub mod agent;
 pub mod cli;
 pub mod client;
 pub mod engine;
+pub mod fs_tree;
 pub mod fuzzing;
 pub mod jsonschema;
 pub mod keys;

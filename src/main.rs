@@ -7,13 +7,32 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
         Some("__launch") => sandbox_mcp::engine::linux::launcher::main(),
-        Some("__agent") => match sandbox_mcp::agent::server::run(
-            sandbox_mcp::engine::linux::launcher::AGENT_LISTEN_FD,
-            sandbox_mcp::engine::linux::launcher::AGENT_STATUS_FD,
-        ) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(_) => ExitCode::FAILURE,
-        },
+        Some("__agent") => agent(),
         _ => sandbox_mcp::cli::main(),
+    }
+}
+
+/// The sandbox's init: build the sandbox around this process, then serve as its agent.
+fn agent() -> ExitCode {
+    use sandbox_mcp::agent::{server, spawn};
+    use sandbox_mcp::engine::linux::{inside, launcher};
+    let entered = match inside::enter() {
+        Ok(entered) => entered,
+        Err(e) => {
+            server::report_failure(launcher::AGENT_STATUS_FD, &e);
+            return ExitCode::FAILURE;
+        }
+    };
+    spawn::confine_commands(spawn::Confinement {
+        caps: entered.commands.caps,
+        landlock: entered.commands.landlock,
+    });
+    match server::run(
+        launcher::AGENT_LISTEN_FD,
+        launcher::AGENT_STATUS_FD,
+        entered.env,
+    ) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
     }
 }

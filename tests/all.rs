@@ -25,6 +25,7 @@ mod engine_lifecycle;
 mod escapes;
 mod faults;
 mod fuzz_replay;
+mod hardening;
 mod http_transport;
 mod mcp_calls;
 mod snapshots;

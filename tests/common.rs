@@ -389,3 +389,63 @@ pub async fn sh(client: &McpClient, id: &str, command: &str) -> String {
     assert_eq!(r["exit_code"], 0, "`{command}` failed: {r}");
     r["stdout"].as_str().unwrap().to_string()
 }
+
+/// An engine process on `data` (a new port each time), ready to serve.
+pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(BIN)
+        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
+        .env("SANDBOX_MCP_DATA_DIR", data)
+        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+        .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
+        .env("SANDBOX_MCP_IDLE_PAUSE", "0")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = sandbox_mcp::client::http_builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{url}/v1/health"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "engine did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (child, url)
+}
+
+/// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
+/// lets go of its store.
+pub fn kill_left_behind(data: &std::path::Path) {
+    use sandbox_mcp::engine::driver::Driver;
+    let config = EngineConfig::new(data.to_path_buf());
+    let Ok(driver) = sandbox_mcp::engine::linux::NamespacesDriver::new(
+        sandbox_mcp::engine::linux::driver::Options {
+            sandboxes_dir: config.sandboxes_dir(),
+            exe: PathBuf::from(BIN),
+            disk_limits: config.disk_limits,
+            max_sandboxes: config.max_sandboxes,
+            uid_registry: config.uid_registry.clone(),
+        },
+    ) else {
+        return;
+    };
+    if let Ok(entries) = std::fs::read_dir(config.sandboxes_dir()) {
+        for e in entries.flatten() {
+            let _ = driver.destroy(&e.file_name().to_string_lossy());
+        }
+    }
+    driver.close();
+}

@@ -304,42 +304,6 @@ async fn the_v1_freezer_pauses_too() {
     assert_ne!(std::fs::read_to_string(&up).unwrap(), before);
 }
 
-/// An engine process on `data` (a new port each time), ready to serve.
-async fn spawn_engine(data: &std::path::Path) -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let child = Command::new(BIN)
-        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
-        .env("SANDBOX_MCP_DATA_DIR", data)
-        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
-        .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
-        .env("SANDBOX_MCP_IDLE_PAUSE", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = format!("http://127.0.0.1:{port}");
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http
-        .get(format!("{url}/v1/health"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "engine did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    (child, url)
-}
-
 /// Everything the engine acknowledged: sandbox ids, and files written with their content.
 #[derive(Default)]
 struct Acked {
@@ -365,7 +329,7 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
     let mut rounds = 0;
     while rounds < 5 && (rounds < 1 || started.elapsed() < Duration::from_secs(60)) {
         rounds += 1;
-        let (mut engine, url) = spawn_engine(&data).await;
+        let (mut engine, url) = crate::common::spawn_engine_process(&data).await;
         let mut workers = Vec::new();
         for w in 0..4 {
             let (http, url, acked) = (http.clone(), url.clone(), acked.clone());
@@ -443,7 +407,7 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
         }
 
         // Restart and check everything acknowledged so far, across every crash.
-        let (mut engine, url) = spawn_engine(&data).await;
+        let (mut engine, url) = crate::common::spawn_engine_process(&data).await;
         let listed: serde_json::Value = http
             .get(format!("{url}/v1/sandboxes"))
             .bearer_auth(KEY)
@@ -493,7 +457,7 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
         engine.wait().unwrap();
     }
     // Clean up every sandbox, acknowledged or not.
-    let (mut engine, url) = spawn_engine(&data).await;
+    let (mut engine, url) = crate::common::spawn_engine_process(&data).await;
     let listed: serde_json::Value = http
         .get(format!("{url}/v1/sandboxes"))
         .bearer_auth(KEY)

@@ -68,7 +68,9 @@ impl Spill {
                 let _ = std::fs::create_dir_all(parent);
                 make_room(parent, SPILL_FILE_LIMIT, SPILL_DIR_LIMIT);
             }
-            match File::create(&self.path) {
+            // Created exclusively and never through a link: sandbox code may have planted a FIFO
+            // or a symlink at this path to block or redirect the agent.
+            match super::safe_open::create_new(&self.path, 0o644) {
                 Ok(f) => self.file = Some(f),
                 Err(_) => {
                     self.failed = true;

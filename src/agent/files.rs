@@ -5,15 +5,16 @@
 //! is the engine and the model: bounded sizes, no blocking on FIFOs or devices, symlinks never
 //! followed when deleting or zipping, atomic replacement, and clear errors.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
 use super::protocol::{DirEntry, ErrorKind, FileKind, Response};
+use super::safe_open;
 use super::spawn::DEFAULT_CWD;
 
 const MAX_PATH: usize = 4096;
@@ -73,6 +74,24 @@ fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
     }
 }
 
+/// Like [`io_fail`], but a special file gets its own message.
+fn special_or_io(e: &io::Error, path: &Path, action: &str) -> Response {
+    if e.kind() == io::ErrorKind::InvalidInput {
+        fail(ErrorKind::InvalidArgument, e.to_string())
+    } else if e.raw_os_error() == Some(libc::ENXIO) {
+        // Opening a unix socket (or a device with no driver behind it).
+        fail(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} is not a regular file (a socket or device)",
+                path.display()
+            ),
+        )
+    } else {
+        io_fail(e, path, action)
+    }
+}
+
 fn short(s: &str) -> String {
     if s.len() > 80 {
         let mut end = 80;
@@ -123,14 +142,7 @@ pub fn read_file(path: &str, max_bytes: u64) -> Response {
 
 fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
     let path = resolve(path)?;
-    // O_NONBLOCK: opening a FIFO must not hang the agent; it is rejected below anyway.
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(&path)
-        .map_err(|e| io_fail(&e, &path, "read"))?;
-    let meta = file.metadata().map_err(|e| io_fail(&e, &path, "read"))?;
-    if meta.is_dir() {
+    if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
         return Err(fail(
             ErrorKind::InvalidArgument,
             format!(
@@ -139,15 +151,9 @@ fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
             ),
         ));
     }
-    if !meta.is_file() {
-        return Err(fail(
-            ErrorKind::InvalidArgument,
-            format!(
-                "{} is not a regular file (a device, FIFO or socket)",
-                path.display()
-            ),
-        ));
-    }
+    // Never blocks: a FIFO or device is refused on the open descriptor.
+    let file = safe_open::read(&path).map_err(|e| special_or_io(&e, &path, "read"))?;
+    let meta = file.metadata().map_err(|e| io_fail(&e, &path, "read"))?;
     if meta.len() > max_bytes {
         return Err(fail(
             ErrorKind::PayloadTooLarge,
@@ -218,16 +224,12 @@ fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
         std::process::id() as u64 ^ nanos()
     ));
     let write = || -> io::Result<()> {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
+        let mut f = safe_open::create_new(&tmp, mode)?;
         f.write_all(&data)?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
         // Make the rename itself durable.
-        File::open(parent)?.sync_all()
+        safe_open::dir(parent)?.sync_all()
     };
     if let Err(e) = write() {
         let _ = fs::remove_file(&tmp);
@@ -338,8 +340,8 @@ fn delete_inner(path: &str, recursive: bool) -> Result<Response> {
     let meta = fs::symlink_metadata(&path).map_err(|e| io_fail(&e, &path, "delete"))?;
     let result = if meta.is_dir() {
         if recursive {
-            // remove_dir_all does not follow symlinks inside the tree.
-            fs::remove_dir_all(&path)
+            // Iterative, never following symlinks: sandbox code may have built it 15 000 deep.
+            crate::fs_tree::remove_tree(&path)
         } else {
             fs::remove_dir(&path)
         }
@@ -390,24 +392,55 @@ fn rename_inner(from: &str, to: &str) -> Result<Response> {
     }
     match fs::rename(&from, &to) {
         Ok(()) => {}
-        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
-            // Different filesystems inside the sandbox (e.g. /dev/shm): copy files, refuse trees.
-            let meta = fs::symlink_metadata(&from).map_err(|e| io_fail(&e, &from, "move"))?;
-            if !meta.is_file() {
-                return Err(fail(
-                    ErrorKind::Conflict,
-                    "cannot move a directory across filesystems; copy it with sandbox_exec (cp -a) instead",
-                ));
-            }
-            fs::copy(&from, &to).map_err(|e| io_fail(&e, &to, "move"))?;
-            fs::remove_file(&from).map_err(|e| io_fail(&e, &from, "move"))?;
-        }
+        Err(e) if e.raw_os_error() == Some(libc::EXDEV) => move_across(&from, &to)?,
         Err(e) => return Err(io_fail(&e, &from, "move")),
     }
     Ok(Response::Moved {
         from: from.display().to_string(),
         to: to.display().to_string(),
     })
+}
+
+/// A move between filesystems inside the sandbox (to /dev/shm, say): a regular file is copied
+/// beside the destination and renamed over it, then the source is removed. Neither end is ever
+/// opened as anything but a regular file, so a FIFO on either side cannot block the agent.
+fn move_across(from: &Path, to: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(from).map_err(|e| io_fail(&e, from, "move"))?;
+    if meta.is_dir() {
+        return Err(fail(
+            ErrorKind::Conflict,
+            "cannot move a directory across filesystems; copy it with sandbox_exec (cp -a) instead",
+        ));
+    }
+    if !meta.is_file() {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} is not a regular file; only files move across filesystems (use sandbox_exec with mv)",
+                from.display()
+            ),
+        ));
+    }
+    let (Some(parent), Some(name)) = (to.parent(), to.file_name()) else {
+        return Err(fail(ErrorKind::InvalidArgument, "cannot move onto /"));
+    };
+    let tmp = parent.join(format!(
+        ".{}.sandbox-mcp-{}",
+        name.to_string_lossy().chars().take(100).collect::<String>(),
+        std::process::id() as u64 ^ nanos()
+    ));
+    let copy = || -> io::Result<()> {
+        let mut src = safe_open::read(from)?;
+        let mut dst = safe_open::create_new(&tmp, meta.permissions().mode() & 0o7777)?;
+        io::copy(&mut src, &mut dst)?;
+        dst.sync_all()?;
+        fs::rename(&tmp, to)
+    };
+    if let Err(e) = copy() {
+        let _ = fs::remove_file(&tmp);
+        return Err(special_or_io(&e, to, "move"));
+    }
+    fs::remove_file(from).map_err(|e| io_fail(&e, from, "move"))
 }
 
 pub fn zip_dir(path: &str, max_bytes: u64) -> Response {
@@ -467,8 +500,13 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
                     .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;
                 stack.push(rel_child);
             } else if ft.is_file() {
-                let mut f =
-                    File::open(entry.path()).map_err(|e| io_fail(&e, &entry.path(), "zip"))?;
+                // The file may have become a FIFO since it was listed: never block on it.
+                let Ok(mut f) = safe_open::read(&entry.path()) else {
+                    if skipped.len() < MAX_SKIPPED {
+                        skipped.push(name);
+                    }
+                    continue;
+                };
                 writer
                     .start_file(name, options.unix_permissions(m.mode() & 0o777))
                     .map_err(|e| fail(ErrorKind::Io, format!("zip: {e}")))?;

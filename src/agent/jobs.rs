@@ -7,7 +7,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -16,6 +16,7 @@ use tokio::io::AsyncReadExt;
 
 use super::protocol::{ErrorKind, JobInfo, JobState, Response};
 use super::reaper::{Exit, Reaper};
+use super::safe_open;
 use super::spawn::{self, DEFAULT_CWD, Launch, error};
 
 pub const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
@@ -50,7 +51,7 @@ impl Job {
         };
         JobInfo {
             job_id: self.id.clone(),
-            command: self.command.clone(),
+            command: short_command(&self.command),
             status: if self.exit.get().is_some() {
                 JobState::Exited
             } else {
@@ -169,7 +170,9 @@ impl Jobs {
         let n = self.next.get() + 1;
         let id = format!("job_{n}");
         let log = Path::new(JOB_DIR).join(format!("{id}.log"));
-        let file = std::fs::create_dir_all(JOB_DIR).and_then(|()| File::create(&log));
+        // The log's name repeats after an agent restart; whatever sandbox code left there (a FIFO,
+        // a symlink) is replaced, never opened.
+        let file = std::fs::create_dir_all(JOB_DIR).and_then(|()| safe_open::recreate_own(&log));
         let file = match file {
             Ok(f) => f,
             Err(e) => {
@@ -231,7 +234,7 @@ impl Jobs {
         let offset = since.clamp(dropped, total);
         let want = (total - offset).min(max_bytes) as usize;
         let mut data = vec![0u8; want];
-        let read = File::open(&job.log)
+        let read = safe_open::read_own(&job.log)
             .and_then(|mut f| {
                 f.seek(SeekFrom::Start(offset - dropped))?;
                 let mut got = 0;
@@ -269,6 +272,14 @@ impl Jobs {
 
     pub fn list(&self) -> Vec<JobInfo> {
         self.map.borrow().values().map(|j| j.info()).collect()
+    }
+}
+
+/// A job's command as listed: its first 1000 characters, so 256 jobs always list in one frame.
+fn short_command(command: &str) -> String {
+    match command.char_indices().nth(1000) {
+        Some((cut, _)) => format!("{}…", &command[..cut]),
+        None => command.to_string(),
     }
 }
 
@@ -320,11 +331,11 @@ async fn record(job: Rc<Job>, mut pipe: tokio::net::unix::pipe::Receiver, mut fi
 fn trim(path: &Path, cut: u64) -> std::io::Result<File> {
     let tmp = path.with_extension("log.trim");
     {
-        let mut src = File::open(path)?;
+        let mut src = safe_open::read_own(path)?;
         src.seek(SeekFrom::Start(cut))?;
-        let mut dst = File::create(&tmp)?;
+        let mut dst = safe_open::recreate_own(&tmp)?;
         std::io::copy(&mut src, &mut dst)?;
     }
     std::fs::rename(&tmp, path)?;
-    OpenOptions::new().append(true).open(path)
+    safe_open::append_own(path)
 }

@@ -9,6 +9,33 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame either side accepts: an 8 MiB file base64-encoded, or a 10 MiB zip, plus JSON.
 pub const MAX_FRAME: usize = 24 * 1024 * 1024;
+/// Largest answer to a request whose answer is small (everything but file contents, zips,
+/// listings and command output): the engine never buffers more than this of it.
+const SMALL_REPLY: usize = 256 * 1024;
+/// Room for command output in one frame: capped text is at most a few tens of KiB, but JSON
+/// escapes a control byte as six characters.
+const OUTPUT_REPLY: usize = 2 * 1024 * 1024;
+
+impl Request {
+    /// The largest frame the engine accepts in answer to this request. The agent runs inside the
+    /// sandbox: whatever it sends is bounded by what the request can produce before the engine
+    /// buffers it.
+    pub fn reply_limit(&self) -> usize {
+        let encoded = |bytes: u64| (bytes as usize).saturating_mul(4) / 3 + SMALL_REPLY;
+        match self {
+            Request::ReadFile { max_bytes, .. } | Request::ZipDir { max_bytes, .. } => {
+                encoded(*max_bytes).min(MAX_FRAME)
+            }
+            // Up to 1000 entries of names up to 255 bytes, escaped.
+            Request::ListDir { .. } => 4 * 1024 * 1024,
+            Request::JobStatus { max_bytes, .. } => {
+                ((*max_bytes as usize).saturating_mul(6) + SMALL_REPLY).min(MAX_FRAME)
+            }
+            Request::Exec(_) | Request::RunCode(_) | Request::ListJobs => OUTPUT_REPLY,
+            _ => SMALL_REPLY,
+        }
+    }
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -293,8 +320,18 @@ pub enum ErrorKind {
     Io,
 }
 
-/// Reads one frame; `Ok(None)` on a clean EOF before a frame starts.
+/// Reads one frame of at most [`MAX_FRAME`] bytes; `Ok(None)` on a clean EOF before a frame
+/// starts.
 pub async fn read_frame<R, T>(r: &mut R) -> std::io::Result<Option<T>>
+where
+    R: AsyncRead + Unpin,
+    T: for<'de> Deserialize<'de>,
+{
+    read_frame_limited(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `limit` bytes (checked before anything is buffered).
+pub async fn read_frame_limited<R, T>(r: &mut R, limit: usize) -> std::io::Result<Option<T>>
 where
     R: AsyncRead + Unpin,
     T: for<'de> Deserialize<'de>,
@@ -306,10 +343,13 @@ where
         Err(e) => return Err(e),
     }
     let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
+    if len > limit.min(MAX_FRAME) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes exceeds the {MAX_FRAME}-byte limit"),
+            format!(
+                "a frame of {len} bytes exceeds the {}-byte limit",
+                limit.min(MAX_FRAME)
+            ),
         ));
     }
     let mut buf = vec![0u8; len];
@@ -338,4 +378,29 @@ where
     frame.extend_from_slice(&body);
     w.write_all(&frame).await?;
     w.flush().await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod frame_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_frame_over_the_request_s_limit_is_refused_before_it_is_read() {
+        // A header claiming 20 MiB, and nothing behind it: refused on the header alone.
+        let claimed = (20u32 << 20).to_be_bytes();
+        let mut input: &[u8] = &claimed;
+        let limit = Request::Ping.reply_limit();
+        let err = read_frame_limited::<_, Response>(&mut input, limit)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+        // Requests that carry file contents allow what they can carry, and no more.
+        let read = Request::ReadFile {
+            path: "x".into(),
+            max_bytes: 1 << 20,
+        };
+        assert!(read.reply_limit() > (1 << 20) * 4 / 3 && read.reply_limit() < 2 << 20);
+        assert!(Request::ListJobs.reply_limit() <= MAX_FRAME);
+    }
 }

@@ -298,6 +298,44 @@ fn unknown(id: &str) -> Response {
 enum End {
     Answered(String),
     Died(Exit),
+    /// The answer line broke the driver's protocol (over [`MAX_ANSWER`]): the interpreter was
+    /// killed, since what it says next cannot be trusted to line up with a request.
+    Garbled,
+}
+
+/// Longest answer line accepted from a driver. The drivers cap what they send far below this;
+/// only code writing to the driver's descriptor itself gets here.
+const MAX_ANSWER: usize = 1024 * 1024;
+
+/// Reads up to and including a newline into `line`; cancel-safe (what was read stays in `line`).
+/// Returns 0 at EOF; fails once the line would grow past `max`, so memory stays bounded whatever
+/// the other end writes.
+async fn read_answer(
+    r: &mut BufReader<pipe::Receiver>,
+    line: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<usize> {
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let (used, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + used > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "answer too long",
+            ));
+        }
+        line.extend_from_slice(&buf[..used]);
+        r.consume(used);
+        if done {
+            return Ok(line.len());
+        }
+    }
 }
 
 async fn run_cell<R, W>(
@@ -335,7 +373,7 @@ where
     let mut interrupted = false;
     let mut timed_out = false;
     let mut cancelled = false;
-    // read_until, not read_line: it is cancel-safe (partial lines stay in `line`).
+    // Cancel-safe: partial lines stay in `line`.
     let mut line: Vec<u8> = Vec::new();
 
     let end = loop {
@@ -343,9 +381,13 @@ where
         tokio::select! {
             chunk = pump.read() => pump.handle(chunk, wr).await,
             () = sleep_until_due(due) => pump.flush_stream(wr).await,
-            r = interp.responses.read_until(b'\n', &mut line) => {
+            r = read_answer(&mut interp.responses, &mut line, MAX_ANSWER) => {
                 match r {
                     Ok(n) if n > 0 => break End::Answered(String::from_utf8_lossy(&line).into_owned()),
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        spawn::kill_group(interp.pid);
+                        break End::Garbled;
+                    }
                     _ => {
                         let status = wait_exit(&mut exit_rx).await;
                         break End::Died(status);
@@ -417,6 +459,17 @@ where
                 }
                 outcome.error = Some(err);
             }
+        }
+        End::Garbled => {
+            outcome.context_lost = true;
+            outcome.error = Some(CodeError {
+                name: "InterpreterDied".into(),
+                message: format!(
+                    "the {} interpreter's driver sent an answer over {MAX_ANSWER} bytes (code wrote to its control descriptor), so it was stopped; its variables are lost and the next call starts a fresh context",
+                    ctx.language.as_str()
+                ),
+                traceback: String::new(),
+            });
         }
         End::Died(exit) => {
             let how = match exit {

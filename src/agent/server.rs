@@ -1,4 +1,8 @@
 //! The agent's event loop: accept a connection, read one request, answer it.
+//!
+//! Each connection is its own task, and file operations run on a small pool of blocking threads,
+//! so no single request can stall the others: a slow disk, a huge directory or a special file
+//! delays only the call that touched it.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
@@ -19,17 +23,34 @@ struct State {
     jobs: Jobs,
 }
 
-/// Runs the agent until the sandbox is killed: listens on `listen_fd`, and reports `ready` (or
-/// why it cannot start) on `status_fd`, which it then closes.
-///
-/// Single-threaded on purpose: an idle sandbox should cost little memory, and the reaper relies on
-/// registering a child before its exit can be observed.
-pub fn run(listen_fd: RawFd, status_fd: RawFd) -> anyhow::Result<()> {
+/// Threads for file operations (they block in the kernel; the event loop must not).
+const FILE_THREADS: usize = 8;
+
+/// Reports why the agent cannot start on `status_fd` (the launcher waits for it), and closes it.
+pub fn report_failure(status_fd: RawFd, error: &str) {
+    use std::io::Write;
     // SAFETY: the launcher passes the write end of a pipe at this number, for us alone.
-    let mut status = Some(std::fs::File::from(unsafe {
-        OwnedFd::from_raw_fd(status_fd)
-    }));
-    let result = serve(listen_fd, &mut status);
+    let mut status = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(status_fd) });
+    let _ = writeln!(status, "{error}");
+}
+
+/// Runs the agent until the sandbox is killed: listens on `listen_fd`, and reports `ready` (or
+/// why it cannot start) on `status_fd`, which it then closes. `env` is the sandbox's own
+/// environment, which every command starts with.
+///
+/// The event loop is single-threaded on purpose: an idle sandbox should cost little memory, and
+/// the reaper relies on registering a child before its exit can be observed. (Only file
+/// operations, which start no process, run on other threads.)
+pub fn run(listen_fd: RawFd, status_fd: RawFd, env: Vec<(String, String)>) -> anyhow::Result<()> {
+    // SAFETY: the launcher passes the write end of a pipe at this number, for us alone.
+    let status = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(status_fd) });
+    // Never inherited by a command, even one started before the report is written.
+    let _ = nix::fcntl::fcntl(
+        &status,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    let mut status = Some(status);
+    let result = serve(listen_fd, &mut status, env);
     if let (Err(e), Some(mut status)) = (&result, status) {
         use std::io::Write;
         let _ = writeln!(status, "{e:#}");
@@ -37,7 +58,11 @@ pub fn run(listen_fd: RawFd, status_fd: RawFd) -> anyhow::Result<()> {
     result
 }
 
-fn serve(listen_fd: RawFd, status: &mut Option<std::fs::File>) -> anyhow::Result<()> {
+fn serve(
+    listen_fd: RawFd,
+    status: &mut Option<std::fs::File>,
+    env: Vec<(String, String)>,
+) -> anyhow::Result<()> {
     // Owned from here on: the launcher passed it at a fixed number.
     // SAFETY: the launcher guarantees `listen_fd` is an open, listening unix socket that nothing
     // else in this process owns.
@@ -50,19 +75,17 @@ fn serve(listen_fd: RawFd, status: &mut Option<std::fs::File>) -> anyhow::Result
     )?;
     let std_listener = std::os::unix::net::UnixListener::from(fd);
     std_listener.set_nonblocking(true)?;
-    // Non-dumpable: other processes in the sandbox cannot read the agent's memory or descriptors
-    // through /proc (they lack CAP_SYS_PTRACE, and seccomp forbids ptrace anyway).
-    let _ = nix::sys::prctl::set_dumpable(false);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(FILE_THREADS)
         .build()?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&runtime, async move {
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let state = Rc::new(State {
             reaper: Reaper::start()?,
-            env: std::env::vars().collect(),
+            env,
             contexts: Contexts::default(),
             jobs: Jobs::default(),
         });
@@ -126,12 +149,22 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         Request::ListJobs => Response::Jobs {
             jobs: state.jobs.list(),
         },
-        Request::ReadFile { path, max_bytes } => files::read_file(&path, max_bytes),
-        Request::WriteFile { path, data_b64 } => files::write_file(&path, &data_b64),
-        Request::ListDir { path, max_entries } => files::list_dir(&path, max_entries),
-        Request::Delete { path, recursive } => files::delete(&path, recursive),
-        Request::Move { from, to } => files::rename(&from, &to),
-        Request::ZipDir { path, max_bytes } => files::zip_dir(&path, max_bytes),
+        Request::ReadFile { path, max_bytes } => {
+            on_file_thread(move || files::read_file(&path, max_bytes)).await
+        }
+        Request::WriteFile { path, data_b64 } => {
+            on_file_thread(move || files::write_file(&path, &data_b64)).await
+        }
+        Request::ListDir { path, max_entries } => {
+            on_file_thread(move || files::list_dir(&path, max_entries)).await
+        }
+        Request::Delete { path, recursive } => {
+            on_file_thread(move || files::delete(&path, recursive)).await
+        }
+        Request::Move { from, to } => on_file_thread(move || files::rename(&from, &to)).await,
+        Request::ZipDir { path, max_bytes } => {
+            on_file_thread(move || files::zip_dir(&path, max_bytes)).await
+        }
         Request::KillAll => {
             // From PID 1, kill(-1) reaches every other process in the namespace.
             let _ =
@@ -140,4 +173,14 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         }
     };
     let _ = write_frame(&mut wr, &response).await;
+}
+
+/// Runs a file operation on the blocking pool.
+async fn on_file_thread(op: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(op).await.unwrap_or_else(|e| {
+        super::spawn::error(
+            super::protocol::ErrorKind::Io,
+            format!("the file operation failed: {e}"),
+        )
+    })
 }

@@ -1,14 +1,59 @@
 //! Starting processes inside the sandbox: one place that builds the environment, gives each
-//! process its own session, wires its pipes and registers it with the reaper.
+//! process its own session, wires its pipes, confines it and registers it with the reaper.
+//!
+//! Confinement happens between fork and exec, so the agent itself stays outside it: the command
+//! becomes the sandbox's root (the agent runs as an id that is not the sandbox's), keeps only the
+//! sandbox's capabilities, and enters a Landlock domain that cannot signal or trace the agent.
 
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
 use tokio::net::unix::pipe;
 
 use super::protocol::{ErrorKind, Response};
 use super::reaper::{Exit, Reaper};
+
+/// What every command is confined to, set once when the agent starts.
+pub struct Confinement {
+    /// Capabilities a command may hold (bit mask); every other one leaves its bounding set.
+    pub caps: u64,
+    /// A prepared Landlock ruleset each command enters (none without kernel support).
+    pub landlock: Option<OwnedFd>,
+}
+
+static CONFINEMENT: OnceLock<Confinement> = OnceLock::new();
+
+/// Sets the confinement of every command started from now on (once; later calls are ignored).
+pub fn confine_commands(confinement: Confinement) {
+    let _ = CONFINEMENT.set(confinement);
+}
+
+/// Becomes the sandbox's root with only the sandbox's capabilities, in the Landlock domain.
+/// Runs between fork and exec: raw system calls only, nothing that allocates or locks.
+fn confine(caps: u64, landlock: Option<RawFd>) -> std::io::Result<()> {
+    use crate::engine::linux::sys;
+    let check = |ret: libc::c_long| {
+        if ret < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: id-setting system calls on integer arguments.
+    unsafe {
+        check(libc::setresgid(0, 0, 0).into())?;
+        check(libc::setresuid(0, 0, 0).into())?;
+    }
+    sys::limit_bounding_set(caps)?;
+    sys::clear_inheritable_caps()?;
+    if let Some(fd) = landlock {
+        // SAFETY: landlock_restrict_self on a ruleset descriptor the agent keeps open.
+        check(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) })?;
+    }
+    Ok(())
+}
 
 /// Working directory when none is given.
 pub const DEFAULT_CWD: &str = "/root";
@@ -125,13 +170,20 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, Response> 
         None
     };
     let extra: Vec<RawFd> = launch.extra_fds.to_vec();
+    let confinement = CONFINEMENT
+        .get()
+        .map(|c| (c.caps, c.landlock.as_ref().map(|fd| fd.as_raw_fd())));
     // SAFETY: runs in the forked child before exec and calls only async-signal-safe functions
-    // (setsid, fcntl, dup2). A new session gives the process its own process group (killed as a
-    // unit) and no controlling terminal (so TIOCSTI has nothing to inject into). Extra descriptors
-    // are first moved above the target numbers so placing one cannot clobber another.
+    // (setsid, fcntl, dup2, id and capability calls). A new session gives the process its own
+    // process group (killed as a unit) and no controlling terminal (so TIOCSTI has nothing to
+    // inject into). Extra descriptors are first moved above the target numbers so placing one
+    // cannot clobber another.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if let Some((caps, landlock)) = confinement {
+                confine(caps, landlock)?;
+            }
             let mut high = Vec::with_capacity(extra.len());
             for fd in &extra {
                 let h = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64);

@@ -19,6 +19,9 @@ pub struct EngineConfig {
     pub exe: PathBuf,
     /// Whether to cap each sandbox's disk use (a btrfs store; root only).
     pub disk_limits: DiskLimits,
+    /// The host-wide registry of sandbox uid ranges (root only), shared by every engine on the
+    /// host so that no two live sandboxes ever share host ids.
+    pub uid_registry: PathBuf,
 }
 
 impl EngineConfig {
@@ -30,6 +33,7 @@ impl EngineConfig {
             tick: Duration::from_secs(5),
             exe: PathBuf::from("/proc/self/exe"),
             disk_limits: DiskLimits::Auto,
+            uid_registry: PathBuf::from(crate::engine::linux::uids::DEFAULT_REGISTRY),
         }
     }
 

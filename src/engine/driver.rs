@@ -88,6 +88,16 @@ pub trait Driver: Send + Sync + 'static {
     fn limits_enforced(&self) -> bool;
     /// Whether each sandbox's disk use is capped at its shape's `disk_mb`.
     fn disk_limits_enforced(&self) -> bool;
+    /// Reserves the identity slot of a new sandbox: unique among every live sandbox the driver
+    /// knows of (host-wide for the namespaces driver). `taken`: this engine's slots.
+    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError>;
+    /// Gives back the slot of a sandbox that is gone.
+    fn release_slot(&self, slot: u32);
+    /// After a restart: the slots this engine's sandboxes hold, so stale claims are released.
+    fn reconcile_slots(&self, held: &[u32]);
+    /// The engine is stopping (its sandboxes paused): let go of what the driver holds on the
+    /// host, such as the mount of the sandbox store.
+    fn close(&self);
     /// Creates the sandbox's storage if needed and starts its agent. Resolves once the agent
     /// accepts connections.
     fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>>;

@@ -57,6 +57,22 @@ impl EngineError {
     }
 }
 
+/// Longest message taken from inside a sandbox (an agent's error, a launcher's report): a
+/// sandbox's words reach the client, but never more than this.
+pub const MAX_SANDBOX_MESSAGE: usize = 2048;
+
+/// `text` cut to [`MAX_SANDBOX_MESSAGE`] bytes on a character boundary, marked when cut.
+pub fn clip(text: &str) -> String {
+    if text.len() <= MAX_SANDBOX_MESSAGE {
+        return text.to_string();
+    }
+    let mut end = MAX_SANDBOX_MESSAGE;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… [{} more bytes]", &text[..end], text.len() - end)
+}
+
 impl From<DriverError> for EngineError {
     fn from(e: DriverError) -> Self {
         match e {

@@ -1,17 +1,19 @@
 //! The `namespaces` driver: each sandbox is a set of Linux namespaces with an overlay root,
 //! cgroup limits, dropped capabilities, Landlock and seccomp, and the agent as its PID 1.
 //!
-//! [`plan`] computes what to build (pure), [`launcher`] builds it (the hidden `__launch`
-//! subcommand), [`driver`] drives both from the engine; [`cgroups`], [`disk`], [`seccomp`],
-//! [`landlock`] and [`sys`] are the pieces.
+//! [`plan`] computes what to build (pure); [`launcher`] (the hidden `__launch` subcommand) creates
+//! the namespaces from outside and execs the agent, which builds the rest from inside
+//! ([`inside`]); [`driver`] drives both from the engine; [`cgroups`], [`disk`], [`seccomp`],
+//! [`uids`] and [`sys`] are the pieces.
 
 pub mod cgroups;
 pub mod disk;
 pub mod driver;
-pub mod landlock;
+pub mod inside;
 pub mod launcher;
 pub mod plan;
 pub mod seccomp;
 pub mod sys;
+pub mod uids;
 
 pub use driver::NamespacesDriver;

@@ -100,11 +100,13 @@ pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<fs::File>> {
 
 /// Opens the manager for `config` with the namespaces driver.
 pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, String> {
-    let driver = NamespacesDriver::new(
-        config.sandboxes_dir(),
-        config.exe.clone(),
-        config.disk_limits,
-    )
+    let driver = NamespacesDriver::new(crate::engine::linux::driver::Options {
+        sandboxes_dir: config.sandboxes_dir(),
+        exe: config.exe.clone(),
+        disk_limits: config.disk_limits,
+        max_sandboxes: config.max_sandboxes,
+        uid_registry: config.uid_registry.clone(),
+    })
     .map_err(|e| e.to_string())?;
     Manager::open(config.clone(), Arc::new(driver))
         .await

@@ -16,12 +16,12 @@ use std::time::Duration;
 use futures::Stream;
 
 use crate::agent::protocol::{
-    ErrorKind, ExecOutcome, ExecSpec, JobInfo, Request, Response, RunCodeSpec, read_frame,
+    ErrorKind, ExecOutcome, ExecSpec, JobInfo, Request, Response, RunCodeSpec, read_frame_limited,
     write_frame,
 };
 use crate::engine::config::EngineConfig;
 use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
-use crate::engine::error::EngineError;
+use crate::engine::error::{EngineError, clip};
 use crate::engine::ids;
 use crate::engine::state::{Record, Status, Store};
 use crate::engine::templates::{self, Template};
@@ -259,6 +259,14 @@ impl Manager {
                 }
             }
         }
+        // The registry of uid ranges must agree: slots of sandboxes cleaned up above (or lost
+        // with a crash) are released, and those still held stay claimed.
+        let held: Vec<u32> = lock(&self.sandboxes)
+            .values()
+            .map(|e| lock(&e.record).uid_slot)
+            .collect();
+        let driver = self.driver.clone();
+        blocking(move || driver.reconcile_slots(&held)).await?;
         Ok(())
     }
 
@@ -325,9 +333,8 @@ impl Manager {
                     self.config.max_sandboxes
                 )));
             }
-            let uid_slot = (1u32..)
-                .find(|s| !used_slots.contains(s))
-                .unwrap_or(u32::MAX);
+            let driver = self.driver.clone();
+            let uid_slot = blocking(move || driver.claim_slot(&used_slots)).await??;
             let record = Record {
                 id: ids::sandbox_id(),
                 name: req.name.clone(),
@@ -344,7 +351,10 @@ impl Manager {
             };
             let store = self.store.clone();
             let r = record.clone();
-            blocking(move || store.insert(&r)).await??;
+            if let Err(e) = blocking(move || store.insert(&r)).await? {
+                self.driver.release_slot(uid_slot);
+                return Err(e.into());
+            }
             lock(&self.sandboxes).insert(
                 record.id.clone(),
                 Entry::new(record.clone(), Runtime::Stopped, false),
@@ -357,9 +367,11 @@ impl Manager {
             let driver = self.driver.clone();
             let store = self.store.clone();
             let id = record.id.clone();
+            let slot = record.uid_slot;
             let _ = blocking(move || {
-                let _ = driver.destroy(&id);
-                let _ = store.delete(&id);
+                if driver.destroy(&id).is_ok() && store.delete(&id).is_ok() {
+                    driver.release_slot(slot);
+                }
             })
             .await;
             lock(&self.sandboxes).remove(&record.id);
@@ -541,6 +553,7 @@ impl Manager {
         let driver = self.driver.clone();
         let store = self.store.clone();
         let sid = id.to_string();
+        let slot = lock(&entry.record).uid_slot;
         blocking(move || -> Result<(), EngineError> {
             driver.destroy(&sid).map_err(|e| {
                 EngineError::Internal(format!(
@@ -548,6 +561,7 @@ impl Manager {
                 ))
             })?;
             store.delete(&sid)?;
+            driver.release_slot(slot);
             Ok(())
         })
         .await??;
@@ -567,12 +581,13 @@ impl Manager {
         deadline: Duration,
     ) -> Result<(Arc<Entry>, Response), EngineError> {
         let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        let limit = request.reply_limit();
         let exchange = async {
             write_frame(&mut conn, &request)
                 .await
                 .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
             loop {
-                match read_frame::<_, Response>(&mut conn).await {
+                match read_frame_limited::<_, Response>(&mut conn, limit).await {
                     Ok(Some(Response::Output { .. })) => continue,
                     Ok(Some(response)) => return Ok(response),
                     Ok(None) => {
@@ -594,11 +609,49 @@ impl Manager {
                 self.note_agent_failure(id, &entry).await;
                 Err(e.into())
             }
-            Err(_) => Err(EngineError::Timeout(format!(
+            Err(_) => Err(self.timed_out(id, &entry, deadline).await),
+        }
+    }
+
+    /// The error for a call the agent did not answer in time. The agent is asked once more, with
+    /// a ping: one that cannot answer that is wedged and is not trusted again — the sandbox's
+    /// processes are stopped, and the next call starts a fresh agent on its files.
+    async fn timed_out(&self, id: &str, entry: &Arc<Entry>, deadline: Duration) -> EngineError {
+        if self.ping(id).await {
+            return EngineError::Timeout(format!(
                 "the sandbox did not answer within {} s",
                 deadline.as_secs()
-            ))),
+            ));
         }
+        let mut rt = entry.lifecycle.lock().await;
+        if *rt == Runtime::Running {
+            tracing::warn!(sandbox = %id, "the agent stopped answering; stopping the sandbox");
+            let driver = self.driver.clone();
+            let sid = id.to_string();
+            let _ = blocking(move || driver.stop(&sid)).await;
+            *rt = Runtime::Stopped;
+            entry.set_visible(Runtime::Stopped);
+            let _ = self.set_status(id, Status::Paused).await;
+        }
+        EngineError::Sandbox(format!(
+            "the sandbox's agent stopped answering (no reply within {} s, none to a ping either), so the sandbox's processes were stopped; its files are kept and the next call restarts it",
+            deadline.as_secs()
+        ))
+    }
+
+    /// Whether the agent answers a ping within two seconds.
+    async fn ping(&self, id: &str) -> bool {
+        let exchange = async {
+            let mut conn = self.driver.connect(id).await.ok()?;
+            write_frame(&mut conn, &Request::Ping).await.ok()?;
+            read_frame_limited::<_, Response>(&mut conn, Request::Ping.reply_limit())
+                .await
+                .ok()?
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), exchange).await,
+            Ok(Some(Response::Pong { .. }))
+        )
     }
 
     /// A connection to the sandbox's agent, resuming or restarting the sandbox as needed.
@@ -634,6 +687,7 @@ impl Manager {
     ) -> Result<impl Stream<Item = Result<Response, EngineError>> + Send + 'static, EngineError>
     {
         let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        let limit = request.reply_limit();
         write_frame(&mut conn, &request)
             .await
             .map_err(|e| EngineError::Sandbox(format!("the sandbox's agent hung up: {e}")))?;
@@ -641,7 +695,12 @@ impl Manager {
         let state = Some((conn, inflight, entry, self.clone(), id.to_string()));
         Ok(futures::stream::unfold(state, move |state| async move {
             let (mut conn, inflight, entry, manager, id) = state?;
-            match tokio::time::timeout_at(until, read_frame::<_, Response>(&mut conn)).await {
+            match tokio::time::timeout_at(
+                until,
+                read_frame_limited::<_, Response>(&mut conn, limit),
+            )
+            .await
+            {
                 Ok(Ok(Some(frame @ Response::Output { .. }))) => {
                     Some((Ok(frame), Some((conn, inflight, entry, manager, id))))
                 }
@@ -655,13 +714,7 @@ impl Manager {
                         None,
                     ))
                 }
-                Err(_) => Some((
-                    Err(EngineError::Timeout(format!(
-                        "the sandbox did not answer within {} s",
-                        deadline.as_secs()
-                    ))),
-                    None,
-                )),
+                Err(_) => Some((Err(manager.timed_out(&id, &entry, deadline).await), None)),
             }
         }))
     }
@@ -708,8 +761,12 @@ impl Manager {
         // being paused when idle.
         let mut conn = self.driver.connect(id).await.ok()?;
         write_frame(&mut conn, &Request::ListJobs).await.ok()?;
-        match tokio::time::timeout(Duration::from_secs(5), read_frame::<_, Response>(&mut conn))
-            .await
+        let limit = Request::ListJobs.reply_limit();
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            read_frame_limited::<_, Response>(&mut conn, limit),
+        )
+        .await
         {
             Ok(Ok(Some(Response::Jobs { jobs }))) => Some(jobs),
             _ => None,
@@ -868,23 +925,26 @@ impl Manager {
             }
             self.flush_active(&id, &entry).await;
         }
+        let driver = self.driver.clone();
+        let _ = blocking(move || driver.close()).await;
     }
 }
 
-/// Maps an agent error response to an engine error.
+/// Maps an agent error response to an engine error; the agent's words are clipped (they come
+/// from inside the sandbox).
 pub fn agent_error(response: Response) -> EngineError {
     match response {
-        Response::Error { kind, message } => match kind {
-            ErrorKind::NotFound => EngineError::NotFound(message),
-            ErrorKind::InvalidArgument => EngineError::InvalidArgument(message),
-            ErrorKind::PermissionDenied => EngineError::PermissionDenied(message),
-            ErrorKind::Conflict => EngineError::Conflict(message),
-            ErrorKind::PayloadTooLarge => EngineError::PayloadTooLarge(message),
-            ErrorKind::DiskFull => EngineError::QuotaExceeded(message),
-            ErrorKind::Io => EngineError::Sandbox(message),
+        Response::Error { kind, message } => match (kind, clip(&message)) {
+            (ErrorKind::NotFound, m) => EngineError::NotFound(m),
+            (ErrorKind::InvalidArgument, m) => EngineError::InvalidArgument(m),
+            (ErrorKind::PermissionDenied, m) => EngineError::PermissionDenied(m),
+            (ErrorKind::Conflict, m) => EngineError::Conflict(m),
+            (ErrorKind::PayloadTooLarge, m) => EngineError::PayloadTooLarge(m),
+            (ErrorKind::DiskFull, m) => EngineError::QuotaExceeded(m),
+            (ErrorKind::Io, m) => EngineError::Sandbox(m),
         },
-        other => EngineError::Sandbox(format!(
+        other => EngineError::Sandbox(clip(&format!(
             "unexpected answer from the sandbox's agent: {other:?}"
-        )),
+        ))),
     }
 }

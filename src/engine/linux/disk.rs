@@ -186,8 +186,19 @@ fn run(cmd: &mut Command) -> io::Result<()> {
     }
 }
 
-/// Mounts the store's image on `sandboxes_dir`.
+/// Mounts the store's image on `sandboxes_dir`. A loop device still attached to the image (the
+/// store was released while paused sandboxes kept it alive) is mounted again rather than a second
+/// one attached: the kernel then hands back the same filesystem, which those sandboxes still use.
 fn mount_image(image: &Path, sandboxes_dir: &Path) -> io::Result<()> {
+    if let Some(device) = attached_loop_device(image) {
+        return run(Command::new("mount")
+            .arg("-t")
+            .arg("btrfs")
+            .arg("-o")
+            .arg("noatime")
+            .arg(device)
+            .arg(sandboxes_dir));
+    }
     run(Command::new("mount")
         .arg("-t")
         .arg("btrfs")
@@ -195,6 +206,20 @@ fn mount_image(image: &Path, sandboxes_dir: &Path) -> io::Result<()> {
         .arg("loop,noatime")
         .arg(image)
         .arg(sandboxes_dir))
+}
+
+/// The loop device whose backing file is `image`, if one is attached.
+fn attached_loop_device(image: &Path) -> Option<PathBuf> {
+    let image = fs::canonicalize(image).ok()?;
+    let entries = fs::read_dir("/sys/block").ok()?;
+    entries.flatten().find_map(|entry| {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            return None;
+        }
+        let backing = fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+        (Path::new(backing.trim_end()) == image).then(|| PathBuf::from("/dev").join(name))
+    })
 }
 
 fn find_mkfs() -> Option<PathBuf> {
@@ -288,8 +313,10 @@ pub fn open(sandboxes_dir: &Path, limits: DiskLimits) -> io::Result<Store> {
     Ok(Store::Btrfs)
 }
 
-/// Unmounts a store image from `sandboxes_dir` if one is mounted there (tests and `--reset`).
-/// Lazily: frozen sandboxes may still hold it until they die.
+/// Unmounts a store image from `sandboxes_dir` if one is mounted there: when the engine stops,
+/// so the data dir can be deleted and no loop device outlives its use. Lazily: paused sandboxes
+/// may still hold the filesystem, and the loop device (attached with autoclear) goes when the
+/// last of them does; a later engine mounts that same device again.
 pub fn release(sandboxes_dir: &Path) {
     if sandboxes_dir.with_extension("img").exists()
         && mounted_at(sandboxes_dir)
@@ -347,11 +374,8 @@ pub fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
             Err(_) => {}
         }
     }
-    match fs::remove_dir_all(&path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
+    // Iterative and in constant memory: the tree is the sandbox's, as deep as it liked.
+    crate::fs_tree::remove_tree(&path)
 }
 
 #[cfg(test)]

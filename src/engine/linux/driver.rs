@@ -4,20 +4,37 @@
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::cgroups::{Cgroups, Layout, Limits};
 use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
+use super::uids::Registry;
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
 
 /// How long a launch may take before it is abandoned.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most bytes read of the launcher's report and of its stderr (it relays the agent's words).
+const LAUNCHER_OUTPUT: u64 = 64 * 1024;
+
+/// How to set up the namespaces driver.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where sandbox directories live (`<data dir>/sandboxes`).
+    pub sandboxes_dir: PathBuf,
+    /// The binary to re-execute as the launcher (this one, normally).
+    pub exe: PathBuf,
+    pub disk_limits: DiskLimits,
+    /// Most sandboxes that exist at once: each gets that share of the host's ptys.
+    pub max_sandboxes: usize,
+    /// The host-wide registry of uid ranges (used as root).
+    pub uid_registry: PathBuf,
+}
 
 pub struct NamespacesDriver {
     sandboxes_dir: PathBuf,
@@ -28,6 +45,9 @@ pub struct NamespacesDriver {
     exe: PathBuf,
     uid: u32,
     gid: u32,
+    /// As root, uid ranges are allocated host-wide; unprivileged, there is only the caller's id.
+    registry: Option<Registry>,
+    pty_max: u32,
 }
 
 fn io_err(what: &str, e: impl std::fmt::Display) -> DriverError {
@@ -35,11 +55,14 @@ fn io_err(what: &str, e: impl std::fmt::Display) -> DriverError {
 }
 
 impl NamespacesDriver {
-    pub fn new(
-        sandboxes_dir: PathBuf,
-        exe: PathBuf,
-        disk_limits: DiskLimits,
-    ) -> Result<Self, DriverError> {
+    pub fn new(options: Options) -> Result<Self, DriverError> {
+        let Options {
+            sandboxes_dir,
+            exe,
+            disk_limits,
+            max_sandboxes,
+            uid_registry,
+        } = options;
         let path = sandboxes_dir.to_string_lossy();
         // Overlay mount options are comma- and colon-separated; such paths cannot be expressed.
         if path.contains([',', ':', '\n']) {
@@ -72,13 +95,35 @@ impl NamespacesDriver {
                 "no usable cgroups: sandboxes run without memory, CPU and process limits, and cannot be paused"
             );
         }
+        let uid = nix::unistd::getuid().as_raw();
+        let registry = if uid == 0 {
+            Some(
+                Registry::new(uid_registry, &sandboxes_dir)
+                    .map_err(|e| io_err("open the uid range registry", e))?,
+            )
+        } else {
+            None
+        };
+        let read_sysctl = |name: &str, default: u32| {
+            fs::read_to_string(format!("/proc/sys/kernel/pty/{name}"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(default)
+        };
+        let pty_max = plan::pty_share(
+            read_sysctl("max", 4096),
+            read_sysctl("reserve", 1024),
+            max_sandboxes,
+        );
         Ok(Self {
             sandboxes_dir,
             layout,
             store,
             exe,
-            uid: nix::unistd::getuid().as_raw(),
+            uid,
             gid: nix::unistd::getgid().as_raw(),
+            registry,
+            pty_max,
         })
     }
 
@@ -173,6 +218,7 @@ impl NamespacesDriver {
             },
             env: &spec.env,
             memory_bytes: spec.shape.memory_mb * 1024 * 1024,
+            pty_max: self.pty_max,
         });
         let input = serde_json::to_vec(&plan).map_err(|e| io_err("encode launch plan", e))?;
         let mut child = tokio::process::Command::new(&self.exe)
@@ -194,15 +240,21 @@ impl NamespacesDriver {
                 .await
                 .map_err(|e| DriverError::Launch(format!("cannot send the launch plan: {e}")))?;
         }
-        let output = tokio::time::timeout(LAUNCH_TIMEOUT, child.wait_with_output())
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let finished = async {
+            // Read no more than a report can hold: the launcher relays words from inside the
+            // sandbox, and its output must never grow the engine.
+            let (out, err) = tokio::join!(read_bounded(stdout), read_bounded(stderr));
+            (child.wait().await, out, err)
+        };
+        let (status, stdout, stderr) = tokio::time::timeout(LAUNCH_TIMEOUT, finished)
             .await
-            .map_err(|_| DriverError::Launch("the launcher did not finish within 30 s".into()))?
-            .map_err(|e| DriverError::Launch(format!("launcher: {e}")))?;
-        let report: Report = serde_json::from_slice(&output.stdout).map_err(|_| {
+            .map_err(|_| DriverError::Launch("the launcher did not finish within 30 s".into()))?;
+        let status = status.map_err(|e| DriverError::Launch(format!("launcher: {e}")))?;
+        let report: Report = serde_json::from_slice(&stdout).map_err(|_| {
             DriverError::Launch(format!(
-                "the launcher failed ({}): {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
+                "the launcher failed ({status}): {}",
+                crate::engine::error::clip(String::from_utf8_lossy(&stderr).trim())
             ))
         })?;
         match (report.ok, report.pid) {
@@ -215,9 +267,11 @@ impl NamespacesDriver {
             }
             _ => Err(DriverError::Launch(format!(
                 "cannot start the sandbox: {}",
-                report
-                    .error
-                    .unwrap_or_else(|| "unknown launcher failure".into())
+                crate::engine::error::clip(
+                    &report
+                        .error
+                        .unwrap_or_else(|| "unknown launcher failure".into())
+                )
             ))),
         }
     }
@@ -230,6 +284,24 @@ impl NamespacesDriver {
         let started: u64 = parts.next()?.parse().ok()?;
         (start_time(pid) == Some(started)).then_some(pid)
     }
+}
+
+/// Reads a pipe to its end, keeping at most [`LAUNCHER_OUTPUT`] bytes (the rest is discarded, so
+/// the writer never blocks).
+async fn read_bounded(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
+    let Some(mut pipe) = pipe else {
+        return Vec::new();
+    };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = pipe.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        let room = (LAUNCHER_OUTPUT as usize).saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+    kept
 }
 
 /// Start time of a process (clock ticks since boot), to tell it from a later one with its pid.
@@ -251,6 +323,42 @@ impl Driver for NamespacesDriver {
 
     fn disk_limits_enforced(&self) -> bool {
         self.store.enforced()
+    }
+
+    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
+        match &self.registry {
+            Some(registry) => registry.claim().map_err(|e| io_err("claim a uid range", e)),
+            // One id to map, whatever the slot: slots only tell sandboxes apart.
+            None => Ok((1u32..).find(|s| !taken.contains(s)).unwrap_or(u32::MAX)),
+        }
+    }
+
+    fn release_slot(&self, slot: u32) {
+        if let Some(registry) = &self.registry
+            && let Err(e) = registry.release(slot)
+        {
+            tracing::warn!(slot, "cannot release a uid range: {e}");
+        }
+    }
+
+    fn close(&self) {
+        if self.store.enforced() {
+            disk::release(&self.sandboxes_dir);
+        }
+    }
+
+    fn reconcile_slots(&self, held: &[u32]) {
+        let Some(registry) = &self.registry else {
+            return;
+        };
+        match registry.reconcile(held) {
+            Ok(conflicts) if conflicts.is_empty() => {}
+            Ok(conflicts) => tracing::error!(
+                ?conflicts,
+                "another data dir's engine claimed uid ranges this one's sandboxes hold; their sandboxes share host ids"
+            ),
+            Err(e) => tracing::warn!("cannot check the uid range registry: {e}"),
+        }
     }
 
     fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>> {
@@ -365,34 +473,27 @@ impl Driver for NamespacesDriver {
     }
 
     fn disk_bytes(&self, id: &str) -> u64 {
-        disk_usage(&self.dir(id).join("upper"))
+        crate::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
     }
 }
 
-/// Bytes allocated under `dir` (st_blocks, so sparse files count what they use), without
-/// following symlinks. Stops counting after a million entries.
-pub fn disk_usage(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0u64;
-    let mut seen = 0usize;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = fs::read_dir(&d) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            seen += 1;
-            if seen > 1_000_000 {
-                return total;
-            }
-            let Ok(m) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            total += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(entry.path());
-            }
-        }
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn launcher_output_is_read_only_up_to_the_bound() {
+        let mut child = tokio::process::Command::new("head")
+            .args(["-c", "100000000", "/dev/zero"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let kept = read_bounded(child.stdout.take()).await;
+        assert_eq!(kept.len() as u64, LAUNCHER_OUTPUT);
+        assert!(
+            child.wait().await.unwrap().success(),
+            "the writer was drained, not stalled"
+        );
     }
-    total
 }

@@ -1,4 +1,4 @@
-//! The sandbox launcher: the one place where a sandbox is built. Security-critical; keep it small.
+//! The sandbox launcher: the outside half of building a sandbox. Security-critical; keep it small.
 //!
 //! The engine (a multi-threaded tokio process) never forks into a sandbox itself. It re-executes
 //! this binary as `sandbox-mcp __launch`, a fresh single-threaded process, and passes the
@@ -7,56 +7,52 @@
 //! 1. joins the sandbox's cgroups, so everything it creates is limited and accounted;
 //! 2. binds the agent's listening socket on the host (the engine connects to it; the sandbox never
 //!    sees the path, the agent just inherits the descriptor);
-//! 3. forks the sandbox's init with new user, mount, pid, net, ipc, uts and cgroup namespaces;
+//! 3. as root, takes the agent's own host id (outside the range mapped into the sandbox) as its
+//!    effective id for one call, and forks the sandbox's init with new user, mount, pid, net,
+//!    ipc, uts and cgroup namespaces: the user namespace is then *owned* by that id, so the kernel
+//!    charges the sandbox's per-user budgets to it rather than to root, and the init runs as an id
+//!    no capability inside the sandbox applies to;
 //! 4. from outside, writes the child's uid/gid maps (an unprivileged host range, never 0→0) and,
 //!    as root, attaches id-mapped read-only copies of the lower layers inside the child's mount
 //!    namespace (the kernel lets only a namespace's owner stack overlays on its mounts, and only
 //!    real root may create id-mapped mounts, so the parent builds them and hands them over);
-//! 5. reports the child's pid to the engine and exits. The child outlives it.
+//! 5. waits for the agent to report `ready`, reports the child's pid to the engine and exits.
 //!
-//! The child, PID 1 of the new namespaces, mounts its overlay root and /usr, a fresh /proc, a
-//! minimal /dev, pivots into the new root, brings loopback up, drops capabilities, sets
-//! no_new_privs, applies Landlock and seccomp, and execs the agent from a descriptor opened
-//! before the pivot (the binary is not inside the sandbox). Any failure before the exec is sent
-//! back over a socketpair and the child exits; the socketpair closing on exec means success.
+//! The child execs the agent at once, while the host's root is still its root: the dynamic loader
+//! and every library the agent uses are mapped from the host before the sandbox's filesystem
+//! exists, so nothing the sandbox can write (its `/usr`, its `/etc/ld.so.preload`) is ever loaded
+//! into the agent, on the first start or on a restart. The agent then builds the sandbox from the
+//! inside ([`super::inside`]) and serves. Its environment is empty: the sandbox's variables travel
+//! in the plan, so none of them (`LD_PRELOAD`…) can reach the host's loader.
 
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
 
-use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, socketpair};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::Serialize;
 
 use super::plan::{IdMap, LaunchPlan};
-use super::{landlock, seccomp, sys};
+use super::sys;
 
 /// The agent's listening socket is always this descriptor in the agent.
 pub const AGENT_LISTEN_FD: RawFd = 3;
 /// Where the agent reports `ready` (or why it failed) once it accepts connections, then closes.
 pub const AGENT_STATUS_FD: RawFd = 4;
+/// The launch plan (a memfd) the agent builds the sandbox from.
+pub const AGENT_PLAN_FD: RawFd = 5;
+/// The sandbox's directory on the host, opened by the launcher: the agent may be unable to
+/// reach it by path (a data dir under a 0700 home, say).
+pub const AGENT_DIR_FD: RawFd = 6;
 
-/// Capabilities the sandbox's root keeps (inside its user namespace only). Roughly Docker's
-/// default set minus NET_RAW and MKNOD: enough for package managers and chown/chmod, nothing that
-/// mounts, traces, loads modules or administers the network.
-const KEPT_CAPS: [u32; 11] = [
-    0,  // CAP_CHOWN
-    1,  // CAP_DAC_OVERRIDE
-    3,  // CAP_FOWNER
-    4,  // CAP_FSETID
-    5,  // CAP_KILL
-    6,  // CAP_SETGID
-    7,  // CAP_SETUID
-    8,  // CAP_SETPCAP
-    10, // CAP_NET_BIND_SERVICE
-    18, // CAP_SYS_CHROOT
-    31, // CAP_SETFCAP
-];
+/// Longest launch plan accepted (environment variables make up most of it).
+pub const MAX_PLAN: u64 = 32 * 1024 * 1024;
+/// Most bytes of the agent's start-up report read: enough for any error, never a flood.
+pub const MAX_STATUS: u64 = 4096;
 
 /// What the launcher prints on stdout for the engine.
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -92,9 +88,15 @@ fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, String
 }
 
 fn launch() -> Result<i32, String> {
-    let mut input = String::new();
-    ctx(io::stdin().read_to_string(&mut input), "read plan")?;
-    let plan: LaunchPlan = ctx(serde_json::from_str(&input), "parse plan")?;
+    let mut input = Vec::new();
+    ctx(
+        io::stdin().take(MAX_PLAN + 1).read_to_end(&mut input),
+        "read plan",
+    )?;
+    if input.len() as u64 > MAX_PLAN {
+        return Err(format!("the launch plan is over {MAX_PLAN} bytes"));
+    }
+    let plan: LaunchPlan = ctx(serde_json::from_slice(&input), "parse plan")?;
 
     // 1. Join the cgroups first: the child is created inside them.
     let me = std::process::id().to_string();
@@ -105,13 +107,12 @@ fn launch() -> Result<i32, String> {
         )?;
     }
 
-    // 2. The agent binary, opened now: after pivot_root it is out of reach.
+    // 2. What the agent inherits: its binary, the plan, the sandbox's directory, its socket.
     let exe = ctx(
         fs::File::open("/proc/self/exe").map(OwnedFd::from),
         "open own executable",
     )?;
-
-    // 3. The agent's socket, bound on the host side before any namespace exists.
+    let plan_fd = ctx(sys::memfd_with(b"sandbox-plan\0", &input), "store plan")?;
     let _ = fs::remove_file(&plan.socket_path);
     let listener = ctx(UnixListener::bind(&plan.socket_path), "bind agent socket")?;
     ctx(
@@ -133,6 +134,9 @@ fn launch() -> Result<i32, String> {
         "socketpair",
     )?;
 
+    // 3. The namespaces, created under the agent's own id (root only): that id becomes the user
+    //    namespace's owner and the child's identity. Real and effective ids change, the saved id
+    //    stays root, so the privileges come back right after the fork.
     let flags = (libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
@@ -140,12 +144,25 @@ fn launch() -> Result<i32, String> {
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP) as u64;
+    if let Some(agent) = plan.agent_id {
+        ctx(sys::set_ids(agent, agent, 0), "take the agent's id")?;
+    }
     // SAFETY: this process is single-threaded (a fresh exec that spawned no threads).
-    let pid = ctx(unsafe { sys::clone3_fork(flags) }, "create namespaces")?;
+    let forked = unsafe { sys::clone3_fork(flags) };
+    if plan.agent_id.is_some() && !matches!(forked, Ok(0)) {
+        ctx(sys::set_ids(0, 0, 0), "take back root")?;
+    }
+    let pid = ctx(forked, "create namespaces")?;
     if pid == 0 {
         drop(parent_end);
         drop(status_read);
-        let error = child(&plan, &child_end, exe, listener, status_write);
+        let fds = Inherited {
+            exe,
+            listen: OwnedFd::from(listener),
+            status: status_write,
+            plan: plan_fd,
+        };
+        let error = child(&plan, &child_end, fds);
         let _ = nix::sys::socket::send(child_end.as_raw_fd(), error.as_bytes(), MsgFlags::empty());
         // SAFETY: _exit is always safe; skip destructors and atexit handlers of the parent's state.
         unsafe { libc::_exit(1) }
@@ -164,10 +181,14 @@ fn launch() -> Result<i32, String> {
     }
 }
 
-/// Waits for the agent's own report: it writes `ready` once it accepts connections.
+/// Waits for the agent's own report: it writes `ready` once it accepts connections. Reads at
+/// most [`MAX_STATUS`] bytes: the other end runs inside the sandbox.
 fn agent_ready(status: OwnedFd) -> Result<(), String> {
-    let mut text = String::new();
-    let _ = fs::File::from(status).read_to_string(&mut text);
+    let mut bytes = Vec::new();
+    let _ = fs::File::from(status)
+        .take(MAX_STATUS)
+        .read_to_end(&mut bytes);
+    let text = String::from_utf8_lossy(&bytes);
     match text.trim() {
         "ready" => Ok(()),
         "" => Err("the agent exited before it was ready".into()),
@@ -236,11 +257,30 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
                 &format!("attach id-mapped {}", layer.lower.display()),
             )?;
         }
+        // The sandbox's directory, opened here for the child: its own id may be unable to reach
+        // it by path (a data dir under a 0700 home, say), and the overlay needs its upper
+        // directory on a mount of the child's own namespace, which this descriptor is.
+        let dir = ctx(
+            open_dir_path(sandbox_dir(plan)?),
+            "open the sandbox's directory",
+        )?;
+        let fds = [dir.as_raw_fd()];
+        ctx(
+            nix::sys::socket::sendmsg::<()>(
+                sync.as_raw_fd(),
+                &[io::IoSlice::new(b"go")],
+                &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+                MsgFlags::empty(),
+                None,
+            ),
+            "signal child",
+        )?;
+    } else {
+        ctx(
+            nix::sys::socket::send(sync.as_raw_fd(), b"go", MsgFlags::empty()),
+            "signal child",
+        )?;
     }
-    ctx(
-        nix::sys::socket::send(sync.as_raw_fd(), b"go", MsgFlags::empty()),
-        "signal child",
-    )?;
 
     // The child's end is close-on-exec: EOF means it exec'd the agent; a message is its error.
     let n = ctx(
@@ -257,36 +297,90 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
     }
 }
 
-/// The inside half. Returns only on failure, with the reason.
-fn child(
-    plan: &LaunchPlan,
-    sync: &OwnedFd,
+fn sandbox_dir(plan: &LaunchPlan) -> Result<&std::path::Path, String> {
+    plan.rootfs
+        .parent()
+        .ok_or_else(|| "the sandbox's rootfs has no parent directory".into())
+}
+
+/// A path-only descriptor of a directory (enough to `fchdir` into it).
+fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(path)
+        .map(OwnedFd::from)
+}
+
+/// Descriptors the child hands to the agent.
+struct Inherited {
     exe: OwnedFd,
-    listener: UnixListener,
+    listen: OwnedFd,
     status: OwnedFd,
-) -> String {
-    match setup(plan, sync) {
-        Ok(()) => {}
+    plan: OwnedFd,
+}
+
+/// The inside half before the exec. Returns only on failure, with the reason.
+fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> String {
+    let sent = match wait_for_maps(sync) {
+        Ok(sent) => sent,
         Err(e) => return e,
+    };
+    // Unprivileged, this process has the caller's own id and reaches the directory by path.
+    let dir = match sent {
+        Some(dir) => dir,
+        None => match sandbox_dir(plan)
+            .and_then(|d| ctx(open_dir_path(d), "open the sandbox's directory"))
+        {
+            Ok(dir) => dir,
+            Err(e) => return e,
+        },
+    };
+    // Identity for the exec. As root this process is the agent's id, which has no id inside the
+    // sandbox and so is not root there: an exec would drop the capabilities the agent needs to
+    // build the sandbox, unless they are ambient. Unprivileged, it becomes the namespace's root.
+    let identity = if plan.privileged {
+        ctx(nix::unistd::setgroups(&[]), "clear supplementary groups")
+            .and_then(|()| ctx(sys::keep_caps_across_exec(), "keep capabilities"))
+    } else {
+        let root = nix::unistd::Uid::from_raw(0);
+        let root_gid = nix::unistd::Gid::from_raw(0);
+        ctx(
+            nix::unistd::setresgid(root_gid, root_gid, root_gid),
+            "setresgid",
+        )
+        .and_then(|()| ctx(nix::unistd::setresuid(root, root, root), "setresuid"))
+    };
+    if let Err(e) = identity {
+        return e;
     }
-    // Descriptors: the listener at a fixed number, /dev/null on 0-2, everything else closed on
-    // exec (including the sync socket, whose closing tells the parent the exec happened).
-    // Move every descriptor we keep above the fixed numbers first, so placing one cannot clobber
-    // another (the executable may well be open as descriptor 3 right now).
+    // Descriptors at fixed numbers, /dev/null on 0-2, everything else closed on exec (including
+    // the sync socket, whose closing tells the parent the exec happened). Every descriptor kept is
+    // first moved above the fixed numbers, so placing one cannot clobber another (the executable
+    // may well be open as descriptor 3 right now).
     let high = |fd: OwnedFd| -> Result<OwnedFd, String> {
         nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
             // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
             .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) })
             .map_err(|e| format!("move descriptor: {e}"))
     };
-    let (exe, listen, status) = match (high(exe), high(OwnedFd::from(listener)), high(status)) {
-        (Ok(e), Ok(l), Ok(s)) => (e, l, s),
-        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => return e,
+    let moved = [fds.listen, fds.status, fds.plan, dir]
+        .into_iter()
+        .map(high)
+        .collect::<Result<Vec<_>, _>>();
+    let (exe, moved) = match (high(fds.exe), moved) {
+        (Ok(exe), Ok(moved)) => (exe, moved),
+        (Err(e), _) | (_, Err(e)) => return e,
     };
-    let (listen, status) = (listen.as_raw_fd(), status.as_raw_fd());
-    for (fd, target) in [(listen, AGENT_LISTEN_FD), (status, AGENT_STATUS_FD)] {
+    let targets = [
+        AGENT_LISTEN_FD,
+        AGENT_STATUS_FD,
+        AGENT_PLAN_FD,
+        AGENT_DIR_FD,
+    ];
+    for (fd, target) in moved.iter().zip(targets) {
         // SAFETY: dup2 of a descriptor we own onto a fixed number; the copy is not close-on-exec.
-        if unsafe { libc::dup2(fd, target) } < 0 {
+        if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
             return format!("place descriptor {target}: {}", io::Error::last_os_error());
         }
     }
@@ -300,26 +394,24 @@ fn child(
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
-    if let Err(e) = sys::cloexec_from(AGENT_STATUS_FD as u32 + 1) {
+    if let Err(e) = sys::cloexec_from(AGENT_DIR_FD as u32 + 1) {
         return format!("close descriptors: {e}");
     }
-    if let Err(e) = restrict(&exe) {
-        return e;
-    }
-    let err = sys::exec_fd(exe.as_raw_fd(), &["sandbox-agent", "__agent"], &plan.env);
+    let err = sys::exec_fd(exe.as_raw_fd(), &["sandbox-agent", "__agent"], &[]);
     format!("exec agent: {err}")
 }
 
-/// Everything between "go" and the final restrictions: identity, mounts, pivot, network.
-fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
-    // Nothing mounted from here on may propagate back to the host. (The new user namespace grants
-    // full capabilities over the new mount namespace even before the id maps exist.)
+/// Makes every mount private (nothing mounted from here on may propagate back to the host; the
+/// new user namespace grants full capabilities over the new mount namespace even before the id
+/// maps exist), then waits while the parent writes the id maps and attaches the lower layers.
+/// Returns the sandbox's directory when the parent sent it.
+fn wait_for_maps(sync: &OwnedFd) -> Result<Option<OwnedFd>, String> {
     ctx(
-        mount(
+        nix::mount::mount(
             None::<&str>,
             "/",
             None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
             None::<&str>,
         ),
         "make mounts private",
@@ -329,218 +421,72 @@ fn setup(plan: &LaunchPlan, sync: &OwnedFd) -> Result<(), String> {
         "signal parent",
     )?;
     let mut buf = [0u8; 8];
-    let n = ctx(
-        nix::sys::socket::recv(sync.as_raw_fd(), &mut buf, MsgFlags::empty()),
+    let mut space = nix::cmsg_space!([RawFd; 1]);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = ctx(
+        nix::sys::socket::recvmsg::<()>(
+            sync.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        ),
         "wait for parent",
     )?;
-    if &buf[..n] != b"go" {
-        return Err("the launcher gave up".into());
-    }
-
-    // From here on this process is the sandbox's root: an unprivileged host uid that may be unable
-    // to search the data dir's parents (a data dir under /root, say). So enter the sandbox's own
-    // directory now, with the launcher's host identity, and name everything in it relative to it.
-    let base = plan
-        .rootfs
-        .parent()
-        .ok_or("the sandbox's rootfs has no parent directory")?;
-    ctx(nix::unistd::chdir(base), "enter the sandbox's directory")?;
-    let inside = |p: &Path| -> Result<PathBuf, String> {
-        p.strip_prefix(base)
-            .map(Path::to_path_buf)
-            .map_err(|_| format!("{} is outside the sandbox's directory", p.display()))
-    };
-
-    // Become root of the new user namespace; drop supplementary groups inherited from the host.
-    if plan.privileged {
-        ctx(nix::unistd::setgroups(&[]), "clear supplementary groups")?;
-    }
-    let root_gid = nix::unistd::Gid::from_raw(0);
-    let root_uid = nix::unistd::Uid::from_raw(0);
-    ctx(
-        nix::unistd::setresgid(root_gid, root_gid, root_gid),
-        "setresgid",
-    )?;
-    ctx(
-        nix::unistd::setresuid(root_uid, root_uid, root_uid),
-        "setresuid",
-    )?;
-
-    let rootfs = inside(&plan.rootfs)?;
-    let rootfs = rootfs.as_path();
-    for layer in &plan.layers {
-        // As root the lower layer is the id-mapped copy the parent attached; otherwise the host
-        // directory itself (whose files then stay read-only inside the sandbox).
-        let lower = if plan.privileged {
-            inside(&layer.staging)?
-        } else {
-            layer.lower.clone()
-        };
-        let lower = lower.display();
-        let target = if layer.target == "/" {
-            rootfs.to_path_buf()
-        } else {
-            rootfs.join(layer.target.trim_start_matches('/'))
-        };
-        let data = format!(
-            "lowerdir={lower},upperdir={},workdir={},userxattr",
-            inside(&layer.upper)?.display(),
-            inside(&layer.work)?.display()
-        );
-        ctx(
-            mount(
-                Some("overlay"),
-                &target,
-                Some("overlay"),
-                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                Some(data.as_str()),
-            ),
-            &format!("mount overlay on {}", layer.target),
-        )?;
-    }
-
-    let at = |p: &str| rootfs.join(p);
-    ctx(
-        mount(
-            Some("proc"),
-            &at("proc"),
-            Some("proc"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        ),
-        "mount /proc",
-    )?;
-    setup_dev(&at("dev"), plan.shm_bytes)?;
-
-    // Enter the new root; detach the host's.
-    ctx(nix::unistd::chdir(rootfs), "enter new root")?;
-    ctx(sys::pivot_root_here(), "pivot_root")?;
-    ctx(umount2(".", MntFlags::MNT_DETACH), "detach host root")?;
-    ctx(nix::unistd::chdir("/"), "chdir /")?;
-    ctx(
-        mount(
-            None::<&str>,
-            "/dev",
-            None::<&str>,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_BIND
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NOEXEC,
-            None::<&str>,
-        ),
-        "make /dev read-only",
-    )?;
-
-    ctx(nix::unistd::sethostname(&plan.hostname), "set hostname")?;
-    ctx(sys::loopback_up(), "bring loopback up")?;
-    let no_core = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
-    ctx(no_core, "disable core dumps")?;
-    Ok(())
-}
-
-/// A minimal /dev: a small tmpfs with the harmless host devices bind-mounted in, a private
-/// devpts, and a size-limited /dev/shm.
-fn setup_dev(dev: &Path, shm_bytes: u64) -> Result<(), String> {
-    ctx(
-        mount(
-            Some("tmpfs"),
-            dev,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("mode=755,size=65536,nr_inodes=64"),
-        ),
-        "mount /dev",
-    )?;
-    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
-        let target = dev.join(name);
-        ctx(fs::File::create(&target), &format!("create /dev/{name}"))?;
-        ctx(
-            mount(
-                Some(&Path::new("/dev").join(name)),
-                &target,
-                None::<&str>,
-                MsFlags::MS_BIND,
-                None::<&str>,
-            ),
-            &format!("bind /dev/{name}"),
-        )?;
-    }
-    let pts = dev.join("pts");
-    ctx(fs::create_dir(&pts), "create /dev/pts")?;
-    ctx(
-        mount(
-            Some("devpts"),
-            &pts,
-            Some("devpts"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        ),
-        "mount /dev/pts",
-    )?;
-    let shm = dev.join("shm");
-    ctx(fs::create_dir(&shm), "create /dev/shm")?;
-    ctx(
-        mount(
-            Some("tmpfs"),
-            &shm,
-            Some("tmpfs"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some(format!("mode=1777,size={shm_bytes}").as_str()),
-        ),
-        "mount /dev/shm",
-    )?;
-    for (link, target) in [
-        ("ptmx", "pts/ptmx"),
-        ("fd", "/proc/self/fd"),
-        ("stdin", "/proc/self/fd/0"),
-        ("stdout", "/proc/self/fd/1"),
-        ("stderr", "/proc/self/fd/2"),
-    ] {
-        ctx(
-            std::os::unix::fs::symlink(target, dev.join(link)),
-            &format!("link /dev/{link}"),
-        )?;
-    }
-    Ok(())
-}
-
-/// The last steps before exec, in the only order that works: capabilities (needs nothing),
-/// no_new_privs (required by unprivileged Landlock and seccomp), Landlock, then seccomp (which
-/// would forbid some of the calls above).
-fn restrict(exe: &OwnedFd) -> Result<(), String> {
-    let last_cap: u32 = fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40);
-    for cap in 0..=last_cap {
-        if !KEPT_CAPS.contains(&cap) {
-            // SAFETY: prctl with integer arguments.
-            let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-            if ret != 0 {
-                return Err(format!(
-                    "drop capability {cap}: {}",
-                    io::Error::last_os_error()
-                ));
+    let mut dir = None;
+    for cmsg in ctx(msg.cmsgs(), "wait for parent")? {
+        if let nix::sys::socket::ControlMessageOwned::ScmRights(fds) = cmsg {
+            for fd in fds {
+                // SAFETY: the kernel just installed this descriptor for us.
+                dir = Some(unsafe { OwnedFd::from_raw_fd(fd) });
             }
         }
     }
-    // SAFETY: prctl with integer arguments.
-    unsafe {
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        );
+    let n = msg.bytes;
+    if &buf[..n] == b"go" {
+        Ok(dir)
+    } else {
+        Err("the launcher gave up".into())
     }
-    ctx(
-        sys::clear_inheritable_caps(),
-        "clear inheritable capabilities",
-    )?;
-    ctx(nix::sys::prctl::set_no_new_privs(), "set no_new_privs")?;
-    // Best effort: kernels without Landlock still get everything else.
-    let _ = landlock::restrict(exe);
-    seccomp::install()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_on_the_status_pipe_is_read_only_up_to_the_bound() {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        // 32 MiB of junk from "the agent": the writer fails once the reader has had enough.
+        let writer = std::thread::spawn(move || {
+            let mut w = fs::File::from(write);
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..32 {
+                if w.write_all(&chunk).is_err() {
+                    return false;
+                }
+            }
+            true
+        });
+        let error = agent_ready(read).unwrap_err();
+        assert!(
+            error.len() < MAX_STATUS as usize + 100,
+            "{} bytes",
+            error.len()
+        );
+        assert!(!writer.join().unwrap(), "the flood was read whole");
+    }
+
+    #[test]
+    fn the_agent_says_ready_or_why_not() {
+        for (said, ok) in [
+            (&b"ready\n"[..], true),
+            (b"", false),
+            (b"no overlay\n", false),
+        ] {
+            let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+            fs::File::from(write).write_all(said).unwrap();
+            assert_eq!(agent_ready(read).is_ok(), ok);
+        }
+    }
 }

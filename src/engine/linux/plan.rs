@@ -8,8 +8,11 @@ use serde::{Deserialize, Serialize};
 
 /// First host uid/gid of sandbox uid ranges. Far above ordinary users and subuid ranges.
 pub const UID_BASE: u32 = 10_000_000;
-/// Ids each sandbox gets (0..65535 inside).
+/// Host ids reserved for each sandbox: ids 0..65534 inside are mapped to the first 65 535, and
+/// the last one is the agent's own, never mapped into the sandbox.
 pub const UID_RANGE: u32 = 65_536;
+/// Ids visible inside a sandbox (0..65534; 65534 is `nobody`).
+pub const MAPPED_IDS: u32 = UID_RANGE - 1;
 
 /// One line of a uid_map/gid_map.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -43,6 +46,13 @@ pub struct LaunchPlan {
     /// Running as real root: lower layers get idmapped mounts, supplementary groups are
     /// cleared. Otherwise a single-id user namespace is used.
     pub privileged: bool,
+    /// As root, the host uid and gid the agent runs as: the last id of the sandbox's range, which
+    /// is not mapped into the sandbox. The sandbox's user namespace is created under this id, so
+    /// the kernel charges the sandbox's per-user budgets (inotify, pending signals, …) to it and
+    /// not to root; and no capability held inside the sandbox applies to a process or file whose
+    /// owner has no id there, so sandbox code cannot signal, trace, prlimit or reconfigure the
+    /// agent. `None` when unprivileged: only the caller's own id exists to map.
+    pub agent_id: Option<u32>,
     /// `cgroup.procs` files the launcher joins before creating the sandbox.
     pub cgroup_procs: Vec<PathBuf>,
     /// Where the agent's listening socket is bound (on the host).
@@ -55,6 +65,13 @@ pub struct LaunchPlan {
     pub env: Vec<(String, String)>,
     /// Size of the /dev/shm tmpfs.
     pub shm_bytes: u64,
+    /// Most ptys the sandbox's devpts instance hands out: every devpts instance but the host's
+    /// shares `kernel.pty.max - kernel.pty.reserve`, so each sandbox gets its share of it.
+    pub pty_max: u32,
+    /// Mount the sandbox's /proc read-only. Unprivileged, the agent and sandbox code share one
+    /// host uid, so file permissions cannot keep sandbox code from writing the agent's
+    /// `/proc/1/oom_score_adj`; a read-only /proc can.
+    pub proc_readonly: bool,
 }
 
 /// What the engine knows about a sandbox when it launches it.
@@ -73,11 +90,28 @@ pub struct PlanInput<'a> {
     pub cgroup_procs: Vec<PathBuf>,
     pub env: &'a [(String, String)],
     pub memory_bytes: u64,
+    /// This sandbox's share of the host's ptys.
+    pub pty_max: u32,
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
 pub fn uid_base(slot: u32) -> u32 {
     UID_BASE + slot * UID_RANGE
+}
+
+/// The agent's host id in a slot's range: the one id of the range not mapped into the sandbox.
+pub fn agent_id(slot: u32) -> u32 {
+    uid_base(slot) + MAPPED_IDS
+}
+
+/// Highest slot whose range still fits in 32-bit ids.
+pub const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
+
+/// Each sandbox's share of the ptys non-initial devpts instances may hold together
+/// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once.
+pub fn pty_share(pty_max: u32, pty_reserve: u32, sandboxes: usize) -> u32 {
+    let pool = pty_max.saturating_sub(pty_reserve);
+    (pool / (sandboxes.max(1) as u32)).max(1)
 }
 
 /// Where a sandbox's directories are, relative to its directory.
@@ -109,7 +143,7 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         let map = IdMap {
             inside: 0,
             outside: base,
-            count: UID_RANGE,
+            count: MAPPED_IDS,
         };
         (map, map)
     } else {
@@ -149,6 +183,7 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         uid_map,
         gid_map,
         privileged,
+        agent_id: privileged.then(|| agent_id(input.uid_slot)),
         cgroup_procs: input.cgroup_procs.clone(),
         socket_path: input.sandbox_dir.join("agent.sock"),
         rootfs: input.sandbox_dir.join("rootfs"),
@@ -156,6 +191,8 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         env: input.env.to_vec(),
         // /dev/shm counts against the sandbox's memory; a quarter of it, at most 256 MiB.
         shm_bytes: (input.memory_bytes / 4).clamp(1 << 20, 256 << 20),
+        pty_max: input.pty_max,
+        proc_readonly: !privileged,
     }
 }
 
@@ -176,6 +213,7 @@ mod tests {
             cgroup_procs: vec![],
             env,
             memory_bytes: 512 << 20,
+            pty_max: 30,
         }
     }
 
@@ -187,7 +225,12 @@ mod tests {
         assert_eq!(plan.uid_map.inside, 0);
         assert_eq!(plan.uid_map.outside, UID_BASE + 3 * UID_RANGE);
         assert_ne!(plan.uid_map.outside, 0);
-        assert_eq!(plan.uid_map.count, UID_RANGE);
+        assert_eq!(plan.uid_map.count, UID_RANGE - 1);
+        // The agent's id is the range's last: inside the slot, outside what the sandbox sees.
+        let agent = plan.agent_id.unwrap();
+        assert_eq!(agent, UID_BASE + 4 * UID_RANGE - 1);
+        assert!(agent >= plan.uid_map.outside + plan.uid_map.count);
+        assert!(!plan.proc_readonly);
         assert_eq!(plan.layers.len(), 2);
         assert_eq!(plan.layers[0].target, "/");
         assert_eq!(
@@ -206,6 +249,8 @@ mod tests {
     fn unprivileged_maps_only_the_callers_id() {
         let plan = build(&input(1000, &[], &[]));
         assert!(!plan.privileged);
+        assert_eq!(plan.agent_id, None);
+        assert!(plan.proc_readonly);
         assert_eq!(
             plan.uid_map,
             IdMap {
@@ -214,5 +259,22 @@ mod tests {
                 count: 1
             }
         );
+    }
+
+    #[test]
+    fn ranges_of_neighbouring_slots_never_overlap() {
+        for slot in [1, 2, 1000, MAX_SLOT - 1] {
+            assert!(agent_id(slot) < uid_base(slot + 1));
+            assert!(uid_base(slot) > 0);
+        }
+        assert!(u64::from(agent_id(MAX_SLOT)) <= u64::from(u32::MAX));
+    }
+
+    #[test]
+    fn ptys_are_partitioned_between_sandboxes() {
+        assert_eq!(pty_share(4096, 1024, 100), 30);
+        assert!(pty_share(4096, 1024, 100) * 100 <= 4096 - 1024);
+        assert_eq!(pty_share(4096, 1024, 0), 3072);
+        assert_eq!(pty_share(100, 1024, 10), 1);
     }
 }

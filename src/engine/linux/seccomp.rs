@@ -4,7 +4,9 @@
 //! surface a sandbox never needs (module loading, kexec, bpf, keyrings, perf, userfaultfd,
 //! io_uring), anything that could reshape the mount tree after the launcher built it, ptrace and
 //! cross-process memory access, new user namespaces (the usual first step of a kernel exploit),
-//! and terminal input injection (TIOCSTI/TIOCLINUX). Denied calls fail with EPERM, so programs see
+//! terminal input injection (TIOCSTI/TIOCLINUX), and changing another process's resource limits
+//! (`prlimit` on a pid: unprivileged, sandbox code shares the agent's uid, and that would let it
+//! starve the agent of descriptors). Denied calls fail with EPERM, so programs see
 //! an ordinary permission error. `clone3` fails with ENOSYS instead: its flags live in memory that
 //! seccomp cannot inspect, and ENOSYS makes libc fall back to `clone`, whose flags it can.
 
@@ -116,6 +118,16 @@ pub fn programs() -> Result<Vec<BpfProgram>, String> {
             SeccompCmpArgLen::Qword,
             SeccompCmpOp::MaskedEq(new_user),
             new_user,
+        )?])?],
+    );
+    // prlimit64(pid, ...) with a pid: only a process's own limits (pid 0) may change.
+    rules.insert(
+        libc::SYS_prlimit64,
+        vec![rule(vec![cond(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Ne,
+            0,
         )?])?],
     );
     // ioctl(fd, TIOCSTI | TIOCLINUX, ...): no typing into a terminal someone else reads.

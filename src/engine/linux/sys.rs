@@ -211,38 +211,208 @@ struct CapData {
     inheritable: u32,
 }
 
-/// Empties the inheritable capability set. Together with the bounding set, it decides what an
-/// exec'd root process gets, so it must not carry anything the bounding set dropped.
-pub fn clear_inheritable_caps() -> io::Result<()> {
-    const VERSION_3: u32 = 0x2008_0522;
+/// Capability numbers (linux/capability.h), as far as this crate uses them.
+pub mod cap {
+    pub const CHOWN: u32 = 0;
+    pub const DAC_OVERRIDE: u32 = 1;
+    pub const DAC_READ_SEARCH: u32 = 2;
+    pub const FOWNER: u32 = 3;
+    pub const FSETID: u32 = 4;
+    pub const KILL: u32 = 5;
+    pub const SETGID: u32 = 6;
+    pub const SETUID: u32 = 7;
+    pub const SETPCAP: u32 = 8;
+    pub const NET_BIND_SERVICE: u32 = 10;
+    pub const SYS_CHROOT: u32 = 18;
+    pub const SYS_PTRACE: u32 = 19;
+    pub const SETFCAP: u32 = 31;
+}
+
+/// A process's three capability sets, one bit per capability.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CapSets {
+    pub effective: u64,
+    pub permitted: u64,
+    pub inheritable: u64,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// The calling thread's capability sets. Allocates nothing (safe between fork and exec).
+pub fn caps_get() -> io::Result<CapSets> {
     let mut header = CapHeader {
-        version: VERSION_3,
+        version: CAP_VERSION_3,
         pid: 0,
     };
     let mut data = [CapData::default(); 2];
-    // SAFETY: capget/capset with a v3 header and two data structs, as the ABI requires.
-    unsafe {
-        if libc::syscall(
+    // SAFETY: capget with a v3 header and two data structs, as the ABI requires.
+    if unsafe {
+        libc::syscall(
             libc::SYS_capget,
             &mut header as *mut CapHeader,
             data.as_mut_ptr(),
-        ) < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        for d in &mut data {
-            d.inheritable = 0;
-        }
-        if libc::syscall(
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let join = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+    Ok(CapSets {
+        effective: join(data[0].effective, data[1].effective),
+        permitted: join(data[0].permitted, data[1].permitted),
+        inheritable: join(data[0].inheritable, data[1].inheritable),
+    })
+}
+
+/// Sets the calling thread's capability sets. Allocates nothing (safe between fork and exec).
+pub fn caps_set(sets: CapSets) -> io::Result<()> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let half = |v: u64, i: usize| (v >> (32 * i)) as u32;
+    let data: [CapData; 2] = std::array::from_fn(|i| CapData {
+        effective: half(sets.effective, i),
+        permitted: half(sets.permitted, i),
+        inheritable: half(sets.inheritable, i),
+    });
+    // SAFETY: capset with a v3 header and two data structs, as the ABI requires.
+    if unsafe {
+        libc::syscall(
             libc::SYS_capset,
             &mut header as *mut CapHeader,
             data.as_ptr(),
-        ) < 0
-        {
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Bit mask of a list of capability numbers.
+pub fn cap_mask(caps: &[u32]) -> u64 {
+    caps.iter().fold(0, |m, c| m | (1u64 << c))
+}
+
+/// Empties the inheritable capability set. Together with the bounding set, it decides what an
+/// exec'd root process gets, so it must not carry anything the bounding set dropped.
+pub fn clear_inheritable_caps() -> io::Result<()> {
+    let mut sets = caps_get()?;
+    sets.inheritable = 0;
+    caps_set(sets)
+}
+
+/// Drops every capability not in `keep` from the bounding set (so no exec can regain it), and
+/// clears the ambient set. Allocates nothing (safe between fork and exec).
+pub fn limit_bounding_set(keep: u64) -> io::Result<()> {
+    for cap in 0..64u32 {
+        if keep & (1 << cap) != 0 {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments.
+        let ret = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+        if ret != 0 {
+            let e = io::Error::last_os_error();
+            // Numbers past the kernel's last capability do not exist: nothing to drop.
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                break;
+            }
+            return Err(e);
+        }
+    }
+    // SAFETY: prctl with integer arguments.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    Ok(())
+}
+
+/// Makes every permitted capability ambient, so an exec keeps them although the process is not
+/// root in its user namespace.
+pub fn keep_caps_across_exec() -> io::Result<()> {
+    let mut sets = caps_get()?;
+    sets.inheritable = sets.permitted;
+    caps_set(sets)?;
+    for cap in 0..64u32 {
+        if sets.permitted & (1 << cap) == 0 {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments.
+        let ret = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_RAISE,
+                cap as libc::c_ulong,
+                0,
+                0,
+            )
+        };
+        if ret != 0 {
             return Err(io::Error::last_os_error());
         }
     }
     Ok(())
+}
+
+/// Sets real, effective and saved uid *and* gid (gids first, while still privileged).
+pub fn set_ids(real: u32, effective: u32, saved: u32) -> io::Result<()> {
+    let check = |ret: libc::c_int| {
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // Going to root, the uid must change first to regain the right to change gids; leaving
+    // root, the gids must change while that right is still held.
+    // SAFETY: plain id-setting calls on integer arguments.
+    unsafe {
+        if effective == 0 {
+            check(libc::setresuid(real, effective, saved))?;
+            check(libc::setresgid(real, effective, saved))
+        } else {
+            check(libc::setresgid(real, effective, saved))?;
+            check(libc::setresuid(real, effective, saved))
+        }
+    }
+}
+
+/// The filesystem uid and gid of the calling thread (and of threads it creates later): the ids
+/// files are created with and permissions are checked against.
+pub fn set_fs_ids(id: u32) -> io::Result<()> {
+    // SAFETY: plain id-setting calls; they return the previous id and cannot fail otherwise.
+    unsafe {
+        libc::setfsgid(id);
+        libc::setfsuid(id);
+        // setfs*id report no error: read the ids back to know.
+        if libc::setfsuid(u32::MAX) as u32 != id || libc::setfsgid(u32::MAX) as u32 != id {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+    }
+    Ok(())
+}
+
+/// An anonymous in-memory file holding `data`, positioned at its start (close-on-exec: a child
+/// that should inherit it gets a copy at a fixed number). `name` must end with a NUL.
+pub fn memfd_with(name: &[u8], data: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: `name` is NUL-terminated; memfd_create returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: memfd_create returned a new descriptor that we now own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, data)?;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;
+    Ok(OwnedFd::from(file))
 }
 
 /// Attaches the detached mount `tree` at `target` (in the caller's current mount namespace).

@@ -1,0 +1,335 @@
+//! The inside half of building a sandbox, run by the agent itself right after the launcher exec'd
+//! it. Security-critical; keep it small.
+//!
+//! The exec happened while the host's root was still in place, so the agent's code and every
+//! library it maps came from the host, never from the sandbox's filesystem. From here, in order:
+//! read the plan; enter the sandbox's directory; mount the overlays, a fresh /proc and a minimal
+//! /dev; pivot into the new root and detach the host's; bring loopback up; then restrict the agent
+//! (its own capabilities, no_new_privs, seccomp) and prepare what every command it starts gets:
+//! the sandbox's root identity, the sandbox's capabilities, and a Landlock domain the agent itself
+//! is outside of.
+//!
+//! As root, the agent runs as a host id that has no id inside the sandbox (see
+//! [`LaunchPlan::agent_id`]). It creates files as the sandbox's root (its filesystem id is 0
+//! there), but its process is owned by an id no capability inside the sandbox applies to: sandbox
+//! code cannot signal, trace, prlimit, renice or read the `/proc` of the agent, nor change its
+//! `oom_score_adj`.
+
+use std::fs;
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, Scope,
+};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+
+use super::launcher::{AGENT_DIR_FD, AGENT_PLAN_FD, MAX_PLAN};
+use super::plan::LaunchPlan;
+use super::seccomp;
+use super::sys::{self, cap};
+
+/// Capabilities sandbox code keeps (inside its user namespace only). Roughly Docker's default set
+/// minus NET_RAW and MKNOD: enough for package managers and chown/chmod, nothing that mounts,
+/// traces, loads modules, raises limits or administers the network.
+pub const SANDBOX_CAPS: [u32; 11] = [
+    cap::CHOWN,
+    cap::DAC_OVERRIDE,
+    cap::FOWNER,
+    cap::FSETID,
+    cap::KILL,
+    cap::SETGID,
+    cap::SETUID,
+    cap::SETPCAP,
+    cap::NET_BIND_SERVICE,
+    cap::SYS_CHROOT,
+    cap::SETFCAP,
+];
+
+/// Capabilities the agent keeps once the sandbox is built: file operations as the sandbox's root
+/// (DAC and ownership), starting commands as the sandbox's root (SETUID, SETGID, SETPCAP to shed
+/// the rest), killing them (KILL) and finding the processes that hold a command's pipes
+/// (SYS_PTRACE, for reading other users' /proc/<pid>/fd; the ptrace call itself stays forbidden by
+/// seccomp). None of these applies outside the sandbox's user namespace.
+const AGENT_CAPS: [u32; 10] = [
+    cap::CHOWN,
+    cap::DAC_OVERRIDE,
+    cap::DAC_READ_SEARCH,
+    cap::FOWNER,
+    cap::FSETID,
+    cap::KILL,
+    cap::SETGID,
+    cap::SETUID,
+    cap::SETPCAP,
+    cap::SYS_PTRACE,
+];
+
+/// What the agent takes from building the sandbox.
+pub struct Entered {
+    /// The sandbox's environment variables (every command starts with them).
+    pub env: Vec<(String, String)>,
+    /// What each command the agent starts is restricted to.
+    pub commands: CommandPolicy,
+}
+
+/// Applied to every command between fork and exec: become the sandbox's root with the sandbox's
+/// capabilities, and enter a Landlock domain the agent is not part of.
+pub struct CommandPolicy {
+    /// Capabilities a command may hold (bit mask).
+    pub caps: u64,
+    /// A prepared Landlock ruleset (none when the kernel lacks Landlock).
+    pub landlock: Option<OwnedFd>,
+}
+
+fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, String> {
+    r.map_err(|e| format!("{what}: {e}"))
+}
+
+/// Builds the sandbox around the calling process (the freshly exec'd agent) and restricts it.
+pub fn enter() -> Result<Entered, String> {
+    // SAFETY: the launcher passes these descriptors at fixed numbers, for the agent alone.
+    let (plan_fd, dir) = unsafe {
+        (
+            OwnedFd::from_raw_fd(AGENT_PLAN_FD),
+            OwnedFd::from_raw_fd(AGENT_DIR_FD),
+        )
+    };
+    let mut bytes = Vec::new();
+    ctx(
+        fs::File::from(plan_fd)
+            .take(MAX_PLAN + 1)
+            .read_to_end(&mut bytes),
+        "read plan",
+    )?;
+    let plan: LaunchPlan = ctx(serde_json::from_slice(&bytes), "parse plan")?;
+
+    // The sandbox's directory, by descriptor: the agent's own id may be unable to reach it by
+    // path. Closed right away, so no command can ever inherit a handle on the host's filesystem.
+    ctx(nix::unistd::fchdir(&dir), "enter the sandbox's directory")?;
+    drop(dir);
+    if plan.privileged {
+        // Everything created from here on (mounts' roots, /dev, copied-up files, files the agent
+        // writes for the model) belongs to the sandbox's root, never to the agent's own id.
+        ctx(sys::set_fs_ids(0), "act as the sandbox's root on files")?;
+    }
+    setup(&plan)?;
+    let commands = restrict_agent(&plan)?;
+    Ok(Entered {
+        env: plan.env,
+        commands,
+    })
+}
+
+/// Mounts, pivot, hostname, network: everything that shapes what the sandbox sees.
+fn setup(plan: &LaunchPlan) -> Result<(), String> {
+    let base = plan
+        .rootfs
+        .parent()
+        .ok_or("the sandbox's rootfs has no parent directory")?;
+    let inside = |p: &Path| -> Result<PathBuf, String> {
+        p.strip_prefix(base)
+            .map(Path::to_path_buf)
+            .map_err(|_| format!("{} is outside the sandbox's directory", p.display()))
+    };
+    let rootfs = inside(&plan.rootfs)?;
+    let rootfs = rootfs.as_path();
+    for layer in &plan.layers {
+        // As root the lower layer is the id-mapped copy the parent attached; otherwise the host
+        // directory itself (whose files then stay read-only inside the sandbox).
+        let lower = if plan.privileged {
+            inside(&layer.staging)?
+        } else {
+            layer.lower.clone()
+        };
+        let lower = lower.display();
+        let target = if layer.target == "/" {
+            rootfs.to_path_buf()
+        } else {
+            rootfs.join(layer.target.trim_start_matches('/'))
+        };
+        let data = format!(
+            "lowerdir={lower},upperdir={},workdir={},userxattr",
+            inside(&layer.upper)?.display(),
+            inside(&layer.work)?.display()
+        );
+        ctx(
+            mount(
+                Some("overlay"),
+                &target,
+                Some("overlay"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some(data.as_str()),
+            ),
+            &format!("mount overlay on {}", layer.target),
+        )?;
+    }
+
+    let at = |p: &str| rootfs.join(p);
+    let mut proc_flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if plan.proc_readonly {
+        proc_flags |= MsFlags::MS_RDONLY;
+    }
+    ctx(
+        mount(
+            Some("proc"),
+            &at("proc"),
+            Some("proc"),
+            proc_flags,
+            None::<&str>,
+        ),
+        "mount /proc",
+    )?;
+    setup_dev(&at("dev"), plan.shm_bytes, plan.pty_max)?;
+
+    // Enter the new root; detach the host's.
+    ctx(nix::unistd::chdir(rootfs), "enter new root")?;
+    ctx(sys::pivot_root_here(), "pivot_root")?;
+    ctx(umount2(".", MntFlags::MNT_DETACH), "detach host root")?;
+    ctx(nix::unistd::chdir("/"), "chdir /")?;
+    ctx(
+        mount(
+            None::<&str>,
+            "/dev",
+            None::<&str>,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        ),
+        "make /dev read-only",
+    )?;
+
+    ctx(nix::unistd::sethostname(&plan.hostname), "set hostname")?;
+    ctx(sys::loopback_up(), "bring loopback up")?;
+    let no_core = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
+    ctx(no_core, "disable core dumps")?;
+    Ok(())
+}
+
+/// A minimal /dev: a small tmpfs with the harmless host devices bind-mounted in, a private
+/// devpts holding at most the sandbox's share of the host's ptys, and a size-limited /dev/shm.
+fn setup_dev(dev: &Path, shm_bytes: u64, pty_max: u32) -> Result<(), String> {
+    ctx(
+        mount(
+            Some("tmpfs"),
+            dev,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("mode=755,size=65536,nr_inodes=64"),
+        ),
+        "mount /dev",
+    )?;
+    for name in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let target = dev.join(name);
+        ctx(fs::File::create(&target), &format!("create /dev/{name}"))?;
+        ctx(
+            mount(
+                Some(&Path::new("/dev").join(name)),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            ),
+            &format!("bind /dev/{name}"),
+        )?;
+    }
+    let pts = dev.join("pts");
+    ctx(fs::create_dir(&pts), "create /dev/pts")?;
+    ctx(
+        mount(
+            Some("devpts"),
+            &pts,
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some(format!("newinstance,ptmxmode=0666,mode=0620,max={pty_max}").as_str()),
+        ),
+        "mount /dev/pts",
+    )?;
+    let shm = dev.join("shm");
+    ctx(fs::create_dir(&shm), "create /dev/shm")?;
+    ctx(
+        mount(
+            Some("tmpfs"),
+            &shm,
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(format!("mode=1777,size={shm_bytes}").as_str()),
+        ),
+        "mount /dev/shm",
+    )?;
+    for (link, target) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        ctx(
+            std::os::unix::fs::symlink(target, dev.join(link)),
+            &format!("link /dev/{link}"),
+        )?;
+    }
+    Ok(())
+}
+
+/// The agent's own restrictions, in the only order that works: shed capabilities (keeping
+/// SETPCAP until the bounding set is cut), no_new_privs (required by seccomp and Landlock), the
+/// Landlock ruleset for commands (built now, entered by each command), then seccomp.
+fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, String> {
+    let agent = sys::cap_mask(&AGENT_CAPS);
+    let sandbox = sys::cap_mask(&SANDBOX_CAPS);
+    ctx(
+        sys::limit_bounding_set(agent | sandbox),
+        "limit capabilities",
+    )?;
+    ctx(
+        sys::caps_set(sys::CapSets {
+            effective: agent,
+            permitted: agent,
+            inheritable: 0,
+        }),
+        "drop capabilities",
+    )?;
+    // As root the agent stays dumpable: its /proc files then belong to its own id, which no
+    // capability inside the sandbox covers. Unprivileged, sandbox code has the agent's id, and
+    // only non-dumpability keeps it from reading the agent's /proc (Landlock does too).
+    ctx(
+        nix::sys::prctl::set_dumpable(plan.privileged),
+        "set dumpable",
+    )?;
+    ctx(nix::sys::prctl::set_no_new_privs(), "set no_new_privs")?;
+    // Kernels without Landlock still get everything else.
+    let landlock = command_ruleset().ok().flatten();
+    seccomp::install()?;
+    Ok(CommandPolicy {
+        caps: sandbox,
+        landlock,
+    })
+}
+
+/// The Landlock ruleset each command enters: everything below `/` stays usable except creating
+/// device nodes, and a command can neither signal nor reach abstract unix sockets of processes
+/// outside its domain — the agent above all. (Landlock also confines ptrace-style access, the
+/// agent's /proc included, to the domain.) TCP is not restricted: servers on the sandbox's own
+/// loopback must keep working; the network namespace cuts it off from the host.
+fn command_ruleset() -> Result<Option<OwnedFd>, String> {
+    const ABI_TARGET: ABI = ABI::V6;
+    let all = AccessFs::from_all(ABI_TARGET);
+    let allowed = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
+    let ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
+        .and_then(|r| r.create())
+        .map_err(|e| format!("landlock: {e}"))?
+        .add_rule(PathBeneath::new(
+            PathFd::new("/").map_err(|e| format!("landlock: {e}"))?,
+            allowed,
+        ))
+        .map_err(|e| format!("landlock: {e}"))?;
+    Ok(ruleset.into())
+}

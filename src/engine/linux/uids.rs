@@ -1,0 +1,287 @@
+//! Host-wide allocation of sandbox uid ranges.
+//!
+//! As root, each sandbox runs as its own range of host ids ([`super::plan::uid_base`]). The kernel
+//! counts per-user budgets — pending signals, inotify instances, descriptors in flight over unix
+//! sockets, processes — per host id, so two live sandboxes must never share a range, not even
+//! when they belong to two engines with different data dirs. The registry is one small file for
+//! the whole host, changed under an exclusive lock; each line claims one slot for one data dir.
+//!
+//! A claim lasts as long as its sandbox exists (its files and, when paused, its frozen processes
+//! keep the ids): across engine restarts and reboots. Claims of a data dir that no longer exists
+//! are reclaimed, but only once no process runs with an id of that range.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use super::plan::{MAX_SLOT, UID_RANGE, uid_base};
+
+/// Where the registry lives unless configured otherwise.
+pub const DEFAULT_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
+
+/// One claimed slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claim {
+    slot: u32,
+    /// The data dir of the engine whose sandbox holds the slot (canonical path).
+    owner: String,
+}
+
+/// The registry, as seen by one engine (one data dir).
+#[derive(Debug, Clone)]
+pub struct Registry {
+    path: PathBuf,
+    owner: String,
+}
+
+impl Registry {
+    /// The registry at `path`, for the engine on `data_dir`.
+    pub fn new(path: PathBuf, data_dir: &Path) -> io::Result<Self> {
+        let owner = fs::canonicalize(data_dir)?.to_string_lossy().into_owned();
+        if owner.contains('\n') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the data dir path contains a newline",
+            ));
+        }
+        Ok(Self { path, owner })
+    }
+
+    /// Claims the lowest free slot for a new sandbox.
+    pub fn claim(&self) -> io::Result<u32> {
+        self.locked(|claims| {
+            reclaim_abandoned(claims);
+            let slot = (1..=MAX_SLOT)
+                .find(|s| !claims.iter().any(|c| c.slot == *s))
+                .ok_or_else(|| io::Error::other("every uid range on this host is in use"))?;
+            claims.push(Claim {
+                slot,
+                owner: self.owner.clone(),
+            });
+            Ok(slot)
+        })?
+    }
+
+    /// Gives a slot back (its sandbox is gone).
+    pub fn release(&self, slot: u32) -> io::Result<()> {
+        self.locked(|claims| claims.retain(|c| !(c.slot == slot && c.owner == self.owner)))
+    }
+
+    /// Makes the registry agree with the slots this engine's sandboxes hold: this data dir's
+    /// claims that no sandbox holds are released, held slots missing from the registry are
+    /// claimed again. Returns the held slots that another data dir has claimed meanwhile.
+    pub fn reconcile(&self, held: &[u32]) -> io::Result<Vec<u32>> {
+        self.locked(|claims| {
+            claims.retain(|c| c.owner != self.owner || held.contains(&c.slot));
+            let mut conflicts = Vec::new();
+            for slot in held {
+                match claims.iter().find(|c| c.slot == *slot) {
+                    Some(c) if c.owner == self.owner => {}
+                    Some(_) => conflicts.push(*slot),
+                    None => claims.push(Claim {
+                        slot: *slot,
+                        owner: self.owner.clone(),
+                    }),
+                }
+            }
+            conflicts
+        })
+    }
+
+    /// Runs `f` on the claims under the registry's lock and writes them back if it changed them.
+    fn locked<T>(&self, f: impl FnOnce(&mut Vec<Claim>) -> T) -> io::Result<T> {
+        if let Some(parent) = self.path.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
+        }
+        let lock_file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(self.path.with_extension("lock"))?;
+        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
+        let text = match fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        let before = parse(&text);
+        let mut claims = before.clone();
+        let out = f(&mut claims);
+        if claims != before {
+            write_atomically(&self.path, render(&claims).as_bytes())?;
+        }
+        Ok(out)
+    }
+}
+
+/// Drops claims whose data dir is gone, once no process holds an id of their range.
+fn reclaim_abandoned(claims: &mut Vec<Claim>) {
+    let gone: Vec<u32> = claims
+        .iter()
+        .filter(|c| !Path::new(&c.owner).is_dir())
+        .map(|c| c.slot)
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    let live = live_uids();
+    claims.retain(|c| {
+        if !gone.contains(&c.slot) {
+            return true;
+        }
+        let range = uid_base(c.slot)..uid_base(c.slot) + UID_RANGE;
+        live.iter().any(|uid| range.contains(uid))
+    });
+}
+
+/// Every uid some process runs with (real, effective, saved or filesystem).
+fn live_uids() -> Vec<u32> {
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut uids = Vec::new();
+    for entry in procs.flatten() {
+        if !entry.file_name().as_encoded_bytes()[0].is_ascii_digit() {
+            continue;
+        }
+        let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        if let Some(line) = status.lines().find(|l| l.starts_with("Uid:")) {
+            uids.extend(
+                line.split_whitespace()
+                    .skip(1)
+                    .filter_map(|u| u.parse::<u32>().ok()),
+            );
+        }
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
+
+fn parse(text: &str) -> Vec<Claim> {
+    text.lines()
+        .filter_map(|line| {
+            let (slot, owner) = line.split_once(' ')?;
+            Some(Claim {
+                slot: slot.parse().ok()?,
+                owner: owner.to_string(),
+            })
+        })
+        .collect()
+}
+
+fn render(claims: &[Claim]) -> String {
+    claims
+        .iter()
+        .map(|c| format!("{} {}\n", c.slot, c.owner))
+        .collect()
+}
+
+/// Writes `path` so that a crash leaves the old or the new content, never a mix.
+fn write_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let mut f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .mode(0o644)
+        .open(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    fs::rename(&tmp, path)?;
+    if let Some(parent) = path.parent() {
+        fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_data_dirs_get_disjoint_slots_and_release_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        let path = dir.path().join("reg/uid-ranges");
+        let ra = Registry::new(path.clone(), &a).unwrap();
+        let rb = Registry::new(path.clone(), &b).unwrap();
+        let s1 = ra.claim().unwrap();
+        let s2 = rb.claim().unwrap();
+        let s3 = ra.claim().unwrap();
+        assert_eq!((s1, s2, s3), (1, 2, 3));
+        rb.release(s2).unwrap();
+        // Another data dir cannot release a slot it does not own.
+        rb.release(s1).unwrap();
+        assert_eq!(rb.claim().unwrap(), 2);
+        assert_eq!(ra.claim().unwrap(), 4);
+    }
+
+    #[test]
+    fn reconcile_releases_unheld_claims_and_reports_conflicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        let path = dir.path().join("uid-ranges");
+        let ra = Registry::new(path.clone(), &a).unwrap();
+        let rb = Registry::new(path.clone(), &b).unwrap();
+        assert_eq!(ra.claim().unwrap(), 1);
+        assert_eq!(ra.claim().unwrap(), 2);
+        assert_eq!(rb.claim().unwrap(), 3);
+        // `a` only holds slot 2 now, and believes it holds 3 as well.
+        assert_eq!(ra.reconcile(&[2, 3]).unwrap(), vec![3]);
+        assert_eq!(rb.claim().unwrap(), 1, "slot 1 was released");
+    }
+
+    #[test]
+    fn claims_of_a_vanished_data_dir_are_reclaimed_unless_a_process_holds_the_range() {
+        // Slots far above anything a real engine hands out, so the host's own sandboxes (whose
+        // processes run in the low ranges) cannot interfere.
+        let (free, held) = (MAX_SLOT - 1, MAX_SLOT - 2);
+        let mut claims = vec![
+            Claim {
+                slot: free,
+                owner: "/nonexistent/data".into(),
+            },
+            Claim {
+                slot: held,
+                owner: "/nonexistent/data".into(),
+            },
+            Claim {
+                slot: 7,
+                owner: "/".into(),
+            },
+        ];
+        // A process still running with an id of `held`'s range (as root, start one).
+        let mut child = nix::unistd::geteuid().is_root().then(|| {
+            use std::os::unix::process::CommandExt;
+            std::process::Command::new("sleep")
+                .arg("30")
+                .uid(uid_base(held) + 1000)
+                .spawn()
+                .unwrap()
+        });
+        reclaim_abandoned(&mut claims);
+        let slots: Vec<u32> = claims.iter().map(|c| c.slot).collect();
+        if let Some(c) = child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+            assert_eq!(slots, vec![held, 7], "a live process keeps the range");
+        } else {
+            assert_eq!(slots, vec![7]);
+        }
+    }
+}
