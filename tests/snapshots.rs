@@ -1,14 +1,48 @@
 //! Everything the model sees, pinned: a change to the spec or a tool-def shows up here as a
-//! reviewed diff (`cargo insta review`), and CI (CI=true) fails on an unreviewed one.
+//! reviewed diff (`cargo insta review`), and CI (CI=true) fails on an unreviewed one. Each tool
+//! has a snapshot of its own (`snapshots/tools/<name>.snap`), so a diff names the tool that
+//! changed; `tools_list.snap` pins the order.
 
 use crate::common::TestEngine;
 
+const SNAPSHOTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots");
+
 pub fn settings() -> insta::Settings {
     let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path(concat!(env!("CARGO_MANIFEST_DIR"), "/snapshots"));
+    settings.set_snapshot_path(SNAPSHOTS);
     settings.set_prepend_module_to_snapshot(false);
     settings.set_omit_expression(true);
     settings
+}
+
+/// One snapshot per tool in `snapshots/<dir>/`, every difference reported (not only the first),
+/// and no snapshot left over for a tool that is gone.
+fn assert_each_tool(dir: &str, tools: &[serde_json::Value]) {
+    let path = format!("{SNAPSHOTS}/{dir}");
+    let mut settings = settings();
+    settings.set_snapshot_path(&path);
+    let mut changed = Vec::new();
+    for tool in tools {
+        let name = tool["name"].as_str().unwrap().to_string();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            settings.bind(|| insta::assert_json_snapshot!(name.clone(), tool));
+        }));
+        if outcome.is_err() {
+            changed.push(name);
+        }
+    }
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    let stale: Vec<String> = std::fs::read_dir(&path)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let file = e.file_name().to_string_lossy().into_owned();
+            let tool = file.strip_suffix(".snap")?.to_string();
+            (!names.contains(&tool.as_str())).then_some(file)
+        })
+        .collect();
+    assert!(changed.is_empty(), "{dir}: these tools changed: {changed:?} (review with cargo insta review)");
+    assert!(stale.is_empty(), "{dir}: snapshots of tools that no longer exist: {stale:?}; delete them");
 }
 
 #[tokio::test]
@@ -16,8 +50,13 @@ async fn tools_list_as_the_model_receives_it() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let tools = client.list_all_tools().await.unwrap();
-    let value = serde_json::json!({ "tools": tools });
-    settings().bind(|| insta::assert_json_snapshot!("tools_list", value));
+    let tools: Vec<serde_json::Value> = tools
+        .iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    assert_each_tool("tools", &tools);
+    let order: Vec<&serde_json::Value> = tools.iter().map(|t| &t["name"]).collect();
+    settings().bind(|| insta::assert_json_snapshot!("tools_list", order));
 }
 
 #[test]
@@ -53,17 +92,18 @@ fn output_caps_per_tool() {
 #[test]
 fn tools_list_of_the_session_profile() {
     let registry = sandbox_mcp::tooldefs::registry();
-    let tools: Vec<_> = registry
+    let tools: Vec<serde_json::Value> = registry
         .select_in(Some("session"), "all")
         .unwrap()
         .into_iter()
-        .map(sandbox_mcp::mcp::server::to_mcp_tool)
+        .map(|t| serde_json::to_value(sandbox_mcp::mcp::server::to_mcp_tool(t)).unwrap())
         .collect();
+    assert_each_tool("tools_session", &tools);
     let profile = &registry.profiles["session"];
     let value = serde_json::json!({
         "description": profile.description,
         "session_arg": profile.session_arg,
-        "tools": tools,
+        "tools": tools.iter().map(|t| &t["name"]).collect::<Vec<_>>(),
     });
     settings().bind(|| insta::assert_json_snapshot!("tools_list_session", value));
 }
