@@ -2,7 +2,7 @@
 //! engine built in.
 //!
 //! Data flow: an MCP client → [`mcp`] (tools generated from `tool-defs/` and `openapi/` at build
-//! time, see `build.rs` and [`codegen`](../build/index.html)) → [`client`] (generated from the
+//! time by `build.rs` with the `sandbox-mcp-codegen` crate) → [`client`] (generated from the
 //! spec) → HTTP → [`engine`] (the control plane) → the [`agent`] inside each sandbox.
 
 pub mod agent;
@@ -10,8 +10,9 @@ pub mod cli;
 pub mod client;
 pub mod engine;
 pub mod fs_tree;
-pub mod fuzzing;
-pub mod jsonschema;
 pub mod keys;
 pub mod mcp;
 pub mod tooldefs;
+
+/// The validator every tool call's arguments go through (shared with the build).
+pub use sandbox_mcp_codegen::jsonschema;

@@ -16,6 +16,7 @@ pub mod session;
 pub mod shape;
 pub mod stdio;
 
-pub(crate) mod dispatch {
+/// The generated dispatch from tool name to typed client call (see `sandbox-mcp-codegen`).
+pub mod dispatch {
     include!(concat!(env!("OUT_DIR"), "/dispatch.rs"));
 }

@@ -10,11 +10,6 @@
 
 mod common;
 
-/// The build-time generator, compiled here to test it directly.
-#[path = "../src/codegen.rs"]
-#[allow(dead_code)]
-mod codegen;
-
 mod code_jobs;
 mod codegen_validator;
 mod conformance;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::codegen::{ToolDefFile, build_registry};
+use sandbox_mcp_codegen::{ToolDefFile, build_registry};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -103,6 +103,11 @@ fn specific_mistakes_say_how_to_fix_them() {
     assert!(
         e.contains("already used by a tool in tool-defs/20-exec.toml"),
         "{e}"
+    );
+    let e = errors("bad_defaults.toml");
+    assert!(
+        e.contains("[defaults.errors] `not_found` names a placeholder that no tool in this file has as an argument; check its spelling"),
+        "one sentence, one space: {e}"
     );
     let e = errors("bad_overrides.toml");
     for needle in [

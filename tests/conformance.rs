@@ -3,9 +3,9 @@
 
 use serde_json::{Value, json};
 
-use crate::codegen::spec::Spec;
 use crate::common::{KEY, TestEngine};
 use crate::require_sandboxes;
+use sandbox_mcp_codegen::spec::Spec;
 
 const SPEC_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/sandbox-mcp.json");
 

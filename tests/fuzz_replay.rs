@@ -1,7 +1,10 @@
-//! The fuzz targets' properties (src/fuzzing.rs) on stable: the checked-in corpus, then
+//! The fuzz targets' properties (tests/fuzz/properties.rs) on stable: the checked-in corpus, then
 //! deterministic mutations of it. `cargo fuzz` (nightly, in CI) explores much further.
 
 use std::path::Path;
+
+#[path = "fuzz/properties.rs"]
+mod properties;
 
 /// A small deterministic PRNG (xorshift64*), so failures reproduce.
 struct Rng(u64);
@@ -208,15 +211,15 @@ fn replay(target: &str, run: fn(&[u8]), mutations: usize) {
 
 #[test]
 fn tool_argument_mapping() {
-    replay("tool_args", sandbox_mcp::fuzzing::tool_args, 20000);
+    replay("tool_args", properties::tool_args, 20000);
 }
 
 #[test]
 fn path_handling() {
-    replay("paths", sandbox_mcp::fuzzing::paths, 20000);
+    replay("paths", properties::paths, 20000);
 }
 
 #[test]
 fn stdio_id_scanner() {
-    replay("id_scanner", sandbox_mcp::fuzzing::id_scanner, 20000);
+    replay("id_scanner", properties::id_scanner, 20000);
 }

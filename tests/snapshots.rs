@@ -41,8 +41,14 @@ fn assert_each_tool(dir: &str, tools: &[serde_json::Value]) {
             (!names.contains(&tool.as_str())).then_some(file)
         })
         .collect();
-    assert!(changed.is_empty(), "{dir}: these tools changed: {changed:?} (review with cargo insta review)");
-    assert!(stale.is_empty(), "{dir}: snapshots of tools that no longer exist: {stale:?}; delete them");
+    assert!(
+        changed.is_empty(),
+        "{dir}: these tools changed: {changed:?} (review with cargo insta review)"
+    );
+    assert!(
+        stale.is_empty(),
+        "{dir}: snapshots of tools that no longer exist: {stale:?}; delete them"
+    );
 }
 
 #[tokio::test]

@@ -1,3 +1,6 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| sandbox_mcp::fuzzing::paths(data));
+#[path = "../properties.rs"]
+mod properties;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| properties::paths(data));

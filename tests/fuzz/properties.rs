@@ -1,22 +1,23 @@
-//! Fuzz targets' bodies, shared by the cargo-fuzz harness (`tests/fuzz/`) and the stable replay
-//! test (`tests/fuzz_replay.rs`). Each takes arbitrary bytes and panics when a property breaks.
-#![doc(hidden)]
+//! Fuzz targets' bodies, shared by the cargo-fuzz harness (`tests/fuzz/fuzz_targets/`) and the
+//! stable replay test (`tests/fuzz_replay.rs`), both of which include this file. Each takes
+//! arbitrary bytes and panics when a property breaks.
 // A failed property is the point of a fuzz target: panicking on it is how it reports.
-#![allow(clippy::expect_used)]
+#![allow(clippy::expect_used, dead_code)]
 
 use std::path::Component;
 use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::mcp::args::Args;
-use crate::mcp::call::CallFailure;
-use crate::tooldefs::registry;
+use sandbox_mcp::mcp::args::Args;
+use sandbox_mcp::mcp::call::CallFailure;
+use sandbox_mcp::tooldefs::registry;
 
 /// A client of a closed port: every request the mapping produces is built in full, then fails
 /// to connect at once.
-fn closed_client() -> &'static (tokio::runtime::Runtime, crate::client::Client) {
-    static CLIENT: OnceLock<(tokio::runtime::Runtime, crate::client::Client)> = OnceLock::new();
+fn closed_client() -> &'static (tokio::runtime::Runtime, sandbox_mcp::client::Client) {
+    static CLIENT: OnceLock<(tokio::runtime::Runtime, sandbox_mcp::client::Client)> =
+        OnceLock::new();
     CLIENT.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -26,8 +27,8 @@ fn closed_client() -> &'static (tokio::runtime::Runtime, crate::client::Client) 
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let client =
-            crate::client::connect(&format!("http://127.0.0.1:{port}"), None).expect("client");
+        let client = sandbox_mcp::client::connect(&format!("http://127.0.0.1:{port}"), None)
+            .expect("client");
         (rt, client)
     })
 }
@@ -60,12 +61,14 @@ pub fn tool_args(data: &[u8]) {
                 def.name
             );
             let failure = CallFailure::InvalidArgs(problems.join("; "));
-            let message = crate::mcp::shape::failure_message(def, None, &failure);
+            let message = sandbox_mcp::mcp::shape::failure_message(def, None, &failure);
             assert!(!message.is_empty());
         }
         Ok(args) => {
             let (rt, client) = closed_client();
-            let outcome = rt.block_on(crate::mcp::dispatch::dispatch(client, &def.name, &args));
+            let outcome = rt.block_on(sandbox_mcp::mcp::dispatch::dispatch(
+                client, &def.name, &args,
+            ));
             match outcome {
                 Err(CallFailure::Unreachable(_)) => {}
                 other => panic!(
@@ -75,7 +78,7 @@ pub fn tool_args(data: &[u8]) {
                 ),
             }
             let failure = CallFailure::Unreachable("x".into());
-            let message = crate::mcp::shape::failure_message(def, Some(&args), &failure);
+            let message = sandbox_mcp::mcp::shape::failure_message(def, Some(&args), &failure);
             assert!(
                 message.len() < 2048,
                 "{}: message of {} bytes",
@@ -95,7 +98,7 @@ pub fn paths(data: &[u8]) {
     let Ok(path) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(resolved) = crate::agent::files::resolve(path) else {
+    let Ok(resolved) = sandbox_mcp::agent::files::resolve(path) else {
         return;
     };
     assert!(resolved.is_absolute(), "{path:?} → {resolved:?}");
@@ -116,7 +119,7 @@ pub fn paths(data: &[u8]) {
 /// Properties: never panics; on any JSON object with a string or number `id`, serialized
 /// canonically, it finds exactly that id.
 pub fn id_scanner(data: &[u8]) {
-    let mut scanner = crate::mcp::stdio::IdScanner::default();
+    let mut scanner = sandbox_mcp::mcp::stdio::IdScanner::default();
     scanner.feed(data);
     let _ = scanner.id();
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(data) else {
@@ -129,7 +132,7 @@ pub fn id_scanner(data: &[u8]) {
         return; // the scanner keeps ids up to 256 bytes of JSON
     }
     let canonical = serde_json::to_vec(&Value::Object(map.clone())).expect("serializes");
-    let mut scanner = crate::mcp::stdio::IdScanner::default();
+    let mut scanner = sandbox_mcp::mcp::stdio::IdScanner::default();
     scanner.feed(&canonical);
     assert_eq!(
         scanner.id().as_ref(),

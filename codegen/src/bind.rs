@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
 
-use super::model::{
+use crate::model::{
     Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Profile, Registry, ToolDef,
 };
-use super::raw::{RawAnnotations, RawFile, RawTool};
-use super::spec::{Location, Operation, Spec};
-use super::{CodegenError, did_you_mean, jsonschema};
+use crate::raw::{RawAnnotations, RawFile, RawTool};
+use crate::spec::{Location, Operation, Spec};
+use crate::{CodegenError, did_you_mean, jsonschema};
 
 /// Error keys that are not error codes or statuses: failures before the engine answers.
 pub const TRANSPORT_ERROR_KEYS: [&str; 3] = ["unreachable", "deadline", "bad_response"];
@@ -190,7 +190,7 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
 fn bind_profile(
     ctx: &mut Ctx<'_>,
     f: &str,
-    raw: &super::raw::RawProfile,
+    raw: &crate::raw::RawProfile,
     tools: &[ToolDef],
 ) -> Option<Profile> {
     let label = format!("[[profile]] {}", raw.name);
@@ -468,7 +468,7 @@ fn check_stream(ctx: &mut Ctx<'_>, f: &str, raw: &RawTool, op: &Operation, strea
             t,
             format!(
                 "stream_operation `{stream}` does not answer with {}",
-                super::spec::NDJSON
+                crate::spec::NDJSON
             ),
         );
         return;
@@ -767,7 +767,8 @@ fn check_defaults(ctx: &mut Ctx<'_>, spec: &Spec, file: &RawFile) {
                 &file.name,
                 None,
                 format!(
-                    "[defaults.errors] `{key}` names a placeholder that no tool in this file has as an argument;                      check its spelling, or move the message to the tools it is for"
+                    "[defaults.errors] `{key}` names a placeholder that no tool in this file has as an argument; \
+                     check its spelling, or move the message to the tools it is for"
                 ),
             );
         }

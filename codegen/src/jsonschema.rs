@@ -2,7 +2,14 @@
 //!
 //! The MCP layer validates every `tools/call` against the exact schema the model was shown, so a
 //! bad argument gets a message naming the argument and the fix before anything reaches the
-//! control plane. `build.rs` uses the same code to check `default` values in tool-defs.
+//! control plane. The build uses the same code to check `default` values in tool-defs.
+//!
+//! Why hand-written rather than a JSON Schema crate: its messages are written for a model
+//! ("argument `timeout_ms` must be at most 600000"), not for a schema author; `pattern` must be
+//! ECMAScript as the spec and MCP prescribe, which regress implements (the crates we looked at use
+//! Rust's `regex` dialect); it must run at build time too, against defaults, without pulling a
+//! schema engine into the build; and the subset our schemas use is small enough to test whole
+//! (the fuzz targets check it never accepts what the typed client then refuses).
 //!
 //! Supported keywords: `type` (string or array), `enum`, `properties`, `required`,
 //! `additionalProperties` (bool or schema), `items`, `minLength`/`maxLength` (in characters),

@@ -1,8 +1,6 @@
-//! The validated tool registry: what `build.rs` writes to `OUT_DIR/tools.json` and the MCP layer
-//! reads back at startup.
-//!
-//! This file is compiled twice: into `build.rs` (through `src/codegen.rs`), which produces the
-//! registry, and into the library, which consumes it. Keep it free of dependencies beyond serde.
+//! The validated tool registry: what the build writes to `OUT_DIR/tools.json` and the MCP layer
+//! reads back at startup. Both sides use these types, so they stay free of dependencies beyond
+//! serde.
 
 use std::collections::BTreeMap;
 
@@ -121,4 +119,62 @@ pub struct InventoryEntry {
     pub tools: Vec<String>,
     /// Why no tool is bound, when excluded.
     pub excluded: Option<String>,
+}
+
+impl Registry {
+    pub fn tool(&self, name: &str) -> Option<&ToolDef> {
+        self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// Resolves `--tools` within a profile's tools (`None`: the plain tools).
+    pub fn select_in(&self, profile: Option<&str>, spec: &str) -> Result<Vec<&ToolDef>, String> {
+        let Some(name) = profile else {
+            return self.select(spec);
+        };
+        let profile = self
+            .profiles
+            .get(name)
+            .ok_or_else(|| format!("no tool profile `{name}`"))?;
+        let wanted: Vec<&str> = self.select(spec)?.iter().map(|t| t.name.as_str()).collect();
+        Ok(profile
+            .tools
+            .iter()
+            .filter(|t| wanted.contains(&t.name.as_str()))
+            .collect())
+    }
+
+    /// Resolves `--tools`: `all`, a toolset name, or a comma-separated list of tool names.
+    pub fn select(&self, spec: &str) -> Result<Vec<&ToolDef>, String> {
+        let spec = spec.trim();
+        if spec.is_empty() || spec == "all" {
+            return Ok(self.tools.iter().collect());
+        }
+        if let Some(names) = self.toolsets.get(spec) {
+            return Ok(self
+                .tools
+                .iter()
+                .filter(|t| names.contains(&t.name))
+                .collect());
+        }
+        let mut wanted = Vec::new();
+        for name in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if self.tool(name).is_none() {
+                return Err(format!(
+                    "unknown tool or toolset `{name}`; toolsets: all, {}; tools: {}",
+                    self.toolsets.keys().cloned().collect::<Vec<_>>().join(", "),
+                    self.tools
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+            wanted.push(name.to_string());
+        }
+        Ok(self
+            .tools
+            .iter()
+            .filter(|t| wanted.contains(&t.name))
+            .collect())
+    }
 }

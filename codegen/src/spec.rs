@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use openapiv3::{OpenAPI, Parameter, ReferenceOr};
 use serde_json::{Map, Value};
 
-use super::CodegenError;
+use crate::CodegenError;
 
 const RUST_KEYWORDS: [&str; 38] = [
     "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern",

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::CodegenError;
+use crate::CodegenError;
 
 /// One `tool-defs/*.toml` file.
 #[derive(Debug, Default)]
@@ -209,7 +209,7 @@ pub fn parse_file(name: &str, text: &str) -> Result<RawFile, Vec<CodegenError>> 
                         .map(|k| format!("`{k}`"))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    super::did_you_mean(other, TOP_LEVEL_KEYS.into_iter())
+                    crate::did_you_mean(other, TOP_LEVEL_KEYS.into_iter())
                 ),
             )),
         }

@@ -1,0 +1,36 @@
+//! The MCP tool surface of sandbox-mcp, generated at build time from `openapi/` and `tool-defs/`.
+//!
+//! Always available, and used by the server at run time: [`model`] (the validated registry, read
+//! back from the `tools.json` the build writes) and [`jsonschema`] (the validator every tool call
+//! goes through). With the `generate` feature, used by `build.rs` and the tests, the flow is raw
+//! input → validated registry → code:
+//!
+//! 1. `spec` walks the OpenAPI document (parsed with openapiv3) into operations, and turns
+//!    OpenAPI schemas into self-contained JSON Schemas (refs inlined, constraints kept).
+//! 2. `raw` parses each `tool-defs/*.toml` into serde structs that reject unknown keys.
+//! 3. `bind` checks every tool against the spec and builds the [`model::Registry`].
+//! 4. `dispatch` emits the Rust `match` from tool name to typed client call, and progenitor the
+//!    typed client itself; `generate` writes both, with the registry, to the build's `OUT_DIR`.
+//!
+//! Every mistake is reported with the file, the tool and the fix, and all of them at once.
+
+pub mod jsonschema;
+pub mod model;
+
+#[cfg(feature = "generate")]
+pub mod bind;
+#[cfg(feature = "generate")]
+pub mod dispatch;
+#[cfg(feature = "generate")]
+mod generate;
+#[cfg(feature = "generate")]
+pub mod raw;
+#[cfg(feature = "generate")]
+pub mod spec;
+
+#[cfg(feature = "generate")]
+pub(crate) use generate::did_you_mean;
+#[cfg(feature = "generate")]
+pub use generate::{
+    CodegenError, Generated, ToolDefFile, build_registry, generate, read_tool_defs,
+};
