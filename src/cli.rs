@@ -307,7 +307,7 @@ async fn serve_http(
 ) -> anyhow::Result<()> {
     use crate::mcp::http::{HttpOptions, HttpServer};
     let config = args.engine.config();
-    let keys = std::sync::Arc::new(crate::keys::KeyStore::open(&config.data_dir));
+    let keys = std::sync::Arc::new(crate::mcp::keys::KeyStore::open(&config.data_dir));
     if !args.dev
         && keys
             .list()
@@ -339,7 +339,7 @@ async fn serve_http(
 fn keys(settings: &EngineSettings, cmd: KeysCommand) -> anyhow::Result<()> {
     let config = settings.config();
     std::fs::create_dir_all(&config.data_dir)?;
-    let store = crate::keys::KeyStore::open(&config.data_dir);
+    let store = crate::mcp::keys::KeyStore::open(&config.data_dir);
     match cmd {
         KeysCommand::Create { tenant } => {
             let (record, token) = store.create(&tenant)?;
@@ -407,15 +407,13 @@ async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()
     }
     local::prepare_data_dir(&config)?;
     let Some(lock) = local::try_lock(&config)? else {
-        let owner = std::fs::read_to_string(config.endpoint_file()).unwrap_or_default();
+        let owner = match local::published(&config) {
+            Some((url, pid)) => format!(" at {url}, process {pid}"),
+            None => String::new(),
+        };
         anyhow::bail!(
-            "another engine already serves {} ({}); stop it first or use another SANDBOX_MCP_DATA_DIR",
+            "another engine already serves {}{owner}; stop it first or use another SANDBOX_MCP_DATA_DIR",
             config.data_dir.display(),
-            owner
-                .split("\"key\"")
-                .next()
-                .unwrap_or("")
-                .trim_end_matches([',', ' '])
         );
     };
     let manager = local::open_manager(&config)
@@ -427,7 +425,10 @@ async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()
     let addr = listener.local_addr()?;
     // A key only local MCP servers know (from engine.json), so they can share this engine.
     let local_key = ids::api_key();
-    let keys = server::Keys::new(keys, args.keys_file.clone()).with_service_key(&local_key);
+    let keys = server::keys(
+        keys.into_iter().chain([local_key.clone()]),
+        args.keys_file.clone(),
+    );
     let srv = server::EngineServer::start(manager, listener, keys)?;
     local::publish(&config, &local::local_url(addr), &local_key)?;
     tracing::info!(listen = %addr, data_dir = %config.data_dir.display(), "sandbox engine ready");

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod call;
 pub mod http;
 pub mod jsonrpc;
+pub mod keys;
 pub mod progress;
 pub mod server;
 pub mod session;

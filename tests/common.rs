@@ -15,7 +15,7 @@ use sandbox_mcp::client::{ApiKey, Client, connect};
 use sandbox_mcp::engine::config::EngineConfig;
 use sandbox_mcp::engine::local::open_manager;
 use sandbox_mcp::engine::manager::Manager;
-use sandbox_mcp::engine::server::{EngineServer, Keys};
+use sandbox_mcp::engine::server::EngineServer;
 use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::server::{SandboxMcp, ServerSettings};
 use sandbox_mcp::tooldefs::registry;
@@ -180,7 +180,7 @@ impl TestEngine {
         let server = EngineServer::start(
             manager.clone(),
             listener,
-            Keys::new([KEY.to_string()], None),
+            sandbox_mcp::engine::server::keys([KEY.to_string()], None),
         )
         .unwrap();
         Self {

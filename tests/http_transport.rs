@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use sandbox_mcp::client::ApiKey;
-use sandbox_mcp::keys::KeyStore;
 use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::http::{HttpOptions, HttpServer};
+use sandbox_mcp::mcp::keys::KeyStore;
 use sandbox_mcp::mcp::server::ServerSettings;
 use sandbox_mcp::tooldefs::registry;
 

@@ -3,7 +3,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use crate::engine::linux::disk::DiskLimits;
+/// Whether the engine may cap each sandbox's disk use (`SANDBOX_MCP_DISK_LIMITS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskLimits {
+    /// Enforce limits when the host can (root and btrfs); report why not otherwise.
+    Auto,
+    /// Plain directories, never a loop mount.
+    Off,
+}
+
+/// Where the host-wide registry of sandbox uid ranges lives unless configured otherwise.
+pub const DEFAULT_UID_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -33,7 +43,7 @@ impl EngineConfig {
             tick: Duration::from_secs(5),
             exe: PathBuf::from("/proc/self/exe"),
             disk_limits: DiskLimits::Auto,
-            uid_registry: PathBuf::from(crate::engine::linux::uids::DEFAULT_REGISTRY),
+            uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),
         }
     }
 

@@ -6,10 +6,8 @@
 //! When the owner exits, its lock is released and the next caller takes over.
 
 use std::fs;
-use std::io::Write;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +19,7 @@ use crate::engine::config::EngineConfig;
 use crate::engine::ids;
 use crate::engine::linux::NamespacesDriver;
 use crate::engine::manager::Manager;
-use crate::engine::server::{EngineServer, Keys};
+use crate::engine::server::EngineServer;
 
 /// How long to wait for another process's engine to appear before giving up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,7 +40,7 @@ pub struct LocalEngine {
 
 struct Owned {
     server: EngineServer,
-    _lock: fs::File,
+    _lock: EngineLock,
     endpoint_file: std::path::PathBuf,
 }
 
@@ -76,26 +74,20 @@ pub fn prepare_data_dir(config: &EngineConfig) -> std::io::Result<()> {
     fs::set_permissions(&config.data_dir, fs::Permissions::from_mode(0o711))
 }
 
+/// The data dir's lock: whoever holds it owns the engine.
+pub type EngineLock = nix::fcntl::Flock<fs::File>;
+
 /// Takes the data dir's lock without blocking; `None` when another process holds it.
-pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<fs::File>> {
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(config.lock_file())?;
-    // SAFETY: flock on a descriptor we own.
-    let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if ret == 0 {
-        Ok(Some(file))
-    } else {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            Ok(None)
-        } else {
-            Err(e)
-        }
-    }
+pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<EngineLock>> {
+    crate::durable::try_lock(&config.lock_file())
+}
+
+/// Where the engine of a data dir says it listens, and its process, if one published it (its
+/// key is not read).
+pub fn published(config: &EngineConfig) -> Option<(String, u32)> {
+    let text = fs::read_to_string(config.endpoint_file()).ok()?;
+    let endpoint: Endpoint = serde_json::from_str(&text).ok()?;
+    Some((endpoint.url, endpoint.pid))
 }
 
 /// Opens the manager for `config` with the namespaces driver.
@@ -120,18 +112,8 @@ pub fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<(
         key: key.to_string(),
         pid: std::process::id(),
     };
-    let tmp = config
-        .data_dir
-        .join(format!(".engine.json.{}", std::process::id()));
-    let mut f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(&serde_json::to_vec(&endpoint).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    fs::rename(&tmp, config.endpoint_file())
+    let json = serde_json::to_vec(&endpoint).map_err(std::io::Error::other)?;
+    crate::durable::write_atomically(&config.endpoint_file(), &json, 0o600)
 }
 
 /// The loopback URL other processes should use for a listen address.
@@ -200,7 +182,7 @@ pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, Strin
     }
 }
 
-async fn start_owned(config: &EngineConfig, lock: fs::File) -> Result<LocalEngine, String> {
+async fn start_owned(config: &EngineConfig, lock: EngineLock) -> Result<LocalEngine, String> {
     let manager = open_manager(config).await?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
@@ -209,7 +191,7 @@ async fn start_owned(config: &EngineConfig, lock: fs::File) -> Result<LocalEngin
     let server = EngineServer::start(
         manager,
         listener,
-        Keys::new([], None).with_service_key(&key),
+        crate::engine::server::keys([key.clone()], None),
     )
     .map_err(|e| format!("cannot start the engine: {e}"))?;
     publish(config, &server.url, &key)

@@ -3,8 +3,8 @@
 //! wrong methods and malformed bodies), each with a request id.
 
 use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
@@ -13,10 +13,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Digest, KeyFile, KeyRing, bearer};
 use crate::engine::api;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
@@ -71,7 +71,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
                 let tenant = value
                     .to_str()
                     .ok()
-                    .filter(|t| crate::keys::valid_tenant(t))
+                    .filter(|t| crate::auth::valid_tenant(t))
                     .ok_or_else(|| {
                         EngineError::InvalidArgument("invalid x-sandbox-tenant header".into())
                     })?;
@@ -165,94 +165,25 @@ impl IntoResponse for EngineError {
     }
 }
 
-/// Accepted bearer keys, stored as SHA-256 digests and compared in constant time. A keys file is
-/// re-read when it changes, so keys can be rotated without a restart.
-pub struct Keys {
-    fixed: Vec<([u8; 32], Principal)>,
-    file: Option<PathBuf>,
-    from_file: RwLock<FileKeys>,
-}
+/// Accepted API keys, each standing for a principal (see [`crate::auth`]).
+pub type Keys = KeyRing<Principal>;
 
-/// Keys read from the keys file, with the file's mtime and when it was last checked.
-struct FileKeys {
-    mtime: Option<SystemTime>,
-    keys: Vec<([u8; 32], Principal)>,
-    checked: Instant,
-}
-
-fn digest(key: &str) -> [u8; 32] {
-    Sha256::digest(key.as_bytes()).into()
-}
-
-fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-impl Keys {
-    pub fn new(keys: impl IntoIterator<Item = String>, file: Option<PathBuf>) -> Self {
-        Self {
-            fixed: keys
-                .into_iter()
-                .filter(|k| !k.trim().is_empty())
-                .map(|k| (digest(k.trim()), Principal::default()))
-                .collect(),
-            file,
-            from_file: RwLock::new(FileKeys {
-                mtime: None,
-                keys: Vec::new(),
-                checked: Instant::now() - Duration::from_secs(10),
-            }),
-        }
-    }
-
-    /// Adds a key (the local MCP server's).
-    pub fn with_service_key(mut self, key: &str) -> Self {
-        self.fixed.push((digest(key), Principal { tenant: None }));
-        self
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.fixed.is_empty() && self.file.is_none()
-    }
-
-    fn reload(&self) {
-        let Some(path) = &self.file else { return };
-        {
-            let guard = self.from_file.read().unwrap_or_else(|p| p.into_inner());
-            if guard.checked.elapsed() < Duration::from_secs(1) {
-                return;
-            }
-        }
-        let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let mut guard = self.from_file.write().unwrap_or_else(|p| p.into_inner());
-        guard.checked = Instant::now();
-        if mtime.is_some() && mtime == guard.mtime {
-            return;
-        }
-        let keys = std::fs::read_to_string(path)
-            .unwrap_or_default()
+/// The engine's keys: `fixed`, plus those of `file` (one key per line, `#` comments), which is
+/// re-read when it changes. Blank keys are ignored.
+pub fn keys(fixed: impl IntoIterator<Item = String>, file: Option<PathBuf>) -> Keys {
+    fn parse(text: &str) -> Result<Vec<(Digest, Principal)>, String> {
+        Ok(text
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|k| (digest(k), Principal::default()))
-            .collect();
-        guard.mtime = mtime;
-        guard.keys = keys;
+            .map(|k| (Digest::of(k), Principal::default()))
+            .collect())
     }
-
-    pub fn check(&self, token: &str) -> Option<Principal> {
-        self.reload();
-        let d = digest(token);
-        let guard = self.from_file.read().unwrap_or_else(|p| p.into_inner());
-        // Compare against every key so timing does not reveal which one matched.
-        let mut found = None;
-        for (k, p) in self.fixed.iter().chain(guard.keys.iter()) {
-            if constant_time_eq(k, &d) && found.is_none() {
-                found = Some(p.clone());
-            }
-        }
-        found
-    }
+    let ring = KeyRing::new(file.map(|f| KeyFile::new(f, parse)));
+    fixed
+        .into_iter()
+        .filter(|k| !k.trim().is_empty())
+        .fold(ring, |ring, k| ring.with(k.trim(), Principal::default()))
 }
 
 #[derive(Clone)]
@@ -265,13 +196,7 @@ async fn authenticate(State(state): State<AppState>, mut req: Request, next: Nex
     let request_id = ids::request_id();
     REQUEST_ID
         .scope(request_id.clone(), async move {
-            let token = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-                .map(str::trim);
-            let principal = token.and_then(|t| state.keys.check(t));
+            let principal = bearer(req.headers()).and_then(|t| state.keys.find(t));
             let Some(principal) = principal else {
                 return EngineError::Unauthorized.into_response();
             };

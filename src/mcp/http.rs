@@ -29,8 +29,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use crate::keys::KeyStore;
 use crate::mcp::backend::Backend;
+use crate::mcp::keys::KeyStore;
 use crate::mcp::server::{RequestTenant, SandboxMcp, ServerSettings};
 use crate::mcp::session::SessionSandboxes;
 use crate::tooldefs::ToolDef;
@@ -192,25 +192,15 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
     }
     let tenant: Option<String> = match &g.keys {
         None => None, // --dev
-        Some(keys) => {
-            let token = headers
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| {
-                    v.strip_prefix("Bearer ")
-                        .or_else(|| v.strip_prefix("bearer "))
-                })
-                .map(str::trim);
-            match token.and_then(|t| keys.tenant_of(t)) {
-                Some(t) => Some(t),
-                None => {
-                    return error(
-                        StatusCode::UNAUTHORIZED,
-                        "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
-                    );
-                }
+        Some(keys) => match crate::auth::bearer(headers).and_then(|t| keys.tenant_of(t)) {
+            Some(t) => Some(t),
+            None => {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
+                );
             }
-        }
+        },
     };
     let session = headers
         .get("mcp-session-id")

@@ -22,20 +22,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+pub use crate::engine::config::DiskLimits;
+
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Smallest image worth making; below this the store stays plain.
 const MIN_IMAGE: u64 = 2 << 30;
 /// Largest image made by default.
 const MAX_IMAGE: u64 = 512 << 30;
-
-/// Whether the engine may set up a btrfs store (`SANDBOX_MCP_DISK_LIMITS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskLimits {
-    /// Enforce limits when the host can (root and btrfs); report why not otherwise.
-    Auto,
-    /// Plain directories, never a loop mount.
-    Off,
-}
 
 #[derive(Debug, Clone)]
 pub enum Store {

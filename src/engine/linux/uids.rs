@@ -11,16 +11,11 @@
 //! are reclaimed, but only once no process runs with an id of that range.
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{Flock, FlockArg};
-
 use super::plan::{MAX_SLOT, UID_RANGE, uid_base};
-
-/// Where the registry lives unless configured otherwise.
-pub const DEFAULT_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
 
 /// One claimed slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,13 +94,7 @@ impl Registry {
                 .mode(0o755)
                 .create(parent)?;
         }
-        let lock_file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(self.path.with_extension("lock"))?;
-        let _lock = Flock::lock(lock_file, FlockArg::LockExclusive).map_err(|(_, e)| e)?;
+        let _lock = crate::durable::lock(&self.path.with_extension("lock"))?;
         let text = match fs::read_to_string(&self.path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -115,7 +104,7 @@ impl Registry {
         let mut claims = before.clone();
         let out = f(&mut claims);
         if claims != before {
-            write_atomically(&self.path, render(&claims).as_bytes())?;
+            crate::durable::write_atomically(&self.path, render(&claims).as_bytes(), 0o644)?;
         }
         Ok(out)
     }
@@ -184,24 +173,6 @@ fn render(claims: &[Claim]) -> String {
         .iter()
         .map(|c| format!("{} {}\n", c.slot, c.owner))
         .collect()
-}
-
-/// Writes `path` so that a crash leaves the old or the new content, never a mix.
-fn write_atomically(path: &Path, data: &[u8]) -> io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let mut f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .mode(0o644)
-        .open(&tmp)?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)?;
-    if let Some(parent) = path.parent() {
-        fs::File::open(parent)?.sync_all()?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
