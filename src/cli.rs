@@ -425,7 +425,7 @@ async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()
     let addr = listener.local_addr()?;
     // A key only local MCP servers know (from engine.json), so they can share this engine.
     let local_key = ids::api_key();
-    let keys = server::keys(
+    let keys = crate::engine::api::keys(
         keys.into_iter().chain([local_key.clone()]),
         args.keys_file.clone(),
     );

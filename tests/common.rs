@@ -180,7 +180,7 @@ impl TestEngine {
         let server = EngineServer::start(
             manager.clone(),
             listener,
-            sandbox_mcp::engine::server::keys([KEY.to_string()], None),
+            sandbox_mcp::engine::api::keys([KEY.to_string()], None),
         )
         .unwrap();
         Self {

@@ -396,57 +396,54 @@ async fn a_hijacked_agent_cannot_flood_the_engine() {
     sh(&client, &id, "echo warm").await;
     let before = peak_rss_kib(engine.id());
 
-    // Whatever answers on the agent's socket now is hostile: each connection gets a frame that
-    // claims 20 MiB and delivers it, or an error message of 8 MiB.
+    // Whatever answers on the agent's socket is hostile: a frame that claims 20 MiB and delivers
+    // it, or an error message of 8 MiB. The engine stops an agent that breaks the protocol and
+    // starts a fresh one on the next call (which binds a new socket), so the hostile listener is
+    // planted again before each call.
     let socket = dir.data().join("sandboxes").join(&id).join("agent.sock");
-    std::fs::rename(&socket, socket.with_extension("real")).unwrap();
-    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-    let flooder = tokio::spawn(async move {
-        let mut n = 0u32;
-        while let Ok((mut conn, _)) = listener.accept().await {
-            n += 1;
-            let mut len = [0u8; 4];
-            let _ = conn.read_exact(&mut len).await;
-            let mut req = vec![0u8; u32::from_be_bytes(len) as usize];
-            let _ = conn.read_exact(&mut req).await;
-            let body = if n % 2 == 1 {
-                vec![b'x'; 20 << 20]
-            } else {
-                let message = "e".repeat(8 << 20);
-                serde_json::to_vec(&json!({"type": "error", "kind": "io", "message": message}))
-                    .unwrap()
-            };
-            let _ = conn.write_all(&(body.len() as u32).to_be_bytes()).await;
-            let _ = conn.write_all(&body).await;
-        }
-    });
-    for _ in 0..4 {
+    let plant = |flood: bool| {
+        let _ = std::fs::rename(&socket, socket.with_extension(format!("real.{flood}")));
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut len = [0u8; 4];
+                let _ = conn.read_exact(&mut len).await;
+                let mut req = vec![0u8; u32::from_be_bytes(len) as usize];
+                let _ = conn.read_exact(&mut req).await;
+                let body = if flood {
+                    vec![b'x'; 20 << 20]
+                } else {
+                    let message = "e".repeat(8 << 20);
+                    serde_json::to_vec(&json!({"type": "error", "kind": "io", "message": message}))
+                        .unwrap()
+                };
+                let _ = conn.write_all(&(body.len() as u32).to_be_bytes()).await;
+                let _ = conn.write_all(&body).await;
+            }
+        })
+    };
+    for flood in [true, false, true, false] {
+        // A genuine agent first (the engine restarts one after each hostile round), then the
+        // hostile listener in its place.
+        assert_eq!(sh(&client, &id, "echo genuine").await, "genuine\n");
+        let hostile = plant(flood);
         let r = call(
             &client,
             "sandbox_exec",
             json!({"sandbox_id": id, "command": "true"}),
         )
         .await;
+        hostile.abort();
         assert_eq!(r.is_error, Some(true));
         assert!(
             text(&r).len() < 8192,
             "an error of {} bytes reached the client",
             text(&r).len()
         );
-        let r = call(
-            &client,
-            "sandbox_files_read",
-            json!({"sandbox_id": id, "path": "x"}),
-        )
-        .await;
-        assert!(
-            text(&r).len() < 8192,
-            "an error of {} bytes reached the client",
-            text(&r).len()
-        );
     }
+    // The hostile answers were not trusted: the next call runs under a genuine agent again.
+    assert_eq!(sh(&client, &id, "echo genuine").await, "genuine\n");
     let grown = peak_rss_kib(engine.id()).saturating_sub(before);
-    flooder.abort();
     let _ = engine.kill();
     let _ = engine.wait();
     crate::common::kill_left_behind(&dir.data());

@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::unix::pipe;
 
 use super::capture::Capture;
-use super::protocol::{ErrorKind, ExecOutcome, ExecSpec, Response, Stream, write_frame};
+use super::protocol::{AgentError, ErrorKind, ExecOutcome, ExecSpec, Stream, write_output};
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, DEFAULT_CWD, Launch, error};
 
@@ -83,14 +83,7 @@ impl Pump {
             } else {
                 text
             };
-            let _ = write_frame(
-                conn,
-                &Response::Output {
-                    stream: which,
-                    data,
-                },
-            )
-            .await;
+            let _ = write_output(conn, which, data).await;
         }
         self.last_flush = tokio::time::Instant::now();
     }
@@ -232,18 +225,19 @@ pub async fn run<R, W>(
     reaper: &Reaper,
     rd: &mut R,
     wr: &mut W,
-) -> Response
+) -> Result<ExecOutcome, AgentError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let cwd = spec.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string());
     if spec.command.contains('\0') {
-        return error(ErrorKind::InvalidArgument, "command contains a NUL byte");
+        return Err(error(
+            ErrorKind::InvalidArgument,
+            "command contains a NUL byte",
+        ));
     }
-    if let Err(e) = spawn::check(&cwd, &spec.env) {
-        return e;
-    }
+    spawn::check(&cwd, &spec.env)?;
     let started = Instant::now();
     let launch = Launch {
         program: "/bin/sh",
@@ -253,10 +247,7 @@ where
         merge_output: false,
         extra_fds: &[],
     };
-    let child = match spawn::start(&launch, reaper) {
-        Ok(c) => c,
-        Err(e) => return e,
-    };
+    let child = spawn::start(&launch, reaper)?;
     let pid = child.pid;
     let inodes = child.pipe_inodes.clone();
     let mut pump = Pump::new(
@@ -298,7 +289,7 @@ where
                 // The engine hung up: the call was cancelled. Kill what it started.
                 spawn::kill_group(pid);
                 spawn::kill_pipe_holders(&inodes);
-                return error(ErrorKind::Io, "cancelled");
+                return Err(error(ErrorKind::Io, "cancelled"));
             }
         }
     }
@@ -309,7 +300,7 @@ where
         Some(Exit::Signal(s)) => (None, Some(s)),
         None => (None, None),
     };
-    Response::Exec(Box::new(ExecOutcome {
+    Ok(ExecOutcome {
         exit_code,
         signal,
         truncated: pump.stdout.truncated() || pump.stderr.truncated(),
@@ -321,5 +312,5 @@ where
         stderr_file: pump.stderr.spill_path(),
         timed_out,
         duration_ms: started.elapsed().as_millis() as u64,
-    }))
+    })
 }

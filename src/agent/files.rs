@@ -13,7 +13,10 @@ use std::path::{Component, Path, PathBuf};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use super::protocol::{DirEntry, ErrorKind, FileKind, Response};
+use super::protocol::{
+    AgentError, Delete, Deleted, Dir, DirEntry, ErrorKind, FileData, FileKind, ListDir, Move,
+    Moved, ReadFile, WriteFile, Written, Zip, ZipDir,
+};
 use super::safe_open;
 use super::spawn::DEFAULT_CWD;
 
@@ -23,17 +26,14 @@ const MAX_SCAN: usize = 100_000;
 /// Most skipped paths reported by a zip.
 const MAX_SKIPPED: usize = 100;
 
-type Result<T> = std::result::Result<T, Response>;
+type Result<T> = std::result::Result<T, AgentError>;
 
-fn fail(kind: ErrorKind, message: impl Into<String>) -> Response {
-    Response::Error {
-        kind,
-        message: message.into(),
-    }
+fn fail(kind: ErrorKind, message: impl Into<String>) -> AgentError {
+    AgentError::new(kind, message)
 }
 
 /// Maps an I/O error on `path` to an agent error with a useful message.
-fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
+fn io_fail(e: &io::Error, path: &Path, action: &str) -> AgentError {
     let p = path.display();
     match e.kind() {
         io::ErrorKind::NotFound => fail(ErrorKind::NotFound, format!("{p} does not exist")),
@@ -75,7 +75,7 @@ fn io_fail(e: &io::Error, path: &Path, action: &str) -> Response {
 }
 
 /// Like [`io_fail`], but a special file gets its own message.
-fn special_or_io(e: &io::Error, path: &Path, action: &str) -> Response {
+fn special_or_io(e: &io::Error, path: &Path, action: &str) -> AgentError {
     if e.kind() == io::ErrorKind::InvalidInput {
         fail(ErrorKind::InvalidArgument, e.to_string())
     } else if e.raw_os_error() == Some(libc::ENXIO) {
@@ -134,14 +134,8 @@ pub fn resolve(path: &str) -> Result<PathBuf> {
     Ok(out)
 }
 
-pub fn read_file(path: &str, max_bytes: u64) -> Response {
-    match read_file_inner(path, max_bytes) {
-        Ok(r) | Err(r) => r,
-    }
-}
-
-fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
-    let path = resolve(path)?;
+pub fn read_file(ReadFile { path, max_bytes }: ReadFile) -> Result<FileData> {
+    let path = resolve(&path)?;
     if fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
         return Err(fail(
             ErrorKind::InvalidArgument,
@@ -179,21 +173,15 @@ fn read_file_inner(path: &str, max_bytes: u64) -> Result<Response> {
             ),
         ));
     }
-    Ok(Response::File {
+    Ok(FileData {
         path: path.display().to_string(),
         size: data.len() as u64,
         data_b64: B64.encode(&data),
     })
 }
 
-pub fn write_file(path: &str, data_b64: &str) -> Response {
-    match write_file_inner(path, data_b64) {
-        Ok(r) | Err(r) => r,
-    }
-}
-
-fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
-    let path = resolve(path)?;
+pub fn write_file(WriteFile { path, data_b64 }: WriteFile) -> Result<Written> {
+    let path = resolve(&path)?;
     let data = B64.decode(data_b64).map_err(|e| {
         fail(
             ErrorKind::InvalidArgument,
@@ -250,7 +238,7 @@ fn write_file_inner(path: &str, data_b64: &str) -> Result<Response> {
         }
         return Err(io_fail(&e, &path, "write"));
     }
-    Ok(Response::Written {
+    Ok(Written {
         path: path.display().to_string(),
         size: data.len() as u64,
     })
@@ -275,14 +263,8 @@ fn kind_of(ft: fs::FileType) -> FileKind {
     }
 }
 
-pub fn list_dir(path: &str, max_entries: u64) -> Response {
-    match list_dir_inner(path, max_entries) {
-        Ok(r) | Err(r) => r,
-    }
-}
-
-fn list_dir_inner(path: &str, max_entries: u64) -> Result<Response> {
-    let path = resolve(path)?;
+pub fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
+    let path = resolve(&path)?;
     let meta = fs::metadata(&path).map_err(|e| io_fail(&e, &path, "list"))?;
     if !meta.is_dir() {
         return Err(fail(
@@ -316,21 +298,15 @@ fn list_dir_inner(path: &str, max_entries: u64) -> Result<Response> {
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     let truncated = more || entries.len() as u64 > max_entries;
     entries.truncate(max_entries as usize);
-    Ok(Response::Dir {
+    Ok(Dir {
         path: path.display().to_string(),
         entries,
         truncated,
     })
 }
 
-pub fn delete(path: &str, recursive: bool) -> Response {
-    match delete_inner(path, recursive) {
-        Ok(r) | Err(r) => r,
-    }
-}
-
-fn delete_inner(path: &str, recursive: bool) -> Result<Response> {
-    let path = resolve(path)?;
+pub fn delete(Delete { path, recursive }: Delete) -> Result<Deleted> {
+    let path = resolve(&path)?;
     if path == Path::new("/") {
         return Err(fail(
             ErrorKind::InvalidArgument,
@@ -358,20 +334,14 @@ fn delete_inner(path: &str, recursive: bool) -> Result<Response> {
             io_fail(&e, &path, "delete")
         }
     })?;
-    Ok(Response::Deleted {
+    Ok(Deleted {
         path: path.display().to_string(),
     })
 }
 
-pub fn rename(from: &str, to: &str) -> Response {
-    match rename_inner(from, to) {
-        Ok(r) | Err(r) => r,
-    }
-}
-
-fn rename_inner(from: &str, to: &str) -> Result<Response> {
-    let from = resolve(from)?;
-    let to = resolve(to)?;
+pub fn rename(Move { from, to }: Move) -> Result<Moved> {
+    let from = resolve(&from)?;
+    let to = resolve(&to)?;
     fs::symlink_metadata(&from).map_err(|e| io_fail(&e, &from, "move"))?;
     if to.starts_with(&from) && to != from {
         return Err(fail(
@@ -395,7 +365,7 @@ fn rename_inner(from: &str, to: &str) -> Result<Response> {
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => move_across(&from, &to)?,
         Err(e) => return Err(io_fail(&e, &from, "move")),
     }
-    Ok(Response::Moved {
+    Ok(Moved {
         from: from.display().to_string(),
         to: to.display().to_string(),
     })
@@ -443,16 +413,10 @@ fn move_across(from: &Path, to: &Path) -> Result<()> {
     fs::remove_file(from).map_err(|e| io_fail(&e, from, "move"))
 }
 
-pub fn zip_dir(path: &str, max_bytes: u64) -> Response {
-    match zip_dir_inner(path, max_bytes) {
-        Ok(r) | Err(r) => r,
-    }
-}
-
-fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
+pub fn zip_dir(ZipDir { path, max_bytes }: ZipDir) -> Result<Zip> {
     use zip::write::SimpleFileOptions;
 
-    let root = resolve(path)?;
+    let root = resolve(&path)?;
     let meta = fs::metadata(&root).map_err(|e| io_fail(&e, &root, "zip"))?;
     if !meta.is_dir() {
         return Err(fail(
@@ -540,7 +504,7 @@ fn zip_dir_inner(path: &str, max_bytes: u64) -> Result<Response> {
     if data.len() as u64 > max_bytes {
         return Err(too_large(files));
     }
-    Ok(Response::Zip {
+    Ok(Zip {
         path: root.display().to_string(),
         zip_bytes: data.len() as u64,
         zip_b64: B64.encode(&data),

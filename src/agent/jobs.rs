@@ -14,7 +14,9 @@ use std::rc::Rc;
 
 use tokio::io::AsyncReadExt;
 
-use super::protocol::{ErrorKind, JobInfo, JobState, Response};
+use super::protocol::{
+    AgentError, ErrorKind, JobInfo, JobList, JobState, JobStatus, KillJob, StartJob,
+};
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
 use super::spawn::{self, DEFAULT_CWD, Launch, error};
@@ -101,7 +103,7 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-fn unknown(id: &str) -> Response {
+fn unknown(id: &str) -> AgentError {
     error(
         ErrorKind::NotFound,
         format!(
@@ -116,7 +118,7 @@ impl Jobs {
     }
 
     /// Frees a slot by forgetting the oldest finished job; fails when too many are running.
-    fn make_room(&self) -> Result<(), Response> {
+    fn make_room(&self) -> Result<(), AgentError> {
         let running = self
             .map
             .borrow()
@@ -151,52 +153,42 @@ impl Jobs {
 
     pub fn start(
         &self,
-        command: String,
-        cwd: Option<String>,
-        env: &[(String, String)],
+        StartJob { command, cwd, env }: StartJob,
         sandbox_env: &[(String, String)],
         reaper: &Reaper,
-    ) -> Response {
+    ) -> Result<JobInfo, AgentError> {
         let cwd = cwd.unwrap_or_else(|| DEFAULT_CWD.to_string());
         if command.contains('\0') {
-            return error(ErrorKind::InvalidArgument, "command contains a NUL byte");
+            return Err(error(
+                ErrorKind::InvalidArgument,
+                "command contains a NUL byte",
+            ));
         }
-        if let Err(e) = spawn::check(&cwd, env) {
-            return e;
-        }
-        if let Err(e) = self.make_room() {
-            return e;
-        }
+        spawn::check(&cwd, &env)?;
+        self.make_room()?;
         let n = self.next.get() + 1;
         let id = format!("job_{n}");
         let log = Path::new(JOB_DIR).join(format!("{id}.log"));
         // The log's name repeats after an agent restart; whatever sandbox code left there (a FIFO,
         // a symlink) is replaced, never opened.
         let file = std::fs::create_dir_all(JOB_DIR).and_then(|()| safe_open::recreate_own(&log));
-        let file = match file {
-            Ok(f) => f,
-            Err(e) => {
-                return error(
-                    ErrorKind::Io,
-                    format!("cannot create the job's log {}: {e}", log.display()),
-                );
-            }
-        };
+        let file = file.map_err(|e| {
+            error(
+                ErrorKind::Io,
+                format!("cannot create the job's log {}: {e}", log.display()),
+            )
+        })?;
         let launch = Launch {
             program: "/bin/sh",
             args: &["-c", &command],
             cwd: &cwd,
-            env: &[sandbox_env, env],
+            env: &[sandbox_env, &env],
             merge_output: true,
             extra_fds: &[],
         };
-        let started = match spawn::start(&launch, reaper) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = std::fs::remove_file(&log);
-                return e;
-            }
-        };
+        let started = spawn::start(&launch, reaper).inspect_err(|_| {
+            let _ = std::fs::remove_file(&log);
+        })?;
         self.next.set(n);
         let job = Rc::new(Job {
             id,
@@ -217,17 +209,20 @@ impl Jobs {
             job.exit.set(Some(exit));
             job.finished_at.set(Some(now_ms()));
         });
-        let info = self.find(&format!("job_{n}")).map(|j| j.info());
-        match info {
-            Some(info) => Response::Job(Box::new(info)),
-            None => error(ErrorKind::Io, "the job vanished"),
-        }
+        self.find(&format!("job_{n}"))
+            .map(|j| j.info())
+            .ok_or_else(|| error(ErrorKind::Io, "the job vanished"))
     }
 
-    pub fn status(&self, id: &str, since: u64, max_bytes: u64) -> Response {
-        let Some(job) = self.find(id) else {
-            return unknown(id);
-        };
+    pub fn status(
+        &self,
+        JobStatus {
+            job_id,
+            since_offset: since,
+            max_bytes,
+        }: JobStatus,
+    ) -> Result<JobInfo, AgentError> {
+        let job = self.find(&job_id).ok_or_else(|| unknown(&job_id))?;
         let mut info = job.info();
         let total = job.bytes.get();
         let dropped = job.dropped.get();
@@ -256,22 +251,22 @@ impl Jobs {
         info.output = Some(String::from_utf8_lossy(&data).into_owned());
         info.offset = offset;
         info.next_offset = offset + data.len() as u64;
-        Response::Job(Box::new(info))
+        Ok(info)
     }
 
-    pub fn kill(&self, id: &str) -> Response {
-        let Some(job) = self.find(id) else {
-            return unknown(id);
-        };
+    pub fn kill(&self, KillJob { job_id }: KillJob) -> Result<JobInfo, AgentError> {
+        let job = self.find(&job_id).ok_or_else(|| unknown(&job_id))?;
         if job.exit.get().is_none() {
             spawn::kill_group(job.pid);
             spawn::kill_pipe_holders(&job.pipe_inodes);
         }
-        Response::Job(Box::new(job.info()))
+        Ok(job.info())
     }
 
-    pub fn list(&self) -> Vec<JobInfo> {
-        self.map.borrow().values().map(|j| j.info()).collect()
+    pub fn list(&self) -> JobList {
+        JobList {
+            jobs: self.map.borrow().values().map(|j| j.info()).collect(),
+        }
     }
 }
 

@@ -1,9 +1,12 @@
-//! The engine ↔ agent protocol: one request per connection, answered by one or more frames.
+//! The engine ↔ agent protocol: one request per connection, answered by frames.
 //!
-//! A frame is a 4-byte big-endian length and that many bytes of JSON. Exec may send `Output`
-//! frames before its final `Exec` frame; every other request gets exactly one frame back.
-//! Byte payloads travel base64-encoded.
+//! A frame is a 4-byte big-endian length and that many bytes of JSON. Each request is a type that
+//! names its reply ([`Call::Reply`]); the agent answers with a [`Frame`] of that type — exec and
+//! run_code may send `Output` frames before it — or with an `Error` frame. So an agent handler
+//! that returned the wrong reply would not compile, and an agent that sent one anyway fails the
+//! engine's decoding with one error. Byte payloads travel base64-encoded.
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
@@ -16,83 +19,236 @@ const SMALL_REPLY: usize = 256 * 1024;
 /// escapes a control byte as six characters.
 const OUTPUT_REPLY: usize = 2 * 1024 * 1024;
 
-impl Request {
-    /// The largest frame the engine accepts in answer to this request. The agent runs inside the
-    /// sandbox: whatever it sends is bounded by what the request can produce before the engine
-    /// buffers it.
-    pub fn reply_limit(&self) -> usize {
-        let encoded = |bytes: u64| (bytes as usize).saturating_mul(4) / 3 + SMALL_REPLY;
-        match self {
-            Request::ReadFile { max_bytes, .. } | Request::ZipDir { max_bytes, .. } => {
-                encoded(*max_bytes).min(MAX_FRAME)
-            }
-            // Up to 1000 entries of names up to 255 bytes, escaped.
-            Request::ListDir { .. } => 4 * 1024 * 1024,
-            Request::JobStatus { max_bytes, .. } => {
-                ((*max_bytes as usize).saturating_mul(6) + SMALL_REPLY).min(MAX_FRAME)
-            }
-            Request::Exec(_) | Request::RunCode(_) | Request::ListJobs => OUTPUT_REPLY,
-            _ => SMALL_REPLY,
-        }
+/// A request to the agent, and what it answers.
+pub trait Call: Into<Request> {
+    type Reply: Serialize + DeserializeOwned;
+
+    /// The largest frame the engine accepts in answer. The agent runs inside the sandbox:
+    /// whatever it sends is bounded by what the request can produce before the engine buffers it.
+    fn reply_limit(&self) -> usize {
+        SMALL_REPLY
     }
 }
 
+/// Every request, as it travels (tagged by `op`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
-    Ping,
+    Ping(Ping),
     Exec(ExecSpec),
-    ReadFile {
-        path: String,
-        max_bytes: u64,
-    },
-    WriteFile {
-        path: String,
-        data_b64: String,
-    },
-    ListDir {
-        path: String,
-        max_entries: u64,
-    },
-    Delete {
-        path: String,
-        recursive: bool,
-    },
-    Move {
-        from: String,
-        to: String,
-    },
-    ZipDir {
-        path: String,
-        max_bytes: u64,
-    },
-    /// Kill every process in the sandbox except the agent (after an OOM kill, say).
-    KillAll,
+    ReadFile(ReadFile),
+    WriteFile(WriteFile),
+    ListDir(ListDir),
+    Delete(Delete),
+    Move(Move),
+    ZipDir(ZipDir),
+    KillAll(KillAll),
     RunCode(RunCodeSpec),
-    CreateContext {
-        language: Language,
-        cwd: Option<String>,
-    },
-    ListContexts,
-    DeleteContext {
-        context_id: String,
-    },
-    /// Start a command in the background; answered at once with the job.
-    StartJob {
-        command: String,
-        cwd: Option<String>,
-        env: Vec<(String, String)>,
-    },
-    JobStatus {
-        job_id: String,
-        since_offset: u64,
-        max_bytes: u64,
-    },
-    KillJob {
-        job_id: String,
-    },
-    ListJobs,
+    CreateContext(CreateContext),
+    ListContexts(ListContexts),
+    DeleteContext(DeleteContext),
+    StartJob(StartJob),
+    JobStatus(JobStatus),
+    KillJob(KillJob),
+    ListJobs(ListJobs),
 }
+
+/// Binds a request type to its variant of [`Request`] and to its reply.
+macro_rules! call {
+    ($variant:ident($request:ident) => $reply:ty) => {
+        call!($variant($request) => $reply, limit: small);
+    };
+    ($variant:ident($request:ident) => $reply:ty, limit: $limit:expr) => {
+        impl From<$request> for Request {
+            fn from(r: $request) -> Self {
+                Request::$variant(r)
+            }
+        }
+        impl Call for $request {
+            type Reply = $reply;
+            #[allow(clippy::redundant_closure_call)]
+            fn reply_limit(&self) -> usize {
+                ($limit)(self)
+            }
+        }
+    };
+}
+
+fn small<T>(_: &T) -> usize {
+    SMALL_REPLY
+}
+
+/// Room for `bytes` sent base64-encoded, plus the rest of the frame.
+fn encoded(bytes: u64) -> usize {
+    ((bytes as usize).saturating_mul(4) / 3 + SMALL_REPLY).min(MAX_FRAME)
+}
+
+/// Is the agent there, and which one is it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Ping {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Pong {
+    pub pid: u32,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReadFile {
+    pub path: String,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileData {
+    pub path: String,
+    pub data_b64: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WriteFile {
+    pub path: String,
+    pub data_b64: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Written {
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ListDir {
+    pub path: String,
+    pub max_entries: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Dir {
+    pub path: String,
+    pub entries: Vec<DirEntry>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Delete {
+    pub path: String,
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Deleted {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Move {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Moved {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ZipDir {
+    pub path: String,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Zip {
+    pub path: String,
+    pub zip_b64: String,
+    pub zip_bytes: u64,
+    pub files: u64,
+    pub skipped: Vec<String>,
+}
+
+/// Kill every process in the sandbox except the agent (after an OOM kill, say).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct KillAll {}
+
+/// A request done, with nothing to report.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Done {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CreateContext {
+    pub language: Language,
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ListContexts {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ContextList {
+    pub contexts: Vec<ContextInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeleteContext {
+    pub context_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ContextDeleted {
+    pub context_id: String,
+}
+
+/// Start a command in the background; answered at once with the job.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StartJob {
+    pub command: String,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobStatus {
+    pub job_id: String,
+    pub since_offset: u64,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KillJob {
+    pub job_id: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ListJobs {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobList {
+    pub jobs: Vec<JobInfo>,
+}
+
+call!(Ping(Ping) => Pong);
+call!(Exec(ExecSpec) => ExecOutcome, limit: |_: &ExecSpec| OUTPUT_REPLY);
+call!(ReadFile(ReadFile) => FileData, limit: |r: &ReadFile| encoded(r.max_bytes));
+call!(WriteFile(WriteFile) => Written);
+// Up to 1000 entries of names up to 255 bytes, escaped.
+call!(ListDir(ListDir) => Dir, limit: |_: &ListDir| 4 * 1024 * 1024);
+call!(Delete(Delete) => Deleted);
+call!(Move(Move) => Moved);
+call!(ZipDir(ZipDir) => Zip, limit: |r: &ZipDir| encoded(r.max_bytes));
+call!(KillAll(KillAll) => Done);
+call!(RunCode(RunCodeSpec) => CodeOutcome, limit: |_: &RunCodeSpec| OUTPUT_REPLY);
+call!(CreateContext(CreateContext) => ContextInfo);
+call!(ListContexts(ListContexts) => ContextList);
+call!(DeleteContext(DeleteContext) => ContextDeleted);
+call!(StartJob(StartJob) => JobInfo);
+call!(JobStatus(JobStatus) => JobInfo, limit: |r: &JobStatus| {
+    ((r.max_bytes as usize).saturating_mul(6) + SMALL_REPLY).min(MAX_FRAME)
+});
+call!(KillJob(KillJob) => JobInfo);
+call!(ListJobs(ListJobs) => JobList, limit: |_: &ListJobs| OUTPUT_REPLY);
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
@@ -141,63 +297,38 @@ pub enum Stream {
     Stderr,
 }
 
+/// What the agent sends back: output as it happens (exec and run_code only), then the reply or
+/// an error.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Response {
-    Pong {
-        pid: u32,
-        version: String,
-    },
-    Output {
-        stream: Stream,
-        data: String,
-    },
-    Exec(Box<ExecOutcome>),
-    File {
-        path: String,
-        data_b64: String,
-        size: u64,
-    },
-    Written {
-        path: String,
-        size: u64,
-    },
-    Dir {
-        path: String,
-        entries: Vec<DirEntry>,
-        truncated: bool,
-    },
-    Deleted {
-        path: String,
-    },
-    Moved {
-        from: String,
-        to: String,
-    },
-    Zip {
-        path: String,
-        zip_b64: String,
-        zip_bytes: u64,
-        files: u64,
-        skipped: Vec<String>,
-    },
-    Done,
-    Error {
-        kind: ErrorKind,
-        message: String,
-    },
-    Code(Box<CodeOutcome>),
-    Context(ContextInfo),
-    Contexts {
-        contexts: Vec<ContextInfo>,
-    },
-    ContextDeleted {
-        context_id: String,
-    },
-    Job(Box<JobInfo>),
-    Jobs {
-        jobs: Vec<JobInfo>,
-    },
+pub enum Frame<R> {
+    Output(Output),
+    Reply(R),
+    Error(AgentError),
+}
+
+/// Output a command printed, streamed while it runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Output {
+    pub stream: Stream,
+    pub data: String,
+}
+
+/// Why a request failed; the engine maps the kind to an API error code.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl AgentError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -359,6 +490,15 @@ where
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
+/// Writes an `Output` frame (its reply type does not matter: the frame carries none).
+pub async fn write_output<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    stream: Stream,
+    data: String,
+) -> std::io::Result<()> {
+    write_frame(w, &Frame::<Done>::Output(Output { stream, data })).await
+}
+
 /// Writes one frame.
 pub async fn write_frame<W, T>(w: &mut W, value: &T) -> std::io::Result<()>
 where
@@ -390,17 +530,41 @@ mod frame_tests {
         // A header claiming 20 MiB, and nothing behind it: refused on the header alone.
         let claimed = (20u32 << 20).to_be_bytes();
         let mut input: &[u8] = &claimed;
-        let limit = Request::Ping.reply_limit();
-        let err = read_frame_limited::<_, Response>(&mut input, limit)
+        let err = read_frame_limited::<_, Frame<Pong>>(&mut input, Ping {}.reply_limit())
             .await
             .unwrap_err();
         assert!(err.to_string().contains("exceeds"), "{err}");
         // Requests that carry file contents allow what they can carry, and no more.
-        let read = Request::ReadFile {
+        let read = ReadFile {
             path: "x".into(),
             max_bytes: 1 << 20,
         };
         assert!(read.reply_limit() > (1 << 20) * 4 / 3 && read.reply_limit() < 2 << 20);
-        assert!(Request::ListJobs.reply_limit() <= MAX_FRAME);
+        assert!(ListJobs {}.reply_limit() <= MAX_FRAME);
+    }
+
+    #[tokio::test]
+    async fn a_reply_of_another_request_fails_to_decode() {
+        let mut wire = Vec::new();
+        let pong: Frame<Pong> = Frame::Reply(Pong {
+            pid: 1,
+            version: "x".into(),
+        });
+        write_frame(&mut wire, &pong).await.unwrap();
+        let mut input: &[u8] = &wire;
+        let decoded = read_frame::<_, Frame<Deleted>>(&mut input).await;
+        assert!(decoded.is_err(), "a Pong decoded as a delete's reply");
+        // And the right one round-trips, with requests tagged by `op`.
+        let mut input: &[u8] = &wire;
+        let decoded = read_frame::<_, Frame<Pong>>(&mut input).await.unwrap();
+        assert_eq!(decoded, Some(pong));
+        let request: Request = KillJob {
+            job_id: "job_1".into(),
+        }
+        .into();
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            serde_json::json!({"op": "kill_job", "job_id": "job_1"})
+        );
     }
 }

@@ -19,7 +19,8 @@ use tokio::net::unix::pipe;
 
 use super::exec::{Pump, hangup, sleep_until_due, wait_exit};
 use super::protocol::{
-    CodeError, CodeOutcome, ContextInfo, ErrorKind, Language, Response, RunCodeSpec,
+    AgentError, CodeError, CodeOutcome, ContextDeleted, ContextInfo, ContextList, CreateContext,
+    DeleteContext, ErrorKind, Language, RunCodeSpec,
 };
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, DEFAULT_CWD, Launch, error};
@@ -84,7 +85,7 @@ fn spawn_interp(
     cwd: &str,
     env: &[(String, String)],
     reaper: &Reaper,
-) -> Result<Interp, Response> {
+) -> Result<Interp, AgentError> {
     let pipe = || {
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| error(ErrorKind::Io, format!("cannot create a pipe: {e}")))
@@ -142,7 +143,7 @@ impl Contexts {
         self.map.borrow().get(id).cloned()
     }
 
-    fn insert(&self, ctx: Context) -> Result<Rc<Context>, Response> {
+    fn insert(&self, ctx: Context) -> Result<Rc<Context>, AgentError> {
         if self.map.borrow().len() >= MAX_CONTEXTS {
             return Err(error(
                 ErrorKind::Conflict,
@@ -159,18 +160,15 @@ impl Contexts {
     /// `CreateContext`: registers a context and starts its interpreter.
     pub async fn create(
         &self,
-        language: Language,
-        cwd: Option<String>,
+        CreateContext { language, cwd }: CreateContext,
         env: &[(String, String)],
         reaper: &Reaper,
-    ) -> Response {
+    ) -> Result<ContextInfo, AgentError> {
         let cwd = cwd.unwrap_or_else(|| DEFAULT_CWD.to_string());
-        if let Err(e) = spawn::check(&cwd, &[]) {
-            return e;
-        }
+        spawn::check(&cwd, &[])?;
         let n = self.next.get() + 1;
         self.next.set(n);
-        let ctx = match self.insert(Context {
+        let ctx = self.insert(Context {
             id: format!("ctx_{n}"),
             language,
             cwd: cwd.clone(),
@@ -179,39 +177,37 @@ impl Contexts {
             interp: tokio::sync::Mutex::new(None),
             died: Cell::new(false),
             alive: Cell::new(false),
-        }) {
-            Ok(c) => c,
-            Err(e) => return e,
-        };
+        })?;
         match spawn_interp(language, &cwd, env, reaper) {
             Ok(interp) => {
                 *ctx.interp.lock().await = Some(interp);
                 ctx.alive.set(true);
-                Response::Context(ctx.info())
+                Ok(ctx.info())
             }
             Err(e) => {
                 self.map.borrow_mut().remove(&ctx.id);
-                e
+                Err(e)
             }
         }
     }
 
-    pub fn list(&self) -> Response {
-        Response::Contexts {
+    pub fn list(&self) -> ContextList {
+        ContextList {
             contexts: self.map.borrow().values().map(|c| c.info()).collect(),
         }
     }
 
-    pub async fn delete(&self, id: &str) -> Response {
-        let Some(ctx) = self.map.borrow_mut().remove(id) else {
-            return unknown(id);
+    pub async fn delete(
+        &self,
+        DeleteContext { context_id }: DeleteContext,
+    ) -> Result<ContextDeleted, AgentError> {
+        let Some(ctx) = self.map.borrow_mut().remove(&context_id) else {
+            return Err(unknown(&context_id));
         };
         if let Some(interp) = ctx.interp.lock().await.take() {
             spawn::kill_group(interp.pid);
         }
-        Response::ContextDeleted {
-            context_id: id.to_string(),
-        }
+        Ok(ContextDeleted { context_id })
     }
 
     /// `RunCode`: runs one cell in its context, starting the interpreter if needed.
@@ -222,21 +218,18 @@ impl Contexts {
         reaper: &Reaper,
         rd: &mut R,
         wr: &mut W,
-    ) -> Response
+    ) -> Result<CodeOutcome, AgentError>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
         let ctx = match &spec.context_id {
-            Some(id) => match self.get(id) {
-                Some(c) => c,
-                None => return unknown(id),
-            },
+            Some(id) => self.get(id).ok_or_else(|| unknown(id))?,
             None => {
                 let id = Self::default_id(spec.language);
                 match self.get(&id) {
                     Some(c) => c,
-                    None => match self.insert(Context {
+                    None => self.insert(Context {
                         id,
                         language: spec.language,
                         cwd: DEFAULT_CWD.to_string(),
@@ -245,30 +238,25 @@ impl Contexts {
                         interp: tokio::sync::Mutex::new(None),
                         died: Cell::new(false),
                         alive: Cell::new(false),
-                    }) {
-                        Ok(c) => c,
-                        Err(e) => return e,
-                    },
+                    })?,
                 }
             }
         };
         if spec.code.contains('\0') {
-            return error(ErrorKind::InvalidArgument, "code contains a NUL byte");
+            return Err(error(
+                ErrorKind::InvalidArgument,
+                "code contains a NUL byte",
+            ));
         }
         // One cell at a time per context.
         let mut slot = ctx.interp.lock().await;
         let restarted = ctx.died.replace(false);
         if slot.is_none() {
-            match spawn_interp(ctx.language, &ctx.cwd, env, reaper) {
-                Ok(i) => {
-                    *slot = Some(i);
-                    ctx.alive.set(true);
-                }
-                Err(e) => return e,
-            }
+            *slot = Some(spawn_interp(ctx.language, &ctx.cwd, env, reaper)?);
+            ctx.alive.set(true);
         }
         let Some(interp) = slot.as_mut() else {
-            return error(ErrorKind::Io, "no interpreter");
+            return Err(error(ErrorKind::Io, "no interpreter"));
         };
         let outcome = run_cell(interp, &ctx, &spec, restarted, rd, wr).await;
         if outcome.as_ref().is_ok_and(|o| o.context_lost) || outcome.is_err() {
@@ -278,14 +266,11 @@ impl Contexts {
             ctx.alive.set(false);
             ctx.died.set(true);
         }
-        match outcome {
-            Ok(o) => Response::Code(Box::new(o)),
-            Err(e) => e,
-        }
+        outcome
     }
 }
 
-fn unknown(id: &str) -> Response {
+fn unknown(id: &str) -> AgentError {
     error(
         ErrorKind::NotFound,
         format!(
@@ -345,7 +330,7 @@ async fn run_cell<R, W>(
     restarted: bool,
     rd: &mut R,
     wr: &mut W,
-) -> Result<CodeOutcome, Response>
+) -> Result<CodeOutcome, AgentError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,

@@ -10,7 +10,11 @@ use std::rc::Rc;
 use tokio::net::UnixStream;
 
 use super::jobs::Jobs;
-use super::protocol::{Request, Response, read_frame, write_frame};
+use super::protocol::{
+    AgentError, Call, CreateContext, Delete, DeleteContext, Done, ErrorKind, ExecSpec, Frame,
+    JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, Move, Ping, Pong, ReadFile,
+    Request, RunCodeSpec, StartJob, WriteFile, ZipDir, read_frame, write_frame,
+};
 use super::reaper::Reaper;
 use super::repl::Contexts;
 use super::{exec, files};
@@ -115,72 +119,88 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         _ => return,
     };
     let (mut rd, mut wr) = conn.split();
-    let response = match request {
-        Request::Ping => Response::Pong {
-            pid: std::process::id(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-        },
-        Request::Exec(spec) => exec::run(spec, &state.env, &state.reaper, &mut rd, &mut wr).await,
+    let (env, reaper) = (&state.env, &state.reaper);
+    // Each arm answers with its request's own reply type: `reply::<R>` takes exactly
+    // `Result<R::Reply, AgentError>`, so a handler answering with another type does not compile.
+    match request {
+        Request::Ping(_) => {
+            let pong = Pong {
+                pid: std::process::id(),
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            };
+            reply::<Ping>(&mut wr, Ok(pong)).await
+        }
+        Request::Exec(spec) => {
+            let outcome = exec::run(spec, env, reaper, &mut rd, &mut wr).await;
+            reply::<ExecSpec>(&mut wr, outcome).await
+        }
         Request::RunCode(spec) => {
-            state
+            let outcome = state
                 .contexts
-                .run(spec, &state.env, &state.reaper, &mut rd, &mut wr)
-                .await
+                .run(spec, env, reaper, &mut rd, &mut wr)
+                .await;
+            reply::<RunCodeSpec>(&mut wr, outcome).await
         }
-        Request::CreateContext { language, cwd } => {
-            state
-                .contexts
-                .create(language, cwd, &state.env, &state.reaper)
-                .await
+        Request::CreateContext(r) => {
+            let created = state.contexts.create(r, env, reaper).await;
+            reply::<CreateContext>(&mut wr, created).await
         }
-        Request::ListContexts => state.contexts.list(),
-        Request::DeleteContext { context_id } => state.contexts.delete(&context_id).await,
-        Request::StartJob { command, cwd, env } => {
-            state
-                .jobs
-                .start(command, cwd, &env, &state.env, &state.reaper)
+        Request::ListContexts(_) => reply::<ListContexts>(&mut wr, Ok(state.contexts.list())).await,
+        Request::DeleteContext(r) => {
+            let deleted = state.contexts.delete(r).await;
+            reply::<DeleteContext>(&mut wr, deleted).await
         }
-        Request::JobStatus {
-            job_id,
-            since_offset,
-            max_bytes,
-        } => state.jobs.status(&job_id, since_offset, max_bytes),
-        Request::KillJob { job_id } => state.jobs.kill(&job_id),
-        Request::ListJobs => Response::Jobs {
-            jobs: state.jobs.list(),
-        },
-        Request::ReadFile { path, max_bytes } => {
-            on_file_thread(move || files::read_file(&path, max_bytes)).await
+        Request::StartJob(r) => reply::<StartJob>(&mut wr, state.jobs.start(r, env, reaper)).await,
+        Request::JobStatus(r) => reply::<JobStatus>(&mut wr, state.jobs.status(r)).await,
+        Request::KillJob(r) => reply::<KillJob>(&mut wr, state.jobs.kill(r)).await,
+        Request::ListJobs(_) => reply::<ListJobs>(&mut wr, Ok(state.jobs.list())).await,
+        Request::ReadFile(r) => {
+            reply::<ReadFile>(&mut wr, on_file_thread(move || files::read_file(r)).await).await
         }
-        Request::WriteFile { path, data_b64 } => {
-            on_file_thread(move || files::write_file(&path, &data_b64)).await
+        Request::WriteFile(r) => {
+            reply::<WriteFile>(&mut wr, on_file_thread(move || files::write_file(r)).await).await
         }
-        Request::ListDir { path, max_entries } => {
-            on_file_thread(move || files::list_dir(&path, max_entries)).await
+        Request::ListDir(r) => {
+            reply::<ListDir>(&mut wr, on_file_thread(move || files::list_dir(r)).await).await
         }
-        Request::Delete { path, recursive } => {
-            on_file_thread(move || files::delete(&path, recursive)).await
+        Request::Delete(r) => {
+            reply::<Delete>(&mut wr, on_file_thread(move || files::delete(r)).await).await
         }
-        Request::Move { from, to } => on_file_thread(move || files::rename(&from, &to)).await,
-        Request::ZipDir { path, max_bytes } => {
-            on_file_thread(move || files::zip_dir(&path, max_bytes)).await
+        Request::Move(r) => {
+            reply::<Move>(&mut wr, on_file_thread(move || files::rename(r)).await).await
         }
-        Request::KillAll => {
+        Request::ZipDir(r) => {
+            reply::<ZipDir>(&mut wr, on_file_thread(move || files::zip_dir(r)).await).await
+        }
+        Request::KillAll(_) => {
             // From PID 1, kill(-1) reaches every other process in the namespace.
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
-            Response::Done
+            reply::<KillAll>(&mut wr, Ok(Done {})).await
         }
+    }
+}
+
+/// Sends the answer to a request of type `C`: its reply, or the error.
+async fn reply<C: Call>(
+    wr: &mut (impl tokio::io::AsyncWrite + Unpin),
+    result: Result<C::Reply, AgentError>,
+) {
+    let frame = match result {
+        Ok(r) => Frame::Reply(r),
+        Err(e) => Frame::Error(e),
     };
-    let _ = write_frame(&mut wr, &response).await;
+    let _ = write_frame(wr, &frame).await;
 }
 
 /// Runs a file operation on the blocking pool.
-async fn on_file_thread(op: impl FnOnce() -> Response + Send + 'static) -> Response {
+async fn on_file_thread<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+) -> Result<T, AgentError> {
     tokio::task::spawn_blocking(op).await.unwrap_or_else(|e| {
-        super::spawn::error(
-            super::protocol::ErrorKind::Io,
+        Err(AgentError::new(
+            ErrorKind::Io,
             format!("the file operation failed: {e}"),
-        )
+        ))
     })
 }

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use tokio::net::unix::pipe;
 
-use super::protocol::{ErrorKind, Response};
+use super::protocol::{AgentError, ErrorKind};
 use super::reaper::{Exit, Reaper};
 
 /// What every command is confined to, set once when the agent starts.
@@ -80,15 +80,12 @@ pub fn base_env() -> Vec<(String, String)> {
     .collect()
 }
 
-pub fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
-    Response::Error {
-        kind,
-        message: message.into(),
-    }
+pub fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
+    AgentError::new(kind, message)
 }
 
 /// Checks a working directory and an environment before anything is started.
-pub fn check(cwd: &str, env: &[(String, String)]) -> Result<(), Response> {
+pub fn check(cwd: &str, env: &[(String, String)]) -> Result<(), AgentError> {
     if cwd.contains('\0') {
         return Err(error(ErrorKind::InvalidArgument, "cwd contains a NUL byte"));
     }
@@ -147,7 +144,7 @@ fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
 }
 
 /// Starts a process in its own session with stdin on /dev/null.
-pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, Response> {
+pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError> {
     let mut cmd = Command::new(launch.program);
     cmd.args(launch.args)
         .current_dir(launch.cwd)

@@ -1,8 +1,11 @@
 //! Engine errors and their HTTP form: every error leaves the engine as the spec's `Error` body
-//! with a stable `error_code`.
+//! with a stable `error_code` and the request's id.
 
-use axum::http::StatusCode;
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 
+use crate::agent::protocol::{AgentError, ErrorKind};
 use crate::engine::driver::DriverError;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +60,35 @@ impl EngineError {
     }
 }
 
+impl EngineError {
+    /// The spec's `Error` body for this error.
+    pub fn body(&self, request_id: &str) -> serde_json::Value {
+        let (_, code) = self.status_and_code();
+        serde_json::json!({
+            "error_code": code,
+            "message": self.to_string(),
+            "request_id": request_id,
+        })
+    }
+}
+
+impl IntoResponse for EngineError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        let request_id = crate::engine::ids::current_request_id();
+        if status.is_server_error() {
+            tracing::warn!(%request_id, code, "{self}");
+        }
+        let mut response = (status, Json(self.body(&request_id))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
 /// Longest message taken from inside a sandbox (an agent's error, a launcher's report): a
 /// sandbox's words reach the client, but never more than this.
 pub const MAX_SANDBOX_MESSAGE: usize = 2048;
@@ -79,6 +111,22 @@ impl From<DriverError> for EngineError {
             DriverError::Unsupported(m) => Self::Conflict(m),
             DriverError::Launch(m) | DriverError::Agent(m) => Self::Sandbox(m),
             DriverError::Io(m) => Self::Internal(m),
+        }
+    }
+}
+
+/// An agent's error (its words clipped: they come from inside the sandbox).
+impl From<AgentError> for EngineError {
+    fn from(e: AgentError) -> Self {
+        let m = clip(&e.message);
+        match e.kind {
+            ErrorKind::NotFound => Self::NotFound(m),
+            ErrorKind::InvalidArgument => Self::InvalidArgument(m),
+            ErrorKind::PermissionDenied => Self::PermissionDenied(m),
+            ErrorKind::Conflict => Self::Conflict(m),
+            ErrorKind::PayloadTooLarge => Self::PayloadTooLarge(m),
+            ErrorKind::DiskFull => Self::QuotaExceeded(m),
+            ErrorKind::Io => Self::Sandbox(m),
         }
     }
 }

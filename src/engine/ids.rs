@@ -52,6 +52,16 @@ pub fn request_id() -> String {
     base32(&random_bytes::<8>())
 }
 
+tokio::task_local! {
+    /// The id of the API request being handled, for everything that reports on it.
+    pub static REQUEST_ID: String;
+}
+
+/// The id of the API request being handled (empty outside one).
+pub fn current_request_id() -> String {
+    REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

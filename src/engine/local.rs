@@ -191,7 +191,7 @@ async fn start_owned(config: &EngineConfig, lock: EngineLock) -> Result<LocalEng
     let server = EngineServer::start(
         manager,
         listener,
-        crate::engine::server::keys([key.clone()], None),
+        crate::engine::api::keys([key.clone()], None),
     )
     .map_err(|e| format!("cannot start the engine: {e}"))?;
     publish(config, &server.url, &key)

@@ -16,12 +16,12 @@ use std::time::Duration;
 use futures::Stream;
 
 use crate::agent::protocol::{
-    ErrorKind, ExecOutcome, ExecSpec, JobInfo, Request, Response, RunCodeSpec, read_frame_limited,
-    write_frame,
+    Call, ExecOutcome, ExecSpec, Frame, JobInfo, JobList, KillAll, ListJobs, Output, Ping, Pong,
+    Request, read_frame_limited, write_frame,
 };
 use crate::engine::config::EngineConfig;
 use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
-use crate::engine::error::{EngineError, clip};
+use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::state::{Record, Status, Store};
 use crate::engine::templates::{self, Template};
@@ -153,6 +153,13 @@ pub struct Metrics {
     pub disk_limit_bytes: u64,
     pub limits_enforced: bool,
     pub disk_limit_enforced: bool,
+}
+
+/// What a streamed call yields: output as it arrives, then the reply.
+#[derive(Debug, Clone)]
+pub enum Event<R> {
+    Output(Output),
+    Reply(R),
 }
 
 /// An exec's outcome plus what the engine learned about memory.
@@ -528,18 +535,26 @@ impl Manager {
         Ok(())
     }
 
-    /// After an agent failure: if the agent is gone, remember that so the next call restarts it.
+    /// After an agent failure (it hung up, or broke the protocol): an agent that is gone, or that
+    /// no longer answers a ping as it should, is not trusted again — its processes are stopped and
+    /// the next call starts a fresh one on the sandbox's files.
     async fn note_agent_failure(&self, id: &str, entry: &Arc<Entry>) {
-        if self.driver.liveness(id).await == Liveness::Stopped {
-            let mut rt = entry.lifecycle.lock().await;
-            if *rt == Runtime::Running {
-                let driver = self.driver.clone();
-                let sid = id.to_string();
-                let _ = blocking(move || driver.stop(&sid)).await;
-                *rt = Runtime::Stopped;
-                entry.set_visible(Runtime::Stopped);
-                let _ = self.set_status(id, Status::Paused).await;
-            }
+        let gone = self.driver.liveness(id).await == Liveness::Stopped;
+        if gone || !self.ping(id).await {
+            self.stop_agent(id, entry).await;
+        }
+    }
+
+    /// Stops a running sandbox's processes and marks it so the next call restarts it.
+    async fn stop_agent(&self, id: &str, entry: &Arc<Entry>) {
+        let mut rt = entry.lifecycle.lock().await;
+        if *rt == Runtime::Running {
+            let driver = self.driver.clone();
+            let sid = id.to_string();
+            let _ = blocking(move || driver.stop(&sid)).await;
+            *rt = Runtime::Stopped;
+            entry.set_visible(Runtime::Stopped);
+            let _ = self.set_status(id, Status::Paused).await;
         }
     }
 
@@ -571,25 +586,27 @@ impl Manager {
         Ok(())
     }
 
-    /// Sends one request to the sandbox's agent (resuming the sandbox first) and returns the
-    /// final response. `deadline` bounds the whole exchange.
-    async fn agent_call(
+    /// Sends `call` to the sandbox's agent (resuming or restarting the sandbox first) and returns
+    /// its reply; output frames are skipped. `deadline` bounds the whole exchange.
+    pub async fn call<C: Call>(
         &self,
         id: &str,
         tenant: Option<&str>,
-        request: Request,
+        call: C,
         deadline: Duration,
-    ) -> Result<(Arc<Entry>, Response), EngineError> {
+    ) -> Result<C::Reply, EngineError> {
         let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
-        let limit = request.reply_limit();
+        let limit = call.reply_limit();
+        let request: Request = call.into();
         let exchange = async {
             write_frame(&mut conn, &request)
                 .await
                 .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
             loop {
-                match read_frame_limited::<_, Response>(&mut conn, limit).await {
-                    Ok(Some(Response::Output { .. })) => continue,
-                    Ok(Some(response)) => return Ok(response),
+                match read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit).await {
+                    Ok(Some(Frame::Output(_))) => continue,
+                    Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
+                    Ok(Some(Frame::Error(e))) => return Ok(Err(EngineError::from(e))),
                     Ok(None) => {
                         return Err(DriverError::Agent(
                             "the sandbox's agent closed the connection (it may have run out of memory)".into(),
@@ -604,7 +621,7 @@ impl Manager {
             }
         };
         match tokio::time::timeout(deadline, exchange).await {
-            Ok(Ok(response)) => Ok((entry, response)),
+            Ok(Ok(answer)) => answer,
             Ok(Err(e)) => {
                 self.note_agent_failure(id, &entry).await;
                 Err(e.into())
@@ -623,16 +640,8 @@ impl Manager {
                 deadline.as_secs()
             ));
         }
-        let mut rt = entry.lifecycle.lock().await;
-        if *rt == Runtime::Running {
-            tracing::warn!(sandbox = %id, "the agent stopped answering; stopping the sandbox");
-            let driver = self.driver.clone();
-            let sid = id.to_string();
-            let _ = blocking(move || driver.stop(&sid)).await;
-            *rt = Runtime::Stopped;
-            entry.set_visible(Runtime::Stopped);
-            let _ = self.set_status(id, Status::Paused).await;
-        }
+        tracing::warn!(sandbox = %id, "the agent stopped answering; stopping the sandbox");
+        self.stop_agent(id, entry).await;
         EngineError::Sandbox(format!(
             "the sandbox's agent stopped answering (no reply within {} s, none to a ping either), so the sandbox's processes were stopped; its files are kept and the next call restarts it",
             deadline.as_secs()
@@ -643,14 +652,14 @@ impl Manager {
     async fn ping(&self, id: &str) -> bool {
         let exchange = async {
             let mut conn = self.driver.connect(id).await.ok()?;
-            write_frame(&mut conn, &Request::Ping).await.ok()?;
-            read_frame_limited::<_, Response>(&mut conn, Request::Ping.reply_limit())
+            write_frame(&mut conn, &Request::from(Ping {})).await.ok()?;
+            read_frame_limited::<_, Frame<Pong>>(&mut conn, Ping {}.reply_limit())
                 .await
                 .ok()?
         };
         matches!(
             tokio::time::timeout(Duration::from_secs(2), exchange).await,
-            Ok(Some(Response::Pong { .. }))
+            Ok(Some(Frame::Reply(_)))
         )
     }
 
@@ -676,35 +685,42 @@ impl Manager {
         Ok((entry, inflight, conn))
     }
 
-    /// Sends one request and returns every frame the agent answers with, ending with the final
-    /// one. Dropping the stream closes the connection, which the agent takes as a cancellation.
-    pub async fn agent_stream(
+    /// Sends `call` and returns the agent's output as it arrives, ending with the reply.
+    /// Dropping the stream closes the connection, which the agent takes as a cancellation.
+    pub async fn stream<C: Call>(
         self: &Arc<Self>,
         id: &str,
         tenant: Option<&str>,
-        request: Request,
+        call: C,
         deadline: Duration,
-    ) -> Result<impl Stream<Item = Result<Response, EngineError>> + Send + 'static, EngineError>
+    ) -> Result<
+        impl Stream<Item = Result<Event<C::Reply>, EngineError>> + Send + 'static,
+        EngineError,
+    >
+    where
+        C::Reply: Send + 'static,
     {
         let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
-        let limit = request.reply_limit();
-        write_frame(&mut conn, &request)
+        let limit = call.reply_limit();
+        write_frame(&mut conn, &call.into())
             .await
             .map_err(|e| EngineError::Sandbox(format!("the sandbox's agent hung up: {e}")))?;
         let until = tokio::time::Instant::now() + deadline;
         let state = Some((conn, inflight, entry, self.clone(), id.to_string()));
         Ok(futures::stream::unfold(state, move |state| async move {
             let (mut conn, inflight, entry, manager, id) = state?;
-            match tokio::time::timeout_at(
+            let frame = tokio::time::timeout_at(
                 until,
-                read_frame_limited::<_, Response>(&mut conn, limit),
+                read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit),
             )
-            .await
-            {
-                Ok(Ok(Some(frame @ Response::Output { .. }))) => {
-                    Some((Ok(frame), Some((conn, inflight, entry, manager, id))))
-                }
-                Ok(Ok(Some(frame))) => Some((Ok(frame), None)),
+            .await;
+            match frame {
+                Ok(Ok(Some(Frame::Output(output)))) => Some((
+                    Ok(Event::Output(output)),
+                    Some((conn, inflight, entry, manager, id)),
+                )),
+                Ok(Ok(Some(Frame::Reply(reply)))) => Some((Ok(Event::Reply(reply)), None)),
+                Ok(Ok(Some(Frame::Error(e)))) => Some((Err(EngineError::from(e)), None)),
                 Ok(Ok(None)) | Ok(Err(_)) => {
                     manager.note_agent_failure(&id, &entry).await;
                     Some((
@@ -729,26 +745,9 @@ impl Manager {
     pub async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
         let oom = self.oom_kills(id).await > before;
         if oom {
-            let _ = self
-                .agent_call(id, tenant, Request::KillAll, AGENT_TIMEOUT)
-                .await;
+            let _ = self.call(id, tenant, KillAll {}, AGENT_TIMEOUT).await;
         }
         oom
-    }
-
-    /// Any request whose answer is one frame; agent errors become engine errors.
-    pub async fn request(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-        request: Request,
-        deadline: Duration,
-    ) -> Result<Response, EngineError> {
-        let (_, response) = self.agent_call(id, tenant, request, deadline).await?;
-        match response {
-            Response::Error { .. } => Err(agent_error(response)),
-            ok => Ok(ok),
-        }
     }
 
     /// Background jobs of a running sandbox (a paused one is not woken up to list them).
@@ -760,61 +759,35 @@ impl Manager {
         // Asked directly: looking at a sandbox is not activity, and must not keep it from
         // being paused when idle.
         let mut conn = self.driver.connect(id).await.ok()?;
-        write_frame(&mut conn, &Request::ListJobs).await.ok()?;
-        let limit = Request::ListJobs.reply_limit();
+        write_frame(&mut conn, &Request::from(ListJobs {}))
+            .await
+            .ok()?;
+        let limit = ListJobs {}.reply_limit();
         match tokio::time::timeout(
             Duration::from_secs(5),
-            read_frame_limited::<_, Response>(&mut conn, limit),
+            read_frame_limited::<_, Frame<JobList>>(&mut conn, limit),
         )
         .await
         {
-            Ok(Ok(Some(Response::Jobs { jobs }))) => Some(jobs),
+            Ok(Ok(Some(Frame::Reply(list)))) => Some(list.jobs),
             _ => None,
         }
     }
 
-    pub async fn run_code(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-        spec: RunCodeSpec,
-    ) -> Result<Response, EngineError> {
-        let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
-        self.request(id, tenant, Request::RunCode(spec), deadline)
-            .await
-    }
-
+    /// Runs a command to completion; on an OOM kill, the sandbox's other processes go too (v1
+    /// cgroups have no oom.group), so it never limps on half-dead.
     pub async fn exec(
         &self,
         id: &str,
         tenant: Option<&str>,
-        command: String,
-        cwd: Option<String>,
-        env: Vec<(String, String)>,
-        timeout_ms: u64,
+        spec: ExecSpec,
     ) -> Result<ExecResult, EngineError> {
         let before = self.oom_kills(id).await;
-        let spec = ExecSpec {
-            command,
-            cwd,
-            env,
-            timeout_ms,
-            max_output_bytes: EXEC_OUTPUT_CAP,
-            stream: false,
-        };
-        let deadline = Duration::from_millis(timeout_ms) + EXEC_GRACE;
-        let (_, response) = self
-            .agent_call(id, tenant, Request::Exec(spec), deadline)
-            .await?;
-        let outcome = match response {
-            Response::Exec(outcome) => outcome,
-            other => return Err(agent_error(other)),
-        };
-        // v1 cgroups have no oom.group: when the kernel killed one process for memory, kill the
-        // rest too, so the sandbox never limps on half-dead.
+        let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+        let outcome = self.call(id, tenant, spec, deadline).await?;
         let oom_killed = self.settle_oom(id, tenant, before).await;
         Ok(ExecResult {
-            outcome: *outcome,
+            outcome,
             oom_killed,
         })
     }
@@ -825,20 +798,6 @@ impl Manager {
         blocking(move || driver.usage(&sid).oom_kills)
             .await
             .unwrap_or(0)
-    }
-
-    /// A file operation: one request, one response.
-    pub async fn file_op(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-        request: Request,
-    ) -> Result<Response, EngineError> {
-        let (_, response) = self.agent_call(id, tenant, request, AGENT_TIMEOUT).await?;
-        match response {
-            Response::Error { .. } => Err(agent_error(response)),
-            ok => Ok(ok),
-        }
     }
 
     pub async fn metrics(&self, id: &str, tenant: Option<&str>) -> Result<Metrics, EngineError> {
@@ -927,24 +886,5 @@ impl Manager {
         }
         let driver = self.driver.clone();
         let _ = blocking(move || driver.close()).await;
-    }
-}
-
-/// Maps an agent error response to an engine error; the agent's words are clipped (they come
-/// from inside the sandbox).
-pub fn agent_error(response: Response) -> EngineError {
-    match response {
-        Response::Error { kind, message } => match (kind, clip(&message)) {
-            (ErrorKind::NotFound, m) => EngineError::NotFound(m),
-            (ErrorKind::InvalidArgument, m) => EngineError::InvalidArgument(m),
-            (ErrorKind::PermissionDenied, m) => EngineError::PermissionDenied(m),
-            (ErrorKind::Conflict, m) => EngineError::Conflict(m),
-            (ErrorKind::PayloadTooLarge, m) => EngineError::PayloadTooLarge(m),
-            (ErrorKind::DiskFull, m) => EngineError::QuotaExceeded(m),
-            (ErrorKind::Io, m) => EngineError::Sandbox(m),
-        },
-        other => EngineError::Sandbox(clip(&format!(
-            "unexpected answer from the sandbox's agent: {other:?}"
-        ))),
     }
 }

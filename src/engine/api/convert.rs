@@ -1,0 +1,254 @@
+//! Conversions into and out of the API's generated types: from what the agent answers and what
+//! the manager keeps, to what the spec says a response is. Each is a `From` (or, where the
+//! generated type checks a constraint, `TryFrom`) impl, so a handler converts with `.into()` or
+//! `.try_into()`.
+
+use std::collections::BTreeMap;
+
+use crate::agent::protocol::{
+    CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
+};
+use crate::client::types;
+use crate::engine::driver::Shape;
+use crate::engine::error::EngineError;
+use crate::engine::ids;
+use crate::engine::manager::{ExecResult, SandboxView};
+use crate::engine::state::Status;
+
+/// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
+fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(format!("response does not fit the API: {e}"))
+}
+
+impl From<Status> for types::SandboxStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Running => Self::Running,
+            Status::Creating | Status::Paused | Status::Killing => Self::Paused,
+        }
+    }
+}
+
+impl From<types::SandboxStatus> for Status {
+    fn from(s: types::SandboxStatus) -> Self {
+        match s {
+            types::SandboxStatus::Running => Self::Running,
+            types::SandboxStatus::Paused => Self::Paused,
+        }
+    }
+}
+
+impl From<&Shape> for types::Shape {
+    fn from(s: &Shape) -> Self {
+        Self {
+            vcpus: s.vcpus,
+            memory_mb: s.memory_mb,
+            disk_mb: s.disk_mb,
+            max_pids: s.max_pids,
+        }
+    }
+}
+
+impl From<JobState> for types::JobState {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Running => Self::Running,
+            JobState::Exited => Self::Exited,
+        }
+    }
+}
+
+impl From<Language> for types::Language {
+    fn from(l: Language) -> Self {
+        match l {
+            Language::Python => Self::Python,
+            Language::Node => Self::Node,
+        }
+    }
+}
+
+impl From<types::Language> for Language {
+    fn from(l: types::Language) -> Self {
+        match l {
+            types::Language::Python => Self::Python,
+            types::Language::Node => Self::Node,
+        }
+    }
+}
+
+impl From<FileKind> for types::FileType {
+    fn from(k: FileKind) -> Self {
+        match k {
+            FileKind::File => Self::File,
+            FileKind::Dir => Self::Dir,
+            FileKind::Symlink => Self::Symlink,
+            FileKind::Other => Self::Other,
+        }
+    }
+}
+
+impl From<DirEntry> for types::FileEntry {
+    fn from(e: DirEntry) -> Self {
+        Self {
+            name: e.name,
+            type_: e.kind.into(),
+            size: e.size,
+            mtime: ids::rfc3339(e.mtime * 1000),
+        }
+    }
+}
+
+impl From<Zip> for types::DirArchive {
+    fn from(z: Zip) -> Self {
+        Self {
+            path: z.path,
+            zip_base64: z.zip_b64,
+            zip_bytes: z.zip_bytes,
+            files: z.files,
+            skipped: z.skipped,
+        }
+    }
+}
+
+impl From<ExecResult> for types::ExecResult {
+    fn from(r: ExecResult) -> Self {
+        let o = r.outcome;
+        Self {
+            exit_code: o.exit_code,
+            signal: o.signal,
+            stdout: o.stdout,
+            stderr: o.stderr,
+            truncated: o.truncated,
+            stdout_bytes: o.stdout_bytes,
+            stderr_bytes: o.stderr_bytes,
+            stdout_file: o.stdout_file,
+            stderr_file: o.stderr_file,
+            timed_out: o.timed_out,
+            oom_killed: Some(r.oom_killed),
+            duration_ms: o.duration_ms,
+            job_id: None,
+        }
+    }
+}
+
+impl TryFrom<&JobInfo> for types::JobSummary {
+    type Error = EngineError;
+
+    fn try_from(j: &JobInfo) -> Result<Self, EngineError> {
+        Ok(Self {
+            job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
+            command: j.command.clone(),
+            status: j.status.into(),
+            exit_code: j.exit_code,
+            signal: j.signal,
+            started_at: ids::rfc3339(j.started_at),
+            finished_at: j.finished_at.map(ids::rfc3339),
+            output_bytes: j.output_bytes,
+            log_file: j.log_file.clone(),
+        })
+    }
+}
+
+impl TryFrom<JobInfo> for types::JobStatus {
+    type Error = EngineError;
+
+    fn try_from(j: JobInfo) -> Result<Self, EngineError> {
+        Ok(Self {
+            job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
+            status: j.status.into(),
+            exit_code: j.exit_code,
+            signal: j.signal,
+            started_at: ids::rfc3339(j.started_at),
+            finished_at: j.finished_at.map(ids::rfc3339),
+            output_bytes: j.output_bytes,
+            log_file: j.log_file,
+            has_more: j.next_offset < j.output_bytes,
+            output: j.output.unwrap_or_default(),
+            offset: j.offset,
+            next_offset: j.next_offset,
+            dropped_bytes: j.dropped_bytes,
+            command: j.command,
+        })
+    }
+}
+
+impl TryFrom<ContextInfo> for types::CodeContext {
+    type Error = EngineError;
+
+    fn try_from(c: ContextInfo) -> Result<Self, EngineError> {
+        Ok(Self {
+            context_id: types::ContextId::try_from(c.context_id).map_err(internal)?,
+            language: c.language.into(),
+            cwd: c.cwd,
+            created_at: ids::rfc3339(c.created_at),
+            alive: c.alive,
+            is_default: c.is_default,
+        })
+    }
+}
+
+impl TryFrom<CodeOutcome> for types::RunCodeResult {
+    type Error = EngineError;
+
+    fn try_from(o: CodeOutcome) -> Result<Self, EngineError> {
+        Ok(Self {
+            context_id: types::ContextId::try_from(o.context_id).map_err(internal)?,
+            language: o.language.into(),
+            result: o.result,
+            error: o.error.map(|e| types::CodeError {
+                name: e.name,
+                message: e.message,
+                traceback: e.traceback,
+            }),
+            stdout: o.stdout,
+            stderr: o.stderr,
+            stdout_bytes: o.stdout_bytes,
+            stderr_bytes: o.stderr_bytes,
+            truncated: o.truncated,
+            stdout_file: o.stdout_file,
+            stderr_file: o.stderr_file,
+            timed_out: o.timed_out,
+            context_lost: o.context_lost,
+            context_restarted: o.context_restarted,
+            duration_ms: o.duration_ms,
+        })
+    }
+}
+
+impl TryFrom<&SandboxView> for types::Sandbox {
+    type Error = EngineError;
+
+    fn try_from(view: &SandboxView) -> Result<Self, EngineError> {
+        let r = &view.record;
+        let mut metadata = BTreeMap::new();
+        for (k, v) in &r.metadata {
+            metadata.insert(
+                k.clone(),
+                types::MetadataValue::try_from(v.clone()).map_err(internal)?,
+            );
+        }
+        Ok(Self {
+            id: types::SandboxId::try_from(r.id.clone()).map_err(internal)?,
+            name: r.name.clone(),
+            status: r.status.into(),
+            template: r.template.clone(),
+            shape: (&r.shape).into(),
+            metadata: types::Metadata(metadata),
+            env_var_names: r.env.iter().map(|(k, _)| k.clone()).collect(),
+            created_at: ids::rfc3339(r.created_at),
+            last_active_at: ids::rfc3339(r.last_active_at),
+            expires_at: r.expires_at.map(ids::rfc3339),
+            jobs: view
+                .jobs
+                .iter()
+                .map(types::JobSummary::try_from)
+                .collect::<Result<_, _>>()?,
+            usage: view.usage.map(|(u, disk)| types::Usage {
+                cpu_seconds: u.cpu_seconds,
+                memory_bytes: u.memory_bytes,
+                pids: u.pids,
+                disk_bytes: disk,
+            }),
+        })
+    }
+}

@@ -1,0 +1,291 @@
+//! Sandboxes as a resource: create, list, get, update, kill, pause, resume, metrics; and the
+//! engine's health and templates.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+
+use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
+use crate::client::types;
+use crate::engine::error::EngineError;
+use crate::engine::manager::{CreateRequest, SandboxView};
+use crate::engine::state::Status;
+
+type ApiResult<T> = Result<Json<T>, EngineError>;
+
+/// Longest environment variable name accepted.
+const MAX_ENV_NAME: usize = 128;
+/// Longest metadata key accepted.
+const MAX_METADATA_KEY: usize = 64;
+/// Most environment variables (the spec's `maxProperties`).
+const MAX_ENV_VARS: usize = 64;
+/// Longest metadata filter accepted.
+const MAX_FILTER: usize = 2048;
+/// Longest `timeout_seconds` (30 days).
+const MAX_TIMEOUT_SECONDS: u64 = 2_592_000;
+
+/// Metadata keys: the list filter is written `key=value,…`, so keys cannot hold `,` or `=`.
+fn check_metadata(
+    m: &BTreeMap<String, types::MetadataValue>,
+) -> Result<BTreeMap<String, String>, EngineError> {
+    let mut out = BTreeMap::new();
+    for (k, v) in m {
+        if k.is_empty()
+            || k.chars().count() > MAX_METADATA_KEY
+            || k.contains([',', '='])
+            || k.contains('\0')
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "metadata key {k:?} is invalid: use 1-{MAX_METADATA_KEY} characters without `,`, `=` or NUL"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(EngineError::InvalidArgument(format!(
+                "metadata value of {k:?} contains a NUL byte"
+            )));
+        }
+        out.insert(k.clone(), v.to_string());
+    }
+    Ok(out)
+}
+
+/// Environment variables: names must be identifiers (OpenAPI 3.0 cannot say so of object keys).
+pub(super) fn check_env(env: &types::EnvVars) -> Result<Vec<(String, String)>, EngineError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(EngineError::InvalidArgument(format!(
+            "{} environment variables given; at most {MAX_ENV_VARS} are allowed",
+            env.len()
+        )));
+    }
+    let mut out = Vec::new();
+    for (k, v) in env.iter() {
+        let valid = !k.is_empty()
+            && k.len() <= MAX_ENV_NAME
+            && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(EngineError::InvalidArgument(format!(
+                "environment variable name {:?} is invalid: use letters, digits and `_`, not starting with a digit, at most {MAX_ENV_NAME} characters",
+                k.chars().take(MAX_ENV_NAME + 1).collect::<String>()
+            )));
+        }
+        if v.contains('\0') {
+            return Err(EngineError::InvalidArgument(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
+        }
+        out.push((k.clone(), v.to_string()));
+    }
+    Ok(out)
+}
+
+/// `key=value,key=value` → pairs.
+fn parse_metadata_filter(s: &str) -> Result<Vec<(String, String)>, EngineError> {
+    if s.chars().count() > MAX_FILTER {
+        return Err(EngineError::InvalidArgument(format!(
+            "metadata filter is longer than {MAX_FILTER} characters"
+        )));
+    }
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| {
+                    EngineError::InvalidArgument(format!(
+                        "metadata filter {pair:?} is not `key=value`; write pairs like `project=demo,owner=alice`"
+                    ))
+                })
+        })
+        .collect()
+}
+
+fn sandbox(view: &SandboxView) -> ApiResult<types::Sandbox> {
+    Ok(Json(view.try_into()?))
+}
+
+pub async fn health(State(state): State<AppState>) -> ApiResult<types::Health> {
+    Ok(Json(types::Health {
+        status: "ok".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        driver: state.manager.driver().name().into(),
+    }))
+}
+
+pub async fn list_templates(State(state): State<AppState>) -> ApiResult<types::TemplateList> {
+    let templates = state
+        .manager
+        .templates()
+        .iter()
+        .map(|t| {
+            Ok(types::Template {
+                name: types::TemplateName::try_from(t.name.clone())
+                    .map_err(|e| EngineError::Internal(format!("template name: {e}")))?,
+                description: t.description.clone(),
+                shape: (&t.shape).into(),
+                default: t.name == crate::engine::templates::BASE,
+            })
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+    Ok(Json(types::TemplateList { templates }))
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSandboxRequest>,
+) -> Result<(StatusCode, Json<types::Sandbox>), EngineError> {
+    let metadata = match &body.metadata {
+        Some(m) => check_metadata(&m.0)?,
+        None => BTreeMap::new(),
+    };
+    let env = match &body.env_vars {
+        Some(e) => check_env(e)?,
+        None => Vec::new(),
+    };
+    if let Some(t) = body.timeout_seconds
+        && t.get() > MAX_TIMEOUT_SECONDS
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "timeout_seconds is at most {MAX_TIMEOUT_SECONDS} (30 days)"
+        )));
+    }
+    let view = state
+        .manager
+        .create(CreateRequest {
+            name: body.name.as_ref().map(|n| n.to_string()),
+            template: body.template.as_ref().map(|t| t.to_string()),
+            metadata,
+            env,
+            timeout_seconds: body.timeout_seconds.map(|t| t.get()),
+            tenant: tenant.0,
+        })
+        .await?;
+    Ok((StatusCode::CREATED, sandbox(&view)?))
+}
+
+#[derive(Deserialize)]
+pub struct ListQuery {
+    status: Option<types::SandboxStatus>,
+    metadata: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> ApiResult<types::SandboxList> {
+    let filter = match &query.metadata {
+        Some(m) => parse_metadata_filter(m)?,
+        None => Vec::new(),
+    };
+    let status = query.status.map(Status::from);
+    let sandboxes = state
+        .manager
+        .list(status, &filter, tenant.as_deref())
+        .into_iter()
+        .map(|record| {
+            types::Sandbox::try_from(&SandboxView {
+                record,
+                usage: None,
+                jobs: Vec::new(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(types::SandboxList { sandboxes }))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<types::Sandbox> {
+    let id = sandbox_id(&id)?;
+    let mut view = state.manager.get(id, tenant.as_deref(), true).await?;
+    view.jobs = state
+        .manager
+        .jobs(id, tenant.as_deref())
+        .await
+        .unwrap_or_default();
+    sandbox(&view)
+}
+
+pub async fn update(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::UpdateSandboxRequest>,
+) -> ApiResult<types::Sandbox> {
+    let metadata = check_metadata(&body.metadata.0)?;
+    let view = state
+        .manager
+        .update_metadata(sandbox_id(&id)?, tenant.as_deref(), metadata)
+        .await?;
+    sandbox(&view)
+}
+
+pub async fn kill(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<types::KillResult> {
+    let id = sandbox_id(&id)?;
+    state.manager.kill(id, tenant.as_deref()).await?;
+    Ok(Json(types::KillResult {
+        id: types::SandboxId::try_from(id.to_string())
+            .map_err(|e| EngineError::Internal(e.to_string()))?,
+        killed: true,
+    }))
+}
+
+pub async fn pause(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<types::Sandbox> {
+    let view = state
+        .manager
+        .pause(sandbox_id(&id)?, tenant.as_deref())
+        .await?;
+    sandbox(&view)
+}
+
+pub async fn resume(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<types::Sandbox> {
+    let view = state
+        .manager
+        .resume(sandbox_id(&id)?, tenant.as_deref())
+        .await?;
+    sandbox(&view)
+}
+
+pub async fn metrics(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> ApiResult<types::SandboxMetrics> {
+    let id = sandbox_id(&id)?;
+    let m = state.manager.metrics(id, tenant.as_deref()).await?;
+    Ok(Json(types::SandboxMetrics {
+        id: types::SandboxId::try_from(id.to_string())
+            .map_err(|e| EngineError::Internal(e.to_string()))?,
+        status: m.status.into(),
+        cpu_seconds: m.usage.cpu_seconds,
+        memory_bytes: m.usage.memory_bytes,
+        memory_peak_bytes: m.usage.memory_peak_bytes,
+        memory_limit_bytes: m.usage.memory_limit_bytes,
+        pids: m.usage.pids,
+        pids_limit: m.usage.pids_limit,
+        disk_bytes: m.disk_bytes,
+        disk_limit_bytes: m.disk_limit_bytes,
+        limits_enforced: m.limits_enforced,
+        disk_limit_enforced: m.disk_limit_enforced,
+    }))
+}
