@@ -247,7 +247,9 @@ pub fn main() -> ExitCode {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging("warn,rmcp::service=error");
-    let profile = args.session_sandbox.then_some("session");
+    let profile = args
+        .session_sandbox
+        .then_some(crate::mcp::server::SESSION_PROFILE);
     let selection = registry()
         .select_in(profile, &args.tools)
         .map_err(anyhow::Error::msg)?;
@@ -416,9 +418,7 @@ async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()
             config.data_dir.display(),
         );
     };
-    let manager = local::open_manager(&config)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    let manager = local::open_manager(&config).await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;

@@ -19,7 +19,7 @@ fn agent() -> ExitCode {
     let entered = match inside::enter() {
         Ok(entered) => entered,
         Err(e) => {
-            server::report_failure(launcher::AGENT_STATUS_FD, &e);
+            server::report_failure(launcher::AGENT_STATUS_FD, &e.to_string());
             return ExitCode::FAILURE;
         }
     };

@@ -19,6 +19,10 @@ pub const BUILTIN_PLACEHOLDERS: [&str; 4] = ["message", "error_code", "status", 
 
 const MAX_DESCRIPTION: usize = 4096;
 
+/// Messages a profile with a `session_arg` must give the model, by key: its session's sandbox
+/// is gone (the next call makes a new one); a request came without a session to bind.
+pub const PROFILE_ERRORS: [&str; 2] = ["session_gone", "no_session"];
+
 struct Ctx<'a> {
     spec: &'a Spec,
     errors: Vec<CodegenError>,
@@ -229,6 +233,30 @@ fn bind_profile(
             format!("session_arg `{arg}` is no argument of any tool"),
         );
     }
+    for key in raw.errors.keys() {
+        if !PROFILE_ERRORS.contains(&key.as_str()) {
+            let hint = did_you_mean(key, PROFILE_ERRORS.into_iter());
+            ctx.fail(
+                f,
+                Some(&label),
+                format!(
+                    "[errors] `{key}` is not a profile message.{hint} Profile messages: {}",
+                    PROFILE_ERRORS.join(", ")
+                ),
+            );
+        }
+    }
+    if raw.session_arg.is_some() {
+        for key in PROFILE_ERRORS {
+            if raw.errors.get(key).is_none_or(|m| m.trim().is_empty()) {
+                ctx.fail(
+                    f,
+                    Some(&label),
+                    format!("[errors] `{key}` is missing: a profile with a session_arg must tell the model what happened"),
+                );
+            }
+        }
+    }
     if ctx.errors.len() > before {
         return None;
     }
@@ -269,6 +297,11 @@ fn bind_profile(
     Some(Profile {
         description: raw.description.trim().to_string(),
         session_arg: raw.session_arg.clone(),
+        errors: raw
+            .errors
+            .iter()
+            .map(|(k, v)| (k.clone(), v.trim().to_string()))
+            .collect(),
         tools,
     })
 }

@@ -31,6 +31,9 @@ pub struct Profile {
     pub description: String,
     /// The argument every tool takes from the session (hidden from the model).
     pub session_arg: Option<String>,
+    /// The profile's own messages to the model (`session_gone`, `no_session`).
+    #[serde(default)]
+    pub errors: BTreeMap<String, String>,
     pub tools: Vec<ToolDef>,
 }
 

@@ -30,6 +30,9 @@ pub struct RawProfile {
     /// Tools left out of this profile.
     #[serde(default)]
     pub exclude: Vec<String>,
+    /// The profile's own messages to the model, by situation (see `PROFILE_ERRORS`).
+    #[serde(default)]
+    pub errors: BTreeMap<String, String>,
 }
 
 /// `[defaults]`: applies to every tool in the file unless the tool says otherwise.

@@ -8,19 +8,31 @@ use std::path::PathBuf;
 use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum DriverError {
-    /// The host cannot do this (e.g. pause without a cgroup freezer).
+    /// The host cannot do this (e.g. pause without a cgroup freezer); says what would.
     #[error("{0}")]
     Unsupported(String),
-    /// The sandbox could not be started.
+    /// The sandbox could not be started: the launcher's report, meant for the caller.
     #[error("{0}")]
     Launch(String),
     /// The agent could not be reached or broke the protocol.
     #[error("{0}")]
     Agent(String),
-    #[error("{0}")]
-    Io(String),
+    /// An operation on the host failed (a cgroup, the store, the registry).
+    #[error("cannot {what}: {source}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl DriverError {
+    /// Names the host operation an I/O error belongs to.
+    pub fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::Io { what, source }
+    }
 }
 
 /// The resources a sandbox gets.

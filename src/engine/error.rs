@@ -8,6 +8,10 @@ use axum::response::{IntoResponse, Response};
 use crate::agent::protocol::{AgentError, ErrorKind};
 use crate::engine::driver::DriverError;
 
+/// Every way an API request fails. The variants holding a `String` are messages for the caller
+/// (what to fix, or what happened to the sandbox); the ones holding a source are the engine's own
+/// failures, whose details go to the log with the request id, while the caller gets a short note
+/// ([`EngineError::external_message`]) — as dropshot separates internal and external messages.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("{0}")]
@@ -32,8 +36,24 @@ pub enum EngineError {
     Sandbox(String),
     #[error("{0}")]
     Unavailable(String),
-    #[error("{0}")]
-    Internal(String),
+    /// The state database failed.
+    #[error("state database: {0}")]
+    State(#[from] rusqlite::Error),
+    /// An operation on the host failed (cgroups, the sandbox store, the uid registry).
+    #[error(transparent)]
+    Host(DriverError),
+    /// A background task panicked or was cancelled.
+    #[error("background task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// The templates could not be prepared.
+    #[error("templates: {0}")]
+    Templates(#[source] std::io::Error),
+    /// A sandbox could not be deleted completely; the kill is finished at the next start.
+    #[error("kill incomplete: {0}")]
+    KillIncomplete(#[source] DriverError),
+    /// The engine made a response the API's own types refuse: a bug.
+    #[error("response does not fit the API: {0}")]
+    Response(String),
 }
 
 impl EngineError {
@@ -55,8 +75,48 @@ impl EngineError {
             Self::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             Self::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
             Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Self::State(_)
+            | Self::Host(_)
+            | Self::Task(_)
+            | Self::Templates(_)
+            | Self::KillIncomplete(_)
+            | Self::Response(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
+    }
+
+    /// What the caller is told. For the engine's own failures that is a note, never the
+    /// internal detail (paths, database errors), which the log has under the request id.
+    pub fn external_message(&self) -> String {
+        match self {
+            Self::KillIncomplete(_) => {
+                "the sandbox's processes are stopped but its files could not all be deleted; \
+                 the engine finishes the kill when it next starts"
+                    .into()
+            }
+            Self::State(_)
+            | Self::Host(_)
+            | Self::Task(_)
+            | Self::Templates(_)
+            | Self::Response(_) => {
+                "the engine failed internally; its log has the details under this request id".into()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// The error with its whole chain of causes, for the log.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(s) = source {
+            let next = s.to_string();
+            if !text.ends_with(&next) {
+                text.push_str(": ");
+                text.push_str(&next);
+            }
+            source = s.source();
+        }
+        text
     }
 }
 
@@ -66,7 +126,7 @@ impl EngineError {
         let (_, code) = self.status_and_code();
         serde_json::json!({
             "error_code": code,
-            "message": self.to_string(),
+            "message": self.external_message(),
             "request_id": request_id,
         })
     }
@@ -77,7 +137,7 @@ impl IntoResponse for EngineError {
         let (status, code) = self.status_and_code();
         let request_id = crate::engine::ids::current_request_id();
         if status.is_server_error() {
-            tracing::warn!(%request_id, code, "{self}");
+            tracing::warn!(%request_id, code, "{}", self.chain());
         }
         let mut response = (status, Json(self.body(&request_id))).into_response();
         if status == StatusCode::UNAUTHORIZED {
@@ -110,7 +170,7 @@ impl From<DriverError> for EngineError {
         match e {
             DriverError::Unsupported(m) => Self::Conflict(m),
             DriverError::Launch(m) | DriverError::Agent(m) => Self::Sandbox(m),
-            DriverError::Io(m) => Self::Internal(m),
+            e @ DriverError::Io { .. } => Self::Host(e),
         }
     }
 }
@@ -131,8 +191,23 @@ impl From<AgentError> for EngineError {
     }
 }
 
-impl From<rusqlite::Error> for EngineError {
-    fn from(e: rusqlite::Error) -> Self {
-        Self::Internal(format!("state database: {e}"))
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_detail_goes_to_the_log_not_to_the_caller() {
+        let cause = std::io::Error::other("/var/lib/sandbox-mcp/sandboxes/x: device busy");
+        let e = EngineError::Host(DriverError::io("remove the sandbox's cgroups")(cause));
+        let body = e.body("req1");
+        assert_eq!(body["error_code"], "internal");
+        let message = body["message"].as_str().unwrap();
+        assert!(!message.contains("/var/lib"), "{message}");
+        assert!(message.contains("request id"), "{message}");
+        assert!(e.chain().contains("device busy"), "{}", e.chain());
+        // A message meant for the caller reaches it whole.
+        let e = EngineError::NotFound("sandbox sbx_x not found".into());
+        assert_eq!(e.body("r")["message"], "sandbox sbx_x not found");
     }
 }

@@ -4,7 +4,7 @@
 //! [`plan`] computes what to build (pure); [`launcher`] (the hidden `__launch` subcommand) creates
 //! the namespaces from outside and execs the agent, which builds the rest from inside
 //! ([`inside`]); [`driver`] drives both from the engine; [`cgroups`], [`disk`], [`seccomp`],
-//! [`uids`] and [`sys`] are the pieces.
+//! [`uids`], [`step`] and [`sys`] are the pieces.
 
 pub mod cgroups;
 pub mod disk;
@@ -13,6 +13,7 @@ pub mod inside;
 pub mod launcher;
 pub mod plan;
 pub mod seccomp;
+pub mod step;
 pub mod sys;
 pub mod uids;
 

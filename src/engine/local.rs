@@ -8,6 +8,7 @@
 use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,35 @@ use crate::engine::ids;
 use crate::engine::linux::NamespacesDriver;
 use crate::engine::manager::Manager;
 use crate::engine::server::EngineServer;
+
+/// Why the local engine could not be started or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("cannot {what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot set up the sandbox driver: {0}")]
+    Driver(#[from] crate::engine::driver::DriverError),
+    #[error("cannot open the engine's state: {0}")]
+    Engine(#[from] crate::engine::error::EngineError),
+    #[error("cannot listen on loopback: {0}")]
+    Listen(#[source] std::io::Error),
+    #[error(
+        "another process holds {} but its engine does not answer; stop it or remove the lock",
+        .0.display()
+    )]
+    Unresponsive(PathBuf),
+}
+
+impl LocalError {
+    fn file(what: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> Self {
+        move |source| Self::File { what, path, source }
+    }
+}
 
 /// How long to wait for another process's engine to appear before giving up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -91,18 +121,15 @@ pub fn published(config: &EngineConfig) -> Option<(String, u32)> {
 }
 
 /// Opens the manager for `config` with the namespaces driver.
-pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, String> {
+pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalError> {
     let driver = NamespacesDriver::new(crate::engine::linux::driver::Options {
         sandboxes_dir: config.sandboxes_dir(),
         exe: config.exe.clone(),
         disk_limits: config.disk_limits,
         max_sandboxes: config.max_sandboxes,
         uid_registry: config.uid_registry.clone(),
-    })
-    .map_err(|e| e.to_string())?;
-    Manager::open(config.clone(), Arc::new(driver))
-        .await
-        .map_err(|e| e.to_string())
+    })?;
+    Ok(Manager::open(config.clone(), Arc::new(driver)).await?)
 }
 
 /// Publishes where this process's engine listens, for other local MCP servers.
@@ -149,14 +176,14 @@ async fn healthy(url: &str, key: &str) -> bool {
 }
 
 /// Starts the engine here if no other process runs one for this data dir, else attaches to it.
-pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, String> {
-    prepare_data_dir(config)
-        .map_err(|e| format!("cannot create data dir {}: {e}", config.data_dir.display()))?;
+pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
+    prepare_data_dir(config).map_err(LocalError::file(
+        "create the data dir",
+        config.data_dir.clone(),
+    ))?;
     let started = Instant::now();
     loop {
-        match try_lock(config)
-            .map_err(|e| format!("cannot lock {}: {e}", config.lock_file().display()))?
-        {
+        match try_lock(config).map_err(LocalError::file("lock", config.lock_file()))? {
             Some(lock) => return start_owned(config, lock).await,
             None => {
                 if let Ok(text) = fs::read_to_string(config.endpoint_file())
@@ -173,29 +200,26 @@ pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, Strin
             }
         }
         if started.elapsed() > ATTACH_TIMEOUT {
-            return Err(format!(
-                "another process holds {} but its engine does not answer; stop it or remove the lock",
-                config.lock_file().display()
-            ));
+            return Err(LocalError::Unresponsive(config.lock_file()));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-async fn start_owned(config: &EngineConfig, lock: EngineLock) -> Result<LocalEngine, String> {
+async fn start_owned(config: &EngineConfig, lock: EngineLock) -> Result<LocalEngine, LocalError> {
     let manager = open_manager(config).await?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .map_err(|e| format!("cannot listen on loopback: {e}"))?;
+        .map_err(LocalError::Listen)?;
     let key = ids::api_key();
     let server = EngineServer::start(
         manager,
         listener,
         crate::engine::api::keys([key.clone()], None),
     )
-    .map_err(|e| format!("cannot start the engine: {e}"))?;
+    .map_err(LocalError::Listen)?;
     publish(config, &server.url, &key)
-        .map_err(|e| format!("cannot write {}: {e}", config.endpoint_file().display()))?;
+        .map_err(LocalError::file("write", config.endpoint_file()))?;
     tracing::info!(url = %server.url, data_dir = %config.data_dir.display(), "sandbox engine started");
     Ok(LocalEngine {
         url: server.url.clone(),

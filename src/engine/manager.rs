@@ -181,9 +181,7 @@ pub struct Manager {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, EngineError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| EngineError::Internal(format!("background task failed: {e}")))
+    Ok(tokio::task::spawn_blocking(f).await?)
 }
 
 impl Manager {
@@ -197,7 +195,7 @@ impl Manager {
         let templates_dir = config.templates_dir();
         let templates = blocking(move || templates::load(&templates_dir))
             .await?
-            .map_err(|e| EngineError::Internal(format!("cannot prepare templates: {e}")))?;
+            .map_err(EngineError::Templates)?;
         let manager = Arc::new(Self {
             config,
             driver,
@@ -570,11 +568,7 @@ impl Manager {
         let sid = id.to_string();
         let slot = lock(&entry.record).uid_slot;
         blocking(move || -> Result<(), EngineError> {
-            driver.destroy(&sid).map_err(|e| {
-                EngineError::Internal(format!(
-                    "kill incomplete ({e}); it is retried when the engine restarts"
-                ))
-            })?;
+            driver.destroy(&sid).map_err(EngineError::KillIncomplete)?;
             store.delete(&sid)?;
             driver.release_slot(slot);
             Ok(())

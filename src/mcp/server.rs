@@ -61,6 +61,19 @@ pub struct SandboxMcp {
     session: Option<Arc<SessionSandbox>>,
 }
 
+/// The tool profile a session-sandbox server serves (`tool-defs/80-profiles.toml`).
+pub const SESSION_PROFILE: &str = "session";
+
+/// One of the session profile's messages to the model (the build checks they exist).
+fn session_message(key: &str) -> String {
+    crate::tooldefs::registry()
+        .profiles
+        .get(SESSION_PROFILE)
+        .and_then(|p| p.errors.get(key))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// What a call needs besides its arguments.
 #[derive(Default)]
 pub struct CallContext {
@@ -153,11 +166,7 @@ impl SandboxMcp {
         let tenant = cx.tenant.as_deref();
         if let (Some(arg), Some(session)) = (&def.session_arg, &self.session) {
             if cx.stateless {
-                let failure = CallFailure::InvalidArgs(
-                    "this server gives each MCP session its own sandbox, and this request came without a session; \
-                     connect with protocol 2025-06-18 or 2025-11-25 (which have sessions)"
-                        .into(),
-                );
+                let failure = CallFailure::InvalidArgs(session_message("no_session"));
                 return Ok(shape::failure_result(def, Some(&args), &failure));
             }
             match session.id(tenant).await {
@@ -192,11 +201,7 @@ impl SandboxMcp {
                     && session.forget_if_gone(id, tenant).await =>
             {
                 Ok(CallToolResult::error(vec![
-                    rmcp::model::ContentBlock::text(
-                        "This session's sandbox no longer exists (it was killed or reached its time limit), \
-                     so its files and processes are gone. The next call starts a fresh sandbox; \
-                     recreate any files you need.",
-                    ),
+                    rmcp::model::ContentBlock::text(session_message("session_gone")),
                 ]))
             }
             Err(failure) => {

@@ -17,7 +17,7 @@ use crate::engine::state::Status;
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
 fn internal(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Internal(format!("response does not fit the API: {e}"))
+    EngineError::Response(e.to_string())
 }
 
 impl From<Status> for types::SandboxStatus {

@@ -91,7 +91,7 @@ pub async fn exec_command_stream(
         // Nothing to stream: the job starts and the answer is immediate.
         let job = start_job(&state, &id, tenant.as_deref(), spec).await?;
         return Ok(ndjson::result_only(
-            serde_json::to_value(job).map_err(|e| EngineError::Internal(e.to_string()))?,
+            serde_json::to_value(job).map_err(|e| EngineError::Response(e.to_string()))?,
         ));
     }
     let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
@@ -110,7 +110,7 @@ pub async fn exec_command_stream(
                 outcome,
                 oom_killed,
             });
-            serde_json::to_value(result).map_err(|e| EngineError::Internal(e.to_string()))
+            serde_json::to_value(result).map_err(|e| EngineError::Response(e.to_string()))
         }
     }))
 }

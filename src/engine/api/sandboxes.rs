@@ -124,7 +124,7 @@ pub async fn list_templates(State(state): State<AppState>) -> ApiResult<types::T
         .map(|t| {
             Ok(types::Template {
                 name: types::TemplateName::try_from(t.name.clone())
-                    .map_err(|e| EngineError::Internal(format!("template name: {e}")))?,
+                    .map_err(|e| EngineError::Response(format!("template name: {e}")))?,
                 description: t.description.clone(),
                 shape: (&t.shape).into(),
                 default: t.name == crate::engine::templates::BASE,
@@ -237,7 +237,7 @@ pub async fn kill(
     state.manager.kill(id, tenant.as_deref()).await?;
     Ok(Json(types::KillResult {
         id: types::SandboxId::try_from(id.to_string())
-            .map_err(|e| EngineError::Internal(e.to_string()))?,
+            .map_err(|e| EngineError::Response(e.to_string()))?,
         killed: true,
     }))
 }
@@ -275,7 +275,7 @@ pub async fn metrics(
     let m = state.manager.metrics(id, tenant.as_deref()).await?;
     Ok(Json(types::SandboxMetrics {
         id: types::SandboxId::try_from(id.to_string())
-            .map_err(|e| EngineError::Internal(e.to_string()))?,
+            .map_err(|e| EngineError::Response(e.to_string()))?,
         status: m.status.into(),
         cpu_seconds: m.usage.cpu_seconds,
         memory_bytes: m.usage.memory_bytes,

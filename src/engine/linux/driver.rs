@@ -50,10 +50,6 @@ pub struct NamespacesDriver {
     pty_max: u32,
 }
 
-fn io_err(what: &str, e: impl std::fmt::Display) -> DriverError {
-    DriverError::Io(format!("{what}: {e}"))
-}
-
 impl NamespacesDriver {
     pub fn new(options: Options) -> Result<Self, DriverError> {
         let Options {
@@ -82,10 +78,10 @@ impl NamespacesDriver {
             .recursive(true)
             .mode(0o711)
             .create(&sandboxes_dir)
-            .map_err(|e| io_err("create sandboxes directory", e))?;
+            .map_err(DriverError::io("create the sandboxes directory"))?;
         let _ = fs::set_permissions(&sandboxes_dir, fs::Permissions::from_mode(0o711));
         let store = disk::open(&sandboxes_dir, disk_limits)
-            .map_err(|e| io_err("set up the sandbox store", e))?;
+            .map_err(DriverError::io("set up the sandbox store"))?;
         if let Store::Plain(why) = &store {
             tracing::warn!("sandbox disk use is reported but not enforced: {why}");
         }
@@ -99,7 +95,7 @@ impl NamespacesDriver {
         let registry = if uid == 0 {
             Some(
                 Registry::new(uid_registry, &sandboxes_dir)
-                    .map_err(|e| io_err("open the uid range registry", e))?,
+                    .map_err(DriverError::io("open the uid range registry"))?,
             )
         } else {
             None
@@ -220,7 +216,8 @@ impl NamespacesDriver {
             memory_bytes: spec.shape.memory_mb * 1024 * 1024,
             pty_max: self.pty_max,
         });
-        let input = serde_json::to_vec(&plan).map_err(|e| io_err("encode launch plan", e))?;
+        let input = serde_json::to_vec(&plan)
+            .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;
         let mut child = tokio::process::Command::new(&self.exe)
             .arg("__launch")
             .stdin(std::process::Stdio::piped())
@@ -327,7 +324,9 @@ impl Driver for NamespacesDriver {
 
     fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
         match &self.registry {
-            Some(registry) => registry.claim().map_err(|e| io_err("claim a uid range", e)),
+            Some(registry) => registry
+                .claim()
+                .map_err(DriverError::io("claim a uid range")),
             // One id to map, whatever the slot: slots only tell sandboxes apart.
             None => Ok((1u32..).find(|s| !taken.contains(s)).unwrap_or(u32::MAX)),
         }
@@ -415,21 +414,21 @@ impl Driver for NamespacesDriver {
                 "pausing needs cgroups, which this engine cannot use (run it as root, or with a delegated cgroup)".into(),
             ));
         }
-        self.cgroups(id).freeze().map_err(|e| io_err("freeze", e))
+        self.cgroups(id).freeze().map_err(DriverError::io("freeze"))
     }
 
     fn thaw(&self, id: &str) -> Result<(), DriverError> {
         if !self.layout.enforced() {
             return Ok(());
         }
-        self.cgroups(id).thaw().map_err(|e| io_err("thaw", e))
+        self.cgroups(id).thaw().map_err(DriverError::io("thaw"))
     }
 
     fn stop(&self, id: &str) -> Result<(), DriverError> {
         if self.layout.enforced() {
             self.cgroups(id)
                 .kill_all()
-                .map_err(|e| io_err("kill processes", e))?;
+                .map_err(DriverError::io("kill the sandbox's processes"))?;
         }
         // Killing the sandbox's init takes every process in its pid namespace with it.
         if let Some(pid) = self.agent_pid(id) {
@@ -453,10 +452,10 @@ impl Driver for NamespacesDriver {
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
-            last.map_err(|e| io_err("remove cgroups", e))?;
+            last.map_err(DriverError::io("remove the sandbox's cgroups"))?;
         }
         disk::remove_dir(&self.store, &self.sandboxes_dir, id)
-            .map_err(|e| io_err("delete the sandbox's files", e))
+            .map_err(DriverError::io("delete the sandbox's files"))
     }
 
     fn usage(&self, id: &str) -> Usage {

@@ -29,6 +29,7 @@ use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use super::launcher::{AGENT_DIR_FD, AGENT_PLAN_FD, MAX_PLAN};
 use super::plan::LaunchPlan;
 use super::seccomp;
+use super::step::{BuildError, ctx};
 use super::sys::{self, cap};
 
 /// Capabilities sandbox code keeps (inside its user namespace only). Roughly Docker's default set
@@ -83,12 +84,8 @@ pub struct CommandPolicy {
     pub landlock: Option<OwnedFd>,
 }
 
-fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, String> {
-    r.map_err(|e| format!("{what}: {e}"))
-}
-
 /// Builds the sandbox around the calling process (the freshly exec'd agent) and restricts it.
-pub fn enter() -> Result<Entered, String> {
+pub fn enter() -> Result<Entered, BuildError> {
     // SAFETY: the launcher passes these descriptors at fixed numbers, for the agent alone.
     let (plan_fd, dir) = unsafe {
         (
@@ -123,15 +120,17 @@ pub fn enter() -> Result<Entered, String> {
 }
 
 /// Mounts, pivot, hostname, network: everything that shapes what the sandbox sees.
-fn setup(plan: &LaunchPlan) -> Result<(), String> {
-    let base = plan
-        .rootfs
-        .parent()
-        .ok_or("the sandbox's rootfs has no parent directory")?;
-    let inside = |p: &Path| -> Result<PathBuf, String> {
-        p.strip_prefix(base)
-            .map(Path::to_path_buf)
-            .map_err(|_| format!("{} is outside the sandbox's directory", p.display()))
+fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
+    let base = plan.rootfs.parent().ok_or_else(|| {
+        BuildError::Refused("the sandbox's rootfs has no parent directory".into())
+    })?;
+    let inside = |p: &Path| -> Result<PathBuf, BuildError> {
+        p.strip_prefix(base).map(Path::to_path_buf).map_err(|_| {
+            BuildError::Refused(format!(
+                "{} is outside the sandbox's directory",
+                p.display()
+            ))
+        })
     };
     let rootfs = inside(&plan.rootfs)?;
     let rootfs = rootfs.as_path();
@@ -212,7 +211,7 @@ fn setup(plan: &LaunchPlan) -> Result<(), String> {
 
 /// A minimal /dev: a small tmpfs with the harmless host devices bind-mounted in, a private
 /// devpts holding at most the sandbox's share of the host's ptys, and a size-limited /dev/shm.
-fn setup_dev(dev: &Path, shm_bytes: u64, pty_max: u32) -> Result<(), String> {
+fn setup_dev(dev: &Path, shm_bytes: u64, pty_max: u32) -> Result<(), BuildError> {
     ctx(
         mount(
             Some("tmpfs"),
@@ -279,7 +278,7 @@ fn setup_dev(dev: &Path, shm_bytes: u64, pty_max: u32) -> Result<(), String> {
 /// The agent's own restrictions, in the only order that works: shed capabilities (keeping
 /// SETPCAP until the bounding set is cut), no_new_privs (required by seccomp and Landlock), the
 /// Landlock ruleset for commands (built now, entered by each command), then seccomp.
-fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, String> {
+fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, BuildError> {
     let agent = sys::cap_mask(&AGENT_CAPS);
     let sandbox = sys::cap_mask(&SANDBOX_CAPS);
     ctx(
@@ -304,7 +303,7 @@ fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, String> {
     ctx(nix::sys::prctl::set_no_new_privs(), "set no_new_privs")?;
     // Kernels without Landlock still get everything else.
     let landlock = command_ruleset().ok().flatten();
-    seccomp::install()?;
+    ctx(seccomp::install(), "install the seccomp filter")?;
     Ok(CommandPolicy {
         caps: sandbox,
         landlock,
@@ -316,20 +315,15 @@ fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, String> {
 /// outside its domain — the agent above all. (Landlock also confines ptrace-style access, the
 /// agent's /proc included, to the domain.) TCP is not restricted: servers on the sandbox's own
 /// loopback must keep working; the network namespace cuts it off from the host.
-fn command_ruleset() -> Result<Option<OwnedFd>, String> {
+fn command_ruleset() -> Result<Option<OwnedFd>, Box<dyn std::error::Error + Send + Sync>> {
     const ABI_TARGET: ABI = ABI::V6;
     let all = AccessFs::from_all(ABI_TARGET);
     let allowed = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
     let ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)
-        .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
-        .and_then(|r| r.create())
-        .map_err(|e| format!("landlock: {e}"))?
-        .add_rule(PathBeneath::new(
-            PathFd::new("/").map_err(|e| format!("landlock: {e}"))?,
-            allowed,
-        ))
-        .map_err(|e| format!("landlock: {e}"))?;
+        .handle_access(all)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)?
+        .create()?
+        .add_rule(PathBeneath::new(PathFd::new("/")?, allowed))?;
     Ok(ruleset.into())
 }

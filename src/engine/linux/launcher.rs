@@ -37,6 +37,7 @@ use nix::unistd::Pid;
 use serde::Serialize;
 
 use super::plan::{IdMap, LaunchPlan};
+use super::step::{BuildError, ctx};
 use super::sys;
 
 /// The agent's listening socket is always this descriptor in the agent.
@@ -73,7 +74,7 @@ pub fn main() -> ! {
         Err(e) => Report {
             ok: false,
             pid: None,
-            error: Some(e),
+            error: Some(e.to_string()),
         },
     };
     let ok = report.ok;
@@ -83,18 +84,16 @@ pub fn main() -> ! {
     std::process::exit(if ok { 0 } else { 1 });
 }
 
-fn ctx<T, E: std::fmt::Display>(r: Result<T, E>, what: &str) -> Result<T, String> {
-    r.map_err(|e| format!("{what}: {e}"))
-}
-
-fn launch() -> Result<i32, String> {
+fn launch() -> Result<i32, BuildError> {
     let mut input = Vec::new();
     ctx(
         io::stdin().take(MAX_PLAN + 1).read_to_end(&mut input),
         "read plan",
     )?;
     if input.len() as u64 > MAX_PLAN {
-        return Err(format!("the launch plan is over {MAX_PLAN} bytes"));
+        return Err(BuildError::Refused(format!(
+            "the launch plan is over {MAX_PLAN} bytes"
+        )));
     }
     let plan: LaunchPlan = ctx(serde_json::from_slice(&input), "parse plan")?;
 
@@ -162,7 +161,7 @@ fn launch() -> Result<i32, String> {
             status: status_write,
             plan: plan_fd,
         };
-        let error = child(&plan, &child_end, fds);
+        let error = child(&plan, &child_end, fds).to_string();
         let _ = nix::sys::socket::send(child_end.as_raw_fd(), error.as_bytes(), MsgFlags::empty());
         // SAFETY: _exit is always safe; skip destructors and atexit handlers of the parent's state.
         unsafe { libc::_exit(1) }
@@ -183,7 +182,7 @@ fn launch() -> Result<i32, String> {
 
 /// Waits for the agent's own report: it writes `ready` once it accepts connections. Reads at
 /// most [`MAX_STATUS`] bytes: the other end runs inside the sandbox.
-fn agent_ready(status: OwnedFd) -> Result<(), String> {
+fn agent_ready(status: OwnedFd) -> Result<(), BuildError> {
     let mut bytes = Vec::new();
     let _ = fs::File::from(status)
         .take(MAX_STATUS)
@@ -191,12 +190,16 @@ fn agent_ready(status: OwnedFd) -> Result<(), String> {
     let text = String::from_utf8_lossy(&bytes);
     match text.trim() {
         "ready" => Ok(()),
-        "" => Err("the agent exited before it was ready".into()),
-        other => Err(format!("the agent failed to start: {other}")),
+        "" => Err(BuildError::Refused(
+            "the agent exited before it was ready".into(),
+        )),
+        other => Err(BuildError::Refused(format!(
+            "the agent failed to start: {other}"
+        ))),
     }
 }
 
-fn write_map(pid: i32, file: &str, map: IdMap) -> Result<(), String> {
+fn write_map(pid: i32, file: &str, map: IdMap) -> Result<(), BuildError> {
     let line = format!("{} {} {}\n", map.inside, map.outside, map.count);
     ctx(
         fs::write(format!("/proc/{pid}/{file}"), line),
@@ -205,7 +208,7 @@ fn write_map(pid: i32, file: &str, map: IdMap) -> Result<(), String> {
 }
 
 /// The outside half: id maps, id-mapped lower layers, then wait for the exec.
-fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
+fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError> {
     // The child first makes its mounts private, so nothing attached below can propagate back to
     // the host's mount namespace.
     let mut buf = vec![0u8; 4096];
@@ -214,7 +217,9 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
         "wait for child",
     )?;
     if &buf[..n] != b"ready" {
-        return Err(String::from_utf8_lossy(&buf[..n]).into_owned());
+        return Err(BuildError::Refused(
+            String::from_utf8_lossy(&buf[..n]).into_owned(),
+        ));
     }
     if !plan.privileged {
         // Unprivileged: setgroups must be denied before a gid map can be written.
@@ -288,19 +293,23 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), String> {
         "wait for child",
     )?;
     if n > 0 {
-        return Err(String::from_utf8_lossy(&buf[..n]).into_owned());
+        return Err(BuildError::Refused(
+            String::from_utf8_lossy(&buf[..n]).into_owned(),
+        ));
     }
     match waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG)) {
         Ok(WaitStatus::StillAlive) => Ok(()),
-        Ok(status) => Err(format!("the sandbox's init exited at startup: {status:?}")),
-        Err(e) => Err(format!("wait for child: {e}")),
+        Ok(status) => Err(BuildError::Refused(format!(
+            "the sandbox's init exited at startup: {status:?}"
+        ))),
+        Err(e) => ctx(Err(e), "wait for child"),
     }
 }
 
-fn sandbox_dir(plan: &LaunchPlan) -> Result<&std::path::Path, String> {
+fn sandbox_dir(plan: &LaunchPlan) -> Result<&std::path::Path, BuildError> {
     plan.rootfs
         .parent()
-        .ok_or_else(|| "the sandbox's rootfs has no parent directory".into())
+        .ok_or_else(|| BuildError::Refused("the sandbox's rootfs has no parent directory".into()))
 }
 
 /// A path-only descriptor of a directory (enough to `fchdir` into it).
@@ -321,7 +330,7 @@ struct Inherited {
 }
 
 /// The inside half before the exec. Returns only on failure, with the reason.
-fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> String {
+fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> BuildError {
     let sent = match wait_for_maps(sync) {
         Ok(sent) => sent,
         Err(e) => return e,
@@ -358,11 +367,11 @@ fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> String {
     // the sync socket, whose closing tells the parent the exec happened). Every descriptor kept is
     // first moved above the fixed numbers, so placing one cannot clobber another (the executable
     // may well be open as descriptor 3 right now).
-    let high = |fd: OwnedFd| -> Result<OwnedFd, String> {
-        nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+    let high = |fd: OwnedFd| -> Result<OwnedFd, BuildError> {
+        let moved = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
             // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-            .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) })
-            .map_err(|e| format!("move descriptor: {e}"))
+            .map(|raw| unsafe { OwnedFd::from_raw_fd(raw) });
+        ctx(moved, "move descriptor")
     };
     let moved = [fds.listen, fds.status, fds.plan, dir]
         .into_iter()
@@ -381,7 +390,10 @@ fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> String {
     for (fd, target) in moved.iter().zip(targets) {
         // SAFETY: dup2 of a descriptor we own onto a fixed number; the copy is not close-on-exec.
         if unsafe { libc::dup2(fd.as_raw_fd(), target) } < 0 {
-            return format!("place descriptor {target}: {}", io::Error::last_os_error());
+            return BuildError::Step {
+                step: format!("place descriptor {target}"),
+                source: io::Error::last_os_error().into(),
+            };
         }
     }
     if let Ok(null) = fs::OpenOptions::new()
@@ -394,18 +406,24 @@ fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> String {
             unsafe { libc::dup2(null.as_raw_fd(), fd) };
         }
     }
-    if let Err(e) = sys::cloexec_from(AGENT_DIR_FD as u32 + 1) {
-        return format!("close descriptors: {e}");
+    if let Err(e) = ctx(
+        sys::cloexec_from(AGENT_DIR_FD as u32 + 1),
+        "close descriptors",
+    ) {
+        return e;
     }
     let err = sys::exec_fd(exe.as_raw_fd(), &["sandbox-agent", "__agent"], &[]);
-    format!("exec agent: {err}")
+    BuildError::Step {
+        step: "exec agent".into(),
+        source: err.into(),
+    }
 }
 
 /// Makes every mount private (nothing mounted from here on may propagate back to the host; the
 /// new user namespace grants full capabilities over the new mount namespace even before the id
 /// maps exist), then waits while the parent writes the id maps and attaches the lower layers.
 /// Returns the sandbox's directory when the parent sent it.
-fn wait_for_maps(sync: &OwnedFd) -> Result<Option<OwnedFd>, String> {
+fn wait_for_maps(sync: &OwnedFd) -> Result<Option<OwnedFd>, BuildError> {
     ctx(
         nix::mount::mount(
             None::<&str>,
@@ -445,7 +463,7 @@ fn wait_for_maps(sync: &OwnedFd) -> Result<Option<OwnedFd>, String> {
     if &buf[..n] == b"go" {
         Ok(dir)
     } else {
-        Err("the launcher gave up".into())
+        Err(BuildError::Refused("the launcher gave up".into()))
     }
 }
 
@@ -468,7 +486,7 @@ mod tests {
             }
             true
         });
-        let error = agent_ready(read).unwrap_err();
+        let error = agent_ready(read).unwrap_err().to_string();
         assert!(
             error.len() < MAX_STATUS as usize + 100,
             "{} bytes",

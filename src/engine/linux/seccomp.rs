@@ -13,8 +13,8 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
-    SeccompRule, TargetArch,
+    BpfProgram, Result, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
 };
 
 /// Syscalls denied outright.
@@ -77,25 +77,20 @@ fn denied() -> Vec<i64> {
     list
 }
 
-fn arch() -> Result<TargetArch, String> {
-    TargetArch::try_from(std::env::consts::ARCH).map_err(|e| format!("seccomp: {e}"))
+fn arch() -> Result<TargetArch> {
+    Ok(TargetArch::try_from(std::env::consts::ARCH)?)
 }
 
-fn cond(
-    arg: u8,
-    len: SeccompCmpArgLen,
-    op: SeccompCmpOp,
-    value: u64,
-) -> Result<SeccompCondition, String> {
-    SeccompCondition::new(arg, len, op, value).map_err(|e| format!("seccomp: {e}"))
+fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition> {
+    Ok(SeccompCondition::new(arg, len, op, value)?)
 }
 
-fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule, String> {
-    SeccompRule::new(conditions).map_err(|e| format!("seccomp: {e}"))
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule> {
+    Ok(SeccompRule::new(conditions)?)
 }
 
 /// The two programs to install, in order: the EPERM deny list, then `clone3` → ENOSYS.
-pub fn programs() -> Result<Vec<BpfProgram>, String> {
+pub fn programs() -> Result<Vec<BpfProgram>> {
     let arch = arch()?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         denied().into_iter().map(|nr| (nr, vec![])).collect();
@@ -153,28 +148,26 @@ pub fn programs() -> Result<Vec<BpfProgram>, String> {
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch,
-    )
-    .map_err(|e| format!("seccomp: {e}"))?;
+    )?;
 
     let clone3 = SeccompFilter::new(
         [(libc::SYS_clone3, vec![])].into_iter().collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
-    )
-    .map_err(|e| format!("seccomp: {e}"))?;
+    )?;
 
     [deny, clone3]
         .into_iter()
-        .map(|f| BpfProgram::try_from(f).map_err(|e| format!("seccomp: {e}")))
+        .map(|f| Ok(BpfProgram::try_from(f)?))
         .collect()
 }
 
 /// Installs the filters on the calling thread (and so on everything it execs). Needs
 /// `no_new_privs` set first.
-pub fn install() -> Result<(), String> {
+pub fn install() -> Result<()> {
     for program in programs()? {
-        seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}"))?;
+        seccompiler::apply_filter(&program)?;
     }
     Ok(())
 }
