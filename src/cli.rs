@@ -1,6 +1,8 @@
 //! Command line: `sandbox-mcp` (stdio MCP server, the default), `sandbox-mcp engine` (the control
-//! plane alone) and `sandbox-mcp tools` (the tool table). Every setting also has an environment
-//! variable, so MCP client configs can set them without arguments.
+//! plane alone), `sandbox-mcp tools` (the tool table) and `sandbox-mcp keys` (HTTP access keys).
+//! Every setting also has an environment variable, so MCP client configs can set them without
+//! arguments. Each subcommand takes only its own flags: `engine --http` is an error, not ignored,
+//! and a serve flag before a subcommand is refused too (environment variables never conflict).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,7 +26,8 @@ read and write its files, pause, resume and kill it.\n\n\
 With no subcommand it serves MCP on stdin/stdout. Unless SANDBOX_MCP_URL is set, it runs the sandbox \
 engine in-process (or shares the one another sandbox-mcp already runs on the same data dir).\n\n\
 Add it to Claude Code with: claude mcp add sandbox -- sandbox-mcp",
-    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=sandbox_mcp=debug) for more."
+    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=sandbox_mcp=debug) for more.",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -42,8 +45,15 @@ enum Command {
     /// Print the tools this server offers, for people.
     Tools(ToolsArgs),
     /// Manage the access keys of the HTTP transport (`serve --http`).
+    Keys(KeysArgs),
+}
+
+#[derive(Args, Debug)]
+struct KeysArgs {
+    #[command(flatten)]
+    data: DataDirArg,
     #[command(subcommand)]
-    Keys(KeysCommand),
+    command: KeysCommand,
 }
 
 #[derive(Subcommand, Debug)]
@@ -66,92 +76,78 @@ enum KeysCommand {
 #[derive(Args, Debug, Clone)]
 struct ServeArgs {
     /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
-    #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
+    #[arg(long, env = "SANDBOX_MCP_URL")]
     url: Option<String>,
     /// Bearer key sent to the control plane at SANDBOX_MCP_URL. Never shown to the model or logged.
-    #[arg(
-        long,
-        env = "SANDBOX_MCP_API_KEY",
-        hide_env_values = true,
-        global = true
-    )]
+    #[arg(long, env = "SANDBOX_MCP_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Tools to offer: `all`, a toolset (`core`: create, exec, files read/write/list, kill), or a
     /// comma-separated list of tool names.
-    #[arg(long, env = "SANDBOX_MCP_TOOLS", default_value = "all", global = true)]
+    #[arg(long, env = "SANDBOX_MCP_TOOLS", default_value = "all")]
     tools: String,
     /// Seconds a tool call may take before it fails with an actionable error. Calls with their own
     /// timeout (sandbox_exec's timeout_ms) get that plus 15 s.
-    #[arg(long, env = "SANDBOX_MCP_TIMEOUT", default_value_t = 60, global = true)]
+    #[arg(long, env = "SANDBOX_MCP_TIMEOUT", default_value_t = 60)]
     request_timeout: u64,
     /// Give each MCP session its own sandbox, created on first use and killed when the session
     /// ends; tools then take no sandbox_id.
-    #[arg(long, env = "SANDBOX_MCP_SESSION_SANDBOX", global = true)]
+    #[arg(long, env = "SANDBOX_MCP_SESSION_SANDBOX")]
     session_sandbox: bool,
     /// Serve MCP over Streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8080).
-    #[arg(long, env = "SANDBOX_MCP_HTTP", value_name = "ADDR", global = true)]
+    #[arg(long, env = "SANDBOX_MCP_HTTP", value_name = "ADDR")]
     http: Option<std::net::SocketAddr>,
     /// HTTP: serve without authentication (refused unless ADDR is loopback).
-    #[arg(long, global = true)]
+    #[arg(long)]
     dev: bool,
     /// HTTP: also accept this host name in Host and Origin headers (loopback names always are).
     #[arg(
         long = "allow-host",
         env = "SANDBOX_MCP_ALLOW_HOSTS",
-        value_delimiter = ',',
-        global = true
+        value_delimiter = ','
     )]
     allow_hosts: Vec<String>,
     /// HTTP: also accept this browser Origin (`https://app.example.com`).
     #[arg(
         long = "allow-origin",
         env = "SANDBOX_MCP_ALLOW_ORIGINS",
-        value_delimiter = ',',
-        global = true
+        value_delimiter = ','
     )]
     allow_origins: Vec<String>,
     /// HTTP: requests per second per tenant (bursts of twice that); 0 for no limit.
-    #[arg(
-        long,
-        env = "SANDBOX_MCP_RATE_LIMIT",
-        default_value_t = 100.0,
-        global = true
-    )]
+    #[arg(long, env = "SANDBOX_MCP_RATE_LIMIT", default_value_t = 100.0)]
     rate_limit: f64,
     /// HTTP: close a session (and kill its session sandbox) after this many idle seconds.
-    #[arg(
-        long,
-        env = "SANDBOX_MCP_SESSION_IDLE",
-        default_value_t = 1800,
-        global = true
-    )]
+    #[arg(long, env = "SANDBOX_MCP_SESSION_IDLE", default_value_t = 1800)]
     session_idle_timeout: u64,
     #[command(flatten)]
     engine: EngineSettings,
 }
 
+/// The data dir, shared by the engine and the key store.
+#[derive(Args, Debug, Clone)]
+struct DataDirArg {
+    /// Where sandboxes, templates, state and keys live [default: $XDG_DATA_HOME/sandbox-mcp, or
+    /// /var/lib/sandbox-mcp for root].
+    #[arg(long, env = "SANDBOX_MCP_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+impl DataDirArg {
+    fn path(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(default_data_dir)
+    }
+}
+
 /// Settings of the embedded or standalone engine.
 #[derive(Args, Debug, Clone)]
 struct EngineSettings {
-    /// Where sandboxes, templates and state live [default: $XDG_DATA_HOME/sandbox-mcp, or
-    /// /var/lib/sandbox-mcp for root].
-    #[arg(long, env = "SANDBOX_MCP_DATA_DIR", global = true)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data: DataDirArg,
     /// Most sandboxes that may exist at once.
-    #[arg(
-        long,
-        env = "SANDBOX_MCP_MAX_SANDBOXES",
-        default_value_t = 100,
-        global = true
-    )]
+    #[arg(long, env = "SANDBOX_MCP_MAX_SANDBOXES", default_value_t = 100)]
     max_sandboxes: usize,
     /// Pause a sandbox after this many seconds without exec or file operations (0: never).
-    #[arg(
-        long,
-        env = "SANDBOX_MCP_IDLE_PAUSE",
-        default_value_t = 900,
-        global = true
-    )]
+    #[arg(long, env = "SANDBOX_MCP_IDLE_PAUSE", default_value_t = 900)]
     idle_pause: u64,
     /// Cap each sandbox's disk use at its template's size (`auto`: when running as root with
     /// btrfs available, via a loop-mounted btrfs store; `off`: plain directories, use only
@@ -160,8 +156,7 @@ struct EngineSettings {
         long,
         env = "SANDBOX_MCP_DISK_LIMITS",
         value_enum,
-        default_value = "auto",
-        global = true
+        default_value = "auto"
     )]
     disk_limits: DiskLimitsArg,
 }
@@ -174,6 +169,8 @@ enum DiskLimitsArg {
 
 #[derive(Args, Debug)]
 struct EngineArgs {
+    #[command(flatten)]
+    settings: EngineSettings,
     /// Address to listen on.
     #[arg(long, env = "SANDBOX_MCP_LISTEN", default_value = "127.0.0.1:7070")]
     listen: String,
@@ -187,6 +184,9 @@ struct EngineArgs {
 
 #[derive(Args, Debug)]
 struct ToolsArgs {
+    /// Tools to show: `all`, a toolset, or a comma-separated list of tool names.
+    #[arg(long, env = "SANDBOX_MCP_TOOLS", default_value = "all")]
+    tools: String,
     /// Print the tools/list JSON the model receives instead of a table.
     #[arg(long)]
     json: bool,
@@ -194,7 +194,7 @@ struct ToolsArgs {
 
 impl EngineSettings {
     fn config(&self) -> EngineConfig {
-        let mut config = EngineConfig::new(self.data_dir.clone().unwrap_or_else(default_data_dir));
+        let mut config = EngineConfig::new(self.data.path());
         config.max_sandboxes = self.max_sandboxes;
         config.idle_pause = (self.idle_pause > 0).then(|| Duration::from_secs(self.idle_pause));
         config.disk_limits = match self.disk_limits {
@@ -230,9 +230,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         None => runtime.block_on(serve(cli.serve)),
         Some(Command::Serve(args)) => runtime.block_on(serve(args)),
-        Some(Command::Engine(args)) => runtime.block_on(engine(cli.serve.engine, args)),
-        Some(Command::Tools(args)) => tools(&cli.serve.tools, args.json),
-        Some(Command::Keys(cmd)) => keys(&cli.serve.engine, cmd),
+        Some(Command::Engine(args)) => runtime.block_on(engine(args)),
+        Some(Command::Tools(args)) => tools(&args.tools, args.json),
+        Some(Command::Keys(args)) => keys(&args.data, args.command),
     };
     // Sandboxes and sockets are shut down already; don't wait for idle blocking threads.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -338,10 +338,10 @@ async fn serve_http(
 }
 
 #[allow(clippy::print_stdout)] // the token is the command's output, alone on stdout
-fn keys(settings: &EngineSettings, cmd: KeysCommand) -> anyhow::Result<()> {
-    let config = settings.config();
-    std::fs::create_dir_all(&config.data_dir)?;
-    let store = crate::mcp::keys::KeyStore::open(&config.data_dir);
+fn keys(data: &DataDirArg, cmd: KeysCommand) -> anyhow::Result<()> {
+    let data_dir = data.path();
+    std::fs::create_dir_all(&data_dir)?;
+    let store = crate::mcp::keys::KeyStore::open(&data_dir);
     match cmd {
         KeysCommand::Create { tenant } => {
             let (record, token) = store.create(&tenant)?;
@@ -384,10 +384,10 @@ async fn terminated() {
     }
 }
 
-async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()> {
+async fn engine(args: EngineArgs) -> anyhow::Result<()> {
     use crate::engine::{ids, local, server};
     init_logging("info");
-    let config = settings.config();
+    let config = args.settings.config();
     let keys: Vec<String> = args
         .keys
         .as_deref()
@@ -440,8 +440,19 @@ async fn engine(settings: EngineSettings, args: EngineArgs) -> anyhow::Result<()
     Ok(())
 }
 
-#[allow(clippy::print_stdout)] // this subcommand's whole output is for a person's terminal
+/// `sandbox-mcp tools`: the table (or the JSON) is written in one go, and a reader that stops
+/// early (`| head`) is not an error.
 fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
+    let out = tools_text(selection, json)?;
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+fn tools_text(selection: &str, json: bool) -> anyhow::Result<String> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
     let registry = registry();
     let selected = registry.select(selection).map_err(anyhow::Error::msg)?;
     if json {
@@ -449,23 +460,26 @@ fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
             .iter()
             .map(|d| crate::mcp::server::to_mcp_tool(d))
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({ "tools": tools }))?
-        );
-        return Ok(());
+        )?;
+        return Ok(out);
     }
-    println!(
+    writeln!(
+        out,
         "{} — {} tools (from {} v{})\n",
         env!("CARGO_PKG_NAME"),
         selected.len(),
         registry.api_title,
         registry.api_version
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<28} {:<12} {:<7} {:<44} SOURCE",
         "TOOL", "HINTS", "METHOD", "PATH"
-    );
+    )?;
     for t in &selected {
         let a = t.annotations;
         let hints = [
@@ -479,10 +493,11 @@ fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
         .map(|(_, s)| *s)
         .collect::<Vec<_>>()
         .join(",");
-        println!(
+        writeln!(
+            out,
             "{:<28} {:<12} {:<7} {:<44} {}",
             t.name, hints, t.method, t.path, t.source
-        );
+        )?;
     }
     let excluded: Vec<_> = registry
         .inventory
@@ -490,19 +505,21 @@ fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
         .filter(|i| i.excluded.is_some())
         .collect();
     if !excluded.is_empty() {
-        println!("\nOperations not offered as tools:");
+        writeln!(out, "\nOperations not offered as tools:")?;
         for i in excluded {
-            println!(
+            writeln!(
+                out,
                 "  {} ({} {}): {}",
                 i.operation,
                 i.method,
                 i.path,
                 i.excluded.as_deref().unwrap_or("")
-            );
+            )?;
         }
     }
     if !registry.toolsets.is_empty() {
-        println!(
+        writeln!(
+            out,
             "\nToolsets (--tools): all, {}",
             registry
                 .toolsets
@@ -510,7 +527,7 @@ fn tools(selection: &str, json: bool) -> anyhow::Result<()> {
                 .cloned()
                 .collect::<Vec<_>>()
                 .join(", ")
-        );
+        )?;
     }
-    Ok(())
+    Ok(out)
 }

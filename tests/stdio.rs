@@ -497,3 +497,45 @@ fn the_data_dir_can_be_deleted_after_the_server_exits() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Each subcommand takes only its own flags: a flag of another one is an error, never silently
+/// ignored; environment variables (which MCP client configs set for everything) never conflict.
+#[test]
+fn subcommands_refuse_flags_that_are_not_theirs() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env_remove("SANDBOX_MCP_URL");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for args in [
+        &["engine", "--http", "127.0.0.1:1"][..],
+        &["engine", "--rate-limit", "5"],
+        &["keys", "--tools", "core", "list"],
+        &["tools", "--max-sandboxes", "3"],
+        &["--tools", "core", "engine"],
+    ] {
+        let (ok, stderr) = run(args, &[]);
+        assert!(!ok, "{args:?} was accepted");
+        assert!(
+            stderr.contains("unexpected argument") || stderr.contains("cannot be used with"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, stderr) = run(
+        &["keys", "list"],
+        &[
+            ("SANDBOX_MCP_HTTP", "127.0.0.1:9"),
+            ("SANDBOX_MCP_TOOLS", "core"),
+            ("SANDBOX_MCP_DATA_DIR", dir.path().to_str().unwrap()),
+        ],
+    );
+    assert!(ok, "{stderr}");
+}
