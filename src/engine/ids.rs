@@ -70,32 +70,14 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// RFC 3339 UTC, second precision: `2026-11-22T06:30:00Z`.
-pub fn rfc3339(unix_ms: i64) -> String {
-    let secs = unix_ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+/// A time from milliseconds since the Unix epoch, in whole seconds (as the API reports times).
+pub fn time(unix_ms: i64) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp(unix_ms.div_euclid(1000), 0).unwrap_or_default()
 }
 
-/// Howard Hinnant's days → civil date algorithm.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
+/// [`time`] as RFC 3339 text (`2026-11-22T17:33:52Z`), for files that keep times as strings.
+pub fn rfc3339(unix_ms: i64) -> String {
+    time(unix_ms).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 #[cfg(test)]
@@ -119,5 +101,10 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(1_795_329_000_000), "2026-11-22T06:30:00Z");
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00Z");
+        // The API's JSON carries the same text: whole seconds, `Z`.
+        assert_eq!(
+            serde_json::to_value(time(1_795_329_000_999)).unwrap(),
+            "2026-11-22T06:30:00Z"
+        );
     }
 }

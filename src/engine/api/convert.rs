@@ -93,7 +93,7 @@ impl From<DirEntry> for types::FileEntry {
             name: e.name,
             type_: e.kind.into(),
             size: e.size,
-            mtime: ids::rfc3339(e.mtime * 1000),
+            mtime: ids::time(e.mtime * 1000),
         }
     }
 }
@@ -141,8 +141,8 @@ impl TryFrom<&JobInfo> for types::JobSummary {
             status: j.status.into(),
             exit_code: j.exit_code,
             signal: j.signal,
-            started_at: ids::rfc3339(j.started_at),
-            finished_at: j.finished_at.map(ids::rfc3339),
+            started_at: ids::time(j.started_at),
+            finished_at: j.finished_at.map(ids::time),
             output_bytes: j.output_bytes,
             log_file: j.log_file.clone(),
         })
@@ -158,8 +158,8 @@ impl TryFrom<JobInfo> for types::JobStatus {
             status: j.status.into(),
             exit_code: j.exit_code,
             signal: j.signal,
-            started_at: ids::rfc3339(j.started_at),
-            finished_at: j.finished_at.map(ids::rfc3339),
+            started_at: ids::time(j.started_at),
+            finished_at: j.finished_at.map(ids::time),
             output_bytes: j.output_bytes,
             log_file: j.log_file,
             has_more: j.next_offset < j.output_bytes,
@@ -180,7 +180,7 @@ impl TryFrom<ContextInfo> for types::CodeContext {
             context_id: types::ContextId::try_from(c.context_id).map_err(internal)?,
             language: c.language.into(),
             cwd: c.cwd,
-            created_at: ids::rfc3339(c.created_at),
+            created_at: ids::time(c.created_at),
             alive: c.alive,
             is_default: c.is_default,
         })
@@ -235,9 +235,9 @@ impl TryFrom<&SandboxView> for types::Sandbox {
             shape: (&r.shape).into(),
             metadata: types::Metadata(metadata),
             env_var_names: r.env.iter().map(|(k, _)| k.clone()).collect(),
-            created_at: ids::rfc3339(r.created_at),
-            last_active_at: ids::rfc3339(r.last_active_at),
-            expires_at: r.expires_at.map(ids::rfc3339),
+            created_at: ids::time(r.created_at),
+            last_active_at: ids::time(r.last_active_at),
+            expires_at: r.expires_at.map(ids::time),
             jobs: view
                 .jobs
                 .iter()
