@@ -9,13 +9,13 @@
 //! It runs the same binary as the engine, re-executed by the launcher under a hidden subcommand
 //! after every restriction is in place (namespaces, pivot_root, capabilities, seccomp).
 
-pub mod capture;
-pub mod exec;
+pub(crate) mod capture;
+pub(crate) mod exec;
 pub mod files;
-pub mod jobs;
-pub mod protocol;
-pub mod reaper;
-pub mod repl;
-pub mod safe_open;
+pub(crate) mod jobs;
+pub(crate) mod protocol;
+pub(crate) mod reaper;
+pub(crate) mod repl;
+pub(crate) mod safe_open;
 pub mod server;
 pub mod spawn;

@@ -29,7 +29,7 @@ Add it to Claude Code with: claude mcp add sandbox -- sandbox-mcp",
     after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=sandbox_mcp=debug) for more.",
     args_conflicts_with_subcommands = true
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
     #[command(flatten)]

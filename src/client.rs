@@ -4,6 +4,7 @@
 #[allow(
     dead_code,
     unused_imports,
+    unreachable_pub,
     clippy::all,
     clippy::unwrap_used,
     clippy::expect_used,
@@ -25,7 +26,7 @@ impl ApiKey {
     pub fn new(key: impl Into<String>) -> Self {
         Self(key.into())
     }
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -46,7 +47,7 @@ pub fn connect(base_url: &str, key: Option<&ApiKey>) -> Result<Client, reqwest::
 
 /// Like [`connect`], acting for one tenant: the engine then shows and creates only that tenant's
 /// sandboxes (the `x-sandbox-tenant` header, see `engine::server::Tenant`).
-pub fn connect_as(
+pub(crate) fn connect_as(
     base_url: &str,
     key: Option<&ApiKey>,
     tenant: Option<&str>,
@@ -88,7 +89,7 @@ pub fn http_builder() -> reqwest::ClientBuilder {
 /// [`http_builder`] for a client of `base_url`. Only an `https://` URL gets the system's trust
 /// roots: loading them costs milliseconds, which a plain-HTTP client (the embedded engine on
 /// loopback) would pay at every start for nothing.
-pub fn http_builder_for(base_url: &str) -> reqwest::ClientBuilder {
+pub(crate) fn http_builder_for(base_url: &str) -> reqwest::ClientBuilder {
     let builder = http_builder();
     if base_url.starts_with("https://") {
         builder

@@ -10,7 +10,7 @@ use std::path::Path;
 use nix::fcntl::{Flock, FlockArg};
 
 /// Writes `data` to `path` (mode `mode`) so that a crash leaves the old or the new content.
-pub fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let written = (|| {
         let mut f = fs::OpenOptions::new()
@@ -35,13 +35,13 @@ pub fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
 
 /// An exclusive lock on `path` (created, mode 0600), held until dropped. Blocks while another
 /// process holds it.
-pub fn lock(path: &Path) -> io::Result<Flock<fs::File>> {
+pub(crate) fn lock(path: &Path) -> io::Result<Flock<fs::File>> {
     let file = open_lock_file(path)?;
     Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e.into())
 }
 
 /// Like [`lock`], without waiting: `None` when another process holds it.
-pub fn try_lock(path: &Path) -> io::Result<Option<Flock<fs::File>>> {
+pub(crate) fn try_lock(path: &Path) -> io::Result<Option<Flock<fs::File>>> {
     let file = open_lock_file(path)?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(Some(lock)),

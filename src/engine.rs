@@ -16,4 +16,4 @@ pub mod local;
 pub mod manager;
 pub mod server;
 pub mod state;
-pub mod templates;
+pub(crate) mod templates;

@@ -6,12 +6,12 @@
 //! spec) → HTTP → [`engine`] (the control plane) → the [`agent`] inside each sandbox.
 
 pub mod agent;
-pub mod auth;
+pub(crate) mod auth;
 pub mod cli;
 pub mod client;
-pub mod durable;
+pub(crate) mod durable;
 pub mod engine;
-pub mod fs_tree;
+pub(crate) mod fs_tree;
 pub mod mcp;
 pub mod tooldefs;
 

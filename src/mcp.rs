@@ -9,11 +9,11 @@ pub mod args;
 pub mod backend;
 pub mod call;
 pub mod http;
-pub mod jsonrpc;
+pub(crate) mod jsonrpc;
 pub mod keys;
-pub mod progress;
+pub(crate) mod progress;
 pub mod server;
-pub mod session;
+pub(crate) mod session;
 pub mod shape;
 pub mod stdio;
 

@@ -1,7 +1,9 @@
 //! The integration suite, as one test binary (one link, shared fixtures). Tests that need real
 //! sandboxes skip with the missing kernel feature named, unless SANDBOX_MCP_REQUIRE_SANDBOX is set
 //! (as in CI), where a missing feature fails instead.
+// Test helpers are `pub` so that every test module can reach them; nothing here is exported.
 #![allow(
+    unreachable_pub,
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::print_stdout,

@@ -12,15 +12,15 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Where full copies of truncated output go, inside the sandbox.
-pub const SPILL_DIR: &str = "/tmp/sandbox-mcp/output";
+pub(crate) const SPILL_DIR: &str = "/tmp/sandbox-mcp/output";
 /// Most bytes kept of one stream.
-pub const SPILL_FILE_LIMIT: u64 = 64 * 1024 * 1024;
+pub(crate) const SPILL_FILE_LIMIT: u64 = 64 * 1024 * 1024;
 /// Most bytes kept in the spill directory in all.
-pub const SPILL_DIR_LIMIT: u64 = 256 * 1024 * 1024;
+pub(crate) const SPILL_DIR_LIMIT: u64 = 256 * 1024 * 1024;
 
 /// Makes room in `dir` for a new file of up to `file_limit` bytes: deletes the oldest files until
 /// the total plus the new file fits in `dir_limit`.
-pub fn make_room(dir: &Path, file_limit: u64, dir_limit: u64) {
+pub(crate) fn make_room(dir: &Path, file_limit: u64, dir_limit: u64) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
@@ -91,7 +91,7 @@ impl Spill {
 
 /// Keeps a byte stream whole while it fits in `cap` bytes, and its head and tail once it does not.
 #[derive(Debug)]
-pub struct Capture {
+pub(crate) struct Capture {
     cap: usize,
     head: Vec<u8>,
     tail: VecDeque<u8>,
@@ -104,7 +104,7 @@ pub struct Capture {
 const MARKER_ROOM: usize = 64;
 
 impl Capture {
-    pub fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         Self {
             cap,
             head: Vec::new(),
@@ -116,7 +116,7 @@ impl Capture {
     }
 
     /// Also keeps the whole stream (up to [`SPILL_FILE_LIMIT`]) in `path` once it overflows.
-    pub fn spilling_to(mut self, path: PathBuf) -> Self {
+    pub(crate) fn spilling_to(mut self, path: PathBuf) -> Self {
         self.spill = Some(Spill {
             path,
             file: None,
@@ -127,7 +127,7 @@ impl Capture {
     }
 
     /// The file holding the full stream, when it overflowed and the file could be written.
-    pub fn spill_path(&self) -> Option<String> {
+    pub(crate) fn spill_path(&self) -> Option<String> {
         self.spill
             .as_ref()
             .filter(|s| s.written > 0 && !s.failed)
@@ -138,7 +138,7 @@ impl Capture {
         self.cap.saturating_sub(MARKER_ROOM) / 2
     }
 
-    pub fn push(&mut self, data: &[u8]) {
+    pub(crate) fn push(&mut self, data: &[u8]) {
         self.total += data.len() as u64;
         if !self.overflowed {
             if self.head.len() + data.len() <= self.cap {
@@ -180,17 +180,17 @@ impl Capture {
         }
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.total
     }
 
     /// Whether bytes were dropped between head and tail.
-    pub fn truncated(&self) -> bool {
+    pub(crate) fn truncated(&self) -> bool {
         self.overflowed
     }
 
     /// The captured text (invalid UTF-8 replaced), at most `cap` bytes long.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         if !self.overflowed {
             return clip(String::from_utf8_lossy(&self.head).into_owned(), self.cap);
         }

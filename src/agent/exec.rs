@@ -18,7 +18,7 @@ const LINGER: Duration = Duration::from_millis(100);
 
 /// The two output streams of a running process, captured with caps and optionally streamed to
 /// the engine as `Output` frames.
-pub struct Pump {
+pub(crate) struct Pump {
     pub out: Option<pipe::Receiver>,
     pub err: Option<pipe::Receiver>,
     pub stdout: Capture,
@@ -38,13 +38,13 @@ const STREAM_INTERVAL: Duration = Duration::from_millis(100);
 const STREAM_BATCH: usize = 16 * 1024;
 
 /// What one read of a pump produced.
-pub enum Chunk {
+pub(crate) enum Chunk {
     Data(Stream, usize),
     Closed(Stream),
 }
 
 impl Pump {
-    pub fn new(
+    pub(crate) fn new(
         out: Option<pipe::Receiver>,
         err: Option<pipe::Receiver>,
         max: usize,
@@ -64,7 +64,7 @@ impl Pump {
     }
 
     /// When buffered output should be streamed, if there is any.
-    pub fn stream_due(&self) -> Option<tokio::time::Instant> {
+    pub(crate) fn stream_due(&self) -> Option<tokio::time::Instant> {
         self.pending
             .iter()
             .any(|(p, skipped)| !p.is_empty() || *skipped > 0)
@@ -72,7 +72,7 @@ impl Pump {
     }
 
     /// Sends buffered output as `Output` frames.
-    pub async fn flush_stream<C: AsyncWrite + Unpin>(&mut self, conn: &mut C) {
+    pub(crate) async fn flush_stream<C: AsyncWrite + Unpin>(&mut self, conn: &mut C) {
         for (i, which) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
             let (text, skipped) = std::mem::take(&mut self.pending[i]);
             if text.is_empty() && skipped == 0 {
@@ -88,14 +88,14 @@ impl Pump {
         self.last_flush = tokio::time::Instant::now();
     }
 
-    pub fn open(&self) -> bool {
+    pub(crate) fn open(&self) -> bool {
         self.out.is_some() || self.err.is_some()
     }
 
     /// Waits for output on either stream. Cancel-safe (it only reads), so it can sit in a
     /// `select!`; hand what it returns to [`Pump::handle`] in the branch body, never inside the
     /// select, because writing a frame must not be interrupted half-way.
-    pub async fn read(&mut self) -> Chunk {
+    pub(crate) async fn read(&mut self) -> Chunk {
         let (which, n) = tokio::select! {
             n = read_some(&mut self.out, &mut self.buf_out) => (Stream::Stdout, n),
             n = read_some(&mut self.err, &mut self.buf_err) => (Stream::Stderr, n),
@@ -107,7 +107,7 @@ impl Pump {
     }
 
     /// Records a chunk (and streams it to the engine when asked to).
-    pub async fn handle<C: AsyncWrite + Unpin>(&mut self, chunk: Chunk, conn: &mut C) {
+    pub(crate) async fn handle<C: AsyncWrite + Unpin>(&mut self, chunk: Chunk, conn: &mut C) {
         match chunk {
             Chunk::Data(which, n) => self.record(which, n, conn).await,
             Chunk::Closed(Stream::Stdout) => self.out = None,
@@ -143,7 +143,7 @@ impl Pump {
     }
 
     /// Reads whatever is already buffered in the pipes, without waiting.
-    pub async fn drain_ready<C: AsyncWrite + Unpin>(&mut self, conn: &mut C) {
+    pub(crate) async fn drain_ready<C: AsyncWrite + Unpin>(&mut self, conn: &mut C) {
         for which in [Stream::Stdout, Stream::Stderr] {
             loop {
                 let pipe = match which {
@@ -169,7 +169,7 @@ impl Pump {
 
     /// Hands the still-open pipes to background tasks that read and discard until EOF, so
     /// lingering writers never die of SIGPIPE.
-    pub fn detach(&mut self) {
+    pub(crate) fn detach(&mut self) {
         for p in [self.out.take(), self.err.take()].into_iter().flatten() {
             tokio::task::spawn_local(drain(p));
         }
@@ -192,14 +192,14 @@ async fn drain(mut p: pipe::Receiver) {
 }
 
 /// Sleeps until `due`, or forever when nothing is due.
-pub async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+pub(crate) async fn sleep_until_due(due: Option<tokio::time::Instant>) {
     match due {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
 
-pub async fn wait_exit(rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>) -> Exit {
+pub(crate) async fn wait_exit(rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>) -> Exit {
     match rx {
         Some(rx) => rx.await.unwrap_or(Exit::Signal(libc::SIGKILL)),
         None => std::future::pending().await,
@@ -207,7 +207,7 @@ pub async fn wait_exit(rx: &mut Option<tokio::sync::oneshot::Receiver<Exit>>) ->
 }
 
 /// Resolves when the engine closes its end of the connection (the call was cancelled).
-pub async fn hangup<C: AsyncRead + Unpin>(conn: &mut C) {
+pub(crate) async fn hangup<C: AsyncRead + Unpin>(conn: &mut C) {
     let mut byte = [0u8; 1];
     loop {
         match conn.read(&mut byte).await {
@@ -219,7 +219,7 @@ pub async fn hangup<C: AsyncRead + Unpin>(conn: &mut C) {
 
 /// Runs `spec`. `rd`/`wr` are the engine's connection: streamed output goes to `wr`, and `rd`
 /// closing means the call was cancelled.
-pub async fn run<R, W>(
+pub(crate) async fn run<R, W>(
     spec: ExecSpec,
     sandbox_env: &[(String, String)],
     reaper: &Reaper,

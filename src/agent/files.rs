@@ -263,7 +263,7 @@ fn kind_of(ft: fs::FileType) -> FileKind {
     }
 }
 
-pub fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
+pub(crate) fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
     let path = resolve(&path)?;
     let meta = fs::metadata(&path).map_err(|e| io_fail(&e, &path, "list"))?;
     if !meta.is_dir() {
@@ -413,7 +413,7 @@ fn move_across(from: &Path, to: &Path) -> Result<()> {
     fs::remove_file(from).map_err(|e| io_fail(&e, from, "move"))
 }
 
-pub fn zip_dir(ZipDir { path, max_bytes }: ZipDir) -> Result<Zip> {
+pub(crate) fn zip_dir(ZipDir { path, max_bytes }: ZipDir) -> Result<Zip> {
     use zip::write::SimpleFileOptions;
 
     let root = resolve(&path)?;

@@ -21,11 +21,11 @@ use super::reaper::{Exit, Reaper};
 use super::safe_open;
 use super::spawn::{self, DEFAULT_CWD, Launch, error};
 
-pub const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
+pub(crate) const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
 /// Most jobs running at once in one sandbox.
-pub const MAX_RUNNING: usize = 64;
+pub(crate) const MAX_RUNNING: usize = 64;
 /// Most jobs remembered (finished ones are forgotten oldest first).
-pub const MAX_KEPT: usize = 256;
+pub(crate) const MAX_KEPT: usize = 256;
 /// A log is trimmed to half when it grows past this.
 const LOG_LIMIT: u64 = 64 * 1024 * 1024;
 
@@ -91,7 +91,7 @@ mod tests {
 }
 
 #[derive(Default)]
-pub struct Jobs {
+pub(crate) struct Jobs {
     map: RefCell<BTreeMap<u64, Rc<Job>>>,
     next: Cell<u64>,
 }
@@ -151,7 +151,7 @@ impl Jobs {
         Ok(())
     }
 
-    pub fn start(
+    pub(crate) fn start(
         &self,
         StartJob { command, cwd, env }: StartJob,
         sandbox_env: &[(String, String)],
@@ -214,7 +214,7 @@ impl Jobs {
             .ok_or_else(|| error(ErrorKind::Io, "the job vanished"))
     }
 
-    pub fn status(
+    pub(crate) fn status(
         &self,
         JobStatus {
             job_id,
@@ -254,7 +254,7 @@ impl Jobs {
         Ok(info)
     }
 
-    pub fn kill(&self, KillJob { job_id }: KillJob) -> Result<JobInfo, AgentError> {
+    pub(crate) fn kill(&self, KillJob { job_id }: KillJob) -> Result<JobInfo, AgentError> {
         let job = self.find(&job_id).ok_or_else(|| unknown(&job_id))?;
         if job.exit.get().is_none() {
             spawn::kill_group(job.pid);
@@ -263,7 +263,7 @@ impl Jobs {
         Ok(job.info())
     }
 
-    pub fn list(&self) -> JobList {
+    pub(crate) fn list(&self) -> JobList {
         JobList {
             jobs: self.map.borrow().values().map(|j| j.info()).collect(),
         }

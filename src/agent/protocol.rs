@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame either side accepts: an 8 MiB file base64-encoded, or a 10 MiB zip, plus JSON.
-pub const MAX_FRAME: usize = 24 * 1024 * 1024;
+pub(crate) const MAX_FRAME: usize = 24 * 1024 * 1024;
 /// Largest answer to a request whose answer is small (everything but file contents, zips,
 /// listings and command output): the engine never buffers more than this of it.
 const SMALL_REPLY: usize = 256 * 1024;
@@ -301,7 +301,7 @@ pub enum Stream {
 /// an error.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum Frame<R> {
+pub(crate) enum Frame<R> {
     Output(Output),
     Reply(R),
     Error(AgentError),
@@ -453,7 +453,7 @@ pub enum ErrorKind {
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes; `Ok(None)` on a clean EOF before a frame
 /// starts.
-pub async fn read_frame<R, T>(r: &mut R) -> std::io::Result<Option<T>>
+pub(crate) async fn read_frame<R, T>(r: &mut R) -> std::io::Result<Option<T>>
 where
     R: AsyncRead + Unpin,
     T: for<'de> Deserialize<'de>,
@@ -462,7 +462,7 @@ where
 }
 
 /// Reads one frame of at most `limit` bytes (checked before anything is buffered).
-pub async fn read_frame_limited<R, T>(r: &mut R, limit: usize) -> std::io::Result<Option<T>>
+pub(crate) async fn read_frame_limited<R, T>(r: &mut R, limit: usize) -> std::io::Result<Option<T>>
 where
     R: AsyncRead + Unpin,
     T: for<'de> Deserialize<'de>,
@@ -491,7 +491,7 @@ where
 }
 
 /// Writes an `Output` frame (its reply type does not matter: the frame carries none).
-pub async fn write_output<W: AsyncWrite + Unpin>(
+pub(crate) async fn write_output<W: AsyncWrite + Unpin>(
     w: &mut W,
     stream: Stream,
     data: String,
@@ -500,7 +500,7 @@ pub async fn write_output<W: AsyncWrite + Unpin>(
 }
 
 /// Writes one frame.
-pub async fn write_frame<W, T>(w: &mut W, value: &T) -> std::io::Result<()>
+pub(crate) async fn write_frame<W, T>(w: &mut W, value: &T) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
     T: Serialize,

@@ -44,7 +44,7 @@ impl Reaper {
     }
 
     /// Registers interest in `pid`'s exit. Call right after spawning, before any await.
-    pub fn watch(&self, pid: i32) -> oneshot::Receiver<Exit> {
+    pub(crate) fn watch(&self, pid: i32) -> oneshot::Receiver<Exit> {
         let (tx, rx) = oneshot::channel();
         self.waiters.borrow_mut().insert(pid, tx);
         rx

@@ -30,7 +30,7 @@ const NODE_DRIVER: &str = include_str!("drivers/node.js");
 /// How long an interrupted cell may take to stop before its interpreter is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_millis(1500);
 /// Most contexts per sandbox (each is an interpreter process).
-pub const MAX_CONTEXTS: usize = 16;
+pub(crate) const MAX_CONTEXTS: usize = 16;
 
 struct Interp {
     pid: i32,
@@ -68,7 +68,7 @@ impl Context {
 }
 
 #[derive(Default)]
-pub struct Contexts {
+pub(crate) struct Contexts {
     map: RefCell<BTreeMap<String, Rc<Context>>>,
     next: Cell<u32>,
 }
@@ -158,7 +158,7 @@ impl Contexts {
     }
 
     /// `CreateContext`: registers a context and starts its interpreter.
-    pub async fn create(
+    pub(crate) async fn create(
         &self,
         CreateContext { language, cwd }: CreateContext,
         env: &[(String, String)],
@@ -191,13 +191,13 @@ impl Contexts {
         }
     }
 
-    pub fn list(&self) -> ContextList {
+    pub(crate) fn list(&self) -> ContextList {
         ContextList {
             contexts: self.map.borrow().values().map(|c| c.info()).collect(),
         }
     }
 
-    pub async fn delete(
+    pub(crate) async fn delete(
         &self,
         DeleteContext { context_id }: DeleteContext,
     ) -> Result<ContextDeleted, AgentError> {
@@ -211,7 +211,7 @@ impl Contexts {
     }
 
     /// `RunCode`: runs one cell in its context, starting the interpreter if needed.
-    pub async fn run<R, W>(
+    pub(crate) async fn run<R, W>(
         &self,
         spec: RunCodeSpec,
         env: &[(String, String)],

@@ -36,7 +36,7 @@ fn regular(file: File, path: &Path) -> io::Result<File> {
 }
 
 /// Opens an existing regular file for reading (symlinks followed: the path is the caller's).
-pub fn read(path: &Path) -> io::Result<File> {
+pub(crate) fn read(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
@@ -45,7 +45,7 @@ pub fn read(path: &Path) -> io::Result<File> {
 }
 
 /// Opens an existing regular file of the agent's own for reading, never through a symlink.
-pub fn read_own(path: &Path) -> io::Result<File> {
+pub(crate) fn read_own(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
@@ -54,7 +54,7 @@ pub fn read_own(path: &Path) -> io::Result<File> {
 }
 
 /// Opens an existing regular file of the agent's own for appending, never through a symlink.
-pub fn append_own(path: &Path) -> io::Result<File> {
+pub(crate) fn append_own(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .append(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_NOFOLLOW)
@@ -63,7 +63,7 @@ pub fn append_own(path: &Path) -> io::Result<File> {
 }
 
 /// Creates a new file (never opening one that exists, whatever it is) with `mode`.
-pub fn create_new(path: &Path, mode: u32) -> io::Result<File> {
+pub(crate) fn create_new(path: &Path, mode: u32) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -74,7 +74,7 @@ pub fn create_new(path: &Path, mode: u32) -> io::Result<File> {
 }
 
 /// Replaces whatever is at `path` with a new empty file of the agent's own.
-pub fn recreate_own(path: &Path) -> io::Result<File> {
+pub(crate) fn recreate_own(path: &Path) -> io::Result<File> {
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -84,7 +84,7 @@ pub fn recreate_own(path: &Path) -> io::Result<File> {
 }
 
 /// Opens a directory to sync it, without blocking whatever is really there.
-pub fn dir(path: &Path) -> io::Result<File> {
+pub(crate) fn dir(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NONBLOCK | libc::O_NOCTTY)

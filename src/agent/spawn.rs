@@ -56,10 +56,10 @@ fn confine(caps: u64, landlock: Option<RawFd>) -> std::io::Result<()> {
 }
 
 /// Working directory when none is given.
-pub const DEFAULT_CWD: &str = "/root";
+pub(crate) const DEFAULT_CWD: &str = "/root";
 
 /// The environment every process starts from (before sandbox and per-call variables).
-pub fn base_env() -> Vec<(String, String)> {
+pub(crate) fn base_env() -> Vec<(String, String)> {
     [
         (
             "PATH",
@@ -239,13 +239,13 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
 }
 
 /// SIGKILL to a process group (its session leader's pid).
-pub fn kill_group(pid: i32) {
+pub(crate) fn kill_group(pid: i32) {
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
 }
 
 /// SIGKILL to every process still holding one of these pipes: descendants that left the
 /// process group (setsid, double fork) but would otherwise keep a call open.
-pub fn kill_pipe_holders(inodes: &[u64]) {
+pub(crate) fn kill_pipe_holders(inodes: &[u64]) {
     let me = std::process::id();
     let wanted: Vec<String> = inodes
         .iter()
@@ -284,7 +284,7 @@ pub fn kill_pipe_holders(inodes: &[u64]) {
 }
 
 /// A fresh path for a spilled stream: `/tmp/sandbox-mcp/output/<time>-<n>.<stream>`.
-pub fn spill_path(stream: &str) -> std::path::PathBuf {
+pub(crate) fn spill_path(stream: &str) -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);

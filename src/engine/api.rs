@@ -24,10 +24,11 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{delete, get, post};
 
-pub use request::{AppState, BODY_LIMIT, Keys, NDJSON, Principal, TENANT_HEADER, keys};
+pub use request::keys;
+pub(crate) use request::{AppState, BODY_LIMIT, Keys};
 
 /// Every route of the spec. The conformance test walks the spec and checks each one is here.
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     let sandbox = "/v1/sandboxes/{sandbox_id}";
     let at = |suffix: &str| format!("{sandbox}{suffix}");
     Router::new()

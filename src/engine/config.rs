@@ -13,7 +13,7 @@ pub enum DiskLimits {
 }
 
 /// Where the host-wide registry of sandbox uid ranges lives unless configured otherwise.
-pub const DEFAULT_UID_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
+pub(crate) const DEFAULT_UID_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -50,13 +50,13 @@ impl EngineConfig {
     pub fn state_db(&self) -> PathBuf {
         self.data_dir.join("state.db")
     }
-    pub fn lock_file(&self) -> PathBuf {
+    pub(crate) fn lock_file(&self) -> PathBuf {
         self.data_dir.join("engine.lock")
     }
-    pub fn endpoint_file(&self) -> PathBuf {
+    pub(crate) fn endpoint_file(&self) -> PathBuf {
         self.data_dir.join("engine.json")
     }
-    pub fn templates_dir(&self) -> PathBuf {
+    pub(crate) fn templates_dir(&self) -> PathBuf {
         self.data_dir.join("templates")
     }
     pub fn sandboxes_dir(&self) -> PathBuf {
@@ -66,7 +66,7 @@ impl EngineConfig {
 
 /// `SANDBOX_MCP_DATA_DIR`, else `$XDG_DATA_HOME/sandbox-mcp` (or `~/.local/share/sandbox-mcp`),
 /// or `/var/lib/sandbox-mcp` for root.
-pub fn default_data_dir() -> PathBuf {
+pub(crate) fn default_data_dir() -> PathBuf {
     if nix::unistd::geteuid().is_root() {
         return PathBuf::from("/var/lib/sandbox-mcp");
     }

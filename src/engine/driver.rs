@@ -91,7 +91,7 @@ pub struct Usage {
 /// A connection to a sandbox's agent.
 pub trait AgentStream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> AgentStream for T {}
-pub type AgentConn = Box<dyn AgentStream>;
+pub(crate) type AgentConn = Box<dyn AgentStream>;
 
 pub trait Driver: Send + Sync + 'static {
     /// Short name reported by the health endpoint.

@@ -57,12 +57,12 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    pub fn sandbox_not_found(id: &str) -> Self {
+    pub(crate) fn sandbox_not_found(id: &str) -> Self {
         Self::NotFound(format!("sandbox {id} not found"))
     }
 
     /// The HTTP status and `error_code` of this error.
-    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+    pub(crate) fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Self::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
@@ -86,7 +86,7 @@ impl EngineError {
 
     /// What the caller is told. For the engine's own failures that is a note, never the
     /// internal detail (paths, database errors), which the log has under the request id.
-    pub fn external_message(&self) -> String {
+    pub(crate) fn external_message(&self) -> String {
         match self {
             Self::KillIncomplete(_) => {
                 "the sandbox's processes are stopped but its files could not all be deleted; \
@@ -151,10 +151,10 @@ impl IntoResponse for EngineError {
 
 /// Longest message taken from inside a sandbox (an agent's error, a launcher's report): a
 /// sandbox's words reach the client, but never more than this.
-pub const MAX_SANDBOX_MESSAGE: usize = 2048;
+pub(crate) const MAX_SANDBOX_MESSAGE: usize = 2048;
 
 /// `text` cut to [`MAX_SANDBOX_MESSAGE`] bytes on a character boundary, marked when cut.
-pub fn clip(text: &str) -> String {
+pub(crate) fn clip(text: &str) -> String {
     if text.len() <= MAX_SANDBOX_MESSAGE {
         return text.to_string();
     }

@@ -43,7 +43,7 @@ pub fn is_sandbox_id(s: &str) -> bool {
 }
 
 /// A new API key: 256 random bits.
-pub fn api_key() -> String {
+pub(crate) fn api_key() -> String {
     format!("smk_{}", base32(&random_bytes::<32>()))
 }
 
@@ -54,16 +54,16 @@ pub fn request_id() -> String {
 
 tokio::task_local! {
     /// The id of the API request being handled, for everything that reports on it.
-    pub static REQUEST_ID: String;
+    pub(crate) static REQUEST_ID: String;
 }
 
 /// The id of the API request being handled (empty outside one).
-pub fn current_request_id() -> String {
+pub(crate) fn current_request_id() -> String {
     REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
 }
 
 /// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -76,7 +76,7 @@ pub fn time(unix_ms: i64) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// [`time`] as RFC 3339 text (`2026-11-22T17:33:52Z`), for files that keep times as strings.
-pub fn rfc3339(unix_ms: i64) -> String {
+pub(crate) fn rfc3339(unix_ms: i64) -> String {
     time(unix_ms).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 

@@ -12,9 +12,9 @@ pub mod driver;
 pub mod inside;
 pub mod launcher;
 pub mod plan;
-pub mod seccomp;
-pub mod step;
-pub mod sys;
-pub mod uids;
+pub(crate) mod seccomp;
+pub(crate) mod step;
+pub(crate) mod sys;
+pub(crate) mod uids;
 
 pub use driver::NamespacesDriver;

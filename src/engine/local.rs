@@ -62,7 +62,7 @@ struct Endpoint {
 }
 
 /// An engine this process owns, or one it attached to.
-pub struct LocalEngine {
+pub(crate) struct LocalEngine {
     url: String,
     key: ApiKey,
     owned: Option<Owned>,
@@ -75,18 +75,15 @@ struct Owned {
 }
 
 impl LocalEngine {
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.url
     }
-    pub fn key(&self) -> &ApiKey {
+    pub(crate) fn key(&self) -> &ApiKey {
         &self.key
-    }
-    pub fn is_owner(&self) -> bool {
-        self.owned.is_some()
     }
 
     /// Stops the engine if this process owns it (sandboxes are paused, not killed).
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         if let Some(owned) = self.owned {
             let _ = fs::remove_file(&owned.endpoint_file);
             owned.server.shutdown().await;
@@ -105,16 +102,16 @@ pub fn prepare_data_dir(config: &EngineConfig) -> std::io::Result<()> {
 }
 
 /// The data dir's lock: whoever holds it owns the engine.
-pub type EngineLock = nix::fcntl::Flock<fs::File>;
+pub(crate) type EngineLock = nix::fcntl::Flock<fs::File>;
 
 /// Takes the data dir's lock without blocking; `None` when another process holds it.
-pub fn try_lock(config: &EngineConfig) -> std::io::Result<Option<EngineLock>> {
+pub(crate) fn try_lock(config: &EngineConfig) -> std::io::Result<Option<EngineLock>> {
     crate::durable::try_lock(&config.lock_file())
 }
 
 /// Where the engine of a data dir says it listens, and its process, if one published it (its
 /// key is not read).
-pub fn published(config: &EngineConfig) -> Option<(String, u32)> {
+pub(crate) fn published(config: &EngineConfig) -> Option<(String, u32)> {
     let text = fs::read_to_string(config.endpoint_file()).ok()?;
     let endpoint: Endpoint = serde_json::from_str(&text).ok()?;
     Some((endpoint.url, endpoint.pid))
@@ -133,7 +130,7 @@ pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalEr
 }
 
 /// Publishes where this process's engine listens, for other local MCP servers.
-pub fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<()> {
+pub(crate) fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<()> {
     let endpoint = Endpoint {
         url: url.to_string(),
         key: key.to_string(),
@@ -144,7 +141,7 @@ pub fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<(
 }
 
 /// The loopback URL other processes should use for a listen address.
-pub fn local_url(addr: SocketAddr) -> String {
+pub(crate) fn local_url(addr: SocketAddr) -> String {
     let host = if addr.ip().is_unspecified() {
         if addr.is_ipv4() {
             "127.0.0.1".to_string()
@@ -176,7 +173,7 @@ async fn healthy(url: &str, key: &str) -> bool {
 }
 
 /// Starts the engine here if no other process runs one for this data dir, else attaches to it.
-pub async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
+pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
     prepare_data_dir(config).map_err(LocalError::file(
         "create the data dir",
         config.data_dir.clone(),

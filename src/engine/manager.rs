@@ -27,19 +27,19 @@ use crate::engine::state::{Record, Status, Store};
 use crate::engine::templates::{self, Template};
 
 /// Cap on each of stdout and stderr in an exec result.
-pub const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
+pub(crate) const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
 /// Largest file `read_file` returns.
-pub const READ_LIMIT: u64 = 1024 * 1024;
+pub(crate) const READ_LIMIT: u64 = 1024 * 1024;
 /// Largest decoded file `write_file` accepts.
-pub const WRITE_LIMIT: usize = 8 * 1024 * 1024;
+pub(crate) const WRITE_LIMIT: usize = 8 * 1024 * 1024;
 /// Largest zip `download_dir` returns.
-pub const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
+pub(crate) const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
 /// Most entries `list_files` returns.
-pub const LIST_LIMIT: u64 = 1000;
+pub(crate) const LIST_LIMIT: u64 = 1000;
 /// Slack over an exec's own timeout before the engine gives up on the agent.
-pub const EXEC_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const EXEC_GRACE: Duration = Duration::from_secs(10);
 /// Most output returned by one job status call.
-pub const JOB_PAGE: u64 = 32 * 1024;
+pub(crate) const JOB_PAGE: u64 = 32 * 1024;
 /// Deadline for agent operations other than exec.
 const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -447,7 +447,7 @@ impl Manager {
         })
     }
 
-    pub async fn update_metadata(
+    pub(crate) async fn update_metadata(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -730,13 +730,13 @@ impl Manager {
     }
 
     /// Oom kills counted so far, to tell whether a command ran out of memory.
-    pub async fn oom_mark(&self, id: &str) -> u64 {
+    pub(crate) async fn oom_mark(&self, id: &str) -> u64 {
         self.oom_kills(id).await
     }
 
     /// After a command finished: whether the sandbox ran out of memory since `before`; if so,
     /// its remaining processes are killed (v1 cgroups have no oom.group).
-    pub async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
+    pub(crate) async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
         let oom = self.oom_kills(id).await > before;
         if oom {
             let _ = self.call(id, tenant, KillAll {}, AGENT_TIMEOUT).await;
@@ -852,7 +852,7 @@ impl Manager {
     }
 
     /// Runs the timers until `stop` fires.
-    pub async fn run_timers(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
+    pub(crate) async fn run_timers(self: Arc<Self>, stop: tokio_util::sync::CancellationToken) {
         let mut interval = tokio::time::interval(self.config.tick);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

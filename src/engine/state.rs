@@ -155,7 +155,7 @@ impl Store {
         })
     }
 
-    pub fn set_metadata(
+    pub(crate) fn set_metadata(
         &self,
         id: &str,
         metadata: &BTreeMap<String, String>,
@@ -170,7 +170,7 @@ impl Store {
         })
     }
 
-    pub fn set_last_active(&self, id: &str, at: i64) -> rusqlite::Result<()> {
+    pub(crate) fn set_last_active(&self, id: &str, at: i64) -> rusqlite::Result<()> {
         self.with(|c| {
             c.execute(
                 "UPDATE sandboxes SET last_active_at = ?2 WHERE id = ?1",

@@ -17,13 +17,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::driver::{Shape, TemplateLayout};
 
-pub const BASE: &str = "base";
+pub(crate) const BASE: &str = "base";
 const BASE_VERSION: u32 = 1;
 /// Largest file copied from the host's /etc.
 const MAX_ETC_FILE: u64 = 1 << 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ShapeFile {
+pub(crate) struct ShapeFile {
     pub vcpus: f64,
     pub memory_mb: u64,
     pub disk_mb: u64,
@@ -31,7 +31,7 @@ pub struct ShapeFile {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct TemplateFile {
+pub(crate) struct TemplateFile {
     pub name: String,
     pub description: String,
     pub version: u32,
@@ -69,7 +69,7 @@ impl Template {
 }
 
 /// Loads every template, building `base` first if it is missing.
-pub fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
+pub(crate) fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)

@@ -163,7 +163,7 @@ impl Backend {
 
     /// After `failed` could not connect: for a local engine, take over or re-attach.
     /// Returns whether a different endpoint is now available (the caller retries once).
-    pub async fn recover(&self, failed: &Handle) -> bool {
+    pub(crate) async fn recover(&self, failed: &Handle) -> bool {
         if matches!(self.inner.mode, Mode::Remote) {
             return false;
         }

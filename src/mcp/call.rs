@@ -33,7 +33,7 @@ impl CallFailure {
     }
 
     /// Whether retrying against a freshly resolved engine could help: the request never arrived.
-    pub fn is_connect_failure(&self) -> bool {
+    pub(crate) fn is_connect_failure(&self) -> bool {
         matches!(self, Self::Unreachable(_))
     }
 }
@@ -188,7 +188,7 @@ pub fn respond_stream(
 }
 
 /// A failure carried by an `error` event.
-pub fn event_failure(event: &Value) -> CallFailure {
+pub(crate) fn event_failure(event: &Value) -> CallFailure {
     let e = &event["error"];
     CallFailure::Api {
         status: 500,

@@ -36,7 +36,7 @@ use crate::mcp::session::SessionSandboxes;
 use crate::tooldefs::ToolDef;
 
 /// Largest request body accepted.
-pub const BODY_LIMIT: usize = 16 * 1024 * 1024;
+pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;
 /// Hosts always allowed in `Host` and `Origin`.
 const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 

@@ -9,13 +9,13 @@
 
 use serde_json::{Map, Value, json};
 
-pub const PARSE_ERROR: i64 = -32700;
-pub const INVALID_REQUEST: i64 = -32600;
-pub const INVALID_PARAMS: i64 = -32602;
+pub(crate) const PARSE_ERROR: i64 = -32700;
+pub(crate) const INVALID_REQUEST: i64 = -32600;
+pub(crate) const INVALID_PARAMS: i64 = -32602;
 
 /// What to do with one line from the client.
 #[derive(Debug, PartialEq)]
-pub enum Check {
+pub(crate) enum Check {
     /// A well-formed request, notification or response: rmcp handles it.
     Forward,
     /// Not one: send this error response instead (rmcp never sees the line).
@@ -23,12 +23,12 @@ pub enum Check {
 }
 
 /// An error response.
-pub fn error(id: Value, code: i64, message: &str) -> Value {
+pub(crate) fn error(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
 /// Checks one line (without its newline).
-pub fn check(line: &[u8]) -> Check {
+pub(crate) fn check(line: &[u8]) -> Check {
     // (Invalid params are only found in a valid request, so its id is valid too.)
     let text = match std::str::from_utf8(line) {
         Ok(t) => t,
@@ -134,7 +134,7 @@ fn check_object(o: &Map<String, Value>) -> Result<(), (i64, String)> {
 
 /// rmcp answers some invalid messages with an error that has no `id` member; JSON-RPC requires
 /// `"id": null` there. Returns the mended line, or `None` when it needs no change.
-pub fn add_null_id(line: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn add_null_id(line: &[u8]) -> Option<Vec<u8>> {
     // Cheap test first: rmcp writes `jsonrpc` first and `id` before `error` when it has one.
     if !line.starts_with(br#"{"jsonrpc":"2.0","error":"#) {
         return None;

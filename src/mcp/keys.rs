@@ -138,7 +138,7 @@ impl KeyStore {
     }
 
     /// The tenant of a valid, unrevoked token (the file is re-read when it changed).
-    pub fn tenant_of(&self, token: &str) -> Option<String> {
+    pub(crate) fn tenant_of(&self, token: &str) -> Option<String> {
         self.file.find(token)
     }
 }

@@ -115,7 +115,10 @@ impl Throttle {
 }
 
 /// Reads `events` to their final result, sending output as progress on the way.
-pub async fn relay(mut events: EventStream, progress: Progress) -> Result<Value, CallFailure> {
+pub(crate) async fn relay(
+    mut events: EventStream,
+    progress: Progress,
+) -> Result<Value, CallFailure> {
     let mut throttle = Throttle {
         progress,
         pending: String::new(),

@@ -17,13 +17,13 @@ use tokio_util::sync::CancellationToken;
 use crate::mcp::args::Args;
 use crate::mcp::backend::Backend;
 use crate::mcp::call::CallFailure;
-pub use crate::mcp::progress::Progress;
+pub(crate) use crate::mcp::progress::Progress;
 use crate::mcp::session::{SessionSandbox, SessionSandboxes};
 use crate::mcp::{dispatch, progress, shape};
 use crate::tooldefs::ToolDef;
 
 /// Protocol revisions this server speaks. 2025-06-18 is the oldest with structured tool output.
-pub const PROTOCOL_VERSIONS: [ProtocolVersion; 3] = [
+pub(crate) const PROTOCOL_VERSIONS: [ProtocolVersion; 3] = [
     ProtocolVersion::V_2025_06_18,
     ProtocolVersion::V_2025_11_25,
     ProtocolVersion::V_2026_07_28,
@@ -62,7 +62,7 @@ pub struct SandboxMcp {
 }
 
 /// The tool profile a session-sandbox server serves (`tool-defs/80-profiles.toml`).
-pub const SESSION_PROFILE: &str = "session";
+pub(crate) const SESSION_PROFILE: &str = "session";
 
 /// One of the session profile's messages to the model (the build checks they exist).
 fn session_message(key: &str) -> String {
@@ -87,7 +87,7 @@ pub struct CallContext {
 
 /// The tenant and session of a `tools/call` on the HTTP transport, set by its middleware.
 #[derive(Clone, Debug)]
-pub struct RequestTenant(pub Option<String>);
+pub(crate) struct RequestTenant(pub Option<String>);
 
 /// The MCP tool as the model sees it: everything comes from the registry.
 pub fn to_mcp_tool(def: &ToolDef) -> Tool {
@@ -122,7 +122,7 @@ impl SandboxMcp {
 
     /// A server for one session of the `session` profile: its tools take no sandbox id, and
     /// the session's own sandbox is created on first use.
-    pub fn with_session(mut self, sandboxes: SessionSandboxes) -> Self {
+    pub(crate) fn with_session(mut self, sandboxes: SessionSandboxes) -> Self {
         self.session = Some(Arc::new(SessionSandbox::new(
             self.backend.clone(),
             sandboxes,
@@ -131,7 +131,7 @@ impl SandboxMcp {
     }
 
     /// Ends the session now: kills its sandbox, if it made one.
-    pub async fn end_session(&self) {
+    pub(crate) async fn end_session(&self) {
         if let Some(s) = &self.session {
             s.end().await;
         }

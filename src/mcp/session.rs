@@ -13,7 +13,7 @@ use crate::mcp::call::{CallFailure, respond};
 /// Every live session sandbox of a server, so shutdown can kill those whose sessions are still
 /// open.
 #[derive(Clone, Default)]
-pub struct SessionSandboxes {
+pub(crate) struct SessionSandboxes {
     live: Arc<Mutex<HashMap<String, Option<String>>>>,
 }
 
@@ -34,7 +34,7 @@ impl SessionSandboxes {
     }
 
     /// Kills every session sandbox still alive (server shutdown).
-    pub async fn kill_all(&self, backend: &Backend) {
+    pub(crate) async fn kill_all(&self, backend: &Backend) {
         let live: Vec<(String, Option<String>)> = self
             .live
             .lock()
@@ -63,7 +63,7 @@ async fn kill(backend: &Backend, id: &str, tenant: Option<&str>) {
 }
 
 /// The sandbox of one session.
-pub struct SessionSandbox {
+pub(crate) struct SessionSandbox {
     backend: Backend,
     registry: SessionSandboxes,
     /// The sandbox id and the tenant that owns it, once made. A mutex rather than a once-cell:
@@ -74,7 +74,7 @@ pub struct SessionSandbox {
 }
 
 impl SessionSandbox {
-    pub fn new(backend: Backend, registry: SessionSandboxes) -> Self {
+    pub(crate) fn new(backend: Backend, registry: SessionSandboxes) -> Self {
         Self {
             backend,
             registry,
@@ -84,7 +84,7 @@ impl SessionSandbox {
     }
 
     /// The session's sandbox id, creating the sandbox on first use.
-    pub async fn id(&self, tenant: Option<&str>) -> Result<String, CallFailure> {
+    pub(crate) async fn id(&self, tenant: Option<&str>) -> Result<String, CallFailure> {
         let _creating = self.creating.lock().await;
         if let Some((id, owner)) = self.current() {
             if owner.as_deref() != tenant {
@@ -114,7 +114,7 @@ impl SessionSandbox {
 
     /// After a call on `id` failed with not-found: whether the session's sandbox itself is gone
     /// (rather than, say, a file). If so it is forgotten, and the next call makes a new one.
-    pub async fn forget_if_gone(&self, id: &str, tenant: Option<&str>) -> bool {
+    pub(crate) async fn forget_if_gone(&self, id: &str, tenant: Option<&str>) -> bool {
         let Ok(handle) = self.backend.client(tenant).await else {
             return false;
         };
@@ -133,7 +133,7 @@ impl SessionSandbox {
     }
 
     /// Kills the sandbox now (stdio EOF or SIGTERM, where nothing runs after the server).
-    pub async fn end(&self) {
+    pub(crate) async fn end(&self) {
         if let Some((id, tenant)) = self.current()
             && self.registry.remove(&id)
         {

@@ -14,7 +14,7 @@ use crate::tooldefs::{Cap, ToolDef};
 /// marker; a capped array keeps its first items. Each cap sets `truncated: true` and records the
 /// original size in `<field>_bytes` / `<field>_total` unless the engine already reported the exact
 /// figure there (the engine's count of what a command wrote beats our count of what it returned).
-pub fn apply_caps(caps: &[Cap], value: &mut Value) {
+pub(crate) fn apply_caps(caps: &[Cap], value: &mut Value) {
     let Some(obj) = value.as_object_mut() else {
         return;
     };
@@ -49,7 +49,7 @@ fn set_if_absent(obj: &mut Map<String, Value>, key: &str, n: u64) {
 
 /// The first and last parts of `s` within `max` bytes in all, cut on character boundaries, with a
 /// marker saying how much is missing.
-pub fn head_tail(s: &str, max: usize) -> String {
+pub(crate) fn head_tail(s: &str, max: usize) -> String {
     let marker_len = 48; // "\n…[N bytes omitted]…\n" with N up to 20 digits
     let budget = max.saturating_sub(marker_len);
     let mut head_end = budget / 2;
@@ -72,12 +72,12 @@ pub fn head_tail(s: &str, max: usize) -> String {
 /// Longest string repeated in a result's text copy. MCP clients built on rmcp drop any message
 /// over 16 MiB (and leave the call hanging), and a zip sent twice — structured and as text —
 /// would be one; a model gains nothing from megabytes of base64 in its context either.
-pub const TEXT_COPY_MAX_STRING: usize = 2 * 1024 * 1024;
+pub(crate) const TEXT_COPY_MAX_STRING: usize = 2 * 1024 * 1024;
 
 /// A successful call: the (capped) JSON as `structuredContent`, and the same JSON as text for
 /// clients that only read text — with any string over [`TEXT_COPY_MAX_STRING`] replaced there by
 /// a note of its size (it stays whole in `structuredContent`).
-pub fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult {
+pub(crate) fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult {
     apply_caps(&tool.caps, &mut value);
     let text = match elided(&value) {
         Some(copy) => serde_json::to_string(&copy),
@@ -125,7 +125,7 @@ fn elided(value: &Value) -> Option<Value> {
 }
 
 /// A failed call the model can act on: `isError: true` and the tool-def's message.
-pub fn failure_result(
+pub(crate) fn failure_result(
     tool: &ToolDef,
     args: Option<&Args>,
     failure: &CallFailure,
@@ -134,7 +134,7 @@ pub fn failure_result(
 }
 
 /// A JSON-RPC error: only for requests that are not a valid call of a known tool.
-pub fn protocol_error(failure: &CallFailure) -> McpError {
+pub(crate) fn protocol_error(failure: &CallFailure) -> McpError {
     match failure {
         CallFailure::UnknownTool(name) => McpError::invalid_params(
             format!("unknown tool `{name}`; call tools/list to see the tools"),

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use super::jsonrpc::{self, Check};
 
 /// Longest request line accepted: room for an 8 MiB file sent base64-encoded, with overhead.
-pub const MAX_LINE: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_LINE: usize = 16 * 1024 * 1024;
 
 /// Runs `serve` with rmcp-facing pipes while framing `input`/`output`. Returns when `serve` ends
 /// (stdin EOF closes rmcp's input, which ends the session).

@@ -1,8 +1,9 @@
 //! Fuzz targets' bodies, shared by the cargo-fuzz harness (`tests/fuzz/fuzz_targets/`) and the
 //! stable replay test (`tests/fuzz_replay.rs`), both of which include this file. Each takes
 //! arbitrary bytes and panics when a property breaks.
-// A failed property is the point of a fuzz target: panicking on it is how it reports.
-#![allow(clippy::expect_used, dead_code)]
+// A failed property is the point of a fuzz target: panicking on it is how it reports. Its
+// functions are `pub` for the harness, a separate crate.
+#![allow(clippy::expect_used, dead_code, unreachable_pub)]
 
 use std::path::Component;
 use std::sync::OnceLock;

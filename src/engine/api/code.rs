@@ -40,7 +40,7 @@ fn deadline(spec: &RunCodeSpec) -> Duration {
     Duration::from_millis(spec.timeout_ms) + EXEC_GRACE
 }
 
-pub async fn run_code(
+pub(super) async fn run_code(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -55,7 +55,7 @@ pub async fn run_code(
     Ok(Json(outcome.try_into()?))
 }
 
-pub async fn run_code_stream(
+pub(super) async fn run_code_stream(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -73,7 +73,7 @@ pub async fn run_code_stream(
     }))
 }
 
-pub async fn list_contexts(
+pub(super) async fn list_contexts(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -96,7 +96,7 @@ pub async fn list_contexts(
     }))
 }
 
-pub async fn create_context(
+pub(super) async fn create_context(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -119,7 +119,7 @@ pub async fn create_context(
     Ok((StatusCode::CREATED, Json(context.try_into()?)))
 }
 
-pub async fn delete_context(
+pub(super) async fn delete_context(
     State(state): State<AppState>,
     tenant: Tenant,
     Path((id, context_id)): Path<(String, String)>,

@@ -64,7 +64,7 @@ async fn start_job(
     Ok(r)
 }
 
-pub async fn exec_command(
+pub(super) async fn exec_command(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -79,7 +79,7 @@ pub async fn exec_command(
     Ok(Json(result.into()))
 }
 
-pub async fn exec_command_stream(
+pub(super) async fn exec_command_stream(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,

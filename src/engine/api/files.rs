@@ -20,24 +20,24 @@ const DEADLINE: Duration = Duration::from_secs(60);
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
 #[derive(Deserialize)]
-pub struct ReadQuery {
+pub(super) struct ReadQuery {
     path: String,
     encoding: Option<types::FileEncoding>,
 }
 
 #[derive(Deserialize)]
-pub struct PathQuery {
+pub(super) struct PathQuery {
     path: String,
 }
 
 #[derive(Deserialize)]
-pub struct DeleteQuery {
+pub(super) struct DeleteQuery {
     path: String,
     #[serde(default)]
     recursive: bool,
 }
 
-pub async fn read(
+pub(super) async fn read(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -73,7 +73,7 @@ fn too_large_write(len: usize) -> EngineError {
     ))
 }
 
-pub async fn write(
+pub(super) async fn write(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -113,7 +113,7 @@ pub async fn write(
     }))
 }
 
-pub async fn list(
+pub(super) async fn list(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -134,7 +134,7 @@ pub async fn list(
     }))
 }
 
-pub async fn delete(
+pub(super) async fn delete(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -154,7 +154,7 @@ pub async fn delete(
     }))
 }
 
-pub async fn rename(
+pub(super) async fn rename(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -174,7 +174,7 @@ pub async fn rename(
     }))
 }
 
-pub async fn download_dir(
+pub(super) async fn download_dir(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,

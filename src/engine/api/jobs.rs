@@ -15,7 +15,7 @@ use crate::engine::manager::JOB_PAGE;
 const DEADLINE: Duration = Duration::from_secs(30);
 
 #[derive(Deserialize)]
-pub struct JobQuery {
+pub(super) struct JobQuery {
     #[serde(default)]
     since_offset: u64,
 }
@@ -32,7 +32,7 @@ fn job_id(raw: &str) -> Result<String, EngineError> {
         })
 }
 
-pub async fn get(
+pub(super) async fn get(
     State(state): State<AppState>,
     tenant: Tenant,
     Path((id, job)): Path<(String, String)>,
@@ -50,7 +50,7 @@ pub async fn get(
     Ok(Json(job.try_into()?))
 }
 
-pub async fn kill(
+pub(super) async fn kill(
     State(state): State<AppState>,
     tenant: Tenant,
     Path((id, job)): Path<(String, String)>,

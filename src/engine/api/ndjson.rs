@@ -15,7 +15,7 @@ use crate::engine::ids;
 use crate::engine::manager::Event;
 
 /// An NDJSON response from the agent's events; `finish` turns the reply into the `result`.
-pub fn events<R, F, Fut>(
+pub(super) fn events<R, F, Fut>(
     events: impl Stream<Item = Result<Event<R>, EngineError>> + Send + 'static,
     finish: F,
 ) -> Response
@@ -51,7 +51,7 @@ where
 }
 
 /// A response of one `result` event, for an answer that has nothing to stream.
-pub fn result_only(result: Value) -> Response {
+pub(super) fn result_only(result: Value) -> Response {
     let line = line_of(&json!({"type": "result", "result": result}));
     ([(axum::http::header::CONTENT_TYPE, NDJSON)], line).into_response()
 }

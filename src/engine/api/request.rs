@@ -19,16 +19,16 @@ use crate::engine::ids;
 use crate::engine::manager::Manager;
 
 /// Largest request body accepted.
-pub const BODY_LIMIT: usize = 16 * 1024 * 1024;
+pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Media type of streamed responses.
 pub const NDJSON: &str = "application/x-ndjson";
 
 /// Header with which a request acts for one tenant (the MCP HTTP server sends it for its clients).
-pub const TENANT_HEADER: &str = "x-sandbox-tenant";
+pub(crate) const TENANT_HEADER: &str = "x-sandbox-tenant";
 
 /// Accepted API keys, each standing for a principal (see [`crate::auth`]).
-pub type Keys = KeyRing<Principal>;
+pub(crate) type Keys = KeyRing<Principal>;
 
 /// The engine's keys: `fixed`, plus those of `file` (one key per line, `#` comments), which is
 /// re-read when it changes. Blank keys are ignored.
@@ -83,11 +83,11 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         .await
 }
 
-pub async fn no_route() -> EngineError {
+pub(crate) async fn no_route() -> EngineError {
     EngineError::NotFound("no such endpoint; see the engine's OpenAPI document".into())
 }
 
-pub async fn wrong_method() -> EngineError {
+pub(crate) async fn wrong_method() -> EngineError {
     EngineError::MethodNotAllowed
 }
 
@@ -96,10 +96,10 @@ pub async fn wrong_method() -> EngineError {
 /// A key bound to a tenant always acts for it. An unbound key (which sees every sandbox) may narrow
 /// itself to one tenant with the `x-sandbox-tenant` header; narrowing grants nothing, so any
 /// unbound key may do it.
-pub struct Tenant(pub Option<String>);
+pub(crate) struct Tenant(pub Option<String>);
 
 impl Tenant {
-    pub fn as_deref(&self) -> Option<&str> {
+    pub(crate) fn as_deref(&self) -> Option<&str> {
         self.0.as_deref()
     }
 }
@@ -133,7 +133,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
 }
 
 /// JSON body extractor whose rejections are API errors with the spec's shape.
-pub struct ApiJson<T>(pub T);
+pub(crate) struct ApiJson<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJson<T>
 where
@@ -163,7 +163,7 @@ where
 
 /// Like [`ApiJson`], but a request with no body at all (`curl -X POST …`, or a client that
 /// leaves out a body whose fields are all optional) counts as `{}`.
-pub struct ApiJsonOrEmpty<T>(pub T);
+pub(crate) struct ApiJsonOrEmpty<T>(pub T);
 
 impl<S, T> FromRequest<S> for ApiJsonOrEmpty<T>
 where
@@ -190,7 +190,7 @@ where
 }
 
 /// Query extractor whose rejections are API errors.
-pub struct ApiQuery<T>(pub T);
+pub(crate) struct ApiQuery<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiQuery<T>
 where

@@ -108,7 +108,7 @@ fn sandbox(view: &SandboxView) -> ApiResult<types::Sandbox> {
     Ok(Json(view.try_into()?))
 }
 
-pub async fn health(State(state): State<AppState>) -> ApiResult<types::Health> {
+pub(super) async fn health(State(state): State<AppState>) -> ApiResult<types::Health> {
     Ok(Json(types::Health {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
@@ -116,7 +116,9 @@ pub async fn health(State(state): State<AppState>) -> ApiResult<types::Health> {
     }))
 }
 
-pub async fn list_templates(State(state): State<AppState>) -> ApiResult<types::TemplateList> {
+pub(super) async fn list_templates(
+    State(state): State<AppState>,
+) -> ApiResult<types::TemplateList> {
     let templates = state
         .manager
         .templates()
@@ -134,7 +136,7 @@ pub async fn list_templates(State(state): State<AppState>) -> ApiResult<types::T
     Ok(Json(types::TemplateList { templates }))
 }
 
-pub async fn create(
+pub(super) async fn create(
     State(state): State<AppState>,
     tenant: Tenant,
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSandboxRequest>,
@@ -169,12 +171,12 @@ pub async fn create(
 }
 
 #[derive(Deserialize)]
-pub struct ListQuery {
+pub(super) struct ListQuery {
     status: Option<types::SandboxStatus>,
     metadata: Option<String>,
 }
 
-pub async fn list(
+pub(super) async fn list(
     State(state): State<AppState>,
     tenant: Tenant,
     ApiQuery(query): ApiQuery<ListQuery>,
@@ -199,7 +201,7 @@ pub async fn list(
     Ok(Json(types::SandboxList { sandboxes }))
 }
 
-pub async fn get(
+pub(super) async fn get(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -214,7 +216,7 @@ pub async fn get(
     sandbox(&view)
 }
 
-pub async fn update(
+pub(super) async fn update(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -228,7 +230,7 @@ pub async fn update(
     sandbox(&view)
 }
 
-pub async fn kill(
+pub(super) async fn kill(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -242,7 +244,7 @@ pub async fn kill(
     }))
 }
 
-pub async fn pause(
+pub(super) async fn pause(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -254,7 +256,7 @@ pub async fn pause(
     sandbox(&view)
 }
 
-pub async fn resume(
+pub(super) async fn resume(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,
@@ -266,7 +268,7 @@ pub async fn resume(
     sandbox(&view)
 }
 
-pub async fn metrics(
+pub(super) async fn metrics(
     State(state): State<AppState>,
     tenant: Tenant,
     Path(id): Path<String>,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Name of the parent cgroup every sandbox cgroup lives under.
-pub const PARENT: &str = "sandbox-mcp";
+pub(crate) const PARENT: &str = "sandbox-mcp";
 
 /// Where the cgroup hierarchies are mounted on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub enum FreezeMethod {
 
 /// Resource use read from the cgroups.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub cpu_seconds: f64,
     pub memory_bytes: u64,
     pub memory_peak_bytes: u64,
@@ -107,7 +107,7 @@ impl Layout {
     }
 
     /// Parses mountinfo; pure, for tests.
-    pub fn parse_mountinfo(info: &str) -> Layout {
+    pub(crate) fn parse_mountinfo(info: &str) -> Layout {
         let mut v2 = None;
         let (mut memory, mut pids, mut cpu, mut cpuacct, mut freezer) =
             (None, None, None, None, None);
@@ -215,7 +215,7 @@ impl Layout {
     }
 
     /// Default freeze method on this layout.
-    pub fn freeze_method(&self) -> FreezeMethod {
+    pub(crate) fn freeze_method(&self) -> FreezeMethod {
         match self {
             Layout::Hybrid {
                 unified: Some(u), ..
@@ -257,7 +257,7 @@ impl Cgroups {
     }
 
     /// The `cgroup.procs` files a process writes itself into to join the sandbox.
-    pub fn procs_files(&self) -> Vec<PathBuf> {
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs()
             .into_iter()
             .map(|d| d.join("cgroup.procs"))
@@ -439,7 +439,7 @@ impl Cgroups {
         Ok(())
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         let mut s = Stats::default();
         match &self.layout {
             Layout::None => {}

@@ -322,7 +322,12 @@ pub fn release(sandboxes_dir: &Path) {
 
 /// Creates a sandbox's directory `parent/name`: a subvolume limited to `limit_bytes` in a btrfs
 /// store, a plain directory otherwise. Idempotent.
-pub fn create_dir(store: &Store, parent: &Path, name: &str, limit_bytes: u64) -> io::Result<()> {
+pub(crate) fn create_dir(
+    store: &Store,
+    parent: &Path,
+    name: &str,
+    limit_bytes: u64,
+) -> io::Result<()> {
     let path = parent.join(name);
     if path.exists() {
         return Ok(());
@@ -353,7 +358,7 @@ pub fn create_dir(store: &Store, parent: &Path, name: &str, limit_bytes: u64) ->
 }
 
 /// Deletes a sandbox's directory and everything in it.
-pub fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
+pub(crate) fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
     let path = parent.join(name);
     if let Store::Btrfs = store
         && let Ok(dir) = open_dir(parent)

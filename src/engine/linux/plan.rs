@@ -12,7 +12,7 @@ pub const UID_BASE: u32 = 10_000_000;
 /// the last one is the agent's own, never mapped into the sandbox.
 pub const UID_RANGE: u32 = 65_536;
 /// Ids visible inside a sandbox (0..65534; 65534 is `nobody`).
-pub const MAPPED_IDS: u32 = UID_RANGE - 1;
+pub(crate) const MAPPED_IDS: u32 = UID_RANGE - 1;
 
 /// One line of a uid_map/gid_map.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -95,17 +95,17 @@ pub struct PlanInput<'a> {
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
-pub fn uid_base(slot: u32) -> u32 {
+pub(crate) fn uid_base(slot: u32) -> u32 {
     UID_BASE + slot * UID_RANGE
 }
 
 /// The agent's host id in a slot's range: the one id of the range not mapped into the sandbox.
-pub fn agent_id(slot: u32) -> u32 {
+pub(crate) fn agent_id(slot: u32) -> u32 {
     uid_base(slot) + MAPPED_IDS
 }
 
 /// Highest slot whose range still fits in 32-bit ids.
-pub const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
+pub(crate) const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
 
 /// Each sandbox's share of the ptys non-initial devpts instances may hold together
 /// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once.
@@ -115,15 +115,15 @@ pub fn pty_share(pty_max: u32, pty_reserve: u32, sandboxes: usize) -> u32 {
 }
 
 /// Where a sandbox's directories are, relative to its directory.
-pub fn upper_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
+pub(crate) fn upper_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("upper").join(layer_name(layer))
 }
 
-pub fn work_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
+pub(crate) fn work_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("work").join(layer_name(layer))
 }
 
-pub fn staging_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
+pub(crate) fn staging_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("lower").join(layer_name(layer))
 }
 

@@ -27,14 +27,14 @@ struct Claim {
 
 /// The registry, as seen by one engine (one data dir).
 #[derive(Debug, Clone)]
-pub struct Registry {
+pub(crate) struct Registry {
     path: PathBuf,
     owner: String,
 }
 
 impl Registry {
     /// The registry at `path`, for the engine on `data_dir`.
-    pub fn new(path: PathBuf, data_dir: &Path) -> io::Result<Self> {
+    pub(crate) fn new(path: PathBuf, data_dir: &Path) -> io::Result<Self> {
         let owner = fs::canonicalize(data_dir)?.to_string_lossy().into_owned();
         if owner.contains('\n') {
             return Err(io::Error::new(
@@ -46,7 +46,7 @@ impl Registry {
     }
 
     /// Claims the lowest free slot for a new sandbox.
-    pub fn claim(&self) -> io::Result<u32> {
+    pub(crate) fn claim(&self) -> io::Result<u32> {
         self.locked(|claims| {
             reclaim_abandoned(claims);
             let slot = (1..=MAX_SLOT)
@@ -61,14 +61,14 @@ impl Registry {
     }
 
     /// Gives a slot back (its sandbox is gone).
-    pub fn release(&self, slot: u32) -> io::Result<()> {
+    pub(crate) fn release(&self, slot: u32) -> io::Result<()> {
         self.locked(|claims| claims.retain(|c| !(c.slot == slot && c.owner == self.owner)))
     }
 
     /// Makes the registry agree with the slots this engine's sandboxes hold: this data dir's
     /// claims that no sandbox holds are released, held slots missing from the registry are
     /// claimed again. Returns the held slots that another data dir has claimed meanwhile.
-    pub fn reconcile(&self, held: &[u32]) -> io::Result<Vec<u32>> {
+    pub(crate) fn reconcile(&self, held: &[u32]) -> io::Result<Vec<u32>> {
         self.locked(|claims| {
             claims.retain(|c| c.owner != self.owner || held.contains(&c.slot));
             let mut conflicts = Vec::new();
