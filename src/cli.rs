@@ -385,7 +385,7 @@ async fn terminated() {
 }
 
 async fn engine(args: EngineArgs) -> anyhow::Result<()> {
-    use crate::engine::{ids, local, server};
+    use crate::engine::local;
     init_logging("info");
     let config = args.settings.config();
     let keys: Vec<String> = args
@@ -409,8 +409,8 @@ async fn engine(args: EngineArgs) -> anyhow::Result<()> {
     }
     local::prepare_data_dir(&config)?;
     let Some(lock) = local::try_lock(&config)? else {
-        let owner = match local::published(&config) {
-            Some((url, pid)) => format!(" at {url}, process {pid}"),
+        let owner = match local::endpoint(&config) {
+            Some(endpoint) => format!(" at {}, process {}", endpoint.url, endpoint.pid),
             None => String::new(),
         };
         anyhow::bail!(
@@ -418,25 +418,14 @@ async fn engine(args: EngineArgs) -> anyhow::Result<()> {
             config.data_dir.display(),
         );
     };
-    let manager = local::open_manager(&config).await?;
     let listener = tokio::net::TcpListener::bind(&args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    let addr = listener.local_addr()?;
-    // A key only local MCP servers know (from engine.json), so they can share this engine.
-    let local_key = ids::api_key();
-    let keys = crate::engine::api::keys(
-        keys.into_iter().chain([local_key.clone()]),
-        args.keys_file.clone(),
-    );
-    let srv = server::EngineServer::start(manager, listener, keys)?;
-    local::publish(&config, &local::local_url(addr), &local_key)?;
-    tracing::info!(listen = %addr, data_dir = %config.data_dir.display(), "sandbox engine ready");
+    // `serve` adds a key only local MCP servers know (from engine.json), so they can share it.
+    let serving = local::serve(&config, lock, listener, keys, args.keys_file.clone()).await?;
     terminated().await;
     tracing::info!("shutting down: finishing requests, pausing sandboxes");
-    let _ = std::fs::remove_file(config.endpoint_file());
-    srv.shutdown().await;
-    drop(lock);
+    serving.shutdown().await;
     Ok(())
 }
 

@@ -11,6 +11,7 @@ pub mod call;
 pub mod http;
 pub(crate) mod jsonrpc;
 pub mod keys;
+pub(crate) mod local_engine;
 pub(crate) mod progress;
 pub mod server;
 pub(crate) mod session;

@@ -4,7 +4,7 @@
 //! [`plan`] computes what to build (pure); [`launcher`] (the hidden `__launch` subcommand) creates
 //! the namespaces from outside and execs the agent, which builds the rest from inside
 //! ([`inside`]); [`driver`] drives both from the engine; [`cgroups`], [`disk`], [`seccomp`],
-//! [`uids`], [`step`] and [`sys`] are the pieces.
+//! [`uids`] and [`step`] are the pieces (syscall wrappers shared with the agent: `crate::sys`).
 
 pub mod cgroups;
 pub mod disk;
@@ -14,7 +14,6 @@ pub mod launcher;
 pub mod plan;
 pub(crate) mod seccomp;
 pub(crate) mod step;
-pub(crate) mod sys;
 pub(crate) mod uids;
 
 pub use driver::NamespacesDriver;

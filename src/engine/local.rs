@@ -1,21 +1,19 @@
-//! The local engine of a data dir: started in this process, or found running in another.
+//! An engine serving a data dir from this process, and how other processes find it.
 //!
 //! The process that holds an exclusive `flock` on `<data>/engine.lock` owns the engine and
-//! publishes its loopback URL and a fresh key in `<data>/engine.json` (mode 0600). Every other
-//! MCP server on the same data dir attaches to it, so all of them share one set of sandboxes.
-//! When the owner exits, its lock is released and the next caller takes over.
+//! publishes its loopback URL and a fresh key in `<data>/engine.json` (mode 0600), so that other
+//! MCP servers on the same data dir can share it (see `mcp::local_engine`). When the owner exits,
+//! its lock is released and the next one takes over.
 
 use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::client::ApiKey;
 use crate::engine::config::EngineConfig;
 use crate::engine::ids;
 use crate::engine::linux::NamespacesDriver;
@@ -36,7 +34,7 @@ pub enum LocalError {
     Driver(#[from] crate::engine::driver::DriverError),
     #[error("cannot open the engine's state: {0}")]
     Engine(#[from] crate::engine::error::EngineError),
-    #[error("cannot listen on loopback: {0}")]
+    #[error("cannot listen for the engine API: {0}")]
     Listen(#[source] std::io::Error),
     #[error(
         "another process holds {} but its engine does not answer; stop it or remove the lock",
@@ -46,48 +44,44 @@ pub enum LocalError {
 }
 
 impl LocalError {
-    fn file(what: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> Self {
+    pub(crate) fn file(what: &'static str, path: PathBuf) -> impl FnOnce(std::io::Error) -> Self {
         move |source| Self::File { what, path, source }
     }
 }
 
-/// How long to wait for another process's engine to appear before giving up.
-const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
-
+/// What `engine.json` holds: where the owner's engine listens, a key it accepts, and its process.
 #[derive(Debug, Serialize, Deserialize)]
-struct Endpoint {
-    url: String,
-    key: String,
-    pid: u32,
+pub(crate) struct Endpoint {
+    pub(crate) url: String,
+    pub(crate) key: String,
+    pub(crate) pid: u32,
 }
 
-/// An engine this process owns, or one it attached to.
-pub(crate) struct LocalEngine {
-    url: String,
-    key: ApiKey,
-    owned: Option<Owned>,
-}
-
-struct Owned {
+/// The engine this process serves: its server, the data dir's lock (held while it runs) and
+/// the endpoint it published.
+pub(crate) struct Serving {
     server: EngineServer,
     _lock: EngineLock,
-    endpoint_file: std::path::PathBuf,
+    endpoint_file: PathBuf,
+    url: String,
+    local_key: String,
 }
 
-impl LocalEngine {
+impl Serving {
+    /// Where local processes reach it.
     pub(crate) fn url(&self) -> &str {
         &self.url
     }
-    pub(crate) fn key(&self) -> &ApiKey {
-        &self.key
+
+    /// The key published for local processes.
+    pub(crate) fn local_key(&self) -> &str {
+        &self.local_key
     }
 
-    /// Stops the engine if this process owns it (sandboxes are paused, not killed).
+    /// Withdraws the endpoint, finishes requests and pauses the sandboxes; the lock goes last.
     pub(crate) async fn shutdown(self) {
-        if let Some(owned) = self.owned {
-            let _ = fs::remove_file(&owned.endpoint_file);
-            owned.server.shutdown().await;
-        }
+        let _ = fs::remove_file(&self.endpoint_file);
+        self.server.shutdown().await;
     }
 }
 
@@ -109,12 +103,10 @@ pub(crate) fn try_lock(config: &EngineConfig) -> std::io::Result<Option<EngineLo
     crate::durable::try_lock(&config.lock_file())
 }
 
-/// Where the engine of a data dir says it listens, and its process, if one published it (its
-/// key is not read).
-pub(crate) fn published(config: &EngineConfig) -> Option<(String, u32)> {
+/// What the owner of a data dir published, if it did.
+pub(crate) fn endpoint(config: &EngineConfig) -> Option<Endpoint> {
     let text = fs::read_to_string(config.endpoint_file()).ok()?;
-    let endpoint: Endpoint = serde_json::from_str(&text).ok()?;
-    Some((endpoint.url, endpoint.pid))
+    serde_json::from_str(&text).ok()
 }
 
 /// Opens the manager for `config` with the namespaces driver.
@@ -130,7 +122,7 @@ pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalEr
 }
 
 /// Publishes where this process's engine listens, for other local MCP servers.
-pub(crate) fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<()> {
+fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<()> {
     let endpoint = Endpoint {
         url: url.to_string(),
         key: key.to_string(),
@@ -141,7 +133,7 @@ pub(crate) fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::R
 }
 
 /// The loopback URL other processes should use for a listen address.
-pub(crate) fn local_url(addr: SocketAddr) -> String {
+fn local_url(addr: SocketAddr) -> String {
     let host = if addr.ip().is_unspecified() {
         if addr.is_ipv4() {
             "127.0.0.1".to_string()
@@ -156,75 +148,28 @@ pub(crate) fn local_url(addr: SocketAddr) -> String {
     format!("http://{host}:{}", addr.port())
 }
 
-async fn healthy(url: &str, key: &str) -> bool {
-    let Ok(client) = crate::client::http_builder_for(url)
-        .timeout(Duration::from_secs(2))
-        .no_proxy()
-        .build()
-    else {
-        return false;
-    };
-    client
-        .get(format!("{url}/v1/health"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .is_ok_and(|r| r.status().is_success())
-}
-
-/// Starts the engine here if no other process runs one for this data dir, else attaches to it.
-pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
-    prepare_data_dir(config).map_err(LocalError::file(
-        "create the data dir",
-        config.data_dir.clone(),
-    ))?;
-    let started = Instant::now();
-    loop {
-        match try_lock(config).map_err(LocalError::file("lock", config.lock_file()))? {
-            Some(lock) => return start_owned(config, lock).await,
-            None => {
-                if let Ok(text) = fs::read_to_string(config.endpoint_file())
-                    && let Ok(endpoint) = serde_json::from_str::<Endpoint>(&text)
-                    && healthy(&endpoint.url, &endpoint.key).await
-                {
-                    tracing::info!(url = %endpoint.url, pid = endpoint.pid, "attached to the running sandbox engine");
-                    return Ok(LocalEngine {
-                        url: endpoint.url,
-                        key: ApiKey::new(endpoint.key),
-                        owned: None,
-                    });
-                }
-            }
-        }
-        if started.elapsed() > ATTACH_TIMEOUT {
-            return Err(LocalError::Unresponsive(config.lock_file()));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn start_owned(config: &EngineConfig, lock: EngineLock) -> Result<LocalEngine, LocalError> {
+/// Serves `config`'s data dir on `listener` while holding its `lock`: opens the state, starts
+/// the API with `keys` (plus a fresh key for local processes) and publishes the endpoint.
+pub(crate) async fn serve(
+    config: &EngineConfig,
+    lock: EngineLock,
+    listener: TcpListener,
+    keys: impl IntoIterator<Item = String>,
+    keys_file: Option<PathBuf>,
+) -> Result<Serving, LocalError> {
     let manager = open_manager(config).await?;
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(LocalError::Listen)?;
-    let key = ids::api_key();
-    let server = EngineServer::start(
-        manager,
-        listener,
-        crate::engine::api::keys([key.clone()], None),
-    )
-    .map_err(LocalError::Listen)?;
-    publish(config, &server.url, &key)
-        .map_err(LocalError::file("write", config.endpoint_file()))?;
-    tracing::info!(url = %server.url, data_dir = %config.data_dir.display(), "sandbox engine started");
-    Ok(LocalEngine {
-        url: server.url.clone(),
-        key: ApiKey::new(key),
-        owned: Some(Owned {
-            server,
-            _lock: lock,
-            endpoint_file: config.endpoint_file(),
-        }),
+    let addr = listener.local_addr().map_err(LocalError::Listen)?;
+    let local_key = ids::api_key();
+    let keys = crate::engine::api::keys(keys.into_iter().chain([local_key.clone()]), keys_file);
+    let server = EngineServer::start(manager, listener, keys).map_err(LocalError::Listen)?;
+    let url = local_url(addr);
+    publish(config, &url, &local_key).map_err(LocalError::file("write", config.endpoint_file()))?;
+    tracing::info!(listen = %addr, data_dir = %config.data_dir.display(), "sandbox engine ready");
+    Ok(Serving {
+        server,
+        _lock: lock,
+        endpoint_file: config.endpoint_file(),
+        url,
+        local_key,
     })
 }

@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use crate::client::{ApiKey, Client, connect_as};
 use crate::engine::config::EngineConfig;
-use crate::engine::local::{self, LocalEngine};
 use crate::mcp::call::CallFailure;
+use crate::mcp::local_engine::{self, LocalEngine};
 
 #[derive(Clone)]
 pub struct Backend {
@@ -110,7 +110,7 @@ impl Backend {
             old.shutdown().await;
         }
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        let outcome = match local::start_or_attach(config).await {
+        let outcome = match local_engine::start_or_attach(config).await {
             Ok(engine) => {
                 let endpoint = Endpoint {
                     url: engine.url().to_string(),

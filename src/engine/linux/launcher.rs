@@ -38,7 +38,7 @@ use serde::Serialize;
 
 use super::plan::{IdMap, LaunchPlan};
 use super::step::{BuildError, ctx};
-use super::sys;
+use crate::sys;
 
 /// The agent's listening socket is always this descriptor in the agent.
 pub const AGENT_LISTEN_FD: RawFd = 3;

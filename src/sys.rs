@@ -1,5 +1,5 @@
-//! Thin wrappers for the syscalls the launcher needs and nix does not wrap. Each is one syscall;
-//! callers own the policy.
+//! Thin wrappers for the syscalls that the launcher and the agent need and nix does not wrap.
+//! Each is one syscall; callers own the policy. Shared by both sides, so it belongs to neither.
 
 use std::ffi::CString;
 use std::io;

@@ -1,0 +1,98 @@
+//! The MCP server's local engine: served from this process, or shared with the process that
+//! already serves the data dir.
+//!
+//! Whoever takes the data dir's lock serves the engine (`engine::local`); every other MCP server
+//! on the same data dir reads the published endpoint and attaches once it answers, so all of them
+//! share one set of sandboxes. Attaching is a client's concern, hence here and not in the engine.
+
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+
+use crate::client::ApiKey;
+use crate::engine::config::EngineConfig;
+use crate::engine::local::{self, LocalError, Serving};
+
+/// How long to wait for another process's engine to answer before giving up.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An engine this process serves, or one it attached to.
+pub(crate) struct LocalEngine {
+    url: String,
+    key: ApiKey,
+    serving: Option<Serving>,
+}
+
+impl LocalEngine {
+    pub(crate) fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub(crate) fn key(&self) -> &ApiKey {
+        &self.key
+    }
+
+    /// Stops the engine if this process serves it (sandboxes are paused, not killed).
+    pub(crate) async fn shutdown(self) {
+        if let Some(serving) = self.serving {
+            serving.shutdown().await;
+        }
+    }
+}
+
+/// Serves the engine here if no other process does for this data dir, else attaches to it.
+pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
+    local::prepare_data_dir(config).map_err(LocalError::file(
+        "create the data dir",
+        config.data_dir.clone(),
+    ))?;
+    let started = Instant::now();
+    loop {
+        match local::try_lock(config).map_err(LocalError::file("lock", config.lock_file()))? {
+            Some(lock) => {
+                let listener = TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .map_err(LocalError::Listen)?;
+                let serving = local::serve(config, lock, listener, [], None).await?;
+                return Ok(LocalEngine {
+                    url: serving.url().to_string(),
+                    key: ApiKey::new(serving.local_key()),
+                    serving: Some(serving),
+                });
+            }
+            None => {
+                if let Some(endpoint) = local::endpoint(config)
+                    && healthy(&endpoint.url, &endpoint.key).await
+                {
+                    tracing::info!(url = %endpoint.url, pid = endpoint.pid, "attached to the running sandbox engine");
+                    return Ok(LocalEngine {
+                        url: endpoint.url,
+                        key: ApiKey::new(endpoint.key),
+                        serving: None,
+                    });
+                }
+            }
+        }
+        if started.elapsed() > ATTACH_TIMEOUT {
+            return Err(LocalError::Unresponsive(config.lock_file()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether the engine at `url` answers its health check with `key`.
+async fn healthy(url: &str, key: &str) -> bool {
+    let Ok(client) = crate::client::http_builder_for(url)
+        .timeout(Duration::from_secs(2))
+        .no_proxy()
+        .build()
+    else {
+        return false;
+    };
+    client
+        .get(format!("{url}/v1/health"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
