@@ -20,6 +20,11 @@ fn internal(e: impl std::fmt::Display) -> EngineError {
     EngineError::Response(e.to_string())
 }
 
+/// A sandbox id the engine holds, in the API's type.
+pub(super) fn api_sandbox_id(id: &str) -> Result<types::SandboxId, EngineError> {
+    types::SandboxId::try_from(id.to_string()).map_err(internal)
+}
+
 impl From<Status> for types::SandboxStatus {
     fn from(s: Status) -> Self {
         match s {
@@ -228,7 +233,7 @@ impl TryFrom<&SandboxView> for types::Sandbox {
             );
         }
         Ok(Self {
-            id: types::SandboxId::try_from(r.id.clone()).map_err(internal)?,
+            id: api_sandbox_id(&r.id)?,
             name: r.name.clone(),
             status: r.status.into(),
             template: r.template.clone(),

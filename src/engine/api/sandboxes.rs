@@ -8,6 +8,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 
+use super::convert::api_sandbox_id;
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
 use crate::client::types;
 use crate::engine::error::EngineError;
@@ -238,8 +239,7 @@ pub(super) async fn kill(
     let id = sandbox_id(&id)?;
     state.manager.kill(id, tenant.as_deref()).await?;
     Ok(Json(types::KillResult {
-        id: types::SandboxId::try_from(id.to_string())
-            .map_err(|e| EngineError::Response(e.to_string()))?,
+        id: api_sandbox_id(id)?,
         killed: true,
     }))
 }
@@ -276,8 +276,7 @@ pub(super) async fn metrics(
     let id = sandbox_id(&id)?;
     let m = state.manager.metrics(id, tenant.as_deref()).await?;
     Ok(Json(types::SandboxMetrics {
-        id: types::SandboxId::try_from(id.to_string())
-            .map_err(|e| EngineError::Response(e.to_string()))?,
+        id: api_sandbox_id(id)?,
         status: m.status.into(),
         cpu_seconds: m.usage.cpu_seconds,
         memory_bytes: m.usage.memory_bytes,

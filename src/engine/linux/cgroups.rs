@@ -11,6 +11,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::engine::driver::Usage;
+
 /// Name of the parent cgroup every sandbox cgroup lives under.
 pub(crate) const PARENT: &str = "sandbox-mcp";
 
@@ -48,18 +50,6 @@ pub enum FreezeMethod {
     V2,
     /// `freezer.state` on the v1 freezer controller.
     V1,
-}
-
-/// Resource use read from the cgroups.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Stats {
-    pub cpu_seconds: f64,
-    pub memory_bytes: u64,
-    pub memory_peak_bytes: u64,
-    pub memory_limit_bytes: u64,
-    pub pids: u64,
-    pub pids_limit: u64,
-    pub oom_kills: u64,
 }
 
 /// The cgroup directories of one sandbox (they may not exist yet).
@@ -439,8 +429,9 @@ impl Cgroups {
         Ok(())
     }
 
-    pub(crate) fn stats(&self) -> Stats {
-        let mut s = Stats::default();
+    /// Resource use read from the cgroups (zero where a controller is missing).
+    pub(crate) fn usage(&self) -> Usage {
+        let mut s = Usage::default();
         match &self.layout {
             Layout::None => {}
             Layout::V2 { .. } => {

@@ -459,16 +459,7 @@ impl Driver for NamespacesDriver {
     }
 
     fn usage(&self, id: &str) -> Usage {
-        let s = self.cgroups(id).stats();
-        Usage {
-            cpu_seconds: s.cpu_seconds,
-            memory_bytes: s.memory_bytes,
-            memory_peak_bytes: s.memory_peak_bytes,
-            memory_limit_bytes: s.memory_limit_bytes,
-            pids: s.pids,
-            pids_limit: s.pids_limit,
-            oom_kills: s.oom_kills,
-        }
+        self.cgroups(id).usage()
     }
 
     fn disk_bytes(&self, id: &str) -> u64 {

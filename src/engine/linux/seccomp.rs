@@ -97,24 +97,17 @@ pub(crate) fn programs() -> Result<Vec<BpfProgram>> {
 
     let new_user = libc::CLONE_NEWUSER as u64;
     // clone(flags, ...) and unshare(flags): deny when CLONE_NEWUSER is set.
-    rules.insert(
-        libc::SYS_clone,
-        vec![rule(vec![cond(
-            0,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(new_user),
-            new_user,
-        )?])?],
-    );
-    rules.insert(
-        libc::SYS_unshare,
-        vec![rule(vec![cond(
-            0,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(new_user),
-            new_user,
-        )?])?],
-    );
+    for call in [libc::SYS_clone, libc::SYS_unshare] {
+        rules.insert(
+            call,
+            vec![rule(vec![cond(
+                0,
+                SeccompCmpArgLen::Qword,
+                SeccompCmpOp::MaskedEq(new_user),
+                new_user,
+            )?])?],
+        );
+    }
     // prlimit64(pid, ...) with a pid: only a process's own limits (pid 0) may change.
     rules.insert(
         libc::SYS_prlimit64,
