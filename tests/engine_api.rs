@@ -261,6 +261,28 @@ async fn metadata_filters_and_updates() {
     assert_eq!(resp.status().as_u16(), 400);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error_code"], "invalid_argument", "{body}");
+    // The spec's 32-pair limit holds on create and on update, for clients that do not check it.
+    let too_many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("k{i}"), json!(""))).collect();
+    for (method, path) in [
+        (reqwest::Method::POST, "/v1/sandboxes".to_string()),
+        (reqwest::Method::PATCH, format!("/v1/sandboxes/{}", *a.id)),
+    ] {
+        let resp = engine
+            .http()
+            .request(method, format!("{}{path}", engine.url))
+            .header("authorization", format!("Bearer {KEY}"))
+            .json(&json!({"metadata": too_many}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{path}");
+        let body: Value = resp.json().await.unwrap();
+        assert!(
+            body["message"].as_str().unwrap().contains("at most 32"),
+            "{body}"
+        );
+    }
     let running = client
         .list_sandboxes()
         .status("running")

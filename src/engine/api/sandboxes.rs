@@ -21,6 +21,8 @@ type ApiResult<T> = Result<Json<T>, EngineError>;
 const MAX_ENV_NAME: usize = 128;
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
+/// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
+const MAX_METADATA_PAIRS: usize = 32;
 /// Most environment variables (the spec's `maxProperties`).
 const MAX_ENV_VARS: usize = 64;
 /// Longest metadata filter accepted.
@@ -32,6 +34,12 @@ const MAX_TIMEOUT_SECONDS: u64 = 2_592_000;
 fn check_metadata(
     m: &BTreeMap<String, types::MetadataValue>,
 ) -> Result<BTreeMap<String, String>, EngineError> {
+    if m.len() > MAX_METADATA_PAIRS {
+        return Err(EngineError::InvalidArgument(format!(
+            "metadata has {} pairs; at most {MAX_METADATA_PAIRS} are allowed",
+            m.len()
+        )));
+    }
     let mut out = BTreeMap::new();
     for (k, v) in m {
         if k.is_empty()
