@@ -206,12 +206,27 @@ impl EngineSettings {
 }
 
 fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
+    use tracing_subscriber::filter::Targets;
+    use tracing_subscriber::prelude::*;
+    // `Targets` takes RUST_LOG's `level` and `target=level,…` forms, which is all we document;
+    // EnvFilter's span and field filters would link a regex engine into every sandbox's agent.
+    let default: Targets = default.parse().unwrap_or_default();
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => spec.parse().unwrap_or_else(|e| {
+            eprintln!(
+                "sandbox-mcp: RUST_LOG={spec:?} ignored ({e}); use a level or target=level,…"
+            );
+            default
+        }),
+        _ => default,
+    };
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false),
+        )
+        .with(filter)
         .try_init();
 }
 
@@ -258,6 +273,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?,
         None => Backend::local(args.engine.config()),
     };
+    tracing::debug!(
+        control_plane = args.url.as_deref().unwrap_or("the local engine"),
+        tools = selection.len(),
+        "serving MCP"
+    );
     let settings = ServerSettings {
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
         ..ServerSettings::default()

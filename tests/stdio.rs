@@ -394,6 +394,41 @@ async fn session_sandbox_dies_with_stdin_eof_and_with_sigterm() {
     .unwrap();
 }
 
+/// RUST_LOG takes a level or `target=level,…`; anything else is named on stderr and the default
+/// applies, and `target=level` does filter by target.
+#[test]
+fn rust_log_is_applied_or_refused_by_name() {
+    let run = |filter: &str| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let out = Command::new(BIN)
+            .env("SANDBOX_MCP_URL", format!("http://127.0.0.1:{port}"))
+            .env("RUST_LOG", filter)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        // (stdin is empty: the server exits before any initialize, which is not the point here)
+        assert!(
+            out.stdout.is_empty(),
+            "{filter}: stdout carries only JSON-RPC"
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let bad = run("sandbox_mcp=loud");
+    assert!(
+        bad.contains("RUST_LOG=\"sandbox_mcp=loud\" ignored") && bad.contains("target=level"),
+        "{bad}"
+    );
+    // The server logs where its control plane is at debug: shown for its own target only.
+    let ours = run("sandbox_mcp=debug");
+    assert!(ours.contains("DEBUG sandbox_mcp"), "{ours}");
+    let others = run("rmcp=debug");
+    assert!(!others.contains("DEBUG sandbox_mcp"), "{others}");
+}
+
 #[test]
 fn a_malformed_url_fails_at_startup_with_an_example() {
     for url in [
