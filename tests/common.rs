@@ -61,13 +61,23 @@ pub fn sandbox_support() -> Result<(), String> {
 }
 
 /// The base template shows the host's /usr, and the tests run python3 and node inside sandboxes;
-/// disk limits need mkfs.btrfs. On a fresh machine that lacks them, install them (as root, with
-/// apt) so `cargo test` works with no other step; say so on stderr.
-fn ensure_host_tools() {
+/// disk limits need mkfs.btrfs; the test network (`testnet`) needs `ip` and `openssl`. On a fresh
+/// machine that lacks them, install them (as root, with apt) so `cargo test` works with no other
+/// step; say so on stderr. Once per process: concurrent apt-get runs would fight over its lock.
+pub fn ensure_host_tools() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(install_host_tools);
+}
+
+fn install_host_tools() {
     let missing: Vec<&str> = [
         ("python3", "/usr/bin/python3"),
         ("nodejs", "/usr/bin/node"),
         ("btrfs-progs", "/usr/sbin/mkfs.btrfs"),
+        ("iproute2", "/usr/sbin/ip"),
+        ("openssl", "/usr/bin/openssl"),
+        // pip inside a sandbox, for the package-index test.
+        ("python3-pip", "/usr/lib/python3/dist-packages/pip"),
     ]
     .into_iter()
     .filter(|(_, path)| !std::path::Path::new(path).exists())
