@@ -159,6 +159,41 @@ struct EngineSettings {
         default_value = "auto"
     )]
     disk_limits: DiskLimitsArg,
+    /// What sandboxes may reach when their own rules do not say: `open` (the public internet)
+    /// or `closed` (only what a sandbox's `allow_out` names). The host, loopback, link-local
+    /// and private ranges are closed either way.
+    #[arg(long, env = "SANDBOX_MCP_EGRESS", value_enum, default_value = "open")]
+    egress: EgressArg,
+    /// A range sandboxes may reach although the engine forbids it by default (a private
+    /// network, a documentation range), as a CIDR; repeat or separate with commas.
+    #[arg(
+        long = "egress-allow",
+        env = "SANDBOX_MCP_EGRESS_ALLOW",
+        value_name = "CIDR",
+        value_delimiter = ',',
+        value_parser = crate::engine::network::parse_egress_allow
+    )]
+    egress_allow: Vec<String>,
+    /// A resolver the engine asks for sandboxes, as IP or IP:PORT; repeat or separate with
+    /// commas [default: the host's, from /etc/resolv.conf].
+    #[arg(
+        long = "dns-upstream",
+        env = "SANDBOX_MCP_DNS_UPSTREAM",
+        value_name = "IP[:PORT]",
+        value_delimiter = ',',
+        value_parser = crate::engine::network::parse_dns_upstream
+    )]
+    dns_upstream: Vec<std::net::SocketAddr>,
+    /// Outbound connections one sandbox may hold open at once; beyond it, new ones are reset
+    /// and logged as blocked.
+    #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = crate::engine::network::DEFAULT_MAX_CONNECTIONS)]
+    max_connections: usize,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy)]
+enum EgressArg {
+    Open,
+    Closed,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
@@ -200,6 +235,15 @@ impl EngineSettings {
         config.disk_limits = match self.disk_limits {
             DiskLimitsArg::Auto => crate::engine::config::DiskLimits::Auto,
             DiskLimitsArg::Off => crate::engine::config::DiskLimits::Off,
+        };
+        config.network = crate::engine::network::NetworkConfig {
+            egress: match self.egress {
+                EgressArg::Open => crate::engine::network::EgressDefault::Open,
+                EgressArg::Closed => crate::engine::network::EgressDefault::Closed,
+            },
+            egress_allow: self.egress_allow.clone(),
+            dns_upstream: self.dns_upstream.clone(),
+            max_connections: self.max_connections.max(1),
         };
         config
     }

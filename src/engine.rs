@@ -14,6 +14,7 @@ pub mod ids;
 pub mod linux;
 pub mod local;
 pub mod manager;
+pub mod network;
 pub mod server;
 pub mod state;
 pub(crate) mod templates;

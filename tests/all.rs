@@ -25,5 +25,7 @@ mod fuzz_replay;
 mod hardening;
 mod http_transport;
 mod mcp_calls;
+mod network;
 mod snapshots;
 mod stdio;
+mod testnet;

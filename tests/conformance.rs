@@ -93,6 +93,7 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
         None,
     ),
     ("get_sandbox_metrics", "GET", "{s}/metrics", None),
+    ("get_network_log", "GET", "{s}/network/log?limit=5", None),
     ("pause_sandbox", "POST", "{s}/pause", None),
     ("resume_sandbox", "POST", "{s}/resume", None),
     ("kill_sandbox", "DELETE", "{s}", None),

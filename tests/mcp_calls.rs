@@ -148,7 +148,7 @@ async fn bad_arguments_name_the_argument_and_the_fix() {
         (
             "sandbox_exec",
             json!({"sandbox_id": "nope", "command": "ls"}),
-            "as returned by sandbox_create or sandbox_list",
+            "from sandbox_create or sandbox_list",
         ),
         (
             "sandbox_exec",

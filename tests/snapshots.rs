@@ -149,5 +149,13 @@ fn toolset_context_cost() {
             }),
         );
     }
+    // The budgets every feature must fit in: what the model carries in its context all session.
+    for (set, budget) in [("core", 1_500), ("all", 8_000)] {
+        let tokens = costs[set]["model_facing_tokens"].as_u64().unwrap();
+        assert!(
+            tokens <= budget,
+            "the `{set}` toolset costs {tokens} model-facing tokens, over its budget of {budget}: shorten descriptions or hide arguments in tool-defs/"
+        );
+    }
     settings().bind(|| insta::assert_json_snapshot!("toolset_costs", costs));
 }

@@ -34,6 +34,7 @@ fn accessor(schema: &Value) -> &'static str {
         "integer" => "i64",
         "number" => "f64",
         "boolean" => "bool",
+        "string" if schema.get("format").and_then(Value::as_str) == Some("date-time") => "time",
         _ => "string",
     }
 }

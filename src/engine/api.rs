@@ -3,7 +3,7 @@
 //! constraints), and every response is built as the generated type the client will parse.
 //!
 //! Where things are: one module per resource ([`sandboxes`], [`exec`], [`code`], [`jobs`],
-//! [`files`]); what every handler takes from a request — state, tenant, body, path — in
+//! [`files`], [`network`]); what every handler takes from a request — state, tenant, body, path — in
 //! [`request`]; the conversions between the agent's and the manager's types and the API's in
 //! [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
 //! module and one line in [`router`]; its errors are [`EngineError`]s.
@@ -16,6 +16,7 @@ mod exec;
 mod files;
 mod jobs;
 mod ndjson;
+mod network;
 pub mod request;
 mod sandboxes;
 
@@ -47,6 +48,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route(&at("/pause"), post(sandboxes::pause))
         .route(&at("/resume"), post(sandboxes::resume))
         .route(&at("/metrics"), get(sandboxes::metrics))
+        .route(&at("/network/log"), get(network::log))
         .route(&at("/exec"), post(exec::exec_command))
         .route(&at("/exec/stream"), post(exec::exec_command_stream))
         .route(&at("/code"), post(code::run_code))

@@ -32,6 +32,8 @@ pub struct EngineConfig {
     /// The host-wide registry of sandbox uid ranges (root only), shared by every engine on the
     /// host so that no two live sandboxes ever share host ids.
     pub uid_registry: PathBuf,
+    /// Egress default, operator-opened ranges, resolvers, connection cap.
+    pub network: crate::engine::network::NetworkConfig,
 }
 
 impl EngineConfig {
@@ -44,6 +46,7 @@ impl EngineConfig {
             exe: PathBuf::from("/proc/self/exe"),
             disk_limits: DiskLimits::Auto,
             uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),
+            network: crate::engine::network::NetworkConfig::default(),
         }
     }
 

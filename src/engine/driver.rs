@@ -126,4 +126,19 @@ pub trait Driver: Send + Sync + 'static {
     fn usage(&self, id: &str) -> Usage;
     /// Bytes the sandbox has written to its filesystem (walks its upper layers).
     fn disk_bytes(&self, id: &str) -> u64;
+    /// Whether sandboxes' DNS and TCP go through the engine under their policy (otherwise they
+    /// have loopback only).
+    fn egress(&self) -> bool {
+        false
+    }
+    /// The sockets through which the running sandbox's DNS queries and outbound connections
+    /// reach the engine, made anew (after a start or an engine restart). `None`: this driver
+    /// gives sandboxes no egress (they have loopback only).
+    fn egress_sockets<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::engine::network::EgressSockets>, DriverError>> {
+        let _ = id;
+        Box::pin(async { Ok(None) })
+    }
 }

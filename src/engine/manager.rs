@@ -23,7 +23,9 @@ use crate::engine::config::EngineConfig;
 use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
 use crate::engine::error::EngineError;
 use crate::engine::ids;
-use crate::engine::state::{Record, Status, Store};
+use crate::engine::network::log as netlog;
+use crate::engine::network::{EgressDefault, Hub, SandboxNet};
+use crate::engine::state::{NetworkRules, Record, Status, Store};
 use crate::engine::templates::{self, Template};
 
 /// Cap on each of stdout and stderr in an exec result.
@@ -61,10 +63,12 @@ struct Entry {
     last_active: AtomicI64,
     active_dirty: AtomicBool,
     inflight: AtomicUsize,
+    /// The sandbox's network: policy, resolved names, open connections.
+    net: Arc<SandboxNet>,
 }
 
 impl Entry {
-    fn new(record: Record, runtime: Runtime, ready: bool) -> Arc<Self> {
+    fn new(record: Record, runtime: Runtime, ready: bool, net: Arc<SandboxNet>) -> Arc<Self> {
         let last = record.last_active_at;
         let status = if runtime == Runtime::Running {
             Status::Running
@@ -79,6 +83,7 @@ impl Entry {
             last_active: AtomicI64::new(last),
             active_dirty: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
+            net,
         })
     }
 
@@ -134,14 +139,31 @@ pub struct CreateRequest {
     pub env: Vec<(String, String)>,
     pub timeout_seconds: Option<u64>,
     pub tenant: Option<String>,
+    pub network: NetworkRules,
 }
 
 /// A sandbox as the API reports it.
 #[derive(Debug, Clone)]
 pub struct SandboxView {
     pub record: Record,
+    pub network: NetworkInfo,
     pub usage: Option<(Usage, u64)>,
     pub jobs: Vec<JobInfo>,
+}
+
+/// What the engine gives every sandbox's network, beside the sandbox's own rules.
+#[derive(Debug, Clone, Copy)]
+pub struct NetworkInfo {
+    pub default: EgressDefault,
+    /// Traffic goes through the engine under the sandbox's policy (false: loopback only).
+    pub filtered: bool,
+}
+
+/// A page of a sandbox's network log.
+#[derive(Debug, Clone)]
+pub(crate) struct NetworkLogPage {
+    pub entries: Vec<netlog::Stored>,
+    pub next_cursor: Option<i64>,
 }
 
 /// Resource use and limits of one sandbox.
@@ -176,6 +198,7 @@ pub struct Manager {
     templates: Vec<Template>,
     sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     create_lock: tokio::sync::Mutex<()>,
+    hub: Arc<Hub>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -196,6 +219,9 @@ impl Manager {
         let templates = blocking(move || templates::load(&templates_dir))
             .await?
             .map_err(EngineError::Templates)?;
+        let db = config.state_db();
+        let log = blocking(move || netlog::NetLog::open(&db)).await??;
+        let hub = Hub::new(config.network.clone(), log);
         let manager = Arc::new(Self {
             config,
             driver,
@@ -203,6 +229,7 @@ impl Manager {
             templates,
             sandboxes: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
+            hub,
         });
         manager.recover().await?;
         Ok(manager)
@@ -260,7 +287,13 @@ impl Manager {
                     blocking(move || store.set_status(&rid, status)).await??;
                     let mut record = record;
                     record.status = status;
-                    lock(&self.sandboxes).insert(id, Entry::new(record, runtime, true));
+                    let net = self.sandbox_net(&record);
+                    let entry = Entry::new(record, runtime, true, net);
+                    if runtime != Runtime::Stopped {
+                        // The agent survived the engine: serve its network again.
+                        self.attach_network(&id, &entry).await;
+                    }
+                    lock(&self.sandboxes).insert(id, entry);
                 }
             }
         }
@@ -273,6 +306,54 @@ impl Manager {
         let driver = self.driver.clone();
         blocking(move || driver.reconcile_slots(&held)).await?;
         Ok(())
+    }
+
+    /// A sandbox's network state from its stored rules. Rules stored by an earlier engine that no
+    /// longer parse (a changed default cannot make them, but a hand-edited database could) fall
+    /// back to none, with a warning.
+    fn sandbox_net(&self, record: &Record) -> Arc<SandboxNet> {
+        let policy = self
+            .hub
+            .policy(&record.network.allow_out, &record.network.deny_out)
+            .unwrap_or_else(|e| {
+                tracing::warn!(sandbox = %record.id, "stored network rules ignored: {e}");
+                self.hub
+                    .policy(&[], &[])
+                    .unwrap_or_else(|_| unreachable!("no rules always parse"))
+            });
+        SandboxNet::new(&record.id, policy)
+    }
+
+    /// Opens the running sandbox's egress sockets and serves them.
+    async fn attach_network(&self, id: &str, entry: &Arc<Entry>) -> bool {
+        match self.driver.egress_sockets(id).await {
+            Ok(Some(sockets)) => {
+                self.hub.attach(&entry.net, sockets);
+                true
+            }
+            Ok(None) => true,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "the sandbox has no network: {e}");
+                false
+            }
+        }
+    }
+
+    /// What the engine gives sandboxes' networks.
+    pub fn network_info(&self) -> NetworkInfo {
+        NetworkInfo {
+            default: self.hub.config().egress,
+            filtered: self.driver.egress(),
+        }
+    }
+
+    fn view(&self, entry: &Entry) -> SandboxView {
+        SandboxView {
+            record: entry.record(),
+            network: self.network_info(),
+            usage: None,
+            jobs: Vec::new(),
+        }
     }
 
     fn template(&self, name: &str) -> Result<&Template, EngineError> {
@@ -322,6 +403,10 @@ impl Manager {
             .clone()
             .unwrap_or_else(|| templates::BASE.to_string());
         let template = self.template(&template_name)?;
+        let policy = self
+            .hub
+            .policy(&req.network.allow_out, &req.network.deny_out)
+            .map_err(EngineError::InvalidArgument)?;
         let now = ids::now_ms();
         let record = {
             let _guard = self.create_lock.lock().await;
@@ -353,6 +438,7 @@ impl Manager {
                 last_active_at: now,
                 expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
                 tenant: req.tenant.clone(),
+                network: req.network.clone(),
             };
             let store = self.store.clone();
             let r = record.clone();
@@ -362,13 +448,29 @@ impl Manager {
             }
             lock(&self.sandboxes).insert(
                 record.id.clone(),
-                Entry::new(record.clone(), Runtime::Stopped, false),
+                Entry::new(
+                    record.clone(),
+                    Runtime::Stopped,
+                    false,
+                    SandboxNet::new(&record.id, policy),
+                ),
             );
             record
         };
 
         let spec = self.start_spec(&record)?;
-        if let Err(e) = self.driver.start(&spec).await {
+        let entry = self.entry_any(&record.id)?;
+        let started = match self.driver.start(&spec).await {
+            Ok(()) if self.attach_network(&record.id, &entry).await => Ok(()),
+            Ok(()) => Err(DriverError::Launch(
+                "the sandbox started but its network could not be set up; the engine's log says why"
+                    .into(),
+            )
+            .into()),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = started {
+            entry.net.close();
             let driver = self.driver.clone();
             let store = self.store.clone();
             let id = record.id.clone();
@@ -380,21 +482,16 @@ impl Manager {
             })
             .await;
             lock(&self.sandboxes).remove(&record.id);
-            return Err(e.into());
+            return Err(e);
         }
         let store = self.store.clone();
         let id = record.id.clone();
         blocking(move || store.set_status(&id, Status::Running)).await??;
-        let entry = self.entry_any(&record.id)?;
         *entry.lifecycle.lock().await = Runtime::Running;
         entry.set_visible(Runtime::Running);
         lock(&entry.record).status = Status::Running;
         entry.ready.store(true, Ordering::Release);
-        Ok(SandboxView {
-            record: entry.record(),
-            usage: None,
-            jobs: Vec::new(),
-        })
+        Ok(self.view(&entry))
     }
 
     fn entry_any(&self, id: &str) -> Result<Arc<Entry>, EngineError> {
@@ -441,28 +538,65 @@ impl Manager {
             None
         };
         Ok(SandboxView {
-            record: entry.record(),
             usage,
-            jobs: Vec::new(),
+            ..self.view(&entry)
         })
     }
 
-    pub(crate) async fn update_metadata(
+    /// Replaces what is given of the metadata and the egress rules. New rules apply to the next
+    /// connection and DNS query (connections already open are not cut).
+    pub(crate) async fn update(
         &self,
         id: &str,
         tenant: Option<&str>,
-        metadata: BTreeMap<String, String>,
+        metadata: Option<BTreeMap<String, String>>,
+        network: Option<NetworkRules>,
     ) -> Result<SandboxView, EngineError> {
         let entry = self.entry(id, tenant)?;
-        let store = self.store.clone();
-        let sid = id.to_string();
-        let m = metadata.clone();
-        blocking(move || store.set_metadata(&sid, &m)).await??;
-        lock(&entry.record).metadata = metadata;
-        Ok(SandboxView {
-            record: entry.record(),
-            usage: None,
-            jobs: Vec::new(),
+        let policy = match &network {
+            Some(n) => Some(
+                self.hub
+                    .policy(&n.allow_out, &n.deny_out)
+                    .map_err(EngineError::InvalidArgument)?,
+            ),
+            None => None,
+        };
+        if let Some(m) = metadata {
+            let store = self.store.clone();
+            let sid = id.to_string();
+            let stored = m.clone();
+            blocking(move || store.set_metadata(&sid, &stored)).await??;
+            lock(&entry.record).metadata = m;
+        }
+        if let (Some(n), Some(policy)) = (network, policy) {
+            let store = self.store.clone();
+            let sid = id.to_string();
+            let stored = n.clone();
+            blocking(move || store.set_network(&sid, &stored)).await??;
+            lock(&entry.record).network = n;
+            entry.net.set_policy(policy);
+        }
+        Ok(self.view(&entry))
+    }
+
+    /// A page of the sandbox's network log (readable whatever the sandbox's state).
+    pub(crate) async fn network_log(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        query: netlog::Query,
+    ) -> Result<NetworkLogPage, EngineError> {
+        self.entry(id, tenant)?;
+        let limit = query.limit;
+        let entries = self.hub.log().read(id, query).await?;
+        let next_cursor = if entries.len() == limit {
+            entries.last().map(|e| e.id)
+        } else {
+            None
+        };
+        Ok(NetworkLogPage {
+            entries,
+            next_cursor,
         })
     }
 
@@ -476,11 +610,7 @@ impl Manager {
     pub async fn pause(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
         let entry = self.entry(id, tenant)?;
         self.pause_entry(id, &entry).await?;
-        Ok(SandboxView {
-            record: entry.record(),
-            usage: None,
-            jobs: Vec::new(),
-        })
+        Ok(self.view(&entry))
     }
 
     async fn pause_entry(&self, id: &str, entry: &Arc<Entry>) -> Result<(), EngineError> {
@@ -504,11 +634,7 @@ impl Manager {
     pub async fn resume(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
         let entry = self.entry(id, tenant)?;
         self.ensure_running(id, &entry).await?;
-        Ok(SandboxView {
-            record: entry.record(),
-            usage: None,
-            jobs: Vec::new(),
-        })
+        Ok(self.view(&entry))
     }
 
     /// Thaws a frozen sandbox or restarts a stopped one.
@@ -525,6 +651,8 @@ impl Manager {
             Runtime::Stopped => {
                 let spec = self.start_spec(&lock(&entry.record))?;
                 self.driver.start(&spec).await?;
+                // A new agent has a new network namespace.
+                self.attach_network(id, entry).await;
             }
         }
         self.set_status(id, Status::Running).await?;
@@ -576,6 +704,8 @@ impl Manager {
         .await??;
         *rt = Runtime::Killed;
         entry.ready.store(false, Ordering::Release);
+        entry.net.close();
+        self.hub.log().forget(id);
         lock(&self.sandboxes).remove(id);
         Ok(())
     }

@@ -57,6 +57,17 @@ pub struct Record {
     pub expires_at: Option<i64>,
     /// Owner of the sandbox when the engine is shared by tenants (None: untenanted).
     pub tenant: Option<String>,
+    /// The sandbox's egress rules, as given (validated by the API layer).
+    pub network: NetworkRules,
+}
+
+/// A sandbox's egress rules as the caller wrote them (see `engine::network::policy`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NetworkRules {
+    #[serde(default)]
+    pub allow_out: Vec<String>,
+    #[serde(default)]
+    pub deny_out: Vec<String>,
 }
 
 pub struct Store {
@@ -80,7 +91,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     created_at INTEGER NOT NULL,
     last_active_at INTEGER NOT NULL,
     expires_at INTEGER,
-    tenant TEXT
+    tenant TEXT,
+    network TEXT NOT NULL DEFAULT '{}'
 );
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
 ";
@@ -96,6 +108,15 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        // Data dirs from before sandboxes had a network keep their rows: no rules, the default.
+        let has_network: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'network'")?
+            .exists([])?;
+        if !has_network {
+            conn.execute_batch(
+                "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'",
+            )?;
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -118,11 +139,12 @@ impl Store {
     pub fn insert(&self, r: &Record) -> rusqlite::Result<()> {
         let metadata = serde_json::to_string(&r.metadata).map_err(db_err)?;
         let env = serde_json::to_string(&r.env).map_err(db_err)?;
+        let network = serde_json::to_string(&r.network).map_err(db_err)?;
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
-                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                 params![
                     r.id,
                     r.name,
@@ -139,6 +161,7 @@ impl Store {
                     r.last_active_at,
                     r.expires_at,
                     r.tenant,
+                    network,
                 ],
             )
             .map(|_| ())
@@ -165,6 +188,17 @@ impl Store {
             c.execute(
                 "UPDATE sandboxes SET metadata = ?2 WHERE id = ?1",
                 params![id, metadata],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub(crate) fn set_network(&self, id: &str, rules: &NetworkRules) -> rusqlite::Result<()> {
+        let rules = serde_json::to_string(rules).map_err(db_err)?;
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET network = ?2 WHERE id = ?1",
+                params![id, rules],
             )
             .map(|_| ())
         })
@@ -205,11 +239,12 @@ impl Store {
 
 const SELECT: &str =
     "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
-    uid_slot, created_at, last_active_at, expires_at, tenant FROM sandboxes";
+    uid_slot, created_at, last_active_at, expires_at, tenant, network FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let metadata: String = r.get(4)?;
     let env: String = r.get(5)?;
+    let network: String = r.get(15)?;
     Ok(Record {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -228,6 +263,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         last_active_at: r.get(12)?,
         expires_at: r.get(13)?,
         tenant: r.get(14)?,
+        network: serde_json::from_str(&network).unwrap_or_default(),
     })
 }
 
@@ -255,6 +291,10 @@ mod tests {
             last_active_at: 1,
             expires_at: None,
             tenant: None,
+            network: NetworkRules {
+                allow_out: vec!["pypi.org".into()],
+                deny_out: vec!["0.0.0.0/0".into()],
+            },
         }
     }
 
@@ -278,5 +318,33 @@ mod tests {
         assert_eq!(all.len(), 1);
         assert_eq!(all[0].status, Status::Running);
         assert_eq!(all[0].env, vec![("A".to_string(), "1".to_string())]);
+        assert_eq!(all[0].network, record("x", 9).network);
+    }
+
+    #[test]
+    fn a_data_dir_from_before_networks_gains_the_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(&SCHEMA.replace(",\n    network TEXT NOT NULL DEFAULT '{}'", ""))
+                .unwrap();
+            let cols: i64 = c
+                .query_row(
+                    "SELECT count(*) FROM pragma_table_info('sandboxes') WHERE name = 'network'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(cols, 0, "the old schema has no network column");
+        }
+        let store = Store::open(&path).unwrap();
+        let mut r = record("sbx_old", 3);
+        r.network = NetworkRules::default();
+        store.insert(&r).unwrap();
+        assert_eq!(
+            store.get("sbx_old").unwrap().unwrap().network,
+            NetworkRules::default()
+        );
     }
 }

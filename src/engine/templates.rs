@@ -77,6 +77,8 @@ pub(crate) fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
     let base = templates_dir.join(BASE);
     if !base.join("template.json").exists() {
         build_base(templates_dir)?;
+    } else {
+        write_resolver_files(&base.join("rootfs/etc"))?;
     }
     let mut out = Vec::new();
     for entry in fs::read_dir(templates_dir)?.flatten() {
@@ -149,7 +151,7 @@ fn build_base(templates_dir: &Path) -> io::Result<()> {
     build_etc(&rootfs.join("etc"))?;
     let file = TemplateFile {
         name: BASE.into(),
-        description: "Debian userland of the host, read-only with copy-on-write: sh, bash, coreutils, python3, node and whatever else the host's /usr holds. No network.".into(),
+        description: "Debian userland of the host, read-only with copy-on-write: sh, bash, coreutils, python3, node and whatever else the host's /usr holds.".into(),
         version: BASE_VERSION,
         shape: ShapeFile {
             vcpus: 1.0,
@@ -240,17 +242,49 @@ fn build_etc(etc: &Path) -> io::Result<()> {
         "/bin/sh"
     };
     let synthesized = [
-        ("passwd", format!(
-            "root:x:0:0:root:/root:{shell}\nuser:x:1000:1000:user:/home/user:{shell}\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-        )),
-        ("group", "root:x:0:\nusers:x:100:\nuser:x:1000:\nnogroup:x:65534:\n".to_string()),
-        ("hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_string()),
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:{shell}\nuser:x:1000:1000:user:/home/user:{shell}\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        (
+            "group",
+            "root:x:0:\nusers:x:100:\nuser:x:1000:\nnogroup:x:65534:\n".to_string(),
+        ),
+        (
+            "hosts",
+            "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_string(),
+        ),
         ("hostname", "sandbox\n".to_string()),
-        ("resolv.conf", "# Sandboxes have no network access, so no DNS.\n".to_string()),
-        ("nsswitch.conf", "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\nprotocols: files\nservices: files\n".to_string()),
     ];
     for (name, content) in synthesized {
         fs::write(etc.join(name), content)?;
+    }
+    write_resolver_files(etc)
+}
+
+/// The resolver configuration every sandbox gets. Any nameserver address would do: the
+/// sandbox's namespace steers every DNS query to the engine, whatever address it names.
+const RESOLVER_FILES: [(&str, &str); 2] = [
+    (
+        "resolv.conf",
+        "# The sandbox engine answers every DNS query, under the sandbox's network policy.\nnameserver 10.0.2.3\n",
+    ),
+    (
+        "nsswitch.conf",
+        "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
+    ),
+];
+
+/// Writes [`RESOLVER_FILES`] where they differ (a `base` built before sandboxes had a network
+/// gets them on the next start).
+fn write_resolver_files(etc: &Path) -> io::Result<()> {
+    for (name, content) in RESOLVER_FILES {
+        let path = etc.join(name);
+        if fs::read_to_string(&path).ok().as_deref() != Some(content) {
+            fs::write(&path, content)?;
+        }
     }
     Ok(())
 }

@@ -142,6 +142,27 @@ impl Args {
     pub fn opt_f64(&self, name: &str) -> Result<Option<f64>, CallFailure> {
         self.optional(name, Value::as_f64)
     }
+    pub fn time(&self, name: &str) -> Result<chrono::DateTime<chrono::Utc>, CallFailure> {
+        self.opt_time(name)?
+            .ok_or_else(|| CallFailure::InvalidArgs(format!("missing required argument `{name}`")))
+    }
+    /// A `format: date-time` argument: RFC 3339, any offset (converted to UTC).
+    pub fn opt_time(
+        &self,
+        name: &str,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, CallFailure> {
+        let Some(s) = self.opt_string(name)? else {
+            return Ok(None);
+        };
+        chrono::DateTime::parse_from_rfc3339(&s)
+            .map(|t| Some(t.with_timezone(&chrono::Utc)))
+            .map_err(|_| {
+                CallFailure::InvalidArgs(format!(
+                    "argument `{name}` must be an RFC 3339 time like 2026-01-31T12:00:00Z, got {}",
+                    jsonschema::quote(&Value::String(s))
+                ))
+            })
+    }
     pub fn bool(&self, name: &str) -> Result<bool, CallFailure> {
         self.required(name, Value::as_bool)
     }

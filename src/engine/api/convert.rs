@@ -12,7 +12,8 @@ use crate::client::types;
 use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
-use crate::engine::manager::{ExecResult, SandboxView};
+use crate::engine::manager::{ExecResult, NetworkLogPage, SandboxView};
+use crate::engine::network::EgressDefault;
 use crate::engine::state::Status;
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
@@ -243,6 +244,19 @@ impl TryFrom<&SandboxView> for types::Sandbox {
             created_at: ids::time(r.created_at),
             last_active_at: ids::time(r.last_active_at),
             expires_at: r.expires_at.map(ids::time),
+            network: types::NetworkPolicy {
+                allow_out: r.network.allow_out.clone(),
+                deny_out: r.network.deny_out.clone(),
+                default: match view.network.default {
+                    EgressDefault::Open => types::NetworkPolicyDefault::Open,
+                    EgressDefault::Closed => types::NetworkPolicyDefault::Closed,
+                },
+                mode: if view.network.filtered {
+                    types::NetworkPolicyMode::Filtered
+                } else {
+                    types::NetworkPolicyMode::LoopbackOnly
+                },
+            },
             jobs: view
                 .jobs
                 .iter()
@@ -254,6 +268,39 @@ impl TryFrom<&SandboxView> for types::Sandbox {
                 pids: u.pids,
                 disk_bytes: disk,
             }),
+        })
+    }
+}
+
+impl TryFrom<NetworkLogPage> for types::NetworkLog {
+    type Error = EngineError;
+
+    fn try_from(page: NetworkLogPage) -> Result<Self, EngineError> {
+        let entries = page
+            .entries
+            .into_iter()
+            .map(|e| {
+                let r = e.row;
+                Ok(types::NetworkLogEntry {
+                    time: ids::time(r.at),
+                    last_time: ids::time(r.last_at),
+                    host: r.host,
+                    address: r.addr,
+                    port: r.port,
+                    protocol: r.protocol.parse().map_err(internal)?,
+                    verdict: r.verdict.parse().map_err(internal)?,
+                    rule: r.rule,
+                    bytes_sent: r.sent,
+                    bytes_received: r.received,
+                    duration_ms: r.duration_ms,
+                    count: std::num::NonZeroU64::new(r.count.max(1))
+                        .ok_or_else(|| internal("count 0"))?,
+                })
+            })
+            .collect::<Result<_, EngineError>>()?;
+        Ok(types::NetworkLog {
+            entries,
+            next_cursor: page.next_cursor.map(|c| c.to_string()),
         })
     }
 }

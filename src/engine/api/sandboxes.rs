@@ -13,7 +13,7 @@ use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbo
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{CreateRequest, SandboxView};
-use crate::engine::state::Status;
+use crate::engine::state::{NetworkRules, Status};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
@@ -59,6 +59,14 @@ fn check_metadata(
         out.insert(k.clone(), v.to_string());
     }
     Ok(out)
+}
+
+/// Egress rules as given (the manager parses them under the engine's default).
+fn rules(n: &types::NetworkRules) -> NetworkRules {
+    NetworkRules {
+        allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
+        deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
+    }
 }
 
 /// Environment variables: names must be identifiers (OpenAPI 3.0 cannot say so of object keys).
@@ -174,6 +182,7 @@ pub(super) async fn create(
             env,
             timeout_seconds: body.timeout_seconds.map(|t| t.get()),
             tenant: tenant.0,
+            network: body.network.as_ref().map(rules).unwrap_or_default(),
         })
         .await?;
     Ok((StatusCode::CREATED, sandbox(&view)?))
@@ -195,6 +204,7 @@ pub(super) async fn list(
         None => Vec::new(),
     };
     let status = query.status.map(Status::from);
+    let network = state.manager.network_info();
     let sandboxes = state
         .manager
         .list(status, &filter, tenant.as_deref())
@@ -202,6 +212,7 @@ pub(super) async fn list(
         .map(|record| {
             types::Sandbox::try_from(&SandboxView {
                 record,
+                network,
                 usage: None,
                 jobs: Vec::new(),
             })
@@ -231,10 +242,19 @@ pub(super) async fn update(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<types::UpdateSandboxRequest>,
 ) -> ApiResult<types::Sandbox> {
-    let metadata = check_metadata(&body.metadata.0)?;
+    let metadata = match &body.metadata {
+        Some(m) => Some(check_metadata(&m.0)?),
+        None => None,
+    };
+    let network = body.network.as_ref().map(rules);
+    if metadata.is_none() && network.is_none() {
+        return Err(EngineError::InvalidArgument(
+            "nothing to update: give `metadata`, `network`, or both".into(),
+        ));
+    }
     let view = state
         .manager
-        .update_metadata(sandbox_id(&id)?, tenant.as_deref(), metadata)
+        .update(sandbox_id(&id)?, tenant.as_deref(), metadata, network)
         .await?;
     sandbox(&view)
 }

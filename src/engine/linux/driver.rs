@@ -16,6 +16,7 @@ use super::launcher::Report;
 use super::plan::{self, PlanInput};
 use super::uids::Registry;
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
+use crate::engine::network::EgressSockets;
 
 /// How long a launch may take before it is abandoned.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -310,6 +311,42 @@ fn start_time(pid: i32) -> Option<u64> {
 }
 
 impl Driver for NamespacesDriver {
+    fn egress(&self) -> bool {
+        // As root the launcher makes each sandbox's network namespace under the host's user
+        // namespace and steers its traffic to the engine (`netns`).
+        self.uid == 0
+    }
+
+    fn egress_sockets<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EgressSockets>, DriverError>> {
+        Box::pin(async move {
+            // Unprivileged, the namespace belongs to the sandbox's user namespace and has no
+            // steering rules: loopback only.
+            if self.uid != 0 {
+                return Ok(None);
+            }
+            let pid = self
+                .agent_pid(id)
+                .ok_or_else(|| DriverError::Agent("the sandbox's agent is not running".into()))?;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            // A thread of its own: entering a network namespace changes the calling thread for
+            // good, and no pooled thread may be left in a sandbox's namespace.
+            std::thread::Builder::new()
+                .name("egress-sockets".into())
+                .spawn(move || {
+                    let _ = tx.send(super::netns::sockets_in(pid));
+                })
+                .map_err(DriverError::io("start a thread"))?;
+            let sockets = rx
+                .await
+                .map_err(|_| DriverError::Agent("the egress socket thread died".into()))?
+                .map_err(DriverError::io("open the sandbox's egress sockets"))?;
+            Ok(Some(sockets))
+        })
+    }
+
     fn name(&self) -> &'static str {
         "namespaces"
     }

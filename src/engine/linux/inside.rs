@@ -203,7 +203,11 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
     )?;
 
     ctx(nix::unistd::sethostname(&plan.hostname), "set hostname")?;
-    ctx(sys::loopback_up(), "bring loopback up")?;
+    if !plan.privileged {
+        // As root the launcher configured the network namespace (which the sandbox's user
+        // namespace does not own, so this would be refused).
+        ctx(sys::loopback_up(), "bring loopback up")?;
+    }
     let no_core = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     ctx(no_core, "disable core dumps")?;
     Ok(())

@@ -9,7 +9,9 @@
 //!    sees the path, the agent just inherits the descriptor);
 //! 3. as root, takes the agent's own host id (outside the range mapped into the sandbox) as its
 //!    effective id for one call, and forks the sandbox's init with new user, mount, pid, net,
-//!    ipc, uts and cgroup namespaces: the user namespace is then *owned* by that id, so the kernel
+//!    ipc, uts and cgroup namespaces (as root, the network namespace is made and configured
+//!    first, under the host's user namespace: [`netns`]): the user namespace is then *owned* by
+//!    that id, so the kernel
 //!    charges the sandbox's per-user budgets to it rather than to root, and the init runs as an id
 //!    no capability inside the sandbox applies to;
 //! 4. from outside, writes the child's uid/gid maps (an unprivileged host range, never 0→0) and,
@@ -36,6 +38,7 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use serde::Serialize;
 
+use super::netns;
 use super::plan::{IdMap, LaunchPlan};
 use super::step::{BuildError, ctx};
 use crate::sys;
@@ -136,13 +139,26 @@ fn launch() -> Result<i32, BuildError> {
     // 3. The namespaces, created under the agent's own id (root only): that id becomes the user
     //    namespace's owner and the child's identity. Real and effective ids change, the saved id
     //    stays root, so the privileges come back right after the fork.
-    let flags = (libc::CLONE_NEWUSER
+    let mut flags = (libc::CLONE_NEWUSER
         | libc::CLONE_NEWNS
         | libc::CLONE_NEWPID
-        | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS
         | libc::CLONE_NEWCGROUP) as u64;
+    if plan.privileged {
+        // As root, the network namespace is made here, before the user namespace, so the host's
+        // user namespace owns it: nothing inside can change its routes or the rules that steer
+        // its traffic to the engine (see `netns`). The child inherits it.
+        ctx(
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET),
+            "create the network namespace",
+        )?;
+        ctx(netns::configure(), "configure the network namespace")?;
+    } else {
+        // Unprivileged, it belongs to the sandbox's user namespace: loopback only (the agent
+        // brings it up).
+        flags |= libc::CLONE_NEWNET as u64;
+    }
     if let Some(agent) = plan.agent_id {
         ctx(sys::set_ids(agent, agent, 0), "take the agent's id")?;
     }

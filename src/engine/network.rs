@@ -1,0 +1,237 @@
+//! Sandbox networking on the engine's side: the egress policy, the resolver, the relay every
+//! outbound TCP connection goes through, and the network log.
+//!
+//! A sandbox's network namespace (set up by the launcher: `linux::netns`) steers its DNS queries
+//! and TCP connections to two sockets the engine creates *inside* that namespace
+//! ([`EgressSockets`]). The engine accepts there, decides with the sandbox's current [`Policy`]
+//! (read per connection, so a changed policy applies to the next connection at once), and
+//! relays allowed connections from its own namespace. Nothing else leaves a sandbox.
+
+pub mod policy;
+
+pub(crate) mod dns;
+pub(crate) mod log;
+pub(crate) mod relay;
+pub(crate) mod sniff;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio_util::sync::CancellationToken;
+
+pub use policy::EgressDefault;
+use policy::{Cidr, Guard, Policy};
+
+/// Connections one sandbox may hold open through the relay at once, unless configured.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+/// Names remembered per sandbox (address → the name it was resolved for).
+const MAX_NAMES: usize = 4096;
+
+/// Engine-wide network settings (flags of `sandbox-mcp` and `sandbox-mcp engine`).
+#[derive(Debug, Clone)]
+pub struct NetworkConfig {
+    /// What no rule of a sandbox decides (`--egress`).
+    pub egress: EgressDefault,
+    /// Ranges the operator opens to sandboxes although the engine forbids them by default
+    /// (`--egress-allow`, CIDRs).
+    pub egress_allow: Vec<String>,
+    /// Resolvers the engine asks (`--dns-upstream`); empty: the host's (/etc/resolv.conf).
+    pub dns_upstream: Vec<SocketAddr>,
+    /// Connections one sandbox may hold open at once (`--max-connections`).
+    pub max_connections: usize,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        Self {
+            egress: EgressDefault::Open,
+            egress_allow: Vec::new(),
+            dns_upstream: Vec::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+/// Parses an `--egress-allow` value, or says how to write it.
+pub fn parse_egress_allow(s: &str) -> Result<String, String> {
+    Cidr::parse(s.trim())
+        .map(|c| c.to_string())
+        .ok_or_else(|| format!("{s:?} is not a CIDR (write 198.51.100.0/24, or an address)"))
+}
+
+/// Parses a `--dns-upstream` value: `IP` or `IP:PORT` (`[IPv6]:PORT`).
+pub fn parse_dns_upstream(s: &str) -> Result<SocketAddr, String> {
+    let s = s.trim();
+    s.parse::<SocketAddr>()
+        .or_else(|_| s.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| {
+            format!("{s:?} is not a resolver address (write 192.0.2.53 or 192.0.2.53:5353)")
+        })
+}
+
+/// The two sockets the engine owns inside a sandbox's network namespace.
+#[derive(Debug)]
+pub struct EgressSockets {
+    /// Listening on 127.0.0.1:`EGRESS_PORT`: every TCP connection to a non-local address.
+    pub tcp: std::net::TcpListener,
+    /// Bound to 127.0.0.1:`DNS_PORT`: every DNS query.
+    pub dns: std::net::UdpSocket,
+}
+
+/// What the engine shares between every sandbox's network.
+pub(crate) struct Hub {
+    config: NetworkConfig,
+    guard: Guard,
+    upstreams: Vec<SocketAddr>,
+    log: log::NetLog,
+}
+
+impl Hub {
+    pub(crate) fn new(config: NetworkConfig, log: log::NetLog) -> Arc<Hub> {
+        let operator_allowed = config
+            .egress_allow
+            .iter()
+            .filter_map(|c| Cidr::parse(c))
+            .collect();
+        let upstreams = if config.dns_upstream.is_empty() {
+            dns::host_resolvers()
+        } else {
+            config.dns_upstream.clone()
+        };
+        Arc::new(Hub {
+            guard: Guard {
+                operator_allowed,
+                host_addrs: host_addresses(),
+            },
+            upstreams,
+            log,
+            config,
+        })
+    }
+
+    pub(crate) fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    pub(crate) fn log(&self) -> &log::NetLog {
+        &self.log
+    }
+
+    /// Parses a sandbox's rules under this engine's default.
+    pub(crate) fn policy(
+        &self,
+        allow_out: &[String],
+        deny_out: &[String],
+    ) -> Result<Policy, String> {
+        Policy::parse(allow_out, deny_out, self.config.egress)
+    }
+
+    /// Serves a sandbox's egress sockets until `net` is stopped or re-attached.
+    pub(crate) fn attach(self: &Arc<Self>, net: &Arc<SandboxNet>, sockets: EgressSockets) {
+        let stop = {
+            let mut current = lock(&net.attached);
+            current.cancel();
+            *current = net.stop.child_token();
+            current.clone()
+        };
+        match relay::listeners(sockets) {
+            Ok((tcp, udp)) => {
+                tokio::spawn(relay::serve_tcp(
+                    self.clone(),
+                    net.clone(),
+                    tcp,
+                    stop.clone(),
+                ));
+                tokio::spawn(relay::serve_dns(self.clone(), net.clone(), udp, stop));
+            }
+            Err(e) => tracing::warn!(sandbox = %net.id, "cannot serve the sandbox's network: {e}"),
+        }
+    }
+}
+
+/// One sandbox's network: its policy, the names it resolved, its open connections.
+pub(crate) struct SandboxNet {
+    pub(crate) id: String,
+    policy: RwLock<Arc<Policy>>,
+    names: Mutex<HashMap<Ipv4Addr, String>>,
+    pub(crate) connections: AtomicUsize,
+    stop: CancellationToken,
+    attached: Mutex<CancellationToken>,
+}
+
+impl SandboxNet {
+    pub(crate) fn new(id: &str, policy: Policy) -> Arc<SandboxNet> {
+        let stop = CancellationToken::new();
+        Arc::new(SandboxNet {
+            id: id.to_string(),
+            policy: RwLock::new(Arc::new(policy)),
+            names: Mutex::new(HashMap::new()),
+            connections: AtomicUsize::new(0),
+            attached: Mutex::new(stop.child_token()),
+            stop,
+        })
+    }
+
+    pub(crate) fn policy(&self) -> Arc<Policy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Applies to every connection and query from now on.
+    pub(crate) fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+
+    fn remember(&self, name: &str, addrs: &[Ipv4Addr]) {
+        let mut names = lock(&self.names);
+        if names.len() + addrs.len() > MAX_NAMES {
+            names.clear();
+        }
+        for a in addrs {
+            names.insert(*a, name.to_string());
+        }
+    }
+
+    fn name_of(&self, ip: IpAddr) -> Option<String> {
+        match ip {
+            IpAddr::V4(v4) => lock(&self.names).get(&v4).cloned(),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// Stops serving (the sandbox is gone).
+    pub(crate) fn close(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for SandboxNet {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Every address of every interface of the host (the engine's namespace).
+fn host_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            if let Some(v4) = a.as_sockaddr_in() {
+                Some(IpAddr::V4(v4.ip()))
+            } else {
+                a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+            }
+        })
+        .collect()
+}

