@@ -53,6 +53,12 @@ def fetch(url, host=None):
         return f"ERROR {e}"
 "#;
 
+/// Creates a sandbox with these egress rules; returns its id.
+async fn create_with(client: &McpClient, network: Value) -> String {
+    let sandbox = ok(client, "sandbox_create", json!({"network": network})).await;
+    sandbox["id"].as_str().unwrap().to_string()
+}
+
 async fn log(client: &McpClient, id: &str, extra: Value) -> Vec<Value> {
     let mut args = json!({"sandbox_id": id, "limit": 200});
     args.as_object_mut()
@@ -226,15 +232,11 @@ async fn pip_installs_a_package_by_name_from_the_test_index() {
     let net = crate::require_testnet!();
     let engine = engine_for(&net, |_| {}).await;
     let client = engine.mcp().await;
-    let id = ok(
+    let id = create_with(
         &client,
-        "sandbox_create",
-        json!({"network": {"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}}),
+        json!({"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}),
     )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    .await;
     let r = ok(
         &client,
         "sandbox_exec",
@@ -253,15 +255,7 @@ async fn forbidden_destinations_stay_unreachable_whatever_the_rules() {
     let engine = engine_for(&net, |_| {}).await;
     let client = engine.mcp().await;
     // Even a sandbox that allows everything by name and address.
-    let id = ok(
-        &client,
-        "sandbox_create",
-        json!({"network": {"allow_out": ["*.test", "0.0.0.0/0"]}}),
-    )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = create_with(&client, json!({"allow_out": ["*.test", "0.0.0.0/0"]})).await;
     let host = net.host_ip;
     let engine_port = engine.url.rsplit(':').next().unwrap().to_string();
     let out = py(
@@ -316,15 +310,11 @@ async fn root_in_the_sandbox_cannot_change_its_network() {
     let net = crate::require_testnet!();
     let engine = engine_for(&net, |_| {}).await;
     let client = engine.mcp().await;
-    let id = ok(
+    let id = create_with(
         &client,
-        "sandbox_create",
-        json!({"network": {"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}}),
+        json!({"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}),
     )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    .await;
     let ip = net.net_ip;
     let out = py(
         &client,
