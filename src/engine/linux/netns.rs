@@ -78,11 +78,43 @@ fn listen(port: u16) -> io::Result<std::net::TcpListener> {
 // Netlink messages: a header, a fixed family header, then attributes (type-length-value, each
 // padded to 4 bytes; nested attributes carry a list of attributes as their value).
 
-/// One netlink message under construction.
+/// Appending attributes, to a message or to a nested attribute alike.
+trait Attrs: Sized {
+    fn buf(&mut self) -> &mut Vec<u8>;
+    fn attr(mut self, kind: u16, value: &[u8]) -> Self {
+        let buf = self.buf();
+        buf.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+        buf.extend_from_slice(&kind.to_ne_bytes());
+        buf.extend_from_slice(value);
+        pad(buf);
+        self
+    }
+    /// A NUL-terminated string.
+    fn str(self, kind: u16, value: &str) -> Self {
+        let mut v = value.as_bytes().to_vec();
+        v.push(0);
+        self.attr(kind, &v)
+    }
+    /// A big-endian u32 (nf_tables' byte order).
+    fn u32(self, kind: u16, value: u32) -> Self {
+        self.attr(kind, &value.to_be_bytes())
+    }
+    fn nest(self, kind: u16, inner: Nest) -> Self {
+        self.attr(kind | NLA_F_NESTED, &inner.0)
+    }
+}
+
+/// One netlink message under construction: its family header, then attributes.
 struct Msg {
     kind: u16,
     flags: u16,
     body: Vec<u8>,
+}
+
+impl Attrs for Msg {
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.body
+    }
 }
 
 impl Msg {
@@ -90,15 +122,6 @@ impl Msg {
         let mut body = header.to_vec();
         pad(&mut body);
         Msg { kind, flags, body }
-    }
-    fn attr(mut self, kind: u16, value: &[u8]) -> Self {
-        put_attr(&mut self.body, kind, value);
-        self
-    }
-    fn str(self, kind: u16, value: &str) -> Self {
-        let mut v = value.as_bytes().to_vec();
-        v.push(0);
-        self.attr(kind, &v)
     }
     fn encode(&self, seq: u32) -> Vec<u8> {
         let len = 16 + self.body.len();
@@ -119,32 +142,13 @@ fn pad(buf: &mut Vec<u8>) {
     }
 }
 
-fn put_attr(buf: &mut Vec<u8>, kind: u16, value: &[u8]) {
-    buf.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
-    buf.extend_from_slice(&kind.to_ne_bytes());
-    buf.extend_from_slice(value);
-    pad(buf);
-}
-
 /// A nested attribute's value: a list of attributes.
 #[derive(Default)]
 struct Nest(Vec<u8>);
 
-impl Nest {
-    fn attr(mut self, kind: u16, value: &[u8]) -> Self {
-        put_attr(&mut self.0, kind, value);
-        self
-    }
-    fn str(self, kind: u16, value: &str) -> Self {
-        let mut v = value.as_bytes().to_vec();
-        v.push(0);
-        self.attr(kind, &v)
-    }
-    fn u32(self, kind: u16, value: u32) -> Self {
-        self.attr(kind, &value.to_be_bytes())
-    }
-    fn nest(self, kind: u16, inner: Nest) -> Self {
-        self.attr(kind | NLA_F_NESTED, &inner.0)
+impl Attrs for Nest {
+    fn buf(&mut self) -> &mut Vec<u8> {
+        &mut self.0
     }
 }
 
@@ -324,8 +328,8 @@ fn chain(name: &str, kind: &str, priority: i32, policy: u32) -> Msg {
     nft_msg(NFT_MSG_NEWCHAIN, NEW)
         .str(1, TABLE)
         .str(3, name)
-        .attr(4 | NLA_F_NESTED, &hook.0)
-        .attr(5, &policy.to_be_bytes())
+        .nest(4, hook)
+        .u32(5, policy)
         .str(7, kind)
 }
 
@@ -335,7 +339,7 @@ fn rule(chain: &str, exprs: Vec<Nest>) -> Msg {
     nft_msg(NFT_MSG_NEWRULE, NEW | 0x800 /* NLM_F_APPEND */)
         .str(1, TABLE)
         .str(2, chain)
-        .attr(4 | NLA_F_NESTED, &list.0)
+        .nest(4, list)
 }
 
 /// An expression: NFTA_EXPR_NAME = 1, NFTA_EXPR_DATA = 2.
