@@ -291,7 +291,7 @@ impl Manager {
                     let entry = Entry::new(record, runtime, true, net);
                     if runtime != Runtime::Stopped {
                         // The agent survived the engine: serve its network again.
-                        self.attach_network(&id, &entry).await;
+                        self.reattach_network(&id, &entry).await;
                     }
                     lock(&self.sandboxes).insert(id, entry);
                 }
@@ -317,25 +317,27 @@ impl Manager {
             .policy(&record.network.allow_out, &record.network.deny_out)
             .unwrap_or_else(|e| {
                 tracing::warn!(sandbox = %record.id, "stored network rules ignored: {e}");
-                self.hub
-                    .policy(&[], &[])
-                    .unwrap_or_else(|_| unreachable!("no rules always parse"))
+                self.hub.default_policy()
             });
         SandboxNet::new(&record.id, policy)
     }
 
     /// Opens the running sandbox's egress sockets and serves them.
-    async fn attach_network(&self, id: &str, entry: &Arc<Entry>) -> bool {
-        match self.driver.egress_sockets(id).await {
-            Ok(Some(sockets)) => {
-                self.hub.attach(&entry.net, sockets);
-                true
-            }
-            Ok(None) => true,
-            Err(e) => {
-                tracing::warn!(sandbox = %id, "the sandbox has no network: {e}");
-                false
-            }
+    async fn attach_network(&self, id: &str, entry: &Arc<Entry>) -> Result<(), DriverError> {
+        match self.driver.egress_sockets(id).await? {
+            Some(sockets) => self
+                .hub
+                .attach(&entry.net, sockets)
+                .map_err(DriverError::io("serve the sandbox's network")),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Self::attach_network`] for a sandbox that already exists: a failure leaves it without
+    /// a network (its connections fail), which the log says.
+    async fn reattach_network(&self, id: &str, entry: &Arc<Entry>) {
+        if let Err(e) = self.attach_network(id, entry).await {
+            tracing::warn!(sandbox = %id, "the sandbox has no network: {e}");
         }
     }
 
@@ -461,13 +463,8 @@ impl Manager {
         let spec = self.start_spec(&record)?;
         let entry = self.entry_any(&record.id)?;
         let started = match self.driver.start(&spec).await {
-            Ok(()) if self.attach_network(&record.id, &entry).await => Ok(()),
-            Ok(()) => Err(DriverError::Launch(
-                "the sandbox started but its network could not be set up; the engine's log says why"
-                    .into(),
-            )
-            .into()),
-            Err(e) => Err(e.into()),
+            Ok(()) => self.attach_network(&record.id, &entry).await,
+            Err(e) => Err(e),
         };
         if let Err(e) = started {
             entry.net.close();
@@ -482,7 +479,7 @@ impl Manager {
             })
             .await;
             lock(&self.sandboxes).remove(&record.id);
-            return Err(e);
+            return Err(e.into());
         }
         let store = self.store.clone();
         let id = record.id.clone();
@@ -652,7 +649,7 @@ impl Manager {
                 let spec = self.start_spec(&lock(&entry.record))?;
                 self.driver.start(&spec).await?;
                 // A new agent has a new network namespace.
-                self.attach_network(id, entry).await;
+                self.reattach_network(id, entry).await;
             }
         }
         self.set_status(id, Status::Running).await?;

@@ -128,26 +128,32 @@ impl Hub {
         Policy::parse(allow_out, deny_out, self.config.egress)
     }
 
+    /// A policy with no rules: the engine's default alone.
+    pub(crate) fn default_policy(&self) -> Policy {
+        Policy::none(self.config.egress)
+    }
+
     /// Serves a sandbox's egress sockets until `net` is stopped or re-attached.
-    pub(crate) fn attach(self: &Arc<Self>, net: &Arc<SandboxNet>, sockets: EgressSockets) {
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        net: &Arc<SandboxNet>,
+        sockets: EgressSockets,
+    ) -> std::io::Result<()> {
+        let (tcp, udp) = relay::listeners(sockets)?;
         let stop = {
             let mut current = lock(&net.attached);
             current.cancel();
             *current = net.stop.child_token();
             current.clone()
         };
-        match relay::listeners(sockets) {
-            Ok((tcp, udp)) => {
-                tokio::spawn(relay::serve_tcp(
-                    self.clone(),
-                    net.clone(),
-                    tcp,
-                    stop.clone(),
-                ));
-                tokio::spawn(relay::serve_dns(self.clone(), net.clone(), udp, stop));
-            }
-            Err(e) => tracing::warn!(sandbox = %net.id, "cannot serve the sandbox's network: {e}"),
-        }
+        tokio::spawn(relay::serve_tcp(
+            self.clone(),
+            net.clone(),
+            tcp,
+            stop.clone(),
+        ));
+        tokio::spawn(relay::serve_dns(self.clone(), net.clone(), udp, stop));
+        Ok(())
     }
 }
 

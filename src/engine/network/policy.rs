@@ -243,15 +243,6 @@ pub enum EgressDefault {
     Closed,
 }
 
-impl EgressDefault {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EgressDefault::Open => "open",
-            EgressDefault::Closed => "closed",
-        }
-    }
-}
-
 /// A sandbox's rules, parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Policy {
@@ -294,12 +285,7 @@ impl Policy {
                 "{total} network rules given; at most {MAX_RULES} are allowed (use CIDRs and `*.domain` patterns to cover more with fewer)"
             ));
         }
-        let mut policy = Policy {
-            allow_domains: Vec::new(),
-            allow_nets: Vec::new(),
-            deny_nets: Vec::new(),
-            default,
-        };
+        let mut policy = Policy::none(default);
         for rule in allow_out {
             let r = rule.trim();
             if r.len() > MAX_RULE_LEN {
@@ -331,6 +317,16 @@ impl Policy {
             }
         }
         Ok(policy)
+    }
+
+    /// No rules: what the engine's default alone allows.
+    pub(crate) fn none(default: EgressDefault) -> Policy {
+        Policy {
+            allow_domains: Vec::new(),
+            allow_nets: Vec::new(),
+            deny_nets: Vec::new(),
+            default,
+        }
     }
 
     /// Whether names outside `allow_out` should not even resolve: the policy blocks by default

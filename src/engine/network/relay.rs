@@ -161,14 +161,6 @@ async fn sniff_first(client: &mut TcpStream, wait: Duration) -> Vec<u8> {
     buf
 }
 
-fn protocol_of(hello: &Hello) -> &'static str {
-    match hello {
-        Hello::Tls(_) => "tls",
-        Hello::Http(_) => "http",
-        Hello::Other => "tcp",
-    }
-}
-
 async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
     let started = Instant::now();
     let Ok(dst) = original_dst(&client) else {
@@ -199,28 +191,18 @@ async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
         sniff_first(&mut client, wait).await
     };
     let hello = sniff::parse(&first);
-    let named = match &hello {
-        Hello::Tls(Some(n)) | Hello::Http(Some(n)) => Some(n.clone()),
-        _ => None,
-    };
-    let host = match &hello {
-        Hello::Other => resolved.clone(),
-        _ => named.clone(),
-    }
-    .or(resolved.clone());
+    let named = hello.name().map(str::to_string);
+    // The name the connection goes by: what the client says, else what the sandbox resolved.
+    let host = named.clone().or_else(|| resolved.clone());
     let verdict = if needs_name {
-        let by_name = match &hello {
-            Hello::Other | Hello::Http(None) | Hello::Tls(None) => resolved.as_deref(),
-            _ => named.as_deref(),
-        };
-        policy.decide(&hub.guard, ip, by_name)
+        policy.decide(&hub.guard, ip, host.as_deref())
     } else {
         by_address
     };
     let mut log = row(
         host.clone(),
         Some(SocketAddr::V4(dst)),
-        protocol_of(&hello),
+        hello.protocol(),
         "allowed",
         verdict.rule().to_string(),
     );
@@ -244,13 +226,7 @@ async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
         Some(name) if needs_name && resolved.as_deref() != Some(name.as_str()) => {
             match lookup(hub, name).await {
                 Ok(ip) => SocketAddr::new(ip, dst.port()),
-                Err(why) => {
-                    log.verdict = "failed";
-                    log.rule = why;
-                    refuse(client);
-                    hub.log.record(&net.id, log);
-                    return;
-                }
+                Err(why) => return fail(hub, net, client, log, why),
             }
         }
         _ => SocketAddr::V4(dst),
@@ -258,34 +234,34 @@ async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
     let upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
-            log.verdict = "failed";
-            log.rule = format!("{}; connect: {e}", log.rule);
-            refuse(client);
-            hub.log.record(&net.id, log);
-            return;
+            let why = format!("{}; connect: {e}", log.rule);
+            return fail(hub, net, client, log, why);
         }
         Err(_) => {
-            log.verdict = "failed";
-            log.rule = format!("{}; connect timed out after {CONNECT_TIMEOUT:?}", log.rule);
-            refuse(client);
-            hub.log.record(&net.id, log);
-            return;
+            let why = format!("{}; connect timed out after {CONNECT_TIMEOUT:?}", log.rule);
+            return fail(hub, net, client, log, why);
         }
     };
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    let (sent, received, observed) = pipe(client, upstream, first).await;
-    if wait.is_zero() {
-        // Nothing was read before deciding: name the protocol from what passed through.
-        let hello = sniff::parse(&observed);
-        log.protocol = protocol_of(&hello);
-        if let Hello::Tls(Some(n)) | Hello::Http(Some(n)) = hello {
-            log.host = Some(n);
-        }
+    let (sent, received, first) = pipe(client, upstream, first).await;
+    // When the relay started at once, the first bytes name the protocol and host only now.
+    let hello = sniff::parse(&first);
+    log.protocol = hello.protocol();
+    if let Some(name) = hello.name() {
+        log.host = Some(name.to_string());
     }
     log.sent = sent;
     log.received = received;
     log.duration_ms = started.elapsed().as_millis() as u64;
+    hub.log.record(&net.id, log);
+}
+
+/// An allowed connection that could not be carried out: reset, logged as failed with why.
+fn fail(hub: &Hub, net: &SandboxNet, client: TcpStream, mut log: Row, why: String) {
+    log.verdict = "failed";
+    log.rule = why;
+    refuse(client);
     hub.log.record(&net.id, log);
 }
 
@@ -306,39 +282,27 @@ async fn lookup(hub: &Hub, name: &str) -> Result<IpAddr, String> {
 }
 
 /// Copies both ways until both sides are done: what the client sent first, then the rest.
-/// Returns the bytes sent and received, and the first bytes the client sent (for the log).
+/// Returns the bytes sent and received, and the client's first bytes: those read before
+/// deciding, or else its first chunk, kept for the log (it names the host on TLS and HTTP).
 async fn pipe(client: TcpStream, upstream: TcpStream, first: Vec<u8>) -> (u64, u64, Vec<u8>) {
     let (cr, mut cw) = client.into_split();
     let (ur, mut uw) = upstream.into_split();
     let up = async move {
-        let mut sent = 0u64;
-        let mut observed = first.clone();
-        if !first.is_empty() {
-            if uw.write_all(&first).await.is_err() {
-                return (0, observed);
-            }
-            sent += first.len() as u64;
-        }
         let mut cr = BufReader::with_capacity(COPY_BUFFER, cr);
-        if observed.is_empty() {
-            // Keep the first chunk for the log (it names the host on TLS and HTTP).
-            let mut buf = vec![0u8; 4096];
-            if let Ok(n) = cr.read(&mut buf).await {
-                buf.truncate(n);
-                if n > 0 && uw.write_all(&buf).await.is_err() {
-                    return (sent, buf);
-                }
-                sent += n as u64;
-                observed = buf;
-                if n == 0 {
-                    let _ = uw.shutdown().await;
-                    return (sent, observed);
-                }
-            }
+        let first = if first.is_empty() {
+            let mut chunk = vec![0u8; 4096];
+            let n = cr.read(&mut chunk).await.unwrap_or(0);
+            chunk.truncate(n);
+            chunk
+        } else {
+            first
+        };
+        let mut sent = 0u64;
+        if !first.is_empty() && uw.write_all(&first).await.is_ok() {
+            sent = first.len() as u64 + tokio::io::copy_buf(&mut cr, &mut uw).await.unwrap_or(0);
         }
-        sent += tokio::io::copy_buf(&mut cr, &mut uw).await.unwrap_or(0);
         let _ = uw.shutdown().await;
-        (sent, observed)
+        (sent, first)
     };
     let down = async move {
         let mut ur = BufReader::with_capacity(COPY_BUFFER, ur);
@@ -346,8 +310,8 @@ async fn pipe(client: TcpStream, upstream: TcpStream, first: Vec<u8>) -> (u64, u
         let _ = cw.shutdown().await;
         n
     };
-    let ((sent, observed), received) = tokio::join!(up, down);
-    (sent, received, observed)
+    let ((sent, first), received) = tokio::join!(up, down);
+    (sent, received, first)
 }
 
 /// The answer to an HTTP request that was blocked: what, why, and how to change it.

@@ -13,6 +13,25 @@ pub(crate) enum Hello {
     Other,
 }
 
+impl Hello {
+    /// The host the client named, if it named one.
+    pub(crate) fn name(&self) -> Option<&str> {
+        match self {
+            Hello::Tls(n) | Hello::Http(n) => n.as_deref(),
+            Hello::Other => None,
+        }
+    }
+
+    /// The protocol, as the network log names it.
+    pub(crate) fn protocol(&self) -> &'static str {
+        match self {
+            Hello::Tls(_) => "tls",
+            Hello::Http(_) => "http",
+            Hello::Other => "tcp",
+        }
+    }
+}
+
 /// Whether `buf` may still grow into a ClientHello or an HTTP request head worth waiting for.
 pub(crate) fn incomplete(buf: &[u8]) -> bool {
     if buf.first() == Some(&0x16) {
