@@ -53,6 +53,22 @@ def fetch(url, host=None):
         return f"ERROR {e}"
 "#;
 
+/// A strict allowlist: pypi.test and nothing else.
+fn pypi_only() -> Value {
+    json!({"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]})
+}
+
+/// Puts the test internet's CA in the sandbox as /root/ca.pem.
+async fn put_ca(client: &McpClient, id: &str, net: &TestNet) {
+    let pem = std::fs::read_to_string(net.ca_pem()).unwrap();
+    ok(
+        client,
+        "sandbox_files_write",
+        json!({"sandbox_id": id, "path": "/root/ca.pem", "content": pem}),
+    )
+    .await;
+}
+
 /// Creates a sandbox with these egress rules; returns its id.
 async fn create_with(client: &McpClient, network: Value) -> String {
     let sandbox = ok(client, "sandbox_create", json!({"network": network})).await;
@@ -80,12 +96,7 @@ async fn open_egress_reaches_names_over_http_and_https_and_logs_the_bytes() {
         info["network"],
         json!({"allow_out": [], "deny_out": [], "default": "open", "mode": "filtered"})
     );
-    ok(
-        &client,
-        "sandbox_files_write",
-        json!({"sandbox_id": id, "path": "/root/ca.pem", "content": std::fs::read_to_string(net.ca_pem()).unwrap()}),
-    )
-    .await;
+    put_ca(&client, &id, &net).await;
     let out = py(
         &client,
         &id,
@@ -127,6 +138,9 @@ async fn open_egress_reaches_names_over_http_and_https_and_logs_the_bytes() {
         (json!("allowed"), json!(443))
     );
     assert_eq!(find("pypi.test", "dns")["verdict"], "allowed");
+    // The log is the engine's: readable while the sandbox is frozen.
+    ok(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
+    assert_eq!(log(&client, &id, json!({})).await.len(), entries.len());
 }
 
 #[tokio::test]
@@ -135,15 +149,19 @@ async fn an_allowlist_admits_its_names_refuses_the_rest_with_a_reason_and_change
     let net = crate::require_testnet!();
     let engine = engine_for(&net, |_| {}).await;
     let client = engine.mcp().await;
-    let created = ok(
-        &client,
-        "sandbox_create",
-        json!({"network": {"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}}),
-    )
-    .await;
+    let created = ok(&client, "sandbox_create", json!({"network": pypi_only()})).await;
     let id = created["id"].as_str().unwrap().to_string();
     assert_eq!(created["network"]["allow_out"], json!(["pypi.test"]));
     let ip = net.net_ip;
+    // First, before the sandbox resolved anything: by address, naming an allowed host. The engine
+    // connects where its own resolution of that name leads.
+    let out = py(
+        &client,
+        &id,
+        &format!("{FETCH}\nprint('N', fetch('http://{ip}/', host='pypi.test'))"),
+    )
+    .await;
+    assert!(out.contains("N 200 hello from pypi.test"), "{out}");
     let script = format!(
         "{FETCH}\nprint('A', fetch('http://pypi.test/'))\nprint('B', fetch('http://other.test/'))\nprint('C', fetch('http://{ip}/', host='other.test'))"
     );
@@ -157,6 +175,29 @@ async fn an_allowlist_admits_its_names_refuses_the_rest_with_a_reason_and_change
         out.contains("deny_out 0.0.0.0/0") && out.contains("sandbox_update"),
         "{out}"
     );
+
+    // TLS is judged by its server name: the allowed one passes, another one at the same address
+    // is reset.
+    put_ca(&client, &id, &net).await;
+    let tls = sh(
+        &client,
+        &id,
+        &format!("curl -sS --cacert ca.pem https://pypi.test/; echo; curl -sS --cacert ca.pem --resolve other.test:443:{ip} https://other.test/ 2>&1; echo rc=$?"),
+    )
+    .await;
+    assert!(tls.starts_with("hello from pypi.test\n"), "{tls}");
+    assert!(
+        !tls.contains("hello from other.test") && !tls.ends_with("rc=0\n"),
+        "{tls}"
+    );
+    // Any port: a protocol that names no host is judged by the name the sandbox resolved.
+    let echo = py(
+        &client,
+        &id,
+        "import socket\ns = socket.create_connection(('pypi.test', 7), timeout=5)\ns.sendall(b'ping')\nprint(s.recv(4))",
+    )
+    .await;
+    assert_eq!(echo, "b'ping'\n");
 
     // DNS cannot carry data out: a refused name never reaches any resolver.
     let tunnel = exec(&client, &id, "getent hosts c2VjcmV0LWRhdGE.tunnel.test").await;
@@ -232,11 +273,7 @@ async fn pip_installs_a_package_by_name_from_the_test_index() {
     let net = crate::require_testnet!();
     let engine = engine_for(&net, |_| {}).await;
     let client = engine.mcp().await;
-    let id = create_with(
-        &client,
-        json!({"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}),
-    )
-    .await;
+    let id = create_with(&client, pypi_only()).await;
     let r = ok(
         &client,
         "sandbox_exec",
@@ -271,6 +308,14 @@ for name in ("rebind.test", "private.test", "metadata.test"):
         print(name, "unresolved")
 for url in ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/", "http://{host}/", "http://127.0.0.2:{engine_port}/v1/health"):
     print(url, fetch(url)[:3])
+# A protocol whose server speaks first (the client sends nothing): reset, not left hanging.
+s = socket.create_connection(("10.0.0.1", 22), timeout=10)
+try:
+    print("ssh", s.recv(100) or "closed")
+except socket.timeout:
+    print("ssh hung")
+except OSError as e:
+    print("ssh reset", e.errno)
 "#
         ),
     )
@@ -288,6 +333,7 @@ for url in ("http://169.254.169.254/latest/meta-data/", "http://10.0.0.1/", "htt
         "the host's own address: {out}"
     );
     assert!(!out.contains("health 200"), "{out}");
+    assert!(out.contains("ssh reset 104"), "ECONNRESET, at once: {out}");
     let blocked = log(&client, &id, json!({"verdict": "blocked"})).await;
     let rules: Vec<&str> = blocked.iter().filter_map(|e| e["rule"].as_str()).collect();
     assert!(
@@ -310,11 +356,7 @@ async fn root_in_the_sandbox_cannot_change_its_network() {
     let net = crate::require_testnet!();
     let engine = engine_for(&net, |_| {}).await;
     let client = engine.mcp().await;
-    let id = create_with(
-        &client,
-        json!({"allow_out": ["pypi.test"], "deny_out": ["0.0.0.0/0"]}),
-    )
-    .await;
+    let id = create_with(&client, pypi_only()).await;
     let ip = net.net_ip;
     let out = py(
         &client,
@@ -489,4 +531,83 @@ print("echoed", ok)
             .any(|e| e["rule"].as_str().unwrap().contains("connection cap")),
         "{blocked:#?}"
     );
+}
+
+#[test]
+fn network_flags_are_checked_and_say_how_to_write_them() {
+    for (flag, value, expected) in [
+        ("--egress-allow", "10.0.0.0/33", "is not a CIDR"),
+        (
+            "--dns-upstream",
+            "resolver.example",
+            "is not a resolver address",
+        ),
+        ("--egress", "sideways", "open"),
+    ] {
+        for args in [
+            vec![flag, value, "--help"],
+            vec!["engine", flag, value, "--help"],
+        ] {
+            let out = std::process::Command::new(BIN)
+                .args(&args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{args:?} was accepted");
+            assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        }
+    }
+    // And the environment variables are the same settings, checked before anything starts (a
+    // bounded run: were the value accepted, the engine would start serving).
+    let data = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new("timeout")
+        .args(["20", BIN, "engine", "--listen", "127.0.0.1:0"])
+        .env("SANDBOX_MCP_DATA_DIR", data.path())
+        .env("SANDBOX_MCP_EGRESS_ALLOW", "198.51.100.0/24,bad")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"bad\" is not a CIDR"));
+}
+
+/// Not a benchmark (`benches/` has those): a hand-run check of the relay's throughput against
+/// the same transfer from the host, on the test internet. Run with
+/// `cargo test --release --test all -- --ignored egress_throughput --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, run by hand"]
+async fn egress_throughput_against_the_host() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let url = "http://pypi.test/bytes/1073741824";
+    let format = "%{size_download} %{speed_download}";
+    for round in 0..3 {
+        let inside = sh(
+            &client,
+            &id,
+            &format!("curl -s -o /dev/null -w '{format}' {url}"),
+        )
+        .await;
+        let host = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", format, "--resolve"])
+            .arg(format!("pypi.test:80:{}", net.net_ip))
+            .arg(url)
+            .output()
+            .unwrap();
+        let host = String::from_utf8_lossy(&host.stdout).to_string();
+        for run in [&inside, &host] {
+            assert!(
+                run.starts_with("1073741824 "),
+                "the whole GiB arrived: {run}"
+            );
+        }
+        let speed = |s: &str| s.split_whitespace().nth(1).unwrap().parse::<f64>().unwrap() / 1e9;
+        eprintln!(
+            "round {round}: relay {:.2} GB/s, host {:.2} GB/s",
+            speed(&inside),
+            speed(&host)
+        );
+    }
 }
