@@ -558,21 +558,19 @@ impl Manager {
             ),
             None => None,
         };
+        let store = self.store.clone();
+        let sid = id.to_string();
+        let (m, n) = (metadata.clone(), network.clone());
+        blocking(move || store.update(&sid, m.as_ref(), n.as_ref())).await??;
+        let mut record = lock(&entry.record);
         if let Some(m) = metadata {
-            let store = self.store.clone();
-            let sid = id.to_string();
-            let stored = m.clone();
-            blocking(move || store.set_metadata(&sid, &stored)).await??;
-            lock(&entry.record).metadata = m;
+            record.metadata = m;
         }
         if let (Some(n), Some(policy)) = (network, policy) {
-            let store = self.store.clone();
-            let sid = id.to_string();
-            let stored = n.clone();
-            blocking(move || store.set_network(&sid, &stored)).await??;
-            lock(&entry.record).network = n;
+            record.network = n;
             entry.net.set_policy(policy);
         }
+        drop(record);
         Ok(self.view(&entry))
     }
 

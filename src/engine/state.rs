@@ -178,27 +178,27 @@ impl Store {
         })
     }
 
-    pub(crate) fn set_metadata(
+    /// Replaces what is given of the metadata and the network rules, in one statement: an
+    /// update is stored whole or not at all.
+    pub(crate) fn update(
         &self,
         id: &str,
-        metadata: &BTreeMap<String, String>,
+        metadata: Option<&BTreeMap<String, String>>,
+        network: Option<&NetworkRules>,
     ) -> rusqlite::Result<()> {
-        let metadata = serde_json::to_string(metadata).map_err(db_err)?;
+        let metadata = metadata
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(db_err)?;
+        let network = network
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(db_err)?;
         self.with(|c| {
             c.execute(
-                "UPDATE sandboxes SET metadata = ?2 WHERE id = ?1",
-                params![id, metadata],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub(crate) fn set_network(&self, id: &str, rules: &NetworkRules) -> rusqlite::Result<()> {
-        let rules = serde_json::to_string(rules).map_err(db_err)?;
-        self.with(|c| {
-            c.execute(
-                "UPDATE sandboxes SET network = ?2 WHERE id = ?1",
-                params![id, rules],
+                "UPDATE sandboxes SET metadata = COALESCE(?2, metadata), network = COALESCE(?3, network)
+                 WHERE id = ?1",
+                params![id, metadata, network],
             )
             .map(|_| ())
         })
@@ -319,6 +319,26 @@ mod tests {
         assert_eq!(all[0].status, Status::Running);
         assert_eq!(all[0].env, vec![("A".to_string(), "1".to_string())]);
         assert_eq!(all[0].network, record("x", 9).network);
+    }
+
+    #[test]
+    fn an_update_replaces_only_what_it_gives() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        let original = record("sbx_u", 1);
+        store.insert(&original).unwrap();
+        let labels: BTreeMap<String, String> = [("p".to_string(), "x".to_string())].into();
+        store.update("sbx_u", Some(&labels), None).unwrap();
+        let r = store.get("sbx_u").unwrap().unwrap();
+        assert_eq!((&r.metadata, &r.network), (&labels, &original.network));
+        store
+            .update("sbx_u", None, Some(&NetworkRules::default()))
+            .unwrap();
+        let r = store.get("sbx_u").unwrap().unwrap();
+        assert_eq!(
+            (&r.metadata, &r.network),
+            (&labels, &NetworkRules::default())
+        );
     }
 
     #[test]
