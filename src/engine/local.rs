@@ -161,9 +161,14 @@ pub(crate) async fn serve(
     let addr = listener.local_addr().map_err(LocalError::Listen)?;
     let local_key = ids::api_key();
     let keys = crate::engine::api::keys(keys.into_iter().chain([local_key.clone()]), keys_file);
-    let server = EngineServer::start(manager, listener, keys).map_err(LocalError::Listen)?;
+    // Published before the API answers: the listener is bound already (early connections wait in
+    // its backlog), and whoever sees the engine answer must also find who owns the data dir.
     let url = local_url(addr);
     publish(config, &url, &local_key).map_err(LocalError::file("write", config.endpoint_file()))?;
+    let server = EngineServer::start(manager, listener, keys).map_err(|e| {
+        let _ = fs::remove_file(config.endpoint_file());
+        LocalError::Listen(e)
+    })?;
     tracing::info!(listen = %addr, data_dir = %config.data_dir.display(), "sandbox engine ready");
     Ok(Serving {
         server,
