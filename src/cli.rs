@@ -188,7 +188,30 @@ struct EngineSettings {
     /// and logged as blocked.
     #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = crate::engine::network::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// Where sandbox ports are served as preview URLs, or `off`. When the default address is
+    /// taken (another engine), a free port is used; the URLs the engine hands out carry it.
+    #[arg(
+        long = "preview-listen",
+        env = "SANDBOX_MCP_PREVIEW_LISTEN",
+        value_name = "ADDR|off",
+        value_parser = |s: &str| crate::engine::preview::parse_listen(s).map(PreviewListen)
+    )]
+    preview_listen: Option<PreviewListen>,
+    /// The domain of preview host names, `{port}-{sandbox id}.{domain}`: `localhost` needs no
+    /// DNS on the same machine; elsewhere, a wildcard DNS name pointing at the engine.
+    #[arg(
+        long = "preview-domain",
+        env = "SANDBOX_MCP_PREVIEW_DOMAIN",
+        value_name = "DOMAIN",
+        default_value = "localhost",
+        value_parser = crate::engine::preview::parse_domain
+    )]
+    preview_domain: String,
 }
+
+/// `--preview-listen`: an address, or `None` for `off`.
+#[derive(Debug, Clone)]
+struct PreviewListen(Option<std::net::SocketAddr>);
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy)]
 enum EgressArg {
@@ -244,6 +267,13 @@ impl EngineSettings {
             egress_allow: self.egress_allow.clone(),
             dns_upstream: self.dns_upstream.clone(),
             max_connections: self.max_connections.max(1),
+        };
+        let default = crate::engine::preview::PreviewConfig::default();
+        config.preview = crate::engine::preview::PreviewConfig {
+            // An address given explicitly is the operator's choice: taken means fail, not move.
+            fallback: self.preview_listen.is_none(),
+            listen: self.preview_listen.clone().map_or(default.listen, |l| l.0),
+            domain: self.preview_domain.clone(),
         };
         config
     }

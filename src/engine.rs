@@ -4,7 +4,8 @@
 //! generated types; [`manager`] owns sandbox lifecycles, quotas and timers; [`state`] keeps every
 //! acknowledged record in SQLite; a [`driver::Driver`] does the isolation (today
 //! [`linux`]'s namespaces driver; a microVM driver would implement the same trait). [`local`]
-//! runs or finds the engine for a data dir when the MCP server embeds it.
+//! runs or finds the engine for a data dir when the MCP server embeds it. [`network`] carries sandboxes'
+//! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
 
 pub mod api;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod linux;
 pub mod local;
 pub mod manager;
 pub mod network;
+pub mod preview;
 pub mod server;
 pub mod state;
 pub(crate) mod templates;

@@ -26,6 +26,7 @@ mod hardening;
 mod http_transport;
 mod mcp_calls;
 mod network;
+mod previews;
 mod snapshots;
 mod stdio;
 mod testnet;

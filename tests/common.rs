@@ -170,6 +170,7 @@ impl TestEngine {
         config.exe = PathBuf::from(BIN);
         config.idle_pause = None;
         config.tick = Duration::from_millis(100);
+        config.preview.listen = Some(([127, 0, 0, 1], 0).into());
         config
     }
 

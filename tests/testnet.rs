@@ -384,7 +384,7 @@ fn dns_query(server: SocketAddr, name: &str, qtype: u16) -> (u8, Vec<Ipv4Addr>, 
 }
 
 /// One WebSocket frame from a client: FIN set, masked (clients must mask).
-fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+pub(crate) fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
     let mask = [0x37, 0xfa, 0x21, 0x3d];
     let mut frame = vec![0x80 | opcode];
     match payload.len() {
@@ -404,7 +404,7 @@ fn ws_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
 }
 
 /// One frame from the server (never masked): (opcode, payload).
-fn ws_read(stream: &mut TcpStream) -> (u8, Vec<u8>) {
+pub(crate) fn ws_read(stream: &mut TcpStream) -> (u8, Vec<u8>) {
     let mut head = [0u8; 2];
     stream.read_exact(&mut head).unwrap();
     assert_eq!(head[1] & 0x80, 0, "server frames are not masked");

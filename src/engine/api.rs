@@ -3,7 +3,7 @@
 //! constraints), and every response is built as the generated type the client will parse.
 //!
 //! Where things are: one module per resource ([`sandboxes`], [`exec`], [`code`], [`jobs`],
-//! [`files`], [`network`]); what every handler takes from a request — state, tenant, body, path — in
+//! [`files`], [`network`], [`previews`]); what every handler takes from a request — state, tenant, body, path — in
 //! [`request`]; the conversions between the agent's and the manager's types and the API's in
 //! [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
 //! module and one line in [`router`]; its errors are [`EngineError`]s.
@@ -17,6 +17,7 @@ mod files;
 mod jobs;
 mod ndjson;
 mod network;
+mod previews;
 pub mod request;
 mod sandboxes;
 
@@ -49,6 +50,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .route(&at("/resume"), post(sandboxes::resume))
         .route(&at("/metrics"), get(sandboxes::metrics))
         .route(&at("/network/log"), get(network::log))
+        .route(&at("/previews"), post(previews::create).get(previews::list))
+        .route(&at("/previews/{port}"), delete(previews::delete))
         .route(&at("/exec"), post(exec::exec_command))
         .route(&at("/exec/stream"), post(exec::exec_command_stream))
         .route(&at("/code"), post(code::run_code))

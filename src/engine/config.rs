@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub uid_registry: PathBuf,
     /// Egress default, operator-opened ranges, resolvers, connection cap.
     pub network: crate::engine::network::NetworkConfig,
+    /// Where and under which domain sandbox ports are served as preview URLs.
+    pub preview: crate::engine::preview::PreviewConfig,
 }
 
 impl EngineConfig {
@@ -47,6 +49,7 @@ impl EngineConfig {
             disk_limits: DiskLimits::Auto,
             uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),
             network: crate::engine::network::NetworkConfig::default(),
+            preview: crate::engine::preview::PreviewConfig::default(),
         }
     }
 

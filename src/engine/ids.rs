@@ -47,6 +47,11 @@ pub(crate) fn api_key() -> String {
     format!("smk_{}", base32(&random_bytes::<32>()))
 }
 
+/// A preview's token: 160 random bits, safe in a URL's query.
+pub(crate) fn preview_token() -> String {
+    base32(&random_bytes::<20>())
+}
+
 /// A short request id for logs and error bodies.
 pub fn request_id() -> String {
     base32(&random_bytes::<8>())

@@ -28,6 +28,9 @@ use crate::engine::network::{EgressDefault, Hub, SandboxNet};
 use crate::engine::state::{NetworkRules, Record, Status, Store};
 use crate::engine::templates::{self, Template};
 
+mod previews;
+pub(crate) use previews::{PreviewError, PreviewView};
+
 /// Cap on each of stdout and stderr in an exec result.
 pub(crate) const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
 /// Largest file `read_file` returns.
@@ -65,6 +68,8 @@ struct Entry {
     inflight: AtomicUsize,
     /// The sandbox's network: policy, resolved names, open connections.
     net: Arc<SandboxNet>,
+    /// Its ports served as preview URLs, by port.
+    previews: Mutex<BTreeMap<u16, previews::Live>>,
 }
 
 impl Entry {
@@ -84,6 +89,7 @@ impl Entry {
             active_dirty: AtomicBool::new(false),
             inflight: AtomicUsize::new(0),
             net,
+            previews: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -199,6 +205,8 @@ pub struct Manager {
     sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     create_lock: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
+    /// How preview URLs are written, once the preview listener is bound.
+    preview_urls: std::sync::OnceLock<crate::engine::preview::Urls>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -230,9 +238,14 @@ impl Manager {
             sandboxes: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
             hub,
+            preview_urls: std::sync::OnceLock::new(),
         });
         manager.recover().await?;
         Ok(manager)
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     pub fn driver(&self) -> &Arc<dyn Driver> {
@@ -305,7 +318,7 @@ impl Manager {
             .collect();
         let driver = self.driver.clone();
         blocking(move || driver.reconcile_slots(&held)).await?;
-        Ok(())
+        self.recover_previews().await
     }
 
     /// A sandbox's network state from its stored rules. Rules stored by an earlier engine that no
@@ -1002,6 +1015,8 @@ impl Manager {
                 tracing::debug!(sandbox = %id, "not paused at shutdown: {e}");
             }
             self.flush_active(&id, &entry).await;
+            // Its relay and preview connections end with this engine; the next one serves them.
+            entry.net.close();
         }
         let driver = self.driver.clone();
         let _ = blocking(move || driver.close()).await;

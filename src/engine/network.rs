@@ -78,6 +78,9 @@ pub struct EgressSockets {
     pub tcp: std::net::TcpListener,
     /// Bound to 127.0.0.1:`DNS_PORT`: every DNS query.
     pub dns: std::net::UdpSocket,
+    /// The namespace itself (`/proc/<agent>/ns/net`), where previews connect to the sandbox's
+    /// ports. Held open, it names this namespace even if the agent's pid is reused.
+    pub netns: std::fs::File,
 }
 
 /// What the engine shares between every sandbox's network.
@@ -139,7 +142,8 @@ impl Hub {
         net: &Arc<SandboxNet>,
         sockets: EgressSockets,
     ) -> std::io::Result<()> {
-        let (tcp, udp) = relay::listeners(sockets)?;
+        *lock(&net.netns) = Some(Arc::new(sockets.netns));
+        let (tcp, udp) = relay::listeners(sockets.tcp, sockets.dns)?;
         let stop = {
             let mut current = lock(&net.attached);
             current.cancel();
@@ -163,6 +167,8 @@ pub(crate) struct SandboxNet {
     policy: RwLock<Arc<Policy>>,
     names: Mutex<HashMap<Ipv4Addr, String>>,
     pub(crate) connections: AtomicUsize,
+    /// The sandbox's network namespace, once attached.
+    netns: Mutex<Option<Arc<std::fs::File>>>,
     stop: CancellationToken,
     attached: Mutex<CancellationToken>,
 }
@@ -175,6 +181,7 @@ impl SandboxNet {
             policy: RwLock::new(Arc::new(policy)),
             names: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
+            netns: Mutex::new(None),
             attached: Mutex::new(stop.child_token()),
             stop,
         })
@@ -207,6 +214,39 @@ impl SandboxNet {
             IpAddr::V4(v4) => lock(&self.names).get(&v4).cloned(),
             IpAddr::V6(_) => None,
         }
+    }
+
+    /// Connects to `127.0.0.1:port` inside the sandbox (a preview's way in). The socket is
+    /// created in the sandbox's namespace on a thread of its own, thrown away afterwards: entering
+    /// a namespace changes the calling thread for good, and no pooled thread may stay in it.
+    pub(crate) async fn connect_inside(&self, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+        let ns = lock(&self.netns).clone().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "the engine has not attached the sandbox's network namespace (the engine's log says why)",
+            )
+        })?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("preview-connect".into())
+            .spawn(move || {
+                let made = nix::sched::setns(&*ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(std::io::Error::from)
+                    .and_then(|()| tokio::net::TcpSocket::new_v4());
+                let _ = tx.send(made);
+            })?;
+        let socket = rx
+            .await
+            .map_err(|_| std::io::Error::other("the preview connect thread died"))??;
+        // A socket belongs to the namespace it was made in, wherever it is used from.
+        socket
+            .connect(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+            .await
+    }
+
+    /// Cancelled when the sandbox is gone.
+    pub(crate) fn closed(&self) -> &CancellationToken {
+        &self.stop
     }
 
     /// Stops serving (the sandbox is gone).

@@ -1,5 +1,5 @@
-//! The engine's HTTP server: serves the API ([`crate::engine::api`]) on a listener and runs the
-//! manager's timers, until shut down.
+//! The engine's HTTP server: serves the API ([`crate::engine::api`]) on a listener, previews
+//! ([`crate::engine::preview`]) on their own, and runs the manager's timers, until shut down.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::api::{self, AppState, Keys};
 use crate::engine::manager::Manager;
+use crate::engine::preview;
 
 /// A running engine HTTP server.
 pub struct EngineServer {
@@ -26,6 +27,15 @@ impl EngineServer {
         keys: Keys,
     ) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
+        // Bound first: a preview address that cannot be had fails the start, before anything runs.
+        let previews = match preview::bind(&manager.config().preview)? {
+            Some(l) => {
+                let l = TcpListener::from_std(l)?;
+                manager.set_preview_port(l.local_addr()?.port());
+                Some(l)
+            }
+            None => None,
+        };
         let url = format!("http://{addr}");
         let stop = CancellationToken::new();
         let state = AppState {
@@ -42,11 +52,19 @@ impl EngineServer {
             }
         });
         let timers = tokio::spawn(manager.clone().run_timers(stop.clone()));
+        let mut tasks = vec![server, timers];
+        if let Some(previews) = previews {
+            tasks.push(tokio::spawn(preview::serve(
+                previews,
+                manager.clone(),
+                stop.clone(),
+            )));
+        }
         Ok(Self {
             url,
             manager,
             stop,
-            tasks: vec![server, timers],
+            tasks,
         })
     }
 

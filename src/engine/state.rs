@@ -70,6 +70,18 @@ pub struct NetworkRules {
     pub deny_out: Vec<String>,
 }
 
+/// A sandbox port served on the engine's preview listener (see `engine::preview`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preview {
+    pub port: u16,
+    /// The secret a private preview's visitors present (random, 256 bits).
+    pub token: String,
+    /// Opens without the token.
+    pub public: bool,
+    pub created_at: i64,
+    pub expires_at: Option<i64>,
+}
+
 pub struct Store {
     conn: Mutex<Connection>,
 }
@@ -93,6 +105,15 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at INTEGER,
     tenant TEXT,
     network TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS previews (
+    sandbox_id TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    public INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER,
+    PRIMARY KEY (sandbox_id, port)
 );
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
 ";
@@ -214,10 +235,58 @@ impl Store {
         })
     }
 
+    /// Deletes the sandbox's record and its previews, in one transaction.
     pub fn delete(&self, id: &str) -> rusqlite::Result<()> {
         self.with(|c| {
-            c.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])
-                .map(|_| ())
+            let tx = c.unchecked_transaction()?;
+            tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![id])?;
+            tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
+            tx.commit()
+        })
+    }
+
+    /// Stores a sandbox's preview of a port, replacing the one it had.
+    pub(crate) fn put_preview(&self, id: &str, p: &Preview) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO previews (sandbox_id, port, token, public, created_at, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![id, p.port, p.token, p.public, p.created_at, p.expires_at],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Deletes a sandbox's preview of a port; whether there was one.
+    pub(crate) fn delete_preview(&self, id: &str, port: u16) -> rusqlite::Result<bool> {
+        self.with(|c| {
+            c.execute(
+                "DELETE FROM previews WHERE sandbox_id = ?1 AND port = ?2",
+                params![id, port],
+            )
+            .map(|n| n > 0)
+        })
+    }
+
+    /// Every preview, with its sandbox's id.
+    pub(crate) fn previews(&self) -> rusqlite::Result<Vec<(String, Preview)>> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT sandbox_id, port, token, public, created_at, expires_at FROM previews",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    Preview {
+                        port: r.get(1)?,
+                        token: r.get(2)?,
+                        public: r.get(3)?,
+                        created_at: r.get(4)?,
+                        expires_at: r.get(5)?,
+                    },
+                ))
+            })?;
+            rows.collect()
         })
     }
 

@@ -25,7 +25,7 @@ pub struct Backend {
 
 enum Mode {
     Remote,
-    Local(EngineConfig),
+    Local(Box<EngineConfig>),
 }
 
 /// The control plane to talk to; `generation` changes whenever it does.
@@ -92,7 +92,7 @@ impl Backend {
 
     /// The local engine for `config.data_dir`, started or attached to in the background.
     pub fn local(config: EngineConfig) -> Self {
-        let backend = Self::with_mode(Mode::Local(config), None);
+        let backend = Self::with_mode(Mode::Local(Box::new(config)), None);
         let starter = backend.clone();
         tokio::spawn(async move {
             starter.resolve_local().await;

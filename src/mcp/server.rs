@@ -32,7 +32,8 @@ pub(crate) const PROTOCOL_VERSIONS: [ProtocolVersion; 3] = [
 const INSTRUCTIONS: &str = "Isolated Linux sandboxes for running code. Call sandbox_create once and \
 reuse its id for related work: sandbox_exec runs shell commands, the sandbox_files_* tools read and \
 write files. Outbound network follows each sandbox's rules (set `network` on create or with \
-sandbox_update; sandbox_network_log shows what was blocked and why). Call sandbox_kill when you \
+sandbox_update; sandbox_network_log shows what was blocked and why). To show the user a server \
+running in a sandbox, give them the URL from sandbox_preview_create. Call sandbox_kill when you \
 are done.";
 
 /// Settings for one MCP server instance.

@@ -52,6 +52,7 @@ pub(crate) fn sockets_in(pid: i32) -> io::Result<crate::engine::network::EgressS
     Ok(crate::engine::network::EgressSockets {
         tcp: listen(EGRESS_PORT)?,
         dns: std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
+        netns: ns,
     })
 }
 

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::log::Row;
 use super::policy::Verdict;
 use super::sniff::{self, Hello};
-use super::{EgressSockets, Hub, SandboxNet, dns};
+use super::{Hub, SandboxNet, dns};
 
 /// How long the relay waits for the first bytes of a connection when the decision depends on the
 /// name they carry (a server-first protocol sends none: it is then judged by address and by the
@@ -29,10 +29,13 @@ const COPY_BUFFER: usize = 256 * 1024;
 /// DNS queries of one sandbox answered at once.
 const DNS_CONCURRENCY: usize = 64;
 
-pub(crate) fn listeners(s: EgressSockets) -> std::io::Result<(TcpListener, UdpSocket)> {
-    s.tcp.set_nonblocking(true)?;
-    s.dns.set_nonblocking(true)?;
-    Ok((TcpListener::from_std(s.tcp)?, UdpSocket::from_std(s.dns)?))
+pub(crate) fn listeners(
+    tcp: std::net::TcpListener,
+    dns: std::net::UdpSocket,
+) -> std::io::Result<(TcpListener, UdpSocket)> {
+    tcp.set_nonblocking(true)?;
+    dns.set_nonblocking(true)?;
+    Ok((TcpListener::from_std(tcp)?, UdpSocket::from_std(dns)?))
 }
 
 fn now_ms() -> i64 {
