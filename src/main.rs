@@ -31,6 +31,7 @@ fn agent() -> ExitCode {
         launcher::AGENT_LISTEN_FD,
         launcher::AGENT_STATUS_FD,
         entered.env,
+        entered.egress,
     ) {
         Ok(()) => ExitCode::SUCCESS,
         Err(_) => ExitCode::FAILURE,

@@ -39,6 +39,7 @@ fn valid_args(tool: &str) -> Value {
             "content" => json!("x"),
             "path" | "from" => json!("a.txt"),
             "to" => json!("b.txt"),
+            "port" => json!(3000),
             other => panic!("{tool}: no test value for required argument `{other}`; add one"),
         };
         args.insert(name.to_string(), value);

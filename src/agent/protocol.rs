@@ -51,6 +51,8 @@ pub enum Request {
     JobStatus(JobStatus),
     KillJob(KillJob),
     ListJobs(ListJobs),
+    HandOverEgress(HandOverEgress),
+    ConnectPort(ConnectPort),
 }
 
 /// Binds a request type to its variant of [`Request`] and to its reply.
@@ -86,6 +88,33 @@ fn encoded(bytes: u64) -> usize {
 /// Is the agent there, and which one is it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Ping {}
+
+/// Unprivileged sandboxes: the engine asks for the egress sockets the agent made in the
+/// sandbox's network namespace. Before the reply frame, the agent sends one byte over the
+/// connection, carrying the two descriptors (TCP listener, DNS socket) when it has them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HandOverEgress {}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EgressHandover {
+    /// Why the agent has no sockets to hand over (the kernel refused the rules, say).
+    pub why_not: Option<String>,
+}
+
+/// Unprivileged sandboxes: a preview's way in. The agent connects to `127.0.0.1:port` in the
+/// sandbox's namespace and passes the connected socket the same way as [`HandOverEgress`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ConnectPort {
+    pub port: u16,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PortConnected {
+    /// Nothing listens on the port.
+    pub refused: bool,
+    /// Another reason there is no connection.
+    pub error: Option<String>,
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Pong {
@@ -230,6 +259,8 @@ pub struct JobList {
 }
 
 call!(Ping(Ping) => Pong);
+call!(HandOverEgress(HandOverEgress) => EgressHandover);
+call!(ConnectPort(ConnectPort) => PortConnected);
 call!(Exec(ExecSpec) => ExecOutcome, limit: |_: &ExecSpec| OUTPUT_REPLY);
 call!(ReadFile(ReadFile) => FileData, limit: |r: &ReadFile| encoded(r.max_bytes));
 call!(WriteFile(WriteFile) => Written);

@@ -4,16 +4,17 @@
 //! so no single request can stall the others: a slow disk, a huge directory or a special file
 //! delays only the call that touched it.
 
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
 
 use tokio::net::UnixStream;
 
 use super::jobs::Jobs;
 use super::protocol::{
-    AgentError, Call, CreateContext, Delete, DeleteContext, Done, ErrorKind, ExecSpec, Frame,
-    JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, Move, Ping, Pong, ReadFile,
-    Request, RunCodeSpec, StartJob, WriteFile, ZipDir, read_frame, write_frame,
+    AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done, EgressHandover,
+    ErrorKind, ExecSpec, Frame, HandOverEgress, JobStatus, KillAll, KillJob, ListContexts, ListDir,
+    ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, StartJob, WriteFile,
+    ZipDir, read_frame, write_frame,
 };
 use super::reaper::Reaper;
 use super::repl::Contexts;
@@ -21,6 +22,8 @@ use super::{exec, files};
 
 struct State {
     reaper: Reaper,
+    /// Unprivileged: the engine's egress sockets, made in this namespace, or why there are none.
+    egress: Option<Result<[OwnedFd; 2], String>>,
     /// Variables set at sandbox creation: the agent's own environment.
     env: Vec<(String, String)>,
     contexts: Contexts,
@@ -45,7 +48,12 @@ pub fn report_failure(status_fd: RawFd, error: &str) {
 /// The event loop is single-threaded on purpose: an idle sandbox should cost little memory, and
 /// the reaper relies on registering a child before its exit can be observed. (Only file
 /// operations, which start no process, run on other threads.)
-pub fn run(listen_fd: RawFd, status_fd: RawFd, env: Vec<(String, String)>) -> anyhow::Result<()> {
+pub fn run(
+    listen_fd: RawFd,
+    status_fd: RawFd,
+    env: Vec<(String, String)>,
+    egress: Option<Result<[OwnedFd; 2], String>>,
+) -> anyhow::Result<()> {
     // SAFETY: the launcher passes the write end of a pipe at this number, for us alone.
     let status = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(status_fd) });
     // Never inherited by a command, even one started before the report is written.
@@ -54,7 +62,7 @@ pub fn run(listen_fd: RawFd, status_fd: RawFd, env: Vec<(String, String)>) -> an
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     );
     let mut status = Some(status);
-    let result = serve(listen_fd, &mut status, env);
+    let result = serve(listen_fd, &mut status, env, egress);
     if let (Err(e), Some(mut status)) = (&result, status) {
         use std::io::Write;
         let _ = writeln!(status, "{e:#}");
@@ -66,6 +74,7 @@ fn serve(
     listen_fd: RawFd,
     status: &mut Option<std::fs::File>,
     env: Vec<(String, String)>,
+    egress: Option<Result<[OwnedFd; 2], String>>,
 ) -> anyhow::Result<()> {
     // Owned from here on: the launcher passed it at a fixed number.
     // SAFETY: the launcher guarantees `listen_fd` is an open, listening unix socket that nothing
@@ -89,6 +98,7 @@ fn serve(
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let state = Rc::new(State {
             reaper: Reaper::start()?,
+            egress,
             env,
             contexts: Contexts::default(),
             jobs: Jobs::default(),
@@ -113,16 +123,70 @@ fn serve(
     })
 }
 
+/// Sends one byte over the engine's connection carrying `fds` (if any), ahead of the reply frame.
+fn send_fds(conn_fd: RawFd, fds: &[RawFd]) -> nix::Result<usize> {
+    let rights = [nix::sys::socket::ControlMessage::ScmRights(fds)];
+    nix::sys::socket::sendmsg::<()>(
+        conn_fd,
+        &[std::io::IoSlice::new(b"f")],
+        if fds.is_empty() { &[] } else { &rights },
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+}
+
 async fn handle(mut conn: UnixStream, state: Rc<State>) {
     let request: Request = match read_frame(&mut conn).await {
         Ok(Some(r)) => r,
         _ => return,
     };
+    let conn_fd = std::os::fd::AsRawFd::as_raw_fd(&conn);
     let (mut rd, mut wr) = conn.split();
     let (env, reaper) = (&state.env, &state.reaper);
     // Each arm answers with its request's own reply type: `reply::<R>` takes exactly
     // `Result<R::Reply, AgentError>`, so a handler answering with another type does not compile.
     match request {
+        Request::HandOverEgress(_) => {
+            let (fds, why_not) = match &state.egress {
+                Some(Ok(fds)) => (vec![fds[0].as_raw_fd(), fds[1].as_raw_fd()], None),
+                Some(Err(why)) => (Vec::new(), Some(why.clone())),
+                None => (
+                    Vec::new(),
+                    Some("the launcher set up this sandbox's network".into()),
+                ),
+            };
+            // Copies: the agent keeps its own, so an engine that restarts can ask again.
+            if send_fds(conn_fd, &fds).is_err() {
+                return;
+            }
+            reply::<HandOverEgress>(&mut wr, Ok(EgressHandover { why_not })).await
+        }
+        Request::ConnectPort(ConnectPort { port }) => {
+            let connected =
+                tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)).await;
+            let (fds, answer) = match &connected {
+                Ok(stream) => (
+                    vec![stream.as_raw_fd()],
+                    PortConnected {
+                        refused: false,
+                        error: None,
+                    },
+                ),
+                Err(e) => (
+                    Vec::new(),
+                    PortConnected {
+                        refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+                        error: Some(e.to_string()),
+                    },
+                ),
+            };
+            if send_fds(conn_fd, &fds).is_err() {
+                return;
+            }
+            // The engine holds its own copy now; the agent's closes here.
+            drop(connected);
+            reply::<ConnectPort>(&mut wr, Ok(answer)).await
+        }
         Request::Ping(_) => {
             let pong = Pong {
                 pid: std::process::id(),

@@ -134,6 +134,16 @@ pub trait Driver: Send + Sync + 'static {
     /// The sockets through which the running sandbox's DNS queries and outbound connections
     /// reach the engine, made anew (after a start or an engine restart). `None`: this driver
     /// gives sandboxes no egress (they have loopback only).
+    /// Connects to `127.0.0.1:port` inside the sandbox by way of its agent (for drivers whose
+    /// engine cannot enter the sandbox's network namespace). `ConnectionRefused`: nothing listens.
+    fn connect_port<'a>(
+        &'a self,
+        _id: &'a str,
+        _port: u16,
+    ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
+        Box::pin(async { Err(std::io::ErrorKind::Unsupported.into()) })
+    }
+
     fn egress_sockets<'a>(
         &'a self,
         id: &'a str,

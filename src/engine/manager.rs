@@ -342,7 +342,10 @@ impl Manager {
                 .hub
                 .attach(&entry.net, sockets)
                 .map_err(DriverError::io("serve the sandbox's network")),
-            None => Ok(()),
+            None => {
+                entry.net.set_loopback_only();
+                Ok(())
+            }
         }
     }
 
@@ -363,9 +366,11 @@ impl Manager {
     }
 
     fn view(&self, entry: &Entry) -> SandboxView {
+        let mut network = self.network_info();
+        network.filtered &= !entry.net.is_loopback_only();
         SandboxView {
             record: entry.record(),
-            network: self.network_info(),
+            network,
             usage: None,
             jobs: Vec::new(),
         }

@@ -79,8 +79,9 @@ pub struct EgressSockets {
     /// Bound to 127.0.0.1:`DNS_PORT`: every DNS query.
     pub dns: std::net::UdpSocket,
     /// The namespace itself (`/proc/<agent>/ns/net`), where previews connect to the sandbox's
-    /// ports. Held open, it names this namespace even if the agent's pid is reused.
-    pub netns: std::fs::File,
+    /// ports. Held open, it names this namespace even if the agent's pid is reused. None when
+    /// the engine cannot enter it (unprivileged: the sandbox's user namespace owns it).
+    pub netns: Option<std::fs::File>,
 }
 
 /// What the engine shares between every sandbox's network.
@@ -142,7 +143,9 @@ impl Hub {
         net: &Arc<SandboxNet>,
         sockets: EgressSockets,
     ) -> std::io::Result<()> {
-        *lock(&net.netns) = Some(Arc::new(sockets.netns));
+        *lock(&net.netns) = sockets.netns.map(Arc::new);
+        net.loopback_only
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let (tcp, udp) = relay::listeners(sockets.tcp, sockets.dns)?;
         let stop = {
             let mut current = lock(&net.attached);
@@ -169,6 +172,9 @@ pub(crate) struct SandboxNet {
     pub(crate) connections: AtomicUsize,
     /// The sandbox's network namespace, once attached.
     netns: Mutex<Option<Arc<std::fs::File>>>,
+    /// The driver could not steer this sandbox's traffic (an unprivileged agent whose kernel
+    /// refused the rules): it has loopback only.
+    loopback_only: std::sync::atomic::AtomicBool,
     stop: CancellationToken,
     attached: Mutex<CancellationToken>,
 }
@@ -182,6 +188,7 @@ impl SandboxNet {
             names: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
             netns: Mutex::new(None),
+            loopback_only: std::sync::atomic::AtomicBool::new(false),
             attached: Mutex::new(stop.child_token()),
             stop,
         })
@@ -214,6 +221,21 @@ impl SandboxNet {
             IpAddr::V4(v4) => lock(&self.names).get(&v4).cloned(),
             IpAddr::V6(_) => None,
         }
+    }
+
+    pub(crate) fn set_loopback_only(&self) {
+        self.loopback_only
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn is_loopback_only(&self) -> bool {
+        self.loopback_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether the engine can enter the sandbox's namespace (as root, once attached).
+    pub(crate) fn can_enter(&self) -> bool {
+        lock(&self.netns).is_some()
     }
 
     /// Connects to `127.0.0.1:port` inside the sandbox (a preview's way in). The socket is

@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -275,6 +276,90 @@ impl NamespacesDriver {
     }
 
     /// The agent's host pid, if it is still the process we launched.
+    /// Sends `call` to the sandbox's agent and takes the descriptors it passes (one byte with
+    /// SCM_RIGHTS, ahead of its reply frame): how an unprivileged engine gets sockets made in a
+    /// namespace it cannot enter.
+    async fn ask_for_fds<C>(&self, id: &str, call: C) -> io::Result<(Vec<OwnedFd>, C::Reply)>
+    where
+        C: crate::agent::protocol::Call,
+    {
+        use crate::agent::protocol::{Frame, Request, read_frame_limited, write_frame};
+        let limit = call.reply_limit();
+        let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
+        let request: Request = call.into();
+        write_frame(&mut conn, &request).await?;
+        let fds = loop {
+            conn.readable().await?;
+            let got = conn.try_io(tokio::io::Interest::READABLE, || {
+                let mut byte = [0u8; 1];
+                let mut iov = [io::IoSliceMut::new(&mut byte)];
+                let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+                let msg = nix::sys::socket::recvmsg::<()>(
+                    conn.as_raw_fd(),
+                    &mut iov,
+                    Some(&mut space),
+                    nix::sys::socket::MsgFlags::MSG_CMSG_CLOEXEC,
+                )
+                .map_err(io::Error::from)?;
+                let mut got = Vec::new();
+                for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+                    if let nix::sys::socket::ControlMessageOwned::ScmRights(raw) = cmsg {
+                        // SAFETY: the kernel just installed these descriptors for us.
+                        got.extend(
+                            raw.into_iter()
+                                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                        );
+                    }
+                }
+                Ok((msg.bytes, got))
+            });
+            match got {
+                Ok((0, _)) => return Err(io::Error::other("the agent hung up")),
+                Ok((_, got)) => break got,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e),
+            }
+        };
+        match read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit).await? {
+            Some(Frame::Reply(reply)) => Ok((fds, reply)),
+            _ => Err(io::Error::other("the agent did not answer as it should")),
+        }
+    }
+
+    /// Unprivileged: the sockets the agent made in the sandbox's namespace (which the sandbox's
+    /// user namespace owns, so the engine cannot enter it).
+    async fn handed_egress_sockets(&self, id: &str) -> Result<Option<EgressSockets>, DriverError> {
+        use crate::agent::protocol::HandOverEgress;
+        let (fds, reply) = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.ask_for_fds(id, HandOverEgress {}),
+        )
+        .await
+        .map_err(|_| {
+            DriverError::Agent("the agent did not hand over its egress sockets within 5 s".into())
+        })?
+        .map_err(|e| {
+            DriverError::Agent(format!("cannot get the egress sockets from the agent: {e}"))
+        })?;
+        if let Some(why) = reply.why_not {
+            tracing::warn!(sandbox = %id, "the sandbox has loopback only: {why}");
+            return Ok(None);
+        }
+        let mut fds = fds.into_iter();
+        let (Some(tcp), Some(dns), None) = (fds.next(), fds.next(), fds.next()) else {
+            return Err(DriverError::Agent(
+                "the agent handed over the wrong descriptors".into(),
+            ));
+        };
+        let (tcp, dns) = super::netns::check_handed_sockets(tcp, dns)
+            .map_err(DriverError::io("check the agent's egress sockets"))?;
+        Ok(Some(EgressSockets {
+            tcp,
+            dns,
+            netns: None,
+        }))
+    }
+
     fn agent_pid(&self, id: &str) -> Option<i32> {
         let text = fs::read_to_string(self.dir(id).join("agent.pid")).ok()?;
         let mut parts = text.split_whitespace();
@@ -313,8 +398,9 @@ fn start_time(pid: i32) -> Option<u64> {
 impl Driver for NamespacesDriver {
     fn egress(&self) -> bool {
         // As root the launcher makes each sandbox's network namespace under the host's user
-        // namespace and steers its traffic to the engine (`netns`).
-        self.uid == 0
+        // namespace and steers its traffic to the engine (`netns`); unprivileged, the agent does
+        // it from inside (`netns::configure_unprivileged`).
+        true
     }
 
     fn egress_sockets<'a>(
@@ -322,10 +408,8 @@ impl Driver for NamespacesDriver {
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<EgressSockets>, DriverError>> {
         Box::pin(async move {
-            // Unprivileged, the namespace belongs to the sandbox's user namespace and has no
-            // steering rules: loopback only.
             if self.uid != 0 {
-                return Ok(None);
+                return self.handed_egress_sockets(id).await;
             }
             let pid = self
                 .agent_pid(id)
@@ -344,6 +428,51 @@ impl Driver for NamespacesDriver {
                 .map_err(|_| DriverError::Agent("the egress socket thread died".into()))?
                 .map_err(DriverError::io("open the sandbox's egress sockets"))?;
             Ok(Some(sockets))
+        })
+    }
+
+    fn connect_port<'a>(
+        &'a self,
+        id: &'a str,
+        port: u16,
+    ) -> BoxFuture<'a, io::Result<tokio::net::TcpStream>> {
+        Box::pin(async move {
+            use crate::agent::protocol::ConnectPort;
+            let (fds, reply) = tokio::time::timeout(
+                Duration::from_secs(10),
+                self.ask_for_fds(id, ConnectPort { port }),
+            )
+            .await
+            .map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the agent did not connect within 10 s",
+                )
+            })??;
+            if reply.refused {
+                return Err(io::ErrorKind::ConnectionRefused.into());
+            }
+            if let Some(e) = reply.error {
+                return Err(io::Error::other(e));
+            }
+            let fd = fds
+                .into_iter()
+                .next()
+                .ok_or_else(|| io::Error::other("the agent passed no socket"))?;
+            // Whatever the agent passed must be a connected TCP socket.
+            let kind = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::SockType)
+                .map_err(io::Error::from)?;
+            if kind != nix::sys::socket::SockType::Stream
+                || nix::sys::socket::getpeername::<nix::sys::socket::SockaddrIn>(fd.as_raw_fd())
+                    .is_err()
+            {
+                return Err(io::Error::other(
+                    "the agent passed something else than a TCP connection",
+                ));
+            }
+            let stream = std::net::TcpStream::from(fd);
+            stream.set_nonblocking(true)?;
+            tokio::net::TcpStream::from_std(stream)
         })
     }
 

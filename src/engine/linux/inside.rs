@@ -73,6 +73,8 @@ pub struct Entered {
     pub env: Vec<(String, String)>,
     /// What each command the agent starts is restricted to.
     pub commands: CommandPolicy,
+    /// Unprivileged: the engine's egress sockets (TCP listener, DNS), or why there are none.
+    pub egress: Option<Result<[OwnedFd; 2], String>>,
 }
 
 /// Applied to every command between fork and exec: become the sandbox's root with the sandbox's
@@ -112,10 +114,16 @@ pub fn enter() -> Result<Entered, BuildError> {
         ctx(sys::set_fs_ids(0), "act as the sandbox's root on files")?;
     }
     setup(&plan)?;
+    // Unprivileged, the agent steers its namespace's traffic to the engine itself (see
+    // `netns::configure_unprivileged`); where the kernel refuses, the sandbox keeps loopback only
+    // and the engine is told why.
+    let egress = (!plan.privileged)
+        .then(|| super::netns::configure_unprivileged().map_err(|e| e.to_string()));
     let commands = restrict_agent(&plan)?;
     Ok(Entered {
         env: plan.env,
         commands,
+        egress,
     })
 }
 

@@ -1,5 +1,6 @@
 //! The sandbox's network namespace, as the launcher (root, outside the sandbox's user namespace)
-//! sets it up. Security-critical; keep it small.
+//! sets it up — or, unprivileged, as the agent sets it up from inside
+//! ([`configure_unprivileged`]). Security-critical; keep it small.
 //!
 //! The namespace is created by the launcher *before* the sandbox's user namespace, so it is owned
 //! by the host's: root inside the sandbox holds no capability over it and cannot change its
@@ -37,11 +38,56 @@ pub(crate) const DNS_PORT: u16 = 15053;
 pub(crate) fn configure() -> io::Result<()> {
     crate::sys::loopback_up()?;
     std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
+    steer()
+}
+
+/// The address, the default route through `lo`, and the rules.
+fn steer() -> io::Result<()> {
     let lo = nix::net::if_::if_nametoindex("lo").map_err(io::Error::from)?;
     let route = Netlink::open(libc::NETLINK_ROUTE)?;
     route.transact(&[add_address(lo), add_default_route(lo)])?;
     let nft = Netlink::open(libc::NETLINK_NETFILTER)?;
     nft.transact(&ruleset())
+}
+
+/// Unprivileged, the agent does what the launcher and the engine do as root, from inside: the
+/// same address, route and rules in its own namespace (the sandbox's user namespace owns it, so
+/// this is allowed), and the engine's two sockets, which it hands to the engine over its unix
+/// socket. Root in the sandbox can then flush the rules — and loses its network, nothing more:
+/// the namespace still has no route out, and every connection that leaves is made by the engine,
+/// from the host's namespace, under the sandbox's policy.
+pub(crate) fn configure_unprivileged() -> io::Result<[OwnedFd; 2]> {
+    steer()?;
+    let tcp = listen(EGRESS_PORT)?;
+    let dns = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?;
+    Ok([OwnedFd::from(tcp), OwnedFd::from(dns)])
+}
+
+/// Checks that descriptors handed over by an unprivileged sandbox's agent are what they claim:
+/// a listening TCP socket and a UDP socket, both on 127.0.0.1 at the expected ports. (The agent
+/// shares its id with sandbox code; whatever it hands over, the engine still decides every
+/// connection, but it must not serve a file or a socket of another kind.)
+pub(crate) fn check_handed_sockets(
+    tcp: OwnedFd,
+    dns: OwnedFd,
+) -> io::Result<(std::net::TcpListener, std::net::UdpSocket)> {
+    use nix::sys::socket::{SockType, SockaddrIn, getsockname, getsockopt, sockopt};
+    let expect = |fd: &OwnedFd, kind: SockType, port: u16, listening: bool| -> io::Result<()> {
+        let ok = getsockopt(fd, sockopt::SockType).map_err(io::Error::from)? == kind
+            && getsockname::<SockaddrIn>(fd.as_raw_fd()).map_err(io::Error::from)?
+                == SockaddrIn::new(127, 0, 0, 1, port)
+            && (!listening || getsockopt(fd, sockopt::AcceptConn).map_err(io::Error::from)?);
+        if ok {
+            Ok(())
+        } else {
+            Err(io::Error::other(
+                "the agent handed over sockets of the wrong kind",
+            ))
+        }
+    };
+    expect(&tcp, SockType::Stream, EGRESS_PORT, true)?;
+    expect(&dns, SockType::Datagram, DNS_PORT, false)?;
+    Ok((tcp.into(), dns.into()))
 }
 
 /// Creates the engine's two sockets inside the network namespace of process `pid` (a sandbox's
@@ -52,7 +98,7 @@ pub(crate) fn sockets_in(pid: i32) -> io::Result<crate::engine::network::EgressS
     Ok(crate::engine::network::EgressSockets {
         tcp: listen(EGRESS_PORT)?,
         dns: std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
-        netns: ns,
+        netns: Some(ns),
     })
 }
 

@@ -93,12 +93,6 @@ impl Manager {
     ) -> Result<PreviewView, EngineError> {
         let urls = self.urls_or_refuse()?;
         let entry = self.entry(id, tenant)?;
-        if !self.driver.egress() {
-            return Err(EngineError::Conflict(
-                "previews need the engine to run as root: it reaches the sandbox's port through the sandbox's network namespace"
-                    .into(),
-            ));
-        }
         let now = ids::now_ms();
         let preview = {
             let previews = lock(&entry.previews);
@@ -189,7 +183,14 @@ impl Manager {
             EngineError::NotFound(_) => PreviewError::Gone,
             other => PreviewError::Other(other.to_string()),
         })?;
-        match entry.net.connect_inside(port).await {
+        // As root the engine enters the sandbox's namespace itself; unprivileged it cannot, and
+        // the agent connects for it.
+        let connected = if entry.net.can_enter() {
+            entry.net.connect_inside(port).await
+        } else {
+            self.driver.connect_port(id, port).await
+        };
+        match connected {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
                 Ok((stream, activity))
