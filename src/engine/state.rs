@@ -238,7 +238,8 @@ impl Store {
     /// Deletes the sandbox's record and its previews, in one transaction.
     pub fn delete(&self, id: &str) -> rusqlite::Result<()> {
         self.with(|c| {
-            let tx = c.unchecked_transaction()?;
+            let tx =
+                rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
             tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![id])?;
             tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
             tx.commit()

@@ -145,6 +145,9 @@ type Key = (
     String,
 );
 
+/// Rows kept in memory while the database refuses writes.
+const MAX_PENDING: usize = 8192;
+
 fn writer(conn: Connection, rx: mpsc::Receiver<Msg>) {
     let mut pending: HashMap<Key, Row> = HashMap::new();
     loop {
@@ -180,14 +183,24 @@ fn writer(conn: Connection, rx: mpsc::Receiver<Msg>) {
                         pending.insert(key, row);
                     }
                 }
-                if pending.len() >= 512 {
-                    let _ = flush(&conn, &mut pending);
+                if pending.len() >= 512
+                    && let Err(e) = flush(&conn, &mut pending)
+                    && pending.len() >= MAX_PENDING
+                {
+                    // The database refuses writes (disk full?): bounded memory over completeness.
+                    tracing::warn!(
+                        "network log: cannot write, dropping {} rows: {e}",
+                        pending.len()
+                    );
+                    pending.clear();
                 }
             }
             Some(Msg::Read(sandbox, query, reply)) => {
-                let result =
-                    flush(&conn, &mut pending).and_then(|()| read(&conn, &sandbox, &query));
-                let _ = reply.send(result);
+                // What is stored is worth reading even if the newest rows cannot be written.
+                if let Err(e) = flush(&conn, &mut pending) {
+                    tracing::warn!("network log: cannot write: {e}");
+                }
+                let _ = reply.send(read(&conn, &sandbox, &query));
             }
             Some(Msg::Forget(sandbox)) => {
                 pending.retain(|k, _| k.0 != sandbox);
@@ -215,10 +228,16 @@ fn flush(conn: &Connection, pending: &mut HashMap<Key, Row>) -> rusqlite::Result
     if pending.is_empty() {
         return Ok(());
     }
-    let tx = conn.unchecked_transaction()?;
+    // IMMEDIATE: the transaction reads before it writes, and a deferred one would then fail at
+    // once (SQLITE_BUSY, no retry) whenever the engine's state connection wrote in between.
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
     let mut touched = Vec::new();
     // Oldest first, so that row ids follow time.
-    let mut rows: Vec<(Key, Row)> = pending.drain().collect();
+    // Copied, not drained: a batch that cannot be written stays pending for the next flush.
+    let mut rows: Vec<(Key, Row)> = pending
+        .iter()
+        .map(|(k, r)| (k.clone(), r.clone()))
+        .collect();
     rows.sort_by_key(|(_, r)| r.at);
     for (key, row) in rows {
         let sandbox = key.0;
@@ -290,7 +309,9 @@ fn flush(conn: &Connection, pending: &mut HashMap<Key, Row>) -> rusqlite::Result
             params![sandbox, MAX_ROWS],
         )?;
     }
-    tx.commit()
+    tx.commit()?;
+    pending.clear();
+    Ok(())
 }
 
 fn read(conn: &Connection, sandbox: &str, q: &Query) -> rusqlite::Result<Vec<Stored>> {
@@ -475,5 +496,45 @@ mod tests {
             .len(),
             1
         );
+    }
+
+    /// The engine's state connection writes all the time (activity, statuses); a log flush
+    /// that read before it wrote used to fail at once with SQLITE_BUSY when such a write came
+    /// in between, and a read of the log failed with it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_and_writes_hold_up_while_the_state_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let log = NetLog::open(&db).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let other = {
+            let (db, stop) = (db.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let conn = Connection::open(&db).unwrap();
+                conn.busy_timeout(Duration::from_secs(5)).unwrap();
+                conn.execute_batch("CREATE TABLE IF NOT EXISTS t (v INTEGER)")
+                    .unwrap();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    conn.execute("INSERT INTO t (v) VALUES (1)", []).unwrap();
+                    std::thread::sleep(Duration::from_micros(300));
+                }
+            })
+        };
+        for i in 0..300 {
+            log.record("sbx_a", row(&format!("h{i}.test"), "allowed", 1_000 + i, 1));
+            let page = log
+                .read(
+                    "sbx_a",
+                    Query {
+                        limit: 1,
+                        ..Query::default()
+                    },
+                )
+                .await
+                .unwrap_or_else(|e| panic!("read {i}: {e}"));
+            assert_eq!(page[0].row.host.as_deref(), Some(&*format!("h{i}.test")));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        other.join().unwrap();
     }
 }
