@@ -492,9 +492,11 @@ async fn a_connection_flood_hits_the_cap_and_the_engine_stays_responsive() {
         &format!(
             r#"
 import socket, resource
-resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+want = 10_500 if hard == resource.RLIM_INFINITY else min(hard, 10_500)
+resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 held, ok = [], 0
-for i in range(400):
+for i in range(10_000):
     try:
         s = socket.create_connection(("{ip}", 7), timeout=5)
         held.append(s)
