@@ -46,6 +46,49 @@ enum Command {
     Tools(ToolsArgs),
     /// Manage the access keys of the HTTP transport (`serve --http`).
     Keys(KeysArgs),
+    /// Manage secrets that sandboxes may use without seeing (values are read from stdin).
+    Secrets(SecretsArgs),
+}
+
+#[derive(Args, Debug)]
+struct SecretsArgs {
+    #[command(flatten)]
+    data: DataDirArg,
+    #[command(subcommand)]
+    command: SecretsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum SecretsCommand {
+    /// Create or replace a secret; its value is read from stdin (never an argument, never
+    /// echoed), e.g. `printenv OPENAI_API_KEY | sandbox-mcp secrets set openai --host api.openai.com`.
+    Set {
+        /// Its name, which sandboxes bind it by.
+        name: String,
+        /// A host (or `*.domain`) its value may be sent to; repeat for more.
+        #[arg(long = "host", required = true, value_name = "HOST")]
+        hosts: Vec<String>,
+        /// Put it only in this request header…
+        #[arg(long)]
+        header: Option<String>,
+        /// …as this whole value, `{value}` replaced (e.g. 'Bearer {value}').
+        #[arg(long, requires = "header")]
+        format: Option<String>,
+        /// The tenant it belongs to (as `keys create`); none: the untenanted engine's.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// List secrets (never their values).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Delete a secret; sandboxes that bind it get a clear error on their next request.
+    Rm {
+        name: String,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -188,6 +231,15 @@ struct EngineSettings {
     /// and logged as blocked.
     #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = crate::engine::network::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
+    /// A CA certificate (PEM file) trusted, beside the system's roots, for hosts whose requests
+    /// get a secret swapped in (a private API behind an internal CA); repeat for more.
+    #[arg(
+        long = "egress-ca",
+        env = "SANDBOX_MCP_EGRESS_CA",
+        value_name = "FILE",
+        value_delimiter = ','
+    )]
+    egress_ca: Vec<PathBuf>,
     /// Where sandbox ports are served as preview URLs, or `off`. When the default address is
     /// taken (another engine), a free port is used; the URLs the engine hands out carry it.
     #[arg(
@@ -267,6 +319,7 @@ impl EngineSettings {
             egress_allow: self.egress_allow.clone(),
             dns_upstream: self.dns_upstream.clone(),
             max_connections: self.max_connections.max(1),
+            egress_ca: self.egress_ca.clone(),
         };
         let default = crate::engine::preview::PreviewConfig::default();
         config.preview = crate::engine::preview::PreviewConfig {
@@ -322,6 +375,7 @@ pub fn main() -> ExitCode {
         Some(Command::Engine(args)) => runtime.block_on(engine(args)),
         Some(Command::Tools(args)) => tools(&args.tools, args.json),
         Some(Command::Keys(args)) => keys(&args.data, args.command),
+        Some(Command::Secrets(args)) => secrets(&args.data, args.command),
     };
     // Sandboxes and sockets are shut down already; don't wait for idle blocking threads.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -428,6 +482,72 @@ async fn serve_http(
     terminated().await;
     tracing::info!("shutting down: finishing in-flight calls");
     server.shutdown(Duration::from_secs(30)).await;
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)] // the listing is the command's output
+fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
+    use crate::engine::secrets::{NewSecret, SecretStore, Value};
+    let config = EngineConfig::new(data.path());
+    crate::engine::local::prepare_data_dir(&config)?;
+    let store = SecretStore::open(&config.state_db(), &config.data_dir.join("secrets.key"))?;
+    match cmd {
+        SecretsCommand::Set {
+            name,
+            hosts,
+            header,
+            format,
+            tenant,
+        } => {
+            use std::io::Read;
+            let mut raw = Vec::new();
+            std::io::stdin()
+                .take(crate::engine::secrets::MAX_VALUE as u64 + 2)
+                .read_to_end(&mut raw)?;
+            // One trailing newline is what `echo` and `printenv` add, not part of the value.
+            if raw.ends_with(b"\n") {
+                raw.pop();
+                if raw.ends_with(b"\r") {
+                    raw.pop();
+                }
+            }
+            let value = Value::from(
+                String::from_utf8(raw)
+                    .map_err(|_| anyhow::anyhow!("the value on stdin is not UTF-8 text"))?,
+            );
+            let new = NewSecret {
+                name,
+                hosts,
+                header,
+                format,
+            };
+            let meta = store.set(tenant.as_deref(), &new, value.as_bytes())?;
+            eprintln!(
+                "set {} (hosts: {}); bind it with sandbox_attach_secret or sandbox_create's `secrets`",
+                meta.name,
+                meta.hosts.join(", ")
+            );
+        }
+        SecretsCommand::List { tenant } => {
+            println!("{:<24} {:<40} {:<16} UPDATED", "NAME", "HOSTS", "HEADER");
+            for m in store.list(tenant.as_deref())? {
+                println!(
+                    "{:<24} {:<40} {:<16} {}",
+                    m.name,
+                    m.hosts.join(","),
+                    m.header.as_deref().unwrap_or("-"),
+                    crate::engine::ids::time(m.updated_at).to_rfc3339()
+                );
+            }
+        }
+        SecretsCommand::Rm { name, tenant } => {
+            if store.remove(tenant.as_deref(), &name)? {
+                eprintln!("removed {name}");
+            } else {
+                anyhow::bail!("no secret named {name}");
+            }
+        }
+    }
     Ok(())
 }
 

@@ -17,6 +17,7 @@ pub mod local;
 pub mod manager;
 pub mod network;
 pub mod preview;
+pub mod secrets;
 pub mod server;
 pub mod state;
 pub(crate) mod templates;

@@ -27,6 +27,7 @@ mod http_transport;
 mod mcp_calls;
 mod network;
 mod previews;
+mod secrets;
 mod snapshots;
 mod stdio;
 mod testnet;

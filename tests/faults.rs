@@ -40,6 +40,8 @@ fn valid_args(tool: &str) -> Value {
             "path" | "from" => json!("a.txt"),
             "to" => json!("b.txt"),
             "port" => json!(3000),
+            "env" => json!("API_KEY"),
+            "secret" => json!("example"),
             other => panic!("{tool}: no test value for required argument `{other}`; add one"),
         };
         args.insert(name.to_string(), value);

@@ -154,6 +154,15 @@ impl TestNet {
         self.dir.path().join("ca.pem")
     }
 
+    /// Every request `/record` received so far (method, path, lower-cased headers), in order.
+    pub fn recorded(&self) -> Vec<serde_json::Value> {
+        fs::read_to_string(self.dir.path().join("requests.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
     /// Every name the DNS server has been asked about so far (lower-cased, no trailing dot), in
     /// order of arrival: a test can show that a name did, or never did, get here.
     pub fn dns_queries(&self) -> Vec<String> {

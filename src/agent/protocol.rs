@@ -28,6 +28,17 @@ pub trait Call: Into<Request> {
     fn reply_limit(&self) -> usize {
         SMALL_REPLY
     }
+
+    /// Adds variables a command starts with ahead of its own (a sandbox's bound secrets'
+    /// stand-ins); requests that start no command ignore them.
+    fn add_env(&mut self, _env: &[(String, String)]) {}
+}
+
+/// Puts `env` ahead of `into` (a variable the request sets itself wins).
+fn prepend(into: &mut Vec<(String, String)>, env: &[(String, String)]) {
+    let mut all = env.to_vec();
+    all.append(into);
+    *into = all;
 }
 
 /// Every request, as it travels (tagged by `op`).
@@ -71,6 +82,24 @@ macro_rules! call {
             #[allow(clippy::redundant_closure_call)]
             fn reply_limit(&self) -> usize {
                 ($limit)(self)
+            }
+        }
+    };
+    // A request that starts a command with an environment of its own.
+    ($variant:ident($request:ident) => $reply:ty, limit: $limit:expr, env) => {
+        impl From<$request> for Request {
+            fn from(r: $request) -> Self {
+                Request::$variant(r)
+            }
+        }
+        impl Call for $request {
+            type Reply = $reply;
+            #[allow(clippy::redundant_closure_call)]
+            fn reply_limit(&self) -> usize {
+                ($limit)(self)
+            }
+            fn add_env(&mut self, env: &[(String, String)]) {
+                prepend(&mut self.env, env);
             }
         }
     };
@@ -210,6 +239,9 @@ pub struct Done {}
 pub struct CreateContext {
     pub language: Language,
     pub cwd: Option<String>,
+    /// Variables the interpreter starts with beside the sandbox's (bound secrets' stand-ins).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -261,7 +293,7 @@ pub struct JobList {
 call!(Ping(Ping) => Pong);
 call!(HandOverEgress(HandOverEgress) => EgressHandover);
 call!(ConnectPort(ConnectPort) => PortConnected);
-call!(Exec(ExecSpec) => ExecOutcome, limit: |_: &ExecSpec| OUTPUT_REPLY);
+call!(Exec(ExecSpec) => ExecOutcome, limit: |_: &ExecSpec| OUTPUT_REPLY, env);
 call!(ReadFile(ReadFile) => FileData, limit: |r: &ReadFile| encoded(r.max_bytes));
 call!(WriteFile(WriteFile) => Written);
 // Up to 1000 entries of names up to 255 bytes, escaped.
@@ -270,11 +302,11 @@ call!(Delete(Delete) => Deleted);
 call!(Move(Move) => Moved);
 call!(ZipDir(ZipDir) => Zip, limit: |r: &ZipDir| encoded(r.max_bytes));
 call!(KillAll(KillAll) => Done);
-call!(RunCode(RunCodeSpec) => CodeOutcome, limit: |_: &RunCodeSpec| OUTPUT_REPLY);
-call!(CreateContext(CreateContext) => ContextInfo);
+call!(RunCode(RunCodeSpec) => CodeOutcome, limit: |_: &RunCodeSpec| OUTPUT_REPLY, env);
+call!(CreateContext(CreateContext) => ContextInfo, limit: small, env);
 call!(ListContexts(ListContexts) => ContextList);
 call!(DeleteContext(DeleteContext) => ContextDeleted);
-call!(StartJob(StartJob) => JobInfo);
+call!(StartJob(StartJob) => JobInfo, limit: small, env);
 call!(JobStatus(JobStatus) => JobInfo, limit: |r: &JobStatus| {
     ((r.max_bytes as usize).saturating_mul(6) + SMALL_REPLY).min(MAX_FRAME)
 });
@@ -307,6 +339,10 @@ pub struct RunCodeSpec {
     pub timeout_ms: u64,
     pub max_output_bytes: u64,
     pub stream: bool,
+    /// Variables an interpreter this cell starts gets beside the sandbox's (a running one keeps
+    /// its own).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

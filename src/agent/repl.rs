@@ -160,10 +160,16 @@ impl Contexts {
     /// `CreateContext`: registers a context and starts its interpreter.
     pub(crate) async fn create(
         &self,
-        CreateContext { language, cwd }: CreateContext,
+        CreateContext {
+            language,
+            cwd,
+            env: extra,
+        }: CreateContext,
         env: &[(String, String)],
         reaper: &Reaper,
     ) -> Result<ContextInfo, AgentError> {
+        let env: Vec<(String, String)> = env.iter().cloned().chain(extra).collect();
+        let env = env.as_slice();
         let cwd = cwd.unwrap_or_else(|| DEFAULT_CWD.to_string());
         spawn::check(&cwd, &[])?;
         let n = self.next.get() + 1;
@@ -252,7 +258,8 @@ impl Contexts {
         let mut slot = ctx.interp.lock().await;
         let restarted = ctx.died.replace(false);
         if slot.is_none() {
-            *slot = Some(spawn_interp(ctx.language, &ctx.cwd, env, reaper)?);
+            let env: Vec<(String, String)> = env.iter().chain(&spec.env).cloned().collect();
+            *slot = Some(spawn_interp(ctx.language, &ctx.cwd, &env, reaper)?);
             ctx.alive.set(true);
         }
         let Some(interp) = slot.as_mut() else {

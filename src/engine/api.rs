@@ -3,7 +3,7 @@
 //! constraints), and every response is built as the generated type the client will parse.
 //!
 //! Where things are: one module per resource ([`sandboxes`], [`exec`], [`code`], [`jobs`],
-//! [`files`], [`network`], [`previews`]); what every handler takes from a request — state, tenant, body, path — in
+//! [`files`], [`network`], [`previews`], [`secrets`]); what every handler takes from a request — state, tenant, body, path — in
 //! [`request`]; the conversions between the agent's and the manager's types and the API's in
 //! [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
 //! module and one line in [`router`]; its errors are [`EngineError`]s.
@@ -20,6 +20,7 @@ mod network;
 mod previews;
 pub mod request;
 mod sandboxes;
+mod secrets;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -52,6 +53,13 @@ pub(crate) fn router(state: AppState) -> Router {
         .route(&at("/network/log"), get(network::log))
         .route(&at("/previews"), post(previews::create).get(previews::list))
         .route(&at("/previews/{port}"), delete(previews::delete))
+        .route(&at("/secrets"), post(secrets::attach))
+        .route(&at("/secrets/{env}"), delete(secrets::detach))
+        .route("/v1/secrets", get(secrets::list))
+        .route(
+            "/v1/secrets/{name}",
+            axum::routing::put(secrets::set).delete(secrets::delete),
+        )
         .route(&at("/exec"), post(exec::exec_command))
         .route(&at("/exec/stream"), post(exec::exec_command_stream))
         .route(&at("/code"), post(code::run_code))

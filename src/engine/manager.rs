@@ -29,7 +29,10 @@ use crate::engine::state::{NetworkRules, Record, Status, Store};
 use crate::engine::templates::{self, Template};
 
 mod previews;
+mod secrets;
 pub(crate) use previews::{PreviewError, PreviewView};
+pub(crate) use secrets::SecretView;
+use secrets::bound_env;
 
 /// Cap on each of stdout and stderr in an exec result.
 pub(crate) const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
@@ -146,6 +149,8 @@ pub struct CreateRequest {
     pub timeout_seconds: Option<u64>,
     pub tenant: Option<String>,
     pub network: NetworkRules,
+    /// Environment variable → secret name.
+    pub secrets: BTreeMap<String, String>,
 }
 
 /// A sandbox as the API reports it.
@@ -205,6 +210,8 @@ pub struct Manager {
     sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     create_lock: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
+    /// Secrets, sealed at rest, for the egress path to swap in.
+    secrets: Arc<crate::engine::secrets::SecretStore>,
     /// How preview URLs are written, once the preview listener is bound.
     preview_urls: std::sync::OnceLock<crate::engine::preview::Urls>,
 }
@@ -229,7 +236,25 @@ impl Manager {
             .map_err(EngineError::Templates)?;
         let db = config.state_db();
         let log = blocking(move || netlog::NetLog::open(&db)).await??;
-        let hub = Hub::new(config.network.clone(), log);
+        let (db, key) = (config.state_db(), config.data_dir.join("secrets.key"));
+        let secrets = Arc::new(
+            blocking(move || crate::engine::secrets::SecretStore::open(&db, &key))
+                .await?
+                .map_err(|e| EngineError::Unavailable(e.to_string()))?,
+        );
+        let (dir, extra) = (config.data_dir.clone(), config.network.egress_ca.clone());
+        let interceptor =
+            blocking(move || crate::engine::network::intercept::Interceptor::open(&dir, &extra))
+                .await?
+                .map_err(EngineError::Templates)?;
+        templates::trust(&config.templates_dir(), interceptor.ca_pem())
+            .map_err(EngineError::Templates)?;
+        let hub = Hub::new(
+            config.network.clone(),
+            log,
+            secrets.clone(),
+            Some(Arc::new(interceptor)),
+        );
         let manager = Arc::new(Self {
             config,
             driver,
@@ -238,6 +263,7 @@ impl Manager {
             sandboxes: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
             hub,
+            secrets,
             preview_urls: std::sync::OnceLock::new(),
         });
         manager.recover().await?;
@@ -332,7 +358,9 @@ impl Manager {
                 tracing::warn!(sandbox = %record.id, "stored network rules ignored: {e}");
                 self.hub.default_policy()
             });
-        SandboxNet::new(&record.id, policy)
+        let net = SandboxNet::new(&record.id, policy);
+        net.set_bindings(self.net_bindings(record));
+        net
     }
 
     /// Opens the running sandbox's egress sockets and serves them.
@@ -413,7 +441,13 @@ impl Manager {
             uid_slot: record.uid_slot,
             shape: record.shape,
             template: template.layout.clone(),
-            env: record.env.clone(),
+            // The agent's own environment: what REPL interpreters start with, too.
+            // Bound secrets' stand-ins are not here: each command gets them when it starts
+            // (`Call::add_env`), so a detach applies to the next command.
+            env: crate::engine::network::intercept::trust_env()
+                .into_iter()
+                .chain(record.env.iter().cloned())
+                .collect(),
         })
     }
 
@@ -459,6 +493,7 @@ impl Manager {
                 expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
                 tenant: req.tenant.clone(),
                 network: req.network.clone(),
+                secrets: self.bind_new(req.tenant.as_deref(), &req.secrets)?,
             };
             let store = self.store.clone();
             let r = record.clone();
@@ -468,12 +503,11 @@ impl Manager {
             }
             lock(&self.sandboxes).insert(
                 record.id.clone(),
-                Entry::new(
-                    record.clone(),
-                    Runtime::Stopped,
-                    false,
-                    SandboxNet::new(&record.id, policy),
-                ),
+                Entry::new(record.clone(), Runtime::Stopped, false, {
+                    let net = SandboxNet::new(&record.id, policy);
+                    net.set_bindings(self.net_bindings(&record));
+                    net
+                }),
             );
             record
         };
@@ -733,6 +767,8 @@ impl Manager {
         deadline: Duration,
     ) -> Result<C::Reply, EngineError> {
         let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        let mut call = call;
+        call.add_env(&bound_env(&entry));
         let limit = call.reply_limit();
         let request: Request = call.into();
         let exchange = async {
@@ -838,6 +874,8 @@ impl Manager {
         C::Reply: Send + 'static,
     {
         let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        let mut call = call;
+        call.add_env(&bound_env(&entry));
         let limit = call.reply_limit();
         write_frame(&mut conn, &call.into())
             .await

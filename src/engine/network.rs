@@ -10,6 +10,7 @@
 pub mod policy;
 
 pub(crate) mod dns;
+pub(crate) mod intercept;
 pub(crate) mod log;
 pub(crate) mod relay;
 pub(crate) mod sniff;
@@ -41,6 +42,9 @@ pub struct NetworkConfig {
     pub dns_upstream: Vec<SocketAddr>,
     /// Connections one sandbox may hold open at once (`--max-connections`).
     pub max_connections: usize,
+    /// CA certificates (PEM files) trusted for upstream hosts whose requests get a secret, on
+    /// top of the system's roots (`--egress-ca`).
+    pub egress_ca: Vec<std::path::PathBuf>,
 }
 
 impl Default for NetworkConfig {
@@ -50,6 +54,7 @@ impl Default for NetworkConfig {
             egress_allow: Vec::new(),
             dns_upstream: Vec::new(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            egress_ca: Vec::new(),
         }
     }
 }
@@ -84,16 +89,35 @@ pub struct EgressSockets {
     pub netns: Option<std::fs::File>,
 }
 
+/// A sandbox's secret bindings, as the egress path needs them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Bindings {
+    /// Whose secrets these are.
+    pub(crate) tenant: Option<String>,
+    /// Stand-in → (environment variable, secret name).
+    pub(crate) by_standin: HashMap<String, (String, String)>,
+    /// Secret name → its hosts when it was bound (for a secret deleted since).
+    pub(crate) hosts_when_bound: HashMap<String, Vec<String>>,
+}
+
 /// What the engine shares between every sandbox's network.
 pub(crate) struct Hub {
     config: NetworkConfig,
     guard: Guard,
     upstreams: Vec<SocketAddr>,
     log: log::NetLog,
+    secrets: Arc<crate::engine::secrets::SecretStore>,
+    /// The CA and TLS settings for decrypting connections to bound secrets' hosts.
+    interceptor: Option<Arc<intercept::Interceptor>>,
 }
 
 impl Hub {
-    pub(crate) fn new(config: NetworkConfig, log: log::NetLog) -> Arc<Hub> {
+    pub(crate) fn new(
+        config: NetworkConfig,
+        log: log::NetLog,
+        secrets: Arc<crate::engine::secrets::SecretStore>,
+        interceptor: Option<Arc<intercept::Interceptor>>,
+    ) -> Arc<Hub> {
         let operator_allowed = config
             .egress_allow
             .iter()
@@ -111,6 +135,8 @@ impl Hub {
             },
             upstreams,
             log,
+            secrets,
+            interceptor,
             config,
         })
     }
@@ -121,6 +147,14 @@ impl Hub {
 
     pub(crate) fn log(&self) -> &log::NetLog {
         &self.log
+    }
+
+    pub(crate) fn secrets(&self) -> &crate::engine::secrets::SecretStore {
+        &self.secrets
+    }
+
+    pub(crate) fn interceptor(&self) -> Option<&Arc<intercept::Interceptor>> {
+        self.interceptor.as_ref()
     }
 
     /// Parses a sandbox's rules under this engine's default.
@@ -172,6 +206,8 @@ pub(crate) struct SandboxNet {
     pub(crate) connections: AtomicUsize,
     /// The sandbox's network namespace, once attached.
     netns: Mutex<Option<Arc<std::fs::File>>>,
+    /// Its secret bindings (read per connection, so an attach or detach applies at once).
+    bindings: RwLock<Arc<Bindings>>,
     /// The driver could not steer this sandbox's traffic (an unprivileged agent whose kernel
     /// refused the rules): it has loopback only.
     loopback_only: std::sync::atomic::AtomicBool,
@@ -188,6 +224,7 @@ impl SandboxNet {
             names: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
             netns: Mutex::new(None),
+            bindings: RwLock::new(Arc::new(Bindings::default())),
             loopback_only: std::sync::atomic::AtomicBool::new(false),
             attached: Mutex::new(stop.child_token()),
             stop,
@@ -199,6 +236,17 @@ impl SandboxNet {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    pub(crate) fn bindings(&self) -> Arc<Bindings> {
+        self.bindings
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_bindings(&self, bindings: Bindings) {
+        *self.bindings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(bindings);
     }
 
     /// Applies to every connection and query from now on.

@@ -256,7 +256,7 @@ fn take_cookie(headers: &mut HeaderMap) -> Vec<String> {
 
 /// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those the
 /// `Connection` header names. An upgrade keeps `Connection` and `Upgrade`.
-fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()

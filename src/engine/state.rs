@@ -59,6 +59,20 @@ pub struct Record {
     pub tenant: Option<String>,
     /// The sandbox's egress rules, as given (validated by the API layer).
     pub network: NetworkRules,
+    /// Secrets bound to environment variables, by variable.
+    pub secrets: BTreeMap<String, Binding>,
+}
+
+/// A secret bound to one of a sandbox's environment variables.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Binding {
+    pub secret: String,
+    /// What the variable holds instead of the value (unique to this sandbox and binding).
+    pub standin: String,
+    /// The secret's hosts when it was bound: TLS to them is still decrypted if the secret is
+    /// deleted, so that requests fail with the reason rather than pass unseen.
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 /// A sandbox's egress rules as the caller wrote them (see `engine::network::policy`).
@@ -104,7 +118,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     last_active_at INTEGER NOT NULL,
     expires_at INTEGER,
     tenant TEXT,
-    network TEXT NOT NULL DEFAULT '{}'
+    network TEXT NOT NULL DEFAULT '{}',
+    secrets TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS previews (
     sandbox_id TEXT NOT NULL,
@@ -138,6 +153,15 @@ impl Store {
                 "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'",
             )?;
         }
+        // And from before secrets: none bound.
+        let has_secrets: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'secrets'")?
+            .exists([])?;
+        if !has_secrets {
+            conn.execute_batch(
+                "ALTER TABLE sandboxes ADD COLUMN secrets TEXT NOT NULL DEFAULT '{}'",
+            )?;
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -161,11 +185,12 @@ impl Store {
         let metadata = serde_json::to_string(&r.metadata).map_err(db_err)?;
         let env = serde_json::to_string(&r.env).map_err(db_err)?;
         let network = serde_json::to_string(&r.network).map_err(db_err)?;
+        let secrets = serde_json::to_string(&r.secrets).map_err(db_err)?;
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
-                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
                 params![
                     r.id,
                     r.name,
@@ -183,6 +208,7 @@ impl Store {
                     r.expires_at,
                     r.tenant,
                     network,
+                    secrets,
                 ],
             )
             .map(|_| ())
@@ -220,6 +246,22 @@ impl Store {
                 "UPDATE sandboxes SET metadata = COALESCE(?2, metadata), network = COALESCE(?3, network)
                  WHERE id = ?1",
                 params![id, metadata, network],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Replaces the sandbox's secret bindings.
+    pub(crate) fn set_secrets(
+        &self,
+        id: &str,
+        secrets: &BTreeMap<String, Binding>,
+    ) -> rusqlite::Result<()> {
+        let secrets = serde_json::to_string(secrets).map_err(db_err)?;
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET secrets = ?2 WHERE id = ?1",
+                params![id, secrets],
             )
             .map(|_| ())
         })
@@ -309,12 +351,13 @@ impl Store {
 
 const SELECT: &str =
     "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
-    uid_slot, created_at, last_active_at, expires_at, tenant, network FROM sandboxes";
+    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let metadata: String = r.get(4)?;
     let env: String = r.get(5)?;
     let network: String = r.get(15)?;
+    let secrets: String = r.get(16)?;
     Ok(Record {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -334,6 +377,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         expires_at: r.get(13)?,
         tenant: r.get(14)?,
         network: serde_json::from_str(&network).unwrap_or_default(),
+        secrets: serde_json::from_str(&secrets).unwrap_or_default(),
     })
 }
 
@@ -365,6 +409,15 @@ mod tests {
                 allow_out: vec!["pypi.org".into()],
                 deny_out: vec!["0.0.0.0/0".into()],
             },
+            secrets: [(
+                "API_KEY".to_string(),
+                Binding {
+                    secret: "api".into(),
+                    standin: "sbxsecret_x".into(),
+                    hosts: vec!["api.example.test".into()],
+                },
+            )]
+            .into(),
         }
     }
 

@@ -68,6 +68,37 @@ impl Template {
     }
 }
 
+/// Puts the engine's egress CA in the base template's trust store: the host's bundle plus the
+/// CA as `/etc/ssl/certs/ca-certificates.crt`, and the CA alone beside it (for
+/// `NODE_EXTRA_CA_CERTS`). Written only when it changed, so running sandboxes' lower layer is
+/// left alone once it is right. Every sandbox trusts it from creation on, so binding a first
+/// secret later needs no restart.
+pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
+    let certs = templates_dir.join(BASE).join("rootfs/etc/ssl/certs");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&certs)?;
+    let host = fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    let mut bundle = host;
+    if !bundle.is_empty() && !bundle.ends_with('\n') {
+        bundle.push('\n');
+    }
+    bundle.push_str(ca_pem);
+    for (name, content) in [
+        ("ca-certificates.crt", bundle.as_str()),
+        ("sandbox-mcp-egress-ca.pem", ca_pem),
+    ] {
+        let path = certs.join(name);
+        if fs::read_to_string(&path).ok().as_deref() != Some(content) {
+            // A symlink copied from the host is replaced by the file, never written through.
+            let _ = fs::remove_file(&path);
+            crate::durable::write_atomically(&path, content.as_bytes(), 0o644)?;
+        }
+    }
+    Ok(())
+}
+
 /// Loads every template, building `base` first if it is missing.
 pub(crate) fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
     fs::DirBuilder::new()

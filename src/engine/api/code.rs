@@ -33,6 +33,7 @@ fn code_spec(body: types::RunCodeRequest, stream: bool) -> Result<RunCodeSpec, E
         timeout_ms,
         max_output_bytes: EXEC_OUTPUT_CAP,
         stream,
+        env: Vec::new(),
     })
 }
 
@@ -105,6 +106,7 @@ pub(super) async fn create_context(
     let create = CreateContext {
         language: body.language.into(),
         cwd: body.cwd.map(|c| c.to_string()),
+        env: Vec::new(),
     };
     // Starting an interpreter can take a while on a cold cache.
     let context = state

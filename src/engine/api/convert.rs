@@ -262,6 +262,16 @@ impl TryFrom<&SandboxView> for types::Sandbox {
                 .iter()
                 .map(types::JobSummary::try_from)
                 .collect::<Result<_, _>>()?,
+            secrets: r
+                .secrets
+                .iter()
+                .map(|(env, b)| {
+                    Ok(types::SecretBinding {
+                        env: env.parse().map_err(internal)?,
+                        secret: b.secret.parse().map_err(internal)?,
+                    })
+                })
+                .collect::<Result<_, EngineError>>()?,
             usage: view.usage.map(|(u, disk)| types::Usage {
                 cpu_seconds: u.cpu_seconds,
                 memory_bytes: u.memory_bytes,

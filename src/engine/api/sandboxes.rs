@@ -121,7 +121,7 @@ fn parse_metadata_filter(s: &str) -> Result<Vec<(String, String)>, EngineError> 
         .collect()
 }
 
-fn sandbox(view: &SandboxView) -> ApiResult<types::Sandbox> {
+pub(super) fn sandbox(view: &SandboxView) -> ApiResult<types::Sandbox> {
     Ok(Json(view.try_into()?))
 }
 
@@ -183,6 +183,15 @@ pub(super) async fn create(
             timeout_seconds: body.timeout_seconds.map(|t| t.get()),
             tenant: tenant.0,
             network: body.network.as_ref().map(rules).unwrap_or_default(),
+            secrets: body
+                .secrets
+                .as_ref()
+                .map(|s| {
+                    s.0.iter()
+                        .map(|(k, v)| (k.clone(), v.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
         .await?;
     Ok((StatusCode::CREATED, sandbox(&view)?))

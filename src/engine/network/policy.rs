@@ -185,13 +185,13 @@ impl Guard {
 /// A domain pattern: `pypi.org` (that name only) or `*.github.com` (any name below it, not the
 /// name itself; `*.test` covers a whole top-level domain).
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Domain {
+pub(crate) struct Domain {
     suffix: String,
     wildcard: bool,
 }
 
 impl Domain {
-    fn parse(s: &str) -> Option<Domain> {
+    pub(crate) fn parse(s: &str) -> Option<Domain> {
         let s = s.trim_end_matches('.').to_ascii_lowercase();
         let (wildcard, name) = match s.strip_prefix("*.") {
             Some(rest) => (true, rest.to_string()),
@@ -203,7 +203,7 @@ impl Domain {
         })
     }
 
-    fn matches(&self, name: &str) -> bool {
+    pub(crate) fn matches(&self, name: &str) -> bool {
         if self.wildcard {
             name.len() > self.suffix.len() + 1
                 && name.ends_with(&self.suffix)

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::log::Row;
 use super::policy::Verdict;
 use super::sniff::{self, Hello};
-use super::{Hub, SandboxNet, dns};
+use super::{Hub, SandboxNet, dns, intercept};
 
 /// How long the relay waits for the first bytes of a connection when the decision depends on the
 /// name they carry (a server-first protocol sends none: it is then judged by address and by the
@@ -23,7 +23,7 @@ const SNIFF_WAIT: Duration = Duration::from_millis(300);
 /// Most bytes read before deciding (a ClientHello with post-quantum key shares is ~2 KiB).
 const SNIFF_MAX: usize = 16 * 1024;
 /// How long an outbound connect may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy buffer per direction: large enough for ≥ 1 GB/s through the relay.
 const COPY_BUFFER: usize = 256 * 1024;
 /// DNS queries of one sandbox answered at once.
@@ -164,7 +164,7 @@ async fn sniff_first(client: &mut TcpStream, wait: Duration) -> Vec<u8> {
     buf
 }
 
-async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
+async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
     let started = Instant::now();
     let Ok(dst) = original_dst(&client) else {
         // Not steered here by the rules: a direct connection to the engine's own port.
@@ -183,7 +183,11 @@ async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
     let by_address = policy.decide(&hub.guard, ip, None);
     let needs_name =
         !by_address.allowed() && policy.has_domain_rules() && hub.guard.refuses(ip).is_none();
-    let wait = if by_address.allowed() {
+    // A sandbox with secrets bound has its first bytes read too: TLS to a secret's host is
+    // decrypted (to swap the stand-in), plain HTTP carrying a stand-in is refused.
+    let bindings = net.bindings();
+    let guarded = !bindings.by_standin.is_empty();
+    let wait = if by_address.allowed() && !guarded {
         Duration::ZERO
     } else {
         SNIFF_WAIT
@@ -234,6 +238,46 @@ async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
         }
         _ => SocketAddr::V4(dst),
     };
+    if guarded {
+        match &hello {
+            Hello::Tls(Some(sni)) if secret_host(hub, &bindings, sni) => {
+                log.rule = format!("{}; decrypted: a bound secret's host", log.rule);
+                log.duration_ms = started.elapsed().as_millis() as u64;
+                let outcome =
+                    intercept::serve(hub.clone(), net.clone(), client, first, sni.clone(), target)
+                        .await;
+                if let Err(why) = outcome {
+                    log.verdict = "failed";
+                    log.rule = why;
+                }
+                hub.log.record(&net.id, log);
+                return;
+            }
+            Hello::Http(_) => {
+                if let Some(standin) = intercept::standins_in(&first).first() {
+                    let who = match bindings.by_standin.get(standin) {
+                        Some((env, secret)) => format!("{env} (secret {secret})"),
+                        None => "a stand-in not bound in this sandbox".into(),
+                    };
+                    log.verdict = "blocked";
+                    log.rule = format!("leak attempt: {who} over plain HTTP");
+                    let body = format!(
+                        "sandbox-mcp: {who} is only swapped for its value over https; use https://{}/\n",
+                        host.as_deref().unwrap_or("the host")
+                    );
+                    let page = format!(
+                        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = client.write_all(page.as_bytes()).await;
+                    let _ = client.shutdown().await;
+                    hub.log.record(&net.id, log);
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
     let upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -258,6 +302,23 @@ async fn handle(hub: &Hub, net: &SandboxNet, mut client: TcpStream) {
     log.received = received;
     log.duration_ms = started.elapsed().as_millis() as u64;
     hub.log.record(&net.id, log);
+}
+
+/// Whether `host` is one that a secret bound in the sandbox may be sent to.
+fn secret_host(hub: &Hub, bindings: &super::Bindings, host: &str) -> bool {
+    let mut names: Vec<&String> = bindings.by_standin.values().map(|(_, s)| s).collect();
+    names.sort();
+    names.dedup();
+    names.into_iter().any(
+        |name| match hub.secrets().meta(bindings.tenant.as_deref(), name) {
+            Ok(Some(m)) => m.allows(host),
+            // Deleted since it was bound: still decrypted, so the request fails with the reason.
+            _ => bindings
+                .hosts_when_bound
+                .get(name)
+                .is_some_and(|hosts| crate::engine::secrets::host_matches(hosts, host)),
+        },
+    )
 }
 
 /// An allowed connection that could not be carried out: reset, logged as failed with why.

@@ -1,0 +1,109 @@
+//! Secrets (the operator's: set, list, delete) and their bindings to sandboxes.
+
+use axum::Json;
+use axum::extract::{Path, State};
+
+use super::request::{ApiJson, AppState, Tenant, sandbox_id};
+use super::sandboxes::sandbox;
+use crate::client::types;
+use crate::engine::error::EngineError;
+use crate::engine::ids;
+use crate::engine::manager::SecretView;
+use crate::engine::secrets::NewSecret;
+
+type ApiResult<T> = Result<Json<T>, EngineError>;
+
+impl TryFrom<SecretView> for types::Secret {
+    type Error = EngineError;
+
+    fn try_from(v: SecretView) -> Result<Self, EngineError> {
+        let bad = |e: String| EngineError::Response(e);
+        Ok(types::Secret {
+            name: v.meta.name.parse().map_err(|e| bad(format!("{e}")))?,
+            hosts: v.meta.hosts,
+            header: v.meta.header,
+            created_at: ids::time(v.meta.created_at),
+            updated_at: ids::time(v.meta.updated_at),
+            used_by: v
+                .used_by
+                .iter()
+                .map(|id| id.parse().map_err(|e| bad(format!("{e}"))))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+pub(super) async fn list(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> ApiResult<types::SecretList> {
+    let secrets = state
+        .manager
+        .secret_list(tenant.as_deref())
+        .await?
+        .into_iter()
+        .map(types::Secret::try_from)
+        .collect::<Result<_, _>>()?;
+    Ok(Json(types::SecretList { secrets }))
+}
+
+pub(super) async fn set(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<types::SetSecretRequest>,
+) -> ApiResult<types::Secret> {
+    let new = NewSecret {
+        name,
+        hosts: body.hosts.iter().map(|h| h.to_string()).collect(),
+        header: body.header.map(|h| h.to_string()),
+        format: body.format.map(|f| f.to_string()),
+    };
+    let view = state
+        .manager
+        .secret_set(tenant.as_deref(), new, body.value.to_string())
+        .await?;
+    Ok(Json(view.try_into()?))
+}
+
+pub(super) async fn delete(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(name): Path<String>,
+) -> ApiResult<types::DeleteSecretResult> {
+    let deleted = state
+        .manager
+        .secret_delete(tenant.as_deref(), &name)
+        .await?;
+    Ok(Json(types::DeleteSecretResult {
+        name: name
+            .parse()
+            .map_err(|e| EngineError::Response(format!("{e}")))?,
+        deleted,
+    }))
+}
+
+pub(super) async fn attach(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::AttachSecretRequest>,
+) -> ApiResult<types::Sandbox> {
+    let view = state
+        .manager
+        .attach_secret(sandbox_id(&id)?, tenant.as_deref(), &body.env, &body.secret)
+        .await?;
+    sandbox(&view)
+}
+
+pub(super) async fn detach(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, env)): Path<(String, String)>,
+) -> ApiResult<types::Sandbox> {
+    let view = state
+        .manager
+        .detach_secret(sandbox_id(&id)?, tenant.as_deref(), &env)
+        .await?;
+    sandbox(&view)
+}
