@@ -54,9 +54,14 @@ async fn tools_list_carries_annotations_and_schemas() {
         let out = tool.output_schema.clone().unwrap();
         assert_eq!(out.get("type"), Some(&json!("object")));
         assert!(tool.title.is_some() && tool.description.as_deref().unwrap_or("").len() > 40);
-        if tool.name != "sandbox_create"
-            && tool.name != "sandbox_list"
-            && tool.name != "sandbox_template_list"
+        // Tools about the engine as a whole rather than one sandbox.
+        if ![
+            "sandbox_create",
+            "sandbox_list",
+            "sandbox_template_list",
+            "secret_list",
+        ]
+        .contains(&tool.name.as_ref())
         {
             let required = tool.input_schema["required"].as_array().unwrap();
             assert!(
