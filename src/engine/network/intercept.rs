@@ -578,6 +578,52 @@ async fn forward(
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_string();
+    // The host the request names (HTTP/2 :authority, else Host) must be the name the TLS
+    // connection was made and verified for: otherwise a fronted request could carry the value
+    // to another site behind the same address.
+    let authority = parts
+        .uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| host.to_string());
+    let named = authority
+        .rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(authority.as_str(), |(h, _)| h);
+    if !named.trim_end_matches('.').eq_ignore_ascii_case(host) {
+        let why = format!(
+            "the request names {named} but its TLS connection is to {host}: refused (domain fronting)"
+        );
+        let at = ids::now_ms();
+        hub.log().record(
+            &net.id,
+            Row {
+                at,
+                last_at: at,
+                host: Some(host.to_string()),
+                addr: Some(target.ip().to_string()),
+                port: Some(target.port()),
+                protocol: "https",
+                verdict: "blocked",
+                rule: why.clone(),
+                sent: 0,
+                received: 0,
+                duration_ms: 0,
+                count: 1,
+            },
+        );
+        return refused(
+            StatusCode::MISDIRECTED_REQUEST,
+            &format!("sandbox-mcp: {why}"),
+        );
+    }
     let bindings = net.bindings();
     let tenant = bindings.tenant.clone();
     let store = hub.secrets();
@@ -623,7 +669,7 @@ async fn forward(
     crate::engine::preview::strip_hop_by_hop(&mut parts.headers, false);
     if upstream.is_h2() {
         parts.headers.remove(header::HOST);
-        parts.uri = match format!("https://{host}{path}").parse() {
+        parts.uri = match format!("https://{authority}{path}").parse() {
             Ok(u) => u,
             Err(_) => {
                 return refused(
@@ -635,7 +681,7 @@ async fn forward(
         parts.version = axum::http::Version::HTTP_2;
     } else {
         if !parts.headers.contains_key(header::HOST)
-            && let Ok(v) = HeaderValue::from_str(host)
+            && let Ok(v) = HeaderValue::from_str(&authority)
         {
             parts.headers.insert(header::HOST, v);
         }
