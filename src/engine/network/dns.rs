@@ -146,6 +146,16 @@ pub(crate) async fn resolve(
     guard: &Guard,
     upstreams: &[SocketAddr],
 ) -> Outcome {
+    // A stand-in carried in a name (a DNS tunnel for it) goes nowhere, whatever the policy.
+    if q.name.contains(crate::engine::secrets::STANDIN_PREFIX) {
+        return Outcome {
+            response: reply(msg, q, RCODE_REFUSED),
+            blocked: Some("leak attempt: a secret's stand-in in a DNS name".into()),
+            rule: String::new(),
+            addrs: Vec::new(),
+            failed: false,
+        };
+    }
     let name_rule = policy.allows_name(&q.name).map(str::to_string);
     if policy.is_allowlist() && name_rule.is_none() {
         return Outcome {
