@@ -78,6 +78,12 @@ fn install_host_tools() {
         ("openssl", "/usr/bin/openssl"),
         // pip inside a sandbox, for the package-index test.
         ("python3-pip", "/usr/lib/python3/dist-packages/pip"),
+        // Clients that must trust the secrets CA inside a sandbox.
+        (
+            "python3-requests",
+            "/usr/lib/python3/dist-packages/requests",
+        ),
+        ("git", "/usr/bin/git"),
     ]
     .into_iter()
     .filter(|(_, path)| !std::path::Path::new(path).exists())

@@ -103,6 +103,14 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
     .await;
     assert_eq!(node, "recorded\n");
     assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
+    let requests = sh(
+        &client,
+        &id,
+        "python3 -c 'import os,requests; print(requests.get(\"https://api.example.test/record\", headers={\"X-Key\": os.environ[\"API_KEY\"]}).text.strip())'",
+    )
+    .await;
+    assert_eq!(requests, "recorded\n");
+    assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
     // git over https trusts it too (the answer is no repository, but TLS and the header
     // went through).
     let git = exec(
