@@ -54,7 +54,11 @@ fn figure(
     note: &str,
 ) -> Figure {
     let median = percentile(&mut samples, 0.5);
-    let p95 = percentile(&mut samples, 0.95);
+    // The slow tail: for a rate, the one 95% of runs reach.
+    let p95 = percentile(
+        &mut samples,
+        if higher_is_better(unit) { 0.05 } else { 0.95 },
+    );
     eprintln!(
         "{name}: median {median:.3} {unit}, p95 {p95:.3} {unit} ({} runs)",
         samples.len()
@@ -69,6 +73,11 @@ fn figure(
     }
 }
 
+/// Units whose figures are better when larger (rates, shares): their targets are minimums.
+fn higher_is_better(unit: &str) -> bool {
+    matches!(unit, "MiB/s" | "GB/s" | "calls/s" | "%")
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -81,6 +90,11 @@ struct Engine {
 
 impl Engine {
     fn start() -> Engine {
+        Self::start_with(&[])
+    }
+
+    /// An engine with these extra environment variables (its settings: `SANDBOX_MCP_…`).
+    fn start_with(env: &[(&str, &str)]) -> Engine {
         let dir = tempfile::Builder::new()
             .prefix("smcpb")
             .tempdir_in("/tmp")
@@ -96,6 +110,7 @@ impl Engine {
             .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
             .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
             .env("SANDBOX_MCP_IDLE_PAUSE", "0")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -439,14 +454,20 @@ fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>, with_peer: bool) -> Strin
     let mut mcp = Mcp::spawn(&engine.url);
     mcp.initialize();
     let samples = list_samples(&mut mcp, 300, &mut ours);
-    assert_eq!(ours.tools, 22);
+    // Every tool the binary has, not a toolset.
+    if let Some(all) = tool_count() {
+        assert_eq!(ours.tools, all, "tools/list lists every tool");
+    }
     ours.list = median_p95(&samples);
     out.push(figure(
         "MCP: tools/list round trip",
         "ms",
         samples,
         Some((1.0, "≤ 1 ms")),
-        "all tools (22), the full tools/list JSON over stdio",
+        &format!(
+            "all tools ({}), the full tools/list JSON over stdio",
+            ours.tools
+        ),
     ));
 
     // Per-call overhead: tools/call of "get one sandbox" minus the raw HTTP call it makes,
@@ -574,12 +595,25 @@ fn side_by_side(peer: &Result<String, String>, ours: &Side, theirs: &Side) -> St
         theirs.list_bytes,
         theirs.list_bytes as f64 / ours.list_bytes as f64
     ));
-    md.push_str(
+    md.push_str(&format!(
         "\nWhat the numbers leave out: FastMCP turns every operation into a tool as the spec \
-         states it; ours bind 22 tools through tool-defs, with annotations, output caps, \
+         states it; ours bind {} tools through tool-defs, with annotations, output caps, \
          model-facing descriptions and error messages, validated before any HTTP call.\n",
-    );
+        ours.tools
+    ));
     md
+}
+
+/// How many tools `sandbox-mcp tools --json` says the binary has (None: it cannot say).
+fn tool_count() -> Option<usize> {
+    let out = Command::new(bin())
+        .args(["tools", "--json"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["tools"].as_array().map(Vec::len)
 }
 
 /// `sandbox-mcp serve --http` on a free port in front of `engine`, with one tenant key.
@@ -820,12 +854,13 @@ fn engine_figures(engine: &Engine, out: &mut Vec<Figure>) {
         samples.push(ms(d));
         ids.push(id);
     }
+    let (label, how) = networking(engine, &ids[0]);
     out.push(figure(
-        "Engine: create → first exec result (`true`)",
+        &format!("Engine: create → first exec result (`true`), {label}"),
         "ms",
         samples,
         Some((15.0, "≤ 15 ms")),
-        "HTTP API, base template",
+        &format!("HTTP API, base template; {how}"),
     ));
     for id in ids.drain(..) {
         engine.kill(&id);
@@ -978,26 +1013,614 @@ fn idle_memory(engine: &Engine, out: &mut Vec<Figure>) {
         .collect();
     let used_after = meminfo_kib("MemTotal:") - meminfo_kib("MemAvailable:");
     let per_sandbox_host = (used_after.saturating_sub(used_before)) as f64 / 1024.0 / n as f64;
+    let (label, how) = networking(engine, &ids[0]);
     if !charged.is_empty() {
         out.push(figure(
-            &format!("Memory per idle sandbox, {n} alive (charged to its cgroup)"),
+            &format!("Memory per idle sandbox, {n} alive, {label} (charged to its cgroup)"),
             "MiB",
             charged,
             Some((1.0, "≤ 1 MiB")),
-            "memory cgroup usage of each idle sandbox: agent plus kernel objects",
+            &format!("memory cgroup usage of each idle sandbox: agent plus kernel objects; {how}"),
         ));
     }
     out.push(Figure {
-        name: format!("Memory per idle sandbox, {n} alive (host-wide)"),
+        name: format!("Memory per idle sandbox, {n} alive, {label} (host-wide)"),
         unit: "MiB",
         median: per_sandbox_host,
         p95: f64::NAN,
         target: None,
-        note: "(MemTotal − MemAvailable) delta / N, including page tables and the engine's bookkeeping".into(),
+        note: format!(
+            "(MemTotal − MemAvailable) delta / N, including page tables, the engine's bookkeeping \
+             and its relay sockets; {how}"
+        ),
     });
     for id in ids {
         engine.kill(&id);
     }
+}
+
+/// How this engine's sandboxes are networked, read from one of them: a short label for the
+/// figure's name, and what it means for its notes.
+fn networking(engine: &Engine, id: &str) -> (&'static str, &'static str) {
+    let info = engine
+        .get(&format!("/v1/sandboxes/{id}"))
+        .unwrap_or_default();
+    match info["network"]["mode"].as_str() {
+        Some("filtered") => (
+            "networking on",
+            "each sandbox with its own network namespace, nf_tables rules and the engine's relay \
+             sockets in it",
+        ),
+        Some("loopback_only") => (
+            "loopback only",
+            "no networking: the engine does not run as root, so sandboxes have loopback only",
+        ),
+        _ => (
+            "networking unknown",
+            "the engine did not say how sandboxes are networked",
+        ),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Network: the egress path against the direct one, on a test internet of the bench's own.
+
+/// Shared with tests/testnet.rs: whoever holds it picks a /28 of 198.51.100.0/24 (TEST-NET-2)
+/// that no host interface has an address in, and adds one. The tests take the lowest free /28,
+/// the bench the highest.
+const NET_LOCK: &str = "/tmp/sandbox-mcp-testnet.lock";
+/// The namespace is `smcp-bench-<pid>`, the host's end of the veth pair `bn<pid>`, so that the
+/// leftovers of a killed run are recognised (and removed) by the next.
+const NET_NS_PREFIX: &str = "smcp-bench-";
+const NET_LINK_PREFIX: &str = "bn";
+/// The test internet's servers: `GET /bytes/N` over HTTP/1.1, and a one-message TCP echo.
+const BYTES_PORT: u16 = 8000;
+const ECHO_PORT: u16 = 7;
+const GIB: u64 = 1 << 30;
+
+/// A network namespace joined to the host by a veth pair addressed from a /28 of TEST-NET-2, with
+/// the servers listening on its end: real traffic that never leaves this machine. The sandboxes
+/// reach it through the engine's relay, the host directly. Dropping it (also when a figure
+/// panics) stops the servers and removes the namespace and both interfaces.
+struct BenchNet {
+    ns: String,
+    host_if: String,
+    /// The namespace's end of the pair: where the servers listen.
+    net_ip: std::net::Ipv4Addr,
+    /// Clones of the listeners, shut down on drop to end the accept loops.
+    listeners: Vec<std::net::TcpListener>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl BenchNet {
+    /// Err names what this machine lacks: root, network namespaces, veth, the `ip` command.
+    fn start() -> Result<BenchNet, String> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(
+                "needs root (network namespaces, a veth pair, and sandboxes with networking)"
+                    .into(),
+            );
+        }
+        ip_cmd(&["-V"]).map_err(|e| format!("needs the `ip` command (iproute2): {e}"))?;
+        let pid = std::process::id();
+        let mut net = BenchNet {
+            ns: format!("{NET_NS_PREFIX}{pid}"),
+            host_if: format!("{NET_LINK_PREFIX}{pid}"),
+            net_ip: std::net::Ipv4Addr::UNSPECIFIED,
+            listeners: Vec::new(),
+            threads: Vec::new(),
+            stop: Default::default(),
+        };
+        {
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(NET_LOCK)
+                .map_err(|e| format!("open {NET_LOCK}: {e}"))?;
+            let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| format!("lock {NET_LOCK}: {e}"))?;
+            remove_stale_nets();
+            let used = ip_cmd(&["-o", "-4", "addr", "show"])?;
+            let slot = (0..16u8)
+                .rev()
+                .find(|slot| {
+                    !(0..16).any(|host| {
+                        used.contains(&format!("inet 198.51.100.{}/", slot * 16 + host))
+                    })
+                })
+                .ok_or("all 16 /28s of 198.51.100.0/24 are in use")?;
+            let (host, ns_end) = (slot * 16 + 1, slot * 16 + 2);
+            net.net_ip = std::net::Ipv4Addr::new(198, 51, 100, ns_end);
+            ip_cmd(&["netns", "add", &net.ns])
+                .map_err(|e| format!("needs network namespaces: {e}"))?;
+            ip_cmd(&[
+                "link",
+                "add",
+                &net.host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "veth0",
+                "netns",
+                &net.ns,
+            ])
+            .map_err(|e| format!("needs veth interfaces: {e}"))?;
+            ip_cmd(&[
+                "addr",
+                "add",
+                &format!("198.51.100.{host}/28"),
+                "dev",
+                &net.host_if,
+            ])?;
+            ip_cmd(&["link", "set", &net.host_if, "up"])?;
+            ip_cmd(&["-n", &net.ns, "link", "set", "lo", "up"])?;
+            ip_cmd(&[
+                "-n",
+                &net.ns,
+                "addr",
+                "add",
+                &format!("198.51.100.{ns_end}/28"),
+                "dev",
+                "veth0",
+            ])?;
+            ip_cmd(&["-n", &net.ns, "link", "set", "veth0", "up"])?;
+            // Unlocked here: the host's new address marks the /28 as taken.
+        }
+        let bytes = net.bind(BYTES_PORT)?;
+        net.serve(bytes, |conn| {
+            // One thread per download: a slow client holds up no other.
+            std::thread::spawn(move || serve_bytes(conn));
+        })?;
+        let echo = net.bind(ECHO_PORT)?;
+        net.serve(echo, serve_echo)?;
+        Ok(net)
+    }
+
+    /// A listener on the namespace's end, port `port`: bound by a thread that enters the
+    /// namespace and ends (the socket stays in the namespace it was made in).
+    fn bind(&self, port: u16) -> Result<std::net::TcpListener, String> {
+        let path = format!("/run/netns/{}", self.ns);
+        let addr = (self.net_ip, port);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let ns = std::fs::File::open(&path).map_err(|e| format!("open {path}: {e}"))?;
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| format!("setns({path}): {e}"))?;
+                std::net::TcpListener::bind(addr).map_err(|e| format!("bind {addr:?}: {e}"))
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// Accepts on `listener` until dropped, handing each connection to `handle`.
+    fn serve(
+        &mut self,
+        listener: std::net::TcpListener,
+        handle: impl Fn(std::net::TcpStream) + Send + 'static,
+    ) -> Result<(), String> {
+        self.listeners
+            .push(listener.try_clone().map_err(|e| e.to_string())?);
+        let stop = self.stop.clone();
+        self.threads.push(std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, _)) => handle(conn),
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        }));
+        Ok(())
+    }
+}
+
+impl Drop for BenchNet {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // A listener shut down fails its pending and future accepts at once.
+        for l in &self.listeners {
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(l),
+                nix::sys::socket::Shutdown::Both,
+            );
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        // Deleting one end of the pair deletes both at once.
+        let _ = ip_cmd(&["link", "del", &self.host_if]);
+        let _ = ip_cmd(&["netns", "del", &self.ns]);
+    }
+}
+
+/// Removes the namespaces and host interfaces of bench runs whose process is gone.
+fn remove_stale_nets() {
+    let dead = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    for line in ip_cmd(&["netns", "list"]).unwrap_or_default().lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        if dead(name, NET_NS_PREFIX) {
+            let _ = ip_cmd(&["netns", "del", name]);
+        }
+    }
+    // Lines look like "12: bn4242@if2: <BROADCAST,...".
+    for line in ip_cmd(&["-o", "link", "show"]).unwrap_or_default().lines() {
+        let name = line.split(": ").nth(1).unwrap_or_default();
+        let name = name.split('@').next().unwrap_or_default();
+        if dead(name, NET_LINK_PREFIX) {
+            let _ = ip_cmd(&["link", "del", name]);
+        }
+    }
+}
+
+/// Runs `ip ARGS`: its stdout, or Err with the command and its stderr.
+fn ip_cmd(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("ip")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("ip: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// `GET /bytes/N`: N bytes after a minimal HTTP/1.1 head, then close; written from a 1 MiB
+/// buffer, so the sender costs next to nothing beside the path measured.
+fn serve_bytes(mut conn: std::net::TcpStream) {
+    use std::io::Read;
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match conn.read(&mut buf) {
+            Ok(n) if n > 0 && head.len() < 8192 => head.extend_from_slice(&buf[..n]),
+            _ => return,
+        }
+    }
+    let head = String::from_utf8_lossy(&head);
+    let Some(mut left) = head
+        .strip_prefix("GET /bytes/")
+        .and_then(|rest| rest.split(' ').next()?.parse::<u64>().ok())
+    else {
+        let _ = conn
+            .write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        return;
+    };
+    let header = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {left}\r\n\
+         Connection: close\r\n\r\n"
+    );
+    if conn.write_all(header.as_bytes()).is_err() {
+        return;
+    }
+    let chunk = vec![b'x'; 1 << 20];
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        if conn.write_all(&chunk[..n]).is_err() {
+            return;
+        }
+        left -= n as u64;
+    }
+    // Close once the client has everything and closed its side.
+    let _ = conn.shutdown(std::net::Shutdown::Write);
+    while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+}
+
+/// One message back as it came, then close: the round trip a connection's first request makes.
+fn serve_echo(mut conn: std::net::TcpStream) {
+    use std::io::Read;
+    let _ = conn.set_nodelay(true);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut buf = [0u8; 64];
+    if let Ok(n @ 1..) = conn.read(&mut buf) {
+        let _ = conn.write_all(&buf[..n]);
+    }
+}
+
+/// The client of every network figure, run with the system's Python as the same script on
+/// the host and in a sandbox (which sees the host's /usr), timing itself:
+///
+/// - `bytes IP PORT N`: one `GET /bytes/N`, read into a 1 MiB buffer; prints the body's bytes
+///   and the seconds from before connect to the last byte;
+/// - `tcp IP PORT N`: N times (after one untimed) connect, send one byte, read it back, close;
+///   prints each in µs;
+/// - `http IP PORT HOST PATH N [NAME:VALUE…]`: N times (after one untimed) connect, `GET PATH`
+///   with `Host: HOST` and these headers, read to the end (a 200 answer), close; prints each in
+///   µs (for the preview figure to come).
+const PROBE: &str = r#"
+import socket, sys, time
+
+def connect(ip, port):
+    s = socket.create_connection((ip, int(port)), timeout=60)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+def tcp(ip, port):
+    s = connect(ip, port)
+    s.sendall(b"x")
+    assert s.recv(1) == b"x", "no echo"
+    s.close()
+
+def http(ip, port, host, path, *headers):
+    s = connect(ip, port)
+    extra = "".join(f"{h}\r\n" for h in headers)
+    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n".encode())
+    got = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    assert got[:9] in (b"HTTP/1.0 ", b"HTTP/1.1 ") and got[9:12] == b"200", got[:200]
+    s.close()
+
+def timed(n, once):
+    once()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        once()
+        out.append((time.perf_counter_ns() - t) / 1000)
+    print(" ".join(f"{x:.1f}" for x in out))
+
+mode, args = sys.argv[1], sys.argv[2:]
+if mode == "bytes":
+    ip, port, n = args
+    t = time.perf_counter()
+    s = connect(ip, port)
+    s.sendall(f"GET /bytes/{n} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
+    buf = memoryview(bytearray(1 << 20))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        k = s.recv_into(buf)
+        assert k, "closed before the head"
+        head += bytes(buf[:k])
+    assert head[:9] in (b"HTTP/1.0 ", b"HTTP/1.1 ") and head[9:12] == b"200", head[:200]
+    body = len(head) - head.index(b"\r\n\r\n") - 4
+    while True:
+        k = s.recv_into(buf)
+        if not k:
+            break
+        body += k
+    print(body, time.perf_counter() - t)
+elif mode == "tcp":
+    ip, port, n = args
+    timed(int(n), lambda: tcp(ip, port))
+elif mode == "http":
+    ip, port, host, path, n, *headers = args
+    timed(int(n), lambda: http(ip, port, host, path, *headers))
+"#;
+
+/// Runs [`PROBE`] with `args` in sandbox `id`: its stdout, or why it failed.
+fn probe_inside(engine: &Engine, id: &str, args: &str) -> Result<String, String> {
+    let r = engine.exec(
+        id,
+        &format!("/usr/bin/python3 - {args} <<'EOF'\n{PROBE}\nEOF"),
+    );
+    if r["exit_code"] != 0 {
+        return Err(format!("in the sandbox, probe {args}: {r}"));
+    }
+    Ok(r["stdout"].as_str().unwrap_or_default().to_string())
+}
+
+/// Runs [`PROBE`] with `args` on the host: its stdout, or why it failed.
+fn probe_host(args: &str) -> Result<String, String> {
+    let out = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(PROBE)
+        .args(args.split_whitespace())
+        .output()
+        .map_err(|e| format!("/usr/bin/python3: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "on the host, probe {args}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Samples of a `tcp`/`http` probe's output, in ms.
+fn probe_ms(out: &str) -> Result<Vec<f64>, String> {
+    out.split_whitespace()
+        .map(|v| v.parse::<f64>().map(|us| us / 1000.0))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("probe output {out:?}: {e}"))
+}
+
+/// Runs `probe` in the sandbox (`true`) and on the host (`false`) in alternating order, `rounds`
+/// times each: what each side returned, in the order of the rounds.
+fn interleaved<T>(
+    rounds: usize,
+    mut probe: impl FnMut(bool) -> Result<T, String>,
+) -> Result<(Vec<T>, Vec<T>), String> {
+    let (mut inside, mut host) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let order = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for in_sandbox in order {
+            let v = probe(in_sandbox)?;
+            if in_sandbox { &mut inside } else { &mut host }.push(v);
+        }
+    }
+    Ok((inside, host))
+}
+
+/// The egress path against the direct one: a sandbox's download and connections through the
+/// engine's relay, and the host's own to the same servers with the same client, interleaved.
+/// Returns the section of the report that says how (or why nothing was measured).
+fn network_figures(out: &mut Vec<Figure>) -> String {
+    let mut md = String::from("\n## Network: the egress path against the direct one\n\n");
+    let net = match BenchNet::start() {
+        Ok(net) => net,
+        Err(why) => {
+            eprintln!("network figures SKIPPED: {why}");
+            md.push_str(&format!("Not measured in this run: {why}.\n"));
+            return md;
+        }
+    };
+    // Only the namespace's address is opened, as an operator opens a private server.
+    let allow = format!("{}/32", net.net_ip);
+    let engine = Engine::start_with(&[("SANDBOX_MCP_EGRESS_ALLOW", &allow)]);
+    let id = engine.create();
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .split_whitespace()
+            .next()
+            .unwrap_or("?")
+            .to_string()
+    };
+    let load_before = load();
+    match measure_network(&engine, &id, &net, out) {
+        Ok(()) => md.push_str(&format!(
+            "A test internet of the bench's own: a network namespace joined to the host by a veth \
+             pair ({allow} at its end, TEST-NET-2: nothing leaves this machine), serving `GET \
+             /bytes/N` and a TCP echo from threads of the bench. The engine runs with \
+             `--egress-allow {allow}`. The same client, a Python script run by the system's \
+             Python, talks to the same servers from a sandbox, through the engine's relay (the \
+             sandbox's nf_tables rules redirect the connection to the engine's listener in its \
+             namespace; the engine connects out from the host's namespace and copies both ways), \
+             and from the host, directly, in alternating order. The sandbox has the base \
+             template's shape (1 vCPU); the host's client has no limit. Load average (1 min) \
+             of this shared machine: {load_before} before, {} after.\n",
+            load()
+        )),
+        Err(why) => {
+            eprintln!("network figures FAILED: {why}");
+            md.push_str(&format!("Not measured in this run: {why}.\n"));
+        }
+    }
+    engine.kill(&id);
+    drop(engine);
+    drop(net);
+    md
+}
+
+fn measure_network(
+    engine: &Engine,
+    id: &str,
+    net: &BenchNet,
+    out: &mut Vec<Figure>,
+) -> Result<(), String> {
+    let (label, how) = networking(engine, id);
+    if label != "networking on" {
+        return Err(format!(
+            "the engine's sandboxes have no network here ({how})"
+        ));
+    }
+
+    // 1 GiB on each side per round; the share compares each round's pair, so drift cancels.
+    const ROUNDS: usize = 5;
+    let args = format!("bytes {} {BYTES_PORT} {GIB}", net.net_ip);
+    let (relay, direct) = interleaved(ROUNDS, |in_sandbox| {
+        let got = if in_sandbox {
+            probe_inside(engine, id, &args)?
+        } else {
+            probe_host(&args)?
+        };
+        let mut words = got.split_whitespace();
+        let bytes: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        let secs: f64 = words
+            .next()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(f64::NAN);
+        if bytes != GIB {
+            return Err(format!("a download got {got:?}, not {GIB} bytes"));
+        }
+        Ok(GIB as f64 / secs / 1e9)
+    })?;
+    let shares: Vec<f64> = relay
+        .iter()
+        .zip(&direct)
+        .map(|(r, d)| r / d * 100.0)
+        .collect();
+    for (round, (r, d)) in relay.iter().zip(&direct).enumerate() {
+        eprintln!("1 GiB, round {round}: relay {r:.3} GB/s, direct {d:.3} GB/s");
+    }
+    out.push(figure(
+        "Network: 1 GiB download in a sandbox, through the egress relay",
+        "GB/s",
+        relay,
+        Some((1.0, "≥ 1 GB/s")),
+        "GET /bytes/1073741824 from the test internet; connect to last byte; 1 GB = 10⁹ bytes",
+    ));
+    out.push(figure(
+        "Network: the same download on the host, direct",
+        "GB/s",
+        direct,
+        None,
+        "same server, same client, rounds alternating with the above",
+    ));
+    out.push(figure(
+        "Network: egress relay ÷ direct, 1 GiB download",
+        "%",
+        shares,
+        Some((80.0, "≥ 80% of direct")),
+        "relay rate ÷ direct rate of each round's pair of downloads",
+    ));
+
+    // A new connection and its first round trip: what an application waits for before its
+    // first answer. The relay's work (accept, decide, connect out) happens after the sandbox's
+    // connect() returns, so the round trip is what shows it.
+    let args = format!("tcp {} {ECHO_PORT} 50", net.net_ip);
+    let (relay, direct) = interleaved(10, |in_sandbox| {
+        probe_ms(&if in_sandbox {
+            probe_inside(engine, id, &args)?
+        } else {
+            probe_host(&args)?
+        })
+    })?;
+    let (relay, direct) = (relay.concat(), direct.concat());
+    let added = median_p95(&relay).0 - median_p95(&direct).0;
+    out.push(figure(
+        "Network: connect + 1-byte round trip from a sandbox, through the relay",
+        "ms",
+        relay,
+        None,
+        "to the test internet's TCP echo; connect, send, read the echo (then close)",
+    ));
+    out.push(figure(
+        "Network: the same from the host, direct",
+        "ms",
+        direct,
+        None,
+        "same server, same client, blocks of 50 alternating with the above",
+    ));
+    out.push(Figure {
+        name: "Network: latency the engine adds to a new connection (p50 difference)".into(),
+        unit: "ms",
+        median: added,
+        p95: f64::NAN,
+        target: Some((0.3, "≤ 0.3 ms")),
+        note: "medians of the two series above".into(),
+    });
+
+    // Hook: the preview figure goes here. Start this engine with a preview listener
+    // (`SANDBOX_MCP_PREVIEW_LISTEN` in `Engine::start_with` above), start a server in the sandbox
+    // (a background job, say `python3 -m http.server PORT`) and create a preview of PORT; then
+    // interleave, as above, `probe_inside(engine, id, "http 127.0.0.1 PORT localhost / 50")`
+    // (the request inside the sandbox) with `probe_host("http 127.0.0.1 LISTEN_PORT
+    // PORT-ID.localhost / 50 X-Preview-Token:TOKEN")` (the same request through the preview
+    // URL; the header, as the query parameter would get a browser's redirect to a cookie), and
+    // push both p50s and their difference.
+    Ok(())
 }
 
 fn machine() -> String {
@@ -1035,12 +1658,15 @@ fn render(figures: &[Figure], extra: &str) -> String {
         machine(),
         env!("CARGO_PKG_VERSION")
     ));
-    md.push_str("All figures come from one run on a shared machine; compare medians and ratios, not single samples.\n\n");
+    md.push_str("All figures come from one run on a shared machine; compare medians and ratios, not single samples. \
+                 p95 is the slow tail: for times the 95th percentile, for rates the rate 95% of runs reach.\n\n");
     md.push_str("| Figure | Median | p95 | Target | Notes |\n|---|---:|---:|---|---|\n");
     for f in figures {
         let fmt = |v: f64| {
             if v.is_nan() {
                 "—".to_string()
+            } else if f.unit == "%" {
+                format!("{v:.1} %")
             } else if v >= 100.0 {
                 format!("{v:.0} {}", f.unit)
             } else {
@@ -1049,7 +1675,7 @@ fn render(figures: &[Figure], extra: &str) -> String {
         };
         let target = match f.target {
             Some((limit, label)) => {
-                let met = if f.unit == "MiB/s" {
+                let met = if higher_is_better(f.unit) {
                     f.median >= limit
                 } else {
                     f.median <= limit
@@ -1075,13 +1701,19 @@ fn render(figures: &[Figure], extra: &str) -> String {
 /// Every figure of the binary `bin()` names, with the side-by-side section when `with_peer`.
 fn suite(with_peer: bool) -> (Vec<Figure>, String) {
     let mut figures = Vec::new();
+    // First, on an engine of its own: the sandboxes the other figures kill leave the kernel
+    // tearing down their network namespaces for a while, which the transfers would feel.
+    let mut network = Vec::new();
+    let network_section = network_figures(&mut network);
     let engine = Engine::start();
     let side_by_side = mcp_figures(&engine, &mut figures, with_peer);
     http_figures(&engine, &mut figures);
     engine_figures(&engine, &mut figures);
     idle_memory(&engine, &mut figures);
     drop(engine);
-    (figures, side_by_side)
+    // In the table, after the engine's own figures.
+    figures.append(&mut network);
+    (figures, side_by_side + &network_section)
 }
 
 /// A/B, paired: the hot per-call paths of both builds, interleaved in blocks of 50 calls so
