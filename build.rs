@@ -10,6 +10,15 @@ const TOOL_DEFS: &str = "tool-defs";
 fn main() {
     println!("cargo::rerun-if-changed={SPEC}");
     println!("cargo::rerun-if-changed={TOOL_DEFS}");
+    // The binary is linked at a fixed address (not PIE). Every sandbox's agent is this binary,
+    // and a PIE's relocated read-only data (~0.5 MiB of pointer tables: HPACK, SQLite, generated
+    // code) becomes private, dirty memory in each process that loads it — half of what an idle
+    // sandbox costs — and its relocation takes time at every start. Fixed, those pages stay
+    // shared with the page cache. What it costs: the binary's own code and data are not
+    // randomized (libraries, heap, stacks and mappings still are); see docs/security.md.
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo::rustc-link-arg-bins=-no-pie");
+    }
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
     match sandbox_mcp_codegen::generate(Path::new(SPEC), Path::new(TOOL_DEFS), &out_dir) {
         Ok(generated) => build_print::info!("{generated}"),
