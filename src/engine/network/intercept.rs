@@ -31,7 +31,7 @@ use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::log::Row;
+use super::relay::row;
 use super::{Bindings, Hub, SandboxNet};
 use crate::engine::ids;
 use crate::engine::secrets::STANDIN_PREFIX;
@@ -601,23 +601,15 @@ async fn forward(
         let why = format!(
             "the request names {named} but its TLS connection is to {host}: refused (domain fronting)"
         );
-        let at = ids::now_ms();
         hub.log().record(
             &net.id,
-            Row {
-                at,
-                last_at: at,
-                host: Some(host.to_string()),
-                addr: Some(target.ip().to_string()),
-                port: Some(target.port()),
-                protocol: "https",
-                verdict: "blocked",
-                rule: why.clone(),
-                sent: 0,
-                received: 0,
-                duration_ms: 0,
-                count: 1,
-            },
+            row(
+                Some(host.to_string()),
+                Some(target),
+                "https",
+                "blocked",
+                why.clone(),
+            ),
         );
         return refused(
             StatusCode::MISDIRECTED_REQUEST,
@@ -632,21 +624,13 @@ async fn forward(
             .open_value(tenant.as_deref(), secret)
             .map_err(|e| e.to_string())
     };
-    let at = ids::now_ms();
-    let mut row = Row {
-        at,
-        last_at: at,
-        host: Some(host.to_string()),
-        addr: Some(target.ip().to_string()),
-        port: Some(target.port()),
-        protocol: "https",
-        verdict: "allowed",
-        rule: String::new(),
-        sent: 0,
-        received: 0,
-        duration_ms: 0,
-        count: 1,
-    };
+    let mut row = row(
+        Some(host.to_string()),
+        Some(target),
+        "https",
+        "allowed",
+        String::new(),
+    );
     match swap(&mut parts.headers, &path, host, &bindings, &open) {
         Swap::Refused(why) => {
             row.verdict = "blocked";

@@ -99,8 +99,8 @@ pub(crate) async fn serve_tcp(
     }
 }
 
-/// A log row for a connection that carried nothing.
-fn row(
+/// A log row for a connection that carried nothing (yet).
+pub(crate) fn row(
     host: Option<String>,
     dst: Option<SocketAddr>,
     protocol: &'static str,
