@@ -466,3 +466,44 @@ pub fn kill_left_behind(data: &std::path::Path) {
     }
     driver.close();
 }
+
+/// An engine process run as user `nobody` on a data dir in `dir` (which it is given), with
+/// `args` added; and an MCP client for it once it answers.
+pub async fn unprivileged_engine(
+    dir: &std::path::Path,
+    args: &[&str],
+) -> (std::process::Child, McpClient) {
+    use std::os::unix::process::CommandExt;
+    let nobody = 65534;
+    std::os::unix::fs::chown(dir, Some(nobody), Some(nobody)).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let engine = std::process::Command::new(BIN)
+        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env_clear()
+        .env("HOME", dir)
+        .env("SANDBOX_MCP_DATA_DIR", dir.join("data"))
+        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+        .uid(nobody)
+        .gid(nobody)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let backend =
+        Backend::remote(&format!("http://127.0.0.1:{port}"), Some(ApiKey::new(KEY))).unwrap();
+    let client = mcp_for(backend, Default::default(), "all").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while call(&client, "sandbox_list", json!({})).await.is_error == Some(true) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unprivileged engine did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (engine, client)
+}

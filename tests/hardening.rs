@@ -243,43 +243,7 @@ async fn unprivileged_the_agent_is_out_of_reach_too() {
         .prefix("smcp")
         .tempdir_in("/tmp")
         .unwrap();
-    let nobody = 65534;
-    std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut engine = {
-        use std::os::unix::process::CommandExt;
-        std::process::Command::new(crate::common::BIN)
-            .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
-            .env_clear()
-            .env("HOME", dir.path())
-            .env("SANDBOX_MCP_DATA_DIR", dir.path().join("data"))
-            .env("SANDBOX_MCP_ENGINE_KEYS", crate::common::KEY)
-            .uid(nobody)
-            .gid(nobody)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let url = format!("http://127.0.0.1:{port}");
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(
-        &url,
-        Some(sandbox_mcp::client::ApiKey::new(crate::common::KEY)),
-    )
-    .unwrap();
-    let client = crate::common::mcp_for(backend, Default::default(), "all").await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while call(&client, "sandbox_list", json!({})).await.is_error == Some(true) {
-        assert!(
-            Instant::now() < deadline,
-            "the unprivileged engine did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (mut engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
     let id = create(&client).await;
     let out = sh(&client, &id, &format!("{AGENT_ATTACKS}\necho done")).await;
     let own = sh(&client, &id, "prlimit --nofile=64 sh -c 'ulimit -n'").await;

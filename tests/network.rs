@@ -631,45 +631,19 @@ async fn unprivileged_engine_filters_the_same_way_and_serves_previews() {
         .prefix("smcp")
         .tempdir_in("/tmp")
         .unwrap();
-    let nobody = 65534;
-    std::os::unix::fs::chown(dir.path(), Some(nobody), Some(nobody)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut engine = {
-        use std::os::unix::process::CommandExt;
-        std::process::Command::new(BIN)
-            .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--dns-upstream", &net.dns.to_string()])
-            .args(["--egress-allow", &format!("{}/32", net.net_ip)])
-            .args(["--preview-listen", "127.0.0.1:0"])
-            .env_clear()
-            .env("HOME", dir.path())
-            .env("SANDBOX_MCP_DATA_DIR", dir.path().join("data"))
-            .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
-            .uid(nobody)
-            .gid(nobody)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(
-        &format!("http://127.0.0.1:{port}"),
-        Some(sandbox_mcp::client::ApiKey::new(KEY)),
+    let (dns, allow) = (net.dns.to_string(), format!("{}/32", net.net_ip));
+    let (mut engine, client) = unprivileged_engine(
+        dir.path(),
+        &[
+            "--dns-upstream",
+            &dns,
+            "--egress-allow",
+            &allow,
+            "--preview-listen",
+            "127.0.0.1:0",
+        ],
     )
-    .unwrap();
-    let client = mcp_for(backend, Default::default(), "all").await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while call(&client, "sandbox_list", json!({})).await.is_error == Some(true) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the engine did not start"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    .await;
     let id = create_with(&client, pypi_only()).await;
     let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
     assert_eq!(info["network"]["mode"], "filtered", "{info}");
