@@ -706,3 +706,36 @@ async fn http2_upstreams_get_the_value_too() {
         "the fronted request went nowhere"
     );
 }
+
+/// `--egress-ca` (and `SANDBOX_MCP_EGRESS_CA`) on both commands: a file with no certificate
+/// stops the engine from starting, saying which file and why.
+#[test]
+fn egress_ca_is_checked_on_both_commands() {
+    require_sandboxes!();
+    let dir = TempData::new();
+    let bad = dir.dir.path().join("not-a-ca.pem");
+    std::fs::write(&bad, "not a certificate\n").unwrap();
+    let bad = bad.to_str().unwrap();
+    let engine = std::process::Command::new("timeout")
+        .args(["20", BIN, "engine", "--listen", "127.0.0.1:0"])
+        .env("SANDBOX_MCP_DATA_DIR", dir.data())
+        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+        .env("SANDBOX_MCP_EGRESS_CA", bad)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&engine.stderr);
+    assert!(!engine.status.success());
+    assert!(
+        said.contains(&format!("--egress-ca {bad}: no PEM certificate in it")),
+        "{said}"
+    );
+    let embedded = std::process::Command::new("timeout")
+        .args(["20", BIN, "--egress-ca", bad])
+        .env_remove("SANDBOX_MCP_URL")
+        .env("SANDBOX_MCP_DATA_DIR", dir.data())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&embedded.stderr);
+    assert!(said.contains("no PEM certificate in it"), "{said}");
+}

@@ -32,8 +32,9 @@ pub enum LocalError {
     },
     #[error("cannot set up the sandbox driver: {0}")]
     Driver(#[from] crate::engine::driver::DriverError),
+    // Not a `#[source]`: the message already carries it, and `{:#}` would print it twice.
     #[error("cannot open the engine's state: {0}")]
-    Engine(#[from] crate::engine::error::EngineError),
+    Engine(crate::engine::error::EngineError),
     #[error("cannot listen for the engine API: {0}")]
     Listen(#[source] std::io::Error),
     #[error(
@@ -41,6 +42,12 @@ pub enum LocalError {
         .0.display()
     )]
     Unresponsive(PathBuf),
+}
+
+impl From<crate::engine::error::EngineError> for LocalError {
+    fn from(e: crate::engine::error::EngineError) -> Self {
+        LocalError::Engine(e)
+    }
 }
 
 impl LocalError {

@@ -246,7 +246,7 @@ impl Manager {
         let interceptor =
             blocking(move || crate::engine::network::intercept::Interceptor::open(&dir, &extra))
                 .await?
-                .map_err(EngineError::Templates)?;
+                .map_err(|e| EngineError::Unavailable(e.to_string()))?;
         templates::trust(&config.templates_dir(), interceptor.ca_pem())
             .map_err(EngineError::Templates)?;
         let hub = Hub::new(
