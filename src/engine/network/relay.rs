@@ -291,12 +291,20 @@ async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
     };
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    let (sent, received, first) = pipe(client, upstream, first).await;
+    let (sent, received, first, leaked) = pipe(client, upstream, first, guarded).await;
     // When the relay started at once, the first bytes name the protocol and host only now.
     let hello = sniff::parse(&first);
     log.protocol = hello.protocol();
     if let Some(name) = hello.name() {
         log.host = Some(name.to_string());
+    }
+    if let Some(standin) = leaked {
+        let who = match bindings.by_standin.get(&standin) {
+            Some((env, secret)) => format!("{env} (secret {secret})"),
+            None => "a stand-in not bound in this sandbox".into(),
+        };
+        log.verdict = "blocked";
+        log.rule = format!("leak attempt: {who} in a connection's clear text; it was cut");
     }
     log.sent = sent;
     log.received = received;
@@ -346,11 +354,21 @@ async fn lookup(hub: &Hub, name: &str) -> Result<IpAddr, String> {
 }
 
 /// Copies both ways until both sides are done: what the client sent first, then the rest.
-/// Returns the bytes sent and received, and the client's first bytes: those read before
-/// deciding, or else its first chunk, kept for the log (it names the host on TLS and HTTP).
-async fn pipe(client: TcpStream, upstream: TcpStream, first: Vec<u8>) -> (u64, u64, Vec<u8>) {
+/// Returns the bytes sent and received, the client's first bytes (those read before deciding,
+/// or else its first chunk, kept for the log: they name the host on TLS and HTTP), and — when
+/// `scan` is set (the sandbox binds secrets) — a stand-in found in what the client sent, at
+/// which point the connection was cut before those bytes went out.
+async fn pipe(
+    client: TcpStream,
+    upstream: TcpStream,
+    first: Vec<u8>,
+    scan: bool,
+) -> (u64, u64, Vec<u8>, Option<String>) {
     let (cr, mut cw) = client.into_split();
     let (ur, mut uw) = upstream.into_split();
+    // A leak cuts the connection both ways, not only the side it was seen on.
+    let cut = Arc::new(tokio::sync::Notify::new());
+    let cut_down = cut.clone();
     let up = async move {
         let mut cr = BufReader::with_capacity(COPY_BUFFER, cr);
         let first = if first.is_empty() {
@@ -362,20 +380,57 @@ async fn pipe(client: TcpStream, upstream: TcpStream, first: Vec<u8>) -> (u64, u
             first
         };
         let mut sent = 0u64;
-        if !first.is_empty() && uw.write_all(&first).await.is_ok() {
+        let mut leaked = None;
+        if scan {
+            // Clear text of a sandbox that binds secrets: each chunk is checked (with the end
+            // of the one before, so a stand-in split across reads is seen) before it goes out.
+            let mut tail: Vec<u8> = Vec::new();
+            let mut buf = vec![0u8; COPY_BUFFER];
+            let mut chunk = if first.is_empty() {
+                let n = cr.read(&mut buf).await.unwrap_or(0);
+                buf[..n].to_vec()
+            } else {
+                first.clone()
+            };
+            loop {
+                if chunk.is_empty() {
+                    break;
+                }
+                let mut window = std::mem::take(&mut tail);
+                window.extend_from_slice(&chunk);
+                if let Some(s) = intercept::standins_in(&window).into_iter().next() {
+                    leaked = Some(s);
+                    cut_down.notify_one();
+                    break;
+                }
+                if uw.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                sent += chunk.len() as u64;
+                let keep = crate::engine::secrets::STANDIN_PREFIX
+                    .len()
+                    .min(window.len());
+                tail = window[window.len() - keep..].to_vec();
+                let n = cr.read(&mut buf).await.unwrap_or(0);
+                chunk = buf[..n].to_vec();
+            }
+        } else if !first.is_empty() && uw.write_all(&first).await.is_ok() {
             sent = first.len() as u64 + tokio::io::copy_buf(&mut cr, &mut uw).await.unwrap_or(0);
         }
         let _ = uw.shutdown().await;
-        (sent, first)
+        (sent, first, leaked)
     };
     let down = async move {
         let mut ur = BufReader::with_capacity(COPY_BUFFER, ur);
-        let n = tokio::io::copy_buf(&mut ur, &mut cw).await.unwrap_or(0);
+        let n = tokio::select! {
+            n = tokio::io::copy_buf(&mut ur, &mut cw) => n.unwrap_or(0),
+            () = cut.notified() => 0,
+        };
         let _ = cw.shutdown().await;
         n
     };
-    let ((sent, first), received) = tokio::join!(up, down);
-    (sent, received, first)
+    let ((sent, first, leaked), received) = tokio::join!(up, down);
+    (sent, received, first, leaked)
 }
 
 /// The answer to an HTTP request that was blocked: what, why, and how to change it.
