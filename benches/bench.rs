@@ -9,6 +9,9 @@
 //! build and this one in alternating rounds (`SANDBOX_MCP_BENCH_ROUNDS`, default 2) in the same
 //! run, and writes docs/benchmarks-ab.md: per figure, each build's median over its rounds and the
 //! ratio. That is how a change shows it costs nothing, on a machine whose speed drifts by the hour.
+//!
+//! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
+//! secrets) and prints its table and text instead of writing any file: for working on it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -75,7 +78,7 @@ fn figure(
 
 /// Units whose figures are better when larger (rates, shares): their targets are minimums.
 fn higher_is_better(unit: &str) -> bool {
-    matches!(unit, "MiB/s" | "GB/s" | "calls/s" | "%")
+    matches!(unit, "MiB/s" | "MB/s" | "GB/s" | "calls/s" | "%")
 }
 
 fn ms(d: Duration) -> f64 {
@@ -153,17 +156,25 @@ impl Engine {
     }
 
     fn send(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        self.call(method, path, body).unwrap()
+    }
+
+    /// An engine call whose failure is a figure's reason not to be measured, not a panic.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
         let mut req = Self::http()
             .request(method.parse().unwrap(), format!("{}{path}", self.url))
             .bearer_auth(KEY);
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().unwrap();
+        let resp = req.send().map_err(|e| format!("{method} {path}: {e}"))?;
         let status = resp.status();
-        let v: Value = resp.json().unwrap();
-        assert!(status.is_success(), "{method} {path}: {status} {v}");
-        v
+        let text = resp.text().map_err(|e| format!("{method} {path}: {e}"))?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if !status.is_success() {
+            return Err(format!("{method} {path}: {status} {v}"));
+        }
+        Ok(v)
     }
 
     fn create(&self) -> String {
@@ -1076,6 +1087,9 @@ const NET_LINK_PREFIX: &str = "bn";
 /// The test internet's servers: `GET /bytes/N` over HTTP/1.1, and a one-message TCP echo.
 const BYTES_PORT: u16 = 8000;
 const ECHO_PORT: u16 = 7;
+/// And HTTPS/1.1 with keep-alive, for the secrets swap: a certificate for `*.bench.test` (the
+/// secret's hosts) and `*.other.test` (passthrough), from a CA of the bench's own.
+const HTTPS_PORT: u16 = 443;
 const GIB: u64 = 1 << 30;
 
 /// A network namespace joined to the host by a veth pair addressed from a /28 of TEST-NET-2, with
@@ -1091,6 +1105,17 @@ struct BenchNet {
     listeners: Vec<std::net::TcpListener>,
     threads: Vec<std::thread::JoinHandle<()>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The HTTPS server, or why there is none (the figures that need it say so).
+    https: Result<Https, String>,
+}
+
+/// The test internet's HTTPS server: its CA, and what it was sent.
+struct Https {
+    /// The CA's certificate (PEM), and the same in a file for the engine's `--egress-ca`.
+    ca_pem: String,
+    ca_file: tempfile::NamedTempFile,
+    /// The last `Authorization` header received, by TLS server name.
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 impl BenchNet {
@@ -1111,6 +1136,7 @@ impl BenchNet {
             listeners: Vec::new(),
             threads: Vec::new(),
             stop: Default::default(),
+            https: Err("not started".into()),
         };
         {
             let lock = std::fs::OpenOptions::new()
@@ -1176,7 +1202,33 @@ impl BenchNet {
         })?;
         let echo = net.bind(ECHO_PORT)?;
         net.serve(echo, serve_echo)?;
+        net.https = net.start_https();
         Ok(net)
+    }
+
+    /// The HTTPS server on [`HTTPS_PORT`], with a CA and a certificate made for this run.
+    fn start_https(&mut self) -> Result<Https, String> {
+        let (config, ca_pem) = https_config()?;
+        let mut ca_file = tempfile::Builder::new()
+            .prefix("smcp-bench-ca")
+            .suffix(".pem")
+            .tempfile()
+            .map_err(|e| format!("a temporary file for the bench CA: {e}"))?;
+        ca_file
+            .write_all(ca_pem.as_bytes())
+            .map_err(|e| format!("writing the bench CA: {e}"))?;
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Default::default()));
+        let listener = self.bind(HTTPS_PORT)?;
+        let handler_seen = seen.clone();
+        self.serve(listener, move |conn| {
+            let (config, seen) = (config.clone(), handler_seen.clone());
+            std::thread::spawn(move || serve_https(conn, config, seen));
+        })?;
+        Ok(Https {
+            ca_pem,
+            ca_file,
+            seen,
+        })
     }
 
     /// A listener on the namespace's end, port `port`: bound by a thread that enters the
@@ -1319,6 +1371,128 @@ fn serve_bytes(mut conn: std::net::TcpStream) {
     while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
 }
 
+/// The HTTPS server's TLS setting: a throwaway CA and a leaf it signs for `*.bench.test`,
+/// `bench.test` and `*.other.test`; and the CA's PEM.
+fn https_config() -> Result<(std::sync::Arc<rustls::ServerConfig>, String), String> {
+    let err = |e: rcgen::Error| format!("bench certificates: {e}");
+    let ca_key = rcgen::KeyPair::generate().map_err(err)?;
+    let mut ca = rcgen::CertificateParams::default();
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "sandbox-mcp bench CA");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_pem = ca.self_signed(&ca_key).map_err(err)?.pem();
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let leaf_key = rcgen::KeyPair::generate().map_err(err)?;
+    let mut leaf = rcgen::CertificateParams::new(vec![
+        "*.bench.test".to_string(),
+        "bench.test".to_string(),
+        "*.other.test".to_string(),
+    ])
+    .map_err(err)?;
+    leaf.distinguished_name
+        .push(rcgen::DnType::CommonName, "bench.test");
+    leaf.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.use_authority_key_identifier_extension = true;
+    let leaf = leaf.signed_by(&leaf_key, &issuer).map_err(err)?;
+    let key = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der())
+        .map_err(|e| format!("bench leaf key: {e}"))?;
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], key)
+    .map_err(|e| format!("bench TLS server: {e}"))?;
+    Ok((std::sync::Arc::new(config), ca_pem))
+}
+
+/// HTTP/1.1 over TLS, keep-alive: each request's head and `Content-Length` body are read (the
+/// body thrown away as it comes), its `Authorization` noted under the TLS server name, and a
+/// short 200 sent back; until the client closes or sends `Connection: close`.
+fn serve_https(
+    conn: std::net::TcpStream,
+    config: std::sync::Arc<rustls::ServerConfig>,
+    seen: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
+) {
+    use std::io::Read;
+    let _ = conn.set_nodelay(true);
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let Ok(server) = rustls::ServerConnection::new(config) else {
+        return;
+    };
+    let mut tls = rustls::StreamOwned::new(server, conn);
+    let mut buf = vec![0u8; 256 * 1024];
+    // Read but not yet used: the start of a head, or what followed a body.
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let end = loop {
+            if let Some(i) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            if pending.len() > 64 * 1024 {
+                return;
+            }
+            match tls.read(&mut buf) {
+                Ok(n @ 1..) => pending.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&pending[..end]).into_owned();
+        pending.drain(..end);
+        let (mut length, mut close, mut auth) = (0u64, false, None);
+        for line in head.split("\r\n").skip(1) {
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            match name.trim().to_ascii_lowercase().as_str() {
+                "content-length" => length = value.parse().unwrap_or(0),
+                "connection" => close = value.eq_ignore_ascii_case("close"),
+                "authorization" => auth = Some(value.to_string()),
+                _ => {}
+            }
+        }
+        if let (Some(name), Some(auth)) = (tls.conn.server_name(), auth) {
+            seen.lock().unwrap().insert(name.to_string(), auth);
+        }
+        let early = (pending.len() as u64).min(length) as usize;
+        pending.drain(..early);
+        let mut left = length - early as u64;
+        while left > 0 {
+            match tls.read(&mut buf) {
+                Ok(n @ 1..) => {
+                    if n as u64 > left {
+                        pending.extend_from_slice(&buf[left as usize..n]);
+                        left = 0;
+                    } else {
+                        left -= n as u64;
+                    }
+                }
+                _ => return,
+            }
+        }
+        let answer: &[u8] = if close {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+        } else {
+            b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        };
+        if tls.write_all(answer).and_then(|()| tls.flush()).is_err() {
+            return;
+        }
+        if close {
+            tls.conn.send_close_notify();
+            let _ = tls.flush();
+            return;
+        }
+    }
+}
+
 /// One message back as it came, then close: the round trip a connection's first request makes.
 fn serve_echo(mut conn: std::net::TcpStream) {
     use std::io::Read;
@@ -1339,9 +1513,19 @@ fn serve_echo(mut conn: std::net::TcpStream) {
 ///   prints each in µs;
 /// - `http IP PORT HOST PATH N [NAME:VALUE…]`: N times (after one untimed) connect, `GET PATH`
 ///   with `Host: HOST` and these headers, read to the end (a 200 answer), close; prints each in
-///   µs (for the preview figure to come).
+///   µs;
+/// - `tls IP PORT NAME CAFILE N [NAME:VALUE…]`: one TLS connection (server name NAME, trusting
+///   the CAs in CAFILE), then N times (after one untimed) `GET` with `Host: NAME` and these
+///   headers, reading the whole answer: requests on a warm keep-alive connection; prints each
+///   in µs;
+/// - `tlsnew IP PORT NAMES CAFILE N [NAME:VALUE…]`: N times (after one untimed) connect, TLS
+///   handshake, the `GET` above, close; each time with a new server name, NAMES with `@`
+///   replaced by the count; prints each in µs;
+/// - `tlsup IP PORT NAME CAFILE BYTES [NAME:VALUE…]`: one TLS connection, one untimed `GET`,
+///   then a `POST` of BYTES (sent from a 1 MiB buffer) and its answer; prints BYTES and the
+///   seconds from the first byte sent to the answer.
 const PROBE: &str = r#"
-import socket, sys, time
+import socket, ssl, sys, time
 
 def connect(ip, port):
     s = socket.create_connection((ip, int(port)), timeout=60)
@@ -1366,6 +1550,39 @@ def http(ip, port, host, path, *headers):
         got += d
     assert got[:9] in (b"HTTP/1.0 ", b"HTTP/1.1 ") and got[9:12] == b"200", got[:200]
     s.close()
+
+def answer(s):
+    got = b""
+    while b"\r\n\r\n" not in got:
+        d = s.recv(65536)
+        assert d, "closed before the answer"
+        got += d
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert head[:9] == b"HTTP/1.1 " and head[9:12] == b"200", got[:300]
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            length = int(v)
+    while len(body) < length:
+        d = s.recv(65536)
+        assert d, "closed in the answer"
+        body += d
+
+def request(s, name, headers, size=0, chunk=None):
+    extra = "".join(f"{h}\r\n" for h in headers)
+    if size:
+        s.sendall(f"POST /upload HTTP/1.1\r\nHost: {name}\r\n{extra}Content-Length: {size}\r\n\r\n".encode())
+        while size:
+            k = min(size, len(chunk))
+            s.sendall(chunk[:k])
+            size -= k
+    else:
+        s.sendall(f"GET /hello HTTP/1.1\r\nHost: {name}\r\n{extra}\r\n".encode())
+    answer(s)
+
+def tls(ctx, ip, port, name):
+    return ctx.wrap_socket(connect(ip, port), server_hostname=name)
 
 def timed(n, once):
     once()
@@ -1402,6 +1619,30 @@ elif mode == "tcp":
 elif mode == "http":
     ip, port, host, path, n, *headers = args
     timed(int(n), lambda: http(ip, port, host, path, *headers))
+elif mode == "tls":
+    ip, port, name, cafile, n, *headers = args
+    s = tls(ssl.create_default_context(cafile=cafile), ip, port, name)
+    timed(int(n), lambda: request(s, name, headers))
+    s.close()
+elif mode == "tlsnew":
+    ip, port, names, cafile, n, *headers = args
+    ctx = ssl.create_default_context(cafile=cafile)
+    count = iter(range(1 << 30))
+    def first():
+        name = names.replace("@", str(next(count)))
+        s = tls(ctx, ip, port, name)
+        request(s, name, headers)
+        s.close()
+    timed(int(n), first)
+elif mode == "tlsup":
+    ip, port, name, cafile, size, *headers = args
+    s = tls(ssl.create_default_context(cafile=cafile), ip, port, name)
+    request(s, name, headers)
+    chunk = memoryview(b"x" * (1 << 20))
+    t = time.perf_counter()
+    request(s, name, headers, int(size), chunk)
+    print(size, time.perf_counter() - t)
+    s.close()
 "#;
 
 /// Runs [`PROBE`] with `args` in sandbox `id`: its stdout, or why it failed.
@@ -1441,8 +1682,9 @@ fn probe_ms(out: &str) -> Result<Vec<f64>, String> {
         .map_err(|e| format!("probe output {out:?}: {e}"))
 }
 
-/// Runs `probe` in the sandbox (`true`) and on the host (`false`) in alternating order, `rounds`
-/// times each: what each side returned, in the order of the rounds.
+/// Runs `probe` for one side (`true`: in the sandbox, or through the path measured) and the
+/// other (`false`: on the host, or the path compared with) in alternating order, `rounds` times
+/// each: what each side returned, in the order of the rounds.
 fn interleaved<T>(
     rounds: usize,
     mut probe: impl FnMut(bool) -> Result<T, String>,
@@ -1471,13 +1713,27 @@ fn network_figures(out: &mut Vec<Figure>) -> String {
         Ok(net) => net,
         Err(why) => {
             eprintln!("network figures SKIPPED: {why}");
-            md.push_str(&format!("Not measured in this run: {why}.\n"));
+            for heading in ["", PREVIEW_HEADING, SECRETS_HEADING] {
+                md.push_str(&format!("{heading}Not measured in this run: {why}.\n"));
+            }
             return md;
         }
     };
-    // Only the namespace's address is opened, as an operator opens a private server.
+    // Only the namespace's address is opened, as an operator opens a private server; previews
+    // on a port of their own; the HTTPS server's CA trusted upstream of the secrets swap.
     let allow = format!("{}/32", net.net_ip);
-    let engine = Engine::start_with(&[("SANDBOX_MCP_EGRESS_ALLOW", &allow)]);
+    let ca_path = net
+        .https
+        .as_ref()
+        .map(|h| h.ca_file.path().to_string_lossy().into_owned());
+    let mut env = vec![
+        ("SANDBOX_MCP_EGRESS_ALLOW", allow.as_str()),
+        ("SANDBOX_MCP_PREVIEW_LISTEN", "127.0.0.1:0"),
+    ];
+    if let Ok(path) = &ca_path {
+        env.push(("SANDBOX_MCP_EGRESS_CA", path));
+    }
+    let engine = Engine::start_with(&env);
     let id = engine.create();
     let load = || {
         std::fs::read_to_string("/proc/loadavg")
@@ -1507,7 +1763,23 @@ fn network_figures(out: &mut Vec<Figure>) -> String {
             md.push_str(&format!("Not measured in this run: {why}.\n"));
         }
     }
+    md.push_str(PREVIEW_HEADING);
+    match preview_figures(&engine, &id, out) {
+        Ok(how) => md.push_str(&how),
+        Err(why) => {
+            eprintln!("preview figures FAILED: {why}");
+            md.push_str(&format!("Not measured in this run: {why}.\n"));
+        }
+    }
     engine.kill(&id);
+    md.push_str(SECRETS_HEADING);
+    match secrets_figures(&engine, &net, out) {
+        Ok(how) => md.push_str(&how),
+        Err(why) => {
+            eprintln!("secrets figures FAILED: {why}");
+            md.push_str(&format!("Not measured in this run: {why}.\n"));
+        }
+    }
     drop(engine);
     drop(net);
     md
@@ -1611,16 +1883,463 @@ fn measure_network(
         target: Some((0.3, "≤ 0.3 ms")),
         note: "medians of the two series above".into(),
     });
-
-    // Hook: the preview figure goes here. Start this engine with a preview listener
-    // (`SANDBOX_MCP_PREVIEW_LISTEN` in `Engine::start_with` above), start a server in the sandbox
-    // (a background job, say `python3 -m http.server PORT`) and create a preview of PORT; then
-    // interleave, as above, `probe_inside(engine, id, "http 127.0.0.1 PORT localhost / 50")`
-    // (the request inside the sandbox) with `probe_host("http 127.0.0.1 LISTEN_PORT
-    // PORT-ID.localhost / 50 X-Preview-Token:TOKEN")` (the same request through the preview
-    // URL; the header, as the query parameter would get a browser's redirect to a cookie), and
-    // push both p50s and their difference.
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Previews: a request through the engine's preview listener against the same request made in
+// the sandbox.
+
+const PREVIEW_HEADING: &str =
+    "\n## Previews: through the preview URL against inside the sandbox\n\n";
+/// The port of the sandbox's app.
+const APP_PORT: u16 = 8080;
+/// The sandbox's app: one request per connection, answered `200 ok`, then close; one at a time,
+/// so that it costs the same whoever asks.
+const APP: &str = r#"
+import socket, sys
+ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(128)
+while True:
+    c, _ = s.accept()
+    try:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            d = c.recv(65536)
+            if not d:
+                break
+            got += d
+        if got:
+            c.sendall(ANSWER)
+    except OSError:
+        pass
+    c.close()
+"#;
+
+/// The preview figures: the same client (the probe's `http` mode: connect, one `GET`, read to
+/// the end) from the host through a private preview of the app, and in the sandbox straight to
+/// the app; interleaved. Returns what the report says about how.
+fn preview_figures(engine: &Engine, id: &str, out: &mut Vec<Figure>) -> Result<String, String> {
+    let (label, how) = networking(engine, id);
+    if label != "networking on" {
+        return Err(format!(
+            "the engine's sandboxes have no network namespace here ({how})"
+        ));
+    }
+    engine.call(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files"),
+        Some(json!({"path": "/root/bench_app.py", "content": APP})),
+    )?;
+    engine.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"command": format!("/usr/bin/python3 /root/bench_app.py {APP_PORT}"), "background": true})),
+    )?;
+    let inside = format!("http 127.0.0.1 {APP_PORT} localhost:{APP_PORT} /");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(why) = probe_inside(engine, id, &format!("{inside} 1")) {
+        if Instant::now() > deadline {
+            return Err(format!("the sandbox's app did not answer: {why}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let preview = engine.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/previews"),
+        Some(json!({"port": APP_PORT})),
+    )?;
+    let url = preview["url"].as_str().unwrap_or_default();
+    let token = preview["token"]
+        .as_str()
+        .ok_or(format!("a private preview without a token: {preview}"))?;
+    // http://{port}-{id}.localhost:{listen port}/?preview_token=…
+    let authority = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .ok_or(format!("a preview URL of an unknown form: {url}"))?;
+    let (host, listen) = authority
+        .rsplit_once(':')
+        .ok_or(format!("a preview URL without a port: {url}"))?;
+    // The token in its header, as non-browser clients send it (a browser trades the query
+    // parameter for a cookie once, then sends that).
+    let via = format!("http 127.0.0.1 {listen} {host} / ");
+    let token_header = format!("X-Preview-Token:{token}");
+    probe_host(&format!("{via} 1 {token_header}"))?;
+
+    let (direct, proxied) = interleaved(10, |in_sandbox| {
+        probe_ms(&if in_sandbox {
+            probe_inside(engine, id, &format!("{inside} 50"))?
+        } else {
+            probe_host(&format!("{via} 50 {token_header}"))?
+        })
+    })?;
+    let (direct, proxied) = (direct.concat(), proxied.concat());
+    let added = median_p95(&proxied).0 - median_p95(&direct).0;
+
+    // What the proxy does for each connection before it can connect: start a thread that enters
+    // the sandbox's network namespace and makes the socket there. The same, here, against the
+    // same without entering (a thread and a socket), in alternating blocks.
+    let ns = netns_of(engine, id)?;
+    let (mut entering, mut staying) = (Vec::new(), Vec::new());
+    for _ in 0..10 {
+        for _ in 0..50 {
+            entering.push(namespace_thread(&ns, true)?);
+        }
+        for _ in 0..50 {
+            staying.push(namespace_thread(&ns, false)?);
+        }
+    }
+    let thread = median_p95(&entering).0;
+    let without_setns = median_p95(&staying).0;
+
+    out.push(figure(
+        "Preview: GET in the sandbox, straight to the app",
+        "ms",
+        direct,
+        None,
+        "new connection to 127.0.0.1:8080 in the sandbox, GET /, read to the end (the app \
+         closes)",
+    ));
+    out.push(figure(
+        "Preview: the same GET from the host, through the preview URL",
+        "ms",
+        proxied,
+        None,
+        "new connection to the preview listener, Host: {port}-{id}.localhost, X-Preview-Token; \
+         same client, blocks of 50 alternating with the above",
+    ));
+    out.push(Figure {
+        name: "Preview: latency the preview proxy adds (p50 difference)".into(),
+        unit: "ms",
+        median: added,
+        p95: f64::NAN,
+        target: Some((0.5, "≤ 0.5 ms")),
+        note: "medians of the two series above".into(),
+    });
+    out.push(figure(
+        "Preview: of which, a thread entering the sandbox's network namespace",
+        "ms",
+        entering,
+        None,
+        &format!(
+            "what the proxy does per connection, done by the bench: spawn a thread, setns into \
+             the sandbox's namespace, make the socket, hand it back; without the setns: \
+             {without_setns:.3} ms"
+        ),
+    ));
+    let verdict = if added <= 0.5 {
+        format!("The target (≤ 0.5 ms) is met: the proxy adds {added:.3} ms.")
+    } else {
+        format!(
+            "The target (≤ 0.5 ms) is missed by {:.3} ms: the proxy adds {added:.3} ms, of which \
+             the thread that enters the sandbox's namespace accounts for about {thread:.3} ms \
+             ({:.0}%; {without_setns:.3} ms of it without the setns).",
+            added - 0.5,
+            thread / added * 100.0
+        )
+    };
+    Ok(format!(
+        "The engine serves previews on 127.0.0.1 (`--preview-listen 127.0.0.1:0`, a free port). \
+         In the sandbox (the one of the figures above), a one-connection-at-a-time Python app on \
+         127.0.0.1:{APP_PORT} answers `200 ok` and closes; it has a private preview. The probe's \
+         `http` mode (a new connection, one GET, read to the end; Python, the same script) runs \
+         in the sandbox to the app directly, and on the host through the preview URL with the \
+         token in the `X-Preview-Token` header, in alternating blocks of 50. The proxy's own \
+         path per connection: hyper reads the request, the token is checked, a thread enters the \
+         sandbox's network namespace to make the socket, the connection to the app is made and \
+         the request relayed. {verdict}\n"
+    ))
+}
+
+/// The sandbox's network namespace, opened from the process of the host that is in it.
+fn netns_of(engine: &Engine, id: &str) -> Result<std::fs::File, String> {
+    let r = engine.exec(id, "readlink /proc/self/ns/net");
+    let want = r["stdout"].as_str().unwrap_or_default().trim().to_string();
+    let own = std::fs::read_link("/proc/self/ns/net").map_err(|e| e.to_string())?;
+    if !want.starts_with("net:[") || Path::new(&want) == own {
+        return Err(format!(
+            "the sandbox's network namespace is not one of its own: {r}"
+        ));
+    }
+    for entry in std::fs::read_dir("/proc")
+        .map_err(|e| e.to_string())?
+        .flatten()
+    {
+        let path = entry.path().join("ns/net");
+        if std::fs::read_link(&path).is_ok_and(|l| l == Path::new(&want)) {
+            return std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()));
+        }
+    }
+    Err(format!("no process of the host is in {want}"))
+}
+
+/// The preview proxy's step before connecting: a thread that enters `ns` (when `enter`), makes a
+/// non-blocking TCP socket there and hands it back; its ms from spawn to the socket in hand.
+fn namespace_thread(ns: &std::fs::File, enter: bool) -> Result<f64, String> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    let ns = ns.try_clone().map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("preview-connect".into())
+        .spawn(move || {
+            let made = if enter {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            } else {
+                Ok(())
+            }
+            .and_then(|()| {
+                socket(
+                    AddressFamily::Inet,
+                    SockType::Stream,
+                    SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                    None,
+                )
+            });
+            let _ = tx.send(made);
+        })
+        .map_err(|e| e.to_string())?;
+    let socket = rx
+        .recv()
+        .map_err(|_| "the namespace thread died".to_string())?
+        .map_err(|e| format!("setns or socket: {e}"))?;
+    let took = ms(started.elapsed());
+    drop(socket);
+    Ok(took)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Secrets: requests through the swap against TLS passthrough, from the same sandbox.
+
+const SECRETS_HEADING: &str = "\n## Secrets: the swap against TLS passthrough\n\n";
+/// The secret's value: as long as a stand-in, so that both paths send requests of one size.
+const SECRET_VALUE: &str = "sk-bench-REAL-VALUE-0123456789abcdefghijkl";
+/// One upload's size.
+const UPLOAD: u64 = 100 << 20;
+
+/// The secrets figures, on a sandbox of their own with the secret bound. Returns what the report
+/// says about how.
+fn secrets_figures(
+    engine: &Engine,
+    net: &BenchNet,
+    out: &mut Vec<Figure>,
+) -> Result<String, String> {
+    let https = net
+        .https
+        .as_ref()
+        .map_err(|why| format!("the test internet has no HTTPS server: {why}"))?;
+    engine.call(
+        "PUT",
+        "/v1/secrets/bench",
+        Some(json!({"hosts": ["*.bench.test"], "value": SECRET_VALUE})),
+    )?;
+    let created = engine.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"secrets": {"API_KEY": "bench"}})),
+    )?;
+    let id = created["id"]
+        .as_str()
+        .ok_or(format!("create answered {created}"))?
+        .to_string();
+    let measured = measure_secrets(engine, &id, net, https, out);
+    let _ = engine.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    measured
+}
+
+fn measure_secrets(
+    engine: &Engine,
+    id: &str,
+    net: &BenchNet,
+    https: &Https,
+    out: &mut Vec<Figure>,
+) -> Result<String, String> {
+    let (label, how) = networking(engine, id);
+    if label != "networking on" {
+        return Err(format!(
+            "the engine's sandboxes have no network here ({how})"
+        ));
+    }
+    // One bundle for both paths: the engine's CA (the swap's certificates) and the bench's
+    // (passthrough: the server's own), so that both clients do the same work.
+    engine.call(
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files"),
+        Some(json!({"path": "/root/bench-ca.pem", "content": https.ca_pem})),
+    )?;
+    let r = engine.exec(
+        id,
+        "cat /etc/ssl/certs/sandbox-mcp-egress-ca.pem /root/bench-ca.pem > /root/trust.pem \
+         && printf %s \"$API_KEY\"",
+    );
+    let standin = r["stdout"].as_str().unwrap_or_default().to_string();
+    if r["exit_code"] != 0 || !standin.starts_with("sbxsecret_") {
+        return Err(format!("the sandbox has no stand-in or no engine CA: {r}"));
+    }
+    let ip = net.net_ip;
+    let tls = |mode: &str, name: &str, n: u64| {
+        probe_inside(
+            engine,
+            id,
+            &format!(
+                "{mode} {ip} {HTTPS_PORT} {name} /root/trust.pem {n} \"Authorization:Bearer $API_KEY\""
+            ),
+        )
+    };
+    let seen = |name: &str| https.seen.lock().unwrap().get(name).cloned();
+    // Once, untimed: the swap delivers the value, passthrough the stand-in.
+    let (swapped, passed) = ("api.bench.test", "plain.other.test");
+    tls("tls", swapped, 1)?;
+    tls("tls", passed, 1)?;
+    let value = format!("Bearer {SECRET_VALUE}");
+    if seen(swapped).as_deref() != Some(value.as_str()) {
+        return Err(format!(
+            "through the swap, the server received Authorization {:?}, not the secret's value",
+            seen(swapped)
+        ));
+    }
+    if seen(passed) != Some(format!("Bearer {standin}")) {
+        return Err(format!(
+            "through passthrough, the server received Authorization {:?}, not the stand-in",
+            seen(passed)
+        ));
+    }
+
+    // A warm connection each: request and answer.
+    let (swap, pass) = interleaved(10, |swap| {
+        probe_ms(&tls("tls", if swap { swapped } else { passed }, 50)?)
+    })?;
+    let (swap, pass) = (swap.concat(), pass.concat());
+    let warm_added = median_p95(&swap).0 - median_p95(&pass).0;
+    out.push(figure(
+        "Secrets: request on a warm connection, through the swap",
+        "ms",
+        swap,
+        None,
+        "GET with Authorization: Bearer $API_KEY to api.bench.test (a bound secret's host) on \
+         a kept-alive TLS connection; send to the whole answer",
+    ));
+    out.push(figure(
+        "Secrets: the same request on a warm TLS passthrough connection",
+        "ms",
+        pass,
+        None,
+        "to plain.other.test (no secret names it), same sandbox, same client; blocks of 50 \
+         alternating with the above",
+    ));
+    out.push(Figure {
+        name: "Secrets: latency the swap adds on a warm connection (p50 difference)".into(),
+        unit: "ms",
+        median: warm_added,
+        p95: f64::NAN,
+        target: Some((1.0, "≤ 1 ms")),
+        note: "medians of the two series above".into(),
+    });
+
+    // A new connection to a host name not seen before: the swap mints its certificate.
+    let mut round = 0;
+    let (swap, pass) = interleaved(10, |swap| {
+        round += 1;
+        let names = if swap {
+            format!("n{round}-@.bench.test")
+        } else {
+            format!("p{round}-@.other.test")
+        };
+        probe_ms(&tls("tlsnew", &names, 20)?)
+    })?;
+    if seen("n1-1.bench.test").as_deref() != Some(value.as_str()) {
+        return Err("a new host's first request did not get the secret's value".into());
+    }
+    let (swap, pass) = (swap.concat(), pass.concat());
+    let first_added = median_p95(&swap).0 - median_p95(&pass).0;
+    out.push(figure(
+        "Secrets: first connection to a new host, through the swap (certificate minted)",
+        "ms",
+        swap,
+        None,
+        "connect, TLS handshake, one GET with the stand-in, answer; a new name under \
+         *.bench.test each time; the engine connects and handshakes upstream and mints a \
+         certificate for the name before it answers the sandbox's handshake",
+    ));
+    out.push(figure(
+        "Secrets: first connection through TLS passthrough",
+        "ms",
+        pass,
+        None,
+        "the same, a new name under *.other.test each time; blocks of 20 alternating with the \
+         above",
+    ));
+    out.push(Figure {
+        name: "Secrets: what the swap adds to a first connection (p50 difference)".into(),
+        unit: "ms",
+        median: first_added,
+        p95: f64::NAN,
+        target: None,
+        note: "medians of the two series above".into(),
+    });
+
+    // 100 MiB up, on a warm connection.
+    let (swap, pass) = interleaved(9, |swap| {
+        let got = tls("tlsup", if swap { swapped } else { passed }, UPLOAD)?;
+        let mut words = got.split_whitespace();
+        let bytes: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+        let secs: f64 = words
+            .next()
+            .and_then(|w| w.parse().ok())
+            .unwrap_or(f64::NAN);
+        if bytes != UPLOAD {
+            return Err(format!("an upload printed {got:?}"));
+        }
+        Ok(UPLOAD as f64 / secs / 1e6)
+    })?;
+    let shares: Vec<f64> = swap.iter().zip(&pass).map(|(s, p)| s / p * 100.0).collect();
+    for (round, (s, p)) in swap.iter().zip(&pass).enumerate() {
+        eprintln!("100 MiB up, round {round}: swap {s:.0} MB/s, passthrough {p:.0} MB/s");
+    }
+    out.push(figure(
+        "Secrets: 100 MiB upload through the swap",
+        "MB/s",
+        swap,
+        None,
+        "POST of 104857600 bytes with the stand-in in Authorization, on a warm connection; \
+         first byte sent to the answer; the engine scans the body for stand-ins on the way; \
+         1 MB = 10⁶ bytes",
+    ));
+    out.push(figure(
+        "Secrets: the same upload through TLS passthrough",
+        "MB/s",
+        pass,
+        None,
+        "same client, same server; rounds alternating with the above",
+    ));
+    out.push(figure(
+        "Secrets: swap ÷ passthrough, 100 MiB upload",
+        "%",
+        shares,
+        None,
+        "swap rate ÷ passthrough rate of each round's pair of uploads",
+    ));
+
+    Ok(format!(
+        "The test internet above also serves HTTPS/1.1 with keep-alive on port {HTTPS_PORT} (a \
+         Rust server of the bench's: rustls, a certificate for `*.bench.test` and `*.other.test` \
+         from a CA made for the run, given to the engine with `--egress-ca`), reading each \
+         request's body and answering `200 ok`. The operator's secret `bench` (hosts \
+         `*.bench.test`) is bound to a sandbox of its own as `API_KEY`. In it, the probe's TLS \
+         modes (Python's `ssl`, trusting the engine's CA and the bench's from one file) connect \
+         to the server's address with a server name: under `*.bench.test` the engine decrypts, \
+         swaps the stand-in for the value and talks TLS to the server itself; under \
+         `*.other.test` the connection passes through the relay untouched. Both send \
+         `Authorization: Bearer $API_KEY` (checked once, untimed: the server received the value \
+         through the swap and the stand-in through passthrough). Both paths go through the \
+         relay, which reads the first bytes of every connection of a sandbox with a secret \
+         bound. Passthrough is the baseline: the difference is the swap's own cost.\n"
+    ))
 }
 
 fn machine() -> String {
@@ -1889,6 +2608,12 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` would pass nothing useful: skip then.
     if !std::env::args().any(|a| a == "--bench") {
         eprintln!("benches/bench.rs: run with `cargo bench`");
+        return;
+    }
+    if std::env::var("SANDBOX_MCP_BENCH_ONLY").as_deref() == Ok("network") {
+        let mut figures = Vec::new();
+        let section = network_figures(&mut figures);
+        eprintln!("{}", render(&figures, &section));
         return;
     }
     let (doc, file) = match std::env::var("SANDBOX_MCP_BENCH_BASELINE") {
