@@ -278,7 +278,37 @@ pub(crate) fn standins_in(text: &[u8]) -> Vec<String> {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(hay, needle)
+}
+
+/// Finds stand-ins in a stream read chunk by chunk, without copying the chunks: each is scanned
+/// where it is, and only the few bytes around the joint with the previous one are put together
+/// (so a stand-in split across reads is still seen).
+#[derive(Default)]
+pub(crate) struct Scanner {
+    /// The last `prefix - 1` bytes seen.
+    tail: Vec<u8>,
+}
+
+impl Scanner {
+    /// The first stand-in (or its beginning) in `chunk` or across its joint with the previous
+    /// chunk.
+    pub(crate) fn scan(&mut self, chunk: &[u8]) -> Option<String> {
+        let keep = STANDIN_PREFIX.len() - 1;
+        let mut joint = std::mem::take(&mut self.tail);
+        joint.extend_from_slice(&chunk[..chunk.len().min(keep + STANDIN_TOKEN)]);
+        let found = standins_in(&joint)
+            .into_iter()
+            .next()
+            .or_else(|| standins_in(chunk).into_iter().next());
+        self.tail = if chunk.len() >= keep {
+            chunk[chunk.len() - keep..].to_vec()
+        } else {
+            let start = joint.len().saturating_sub(keep);
+            joint[start..].to_vec()
+        };
+        found
+    }
 }
 
 /// What became of one request.
@@ -405,8 +435,7 @@ fn replace(text: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 /// A request body on its way out: a stand-in in it aborts the request.
 struct Scanned {
     inner: Incoming,
-    /// The end of the previous chunk, so a stand-in split across chunks is seen.
-    tail: Vec<u8>,
+    scanner: Scanner,
     found: Arc<Mutex<Option<String>>>,
 }
 
@@ -424,15 +453,11 @@ impl HttpBody for Scanned {
             Poll::Ready(None) => return Poll::Ready(None),
             Poll::Pending => return Poll::Pending,
         };
-        if let Some(data) = frame.data_ref() {
-            let mut window = std::mem::take(&mut self.tail);
-            window.extend_from_slice(data);
-            if let Some(s) = standins_in(&window).into_iter().next() {
-                *self.found.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
-                return Poll::Ready(Some(Err("a stand-in in the request body".into())));
-            }
-            let keep = STANDIN_PREFIX.len().saturating_sub(1).min(window.len());
-            self.tail = window[window.len() - keep..].to_vec();
+        if let Some(data) = frame.data_ref()
+            && let Some(s) = self.scanner.scan(data)
+        {
+            *self.found.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
+            return Poll::Ready(Some(Err("a stand-in in the request body".into())));
         }
         Poll::Ready(Some(Ok(frame)))
     }
@@ -683,7 +708,7 @@ async fn forward(
     let found = Arc::new(Mutex::new(None));
     let body = Body::new(Scanned {
         inner: body,
-        tail: Vec::new(),
+        scanner: Scanner::default(),
         found: found.clone(),
     });
     let sent = upstream.send(Request::from_parts(parts, body)).await;
@@ -803,6 +828,28 @@ mod tests {
         assert_eq!(h["authorization"], "Bearer REAL");
         let (r, _) = run(&m, &[("x-api-key", S1)], "/", "api.example.test");
         assert!(matches!(r, Swap::Refused(w) if w.contains("only be sent in the Authorization")));
+    }
+
+    #[test]
+    fn the_scanner_sees_standins_split_across_chunks() {
+        let text = format!("xxxxxxxxxxxxxxxxxxxxxxxx{S1}yyyy");
+        for cut in 0..text.len() {
+            let mut scanner = Scanner::default();
+            let (a, b) = text.as_bytes().split_at(cut);
+            let found = scanner.scan(a).or_else(|| scanner.scan(b));
+            assert!(
+                found.is_some_and(|s| s.starts_with(STANDIN_PREFIX)),
+                "cut at {cut}"
+            );
+        }
+        // In three pieces too, the middle one shorter than the prefix.
+        let mut scanner = Scanner::default();
+        let (a, rest) = text.as_bytes().split_at(26);
+        let (b, c) = rest.split_at(3);
+        assert!(scanner.scan(a).is_none() && scanner.scan(b).is_none());
+        assert_eq!(scanner.scan(c).as_deref(), Some(S1));
+        let mut clean = Scanner::default();
+        assert!(clean.scan(b"sbxsecre").is_none() && clean.scan(b"tless").is_none());
     }
 
     #[test]

@@ -384,7 +384,7 @@ async fn pipe(
         if scan {
             // Clear text of a sandbox that binds secrets: each chunk is checked (with the end
             // of the one before, so a stand-in split across reads is seen) before it goes out.
-            let mut tail: Vec<u8> = Vec::new();
+            let mut scanner = intercept::Scanner::default();
             let mut buf = vec![0u8; COPY_BUFFER];
             let mut chunk = if first.is_empty() {
                 let n = cr.read(&mut buf).await.unwrap_or(0);
@@ -396,9 +396,7 @@ async fn pipe(
                 if chunk.is_empty() {
                     break;
                 }
-                let mut window = std::mem::take(&mut tail);
-                window.extend_from_slice(&chunk);
-                if let Some(s) = intercept::standins_in(&window).into_iter().next() {
+                if let Some(s) = scanner.scan(&chunk) {
                     leaked = Some(s);
                     cut_down.notify_one();
                     break;
@@ -407,10 +405,6 @@ async fn pipe(
                     break;
                 }
                 sent += chunk.len() as u64;
-                let keep = crate::engine::secrets::STANDIN_PREFIX
-                    .len()
-                    .min(window.len());
-                tail = window[window.len() - keep..].to_vec();
                 let n = cr.read(&mut buf).await.unwrap_or(0);
                 chunk = buf[..n].to_vec();
             }
