@@ -100,6 +100,16 @@ pub(crate) struct Bindings {
     pub(crate) hosts_when_bound: HashMap<String, Vec<String>>,
 }
 
+impl Bindings {
+    /// How the log and refusals name a stand-in: its variable and secret.
+    pub(crate) fn describe(&self, standin: &str) -> String {
+        match self.by_standin.get(standin) {
+            Some((env, secret)) => format!("{env} (secret {secret})"),
+            None => "a stand-in not bound in this sandbox".into(),
+        }
+    }
+}
+
 /// What the engine shares between every sandbox's network.
 pub(crate) struct Hub {
     config: NetworkConfig,

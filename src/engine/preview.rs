@@ -296,7 +296,7 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
 }
 
 /// A short plain-text page: what happened and what to do.
-fn page(status: StatusCode, text: impl Into<String>) -> Response<Body> {
+pub(crate) fn page(status: StatusCode, text: impl Into<String>) -> Response<Body> {
     let mut text = text.into();
     text.push('\n');
     let mut r = Response::new(Body::from(text));

@@ -340,14 +340,10 @@ pub(crate) fn swap(
     bindings: &Bindings,
     open: &OpenSecret<'_>,
 ) -> Swap {
-    let described = |standin: &str| match bindings.by_standin.get(standin) {
-        Some((env, secret)) => format!("{env} (secret {secret})"),
-        None => "a stand-in not bound in this sandbox".to_string(),
-    };
     if let Some(s) = standins_in(uri.as_bytes()).first() {
         return Swap::Refused(format!(
             "leak attempt: {} in the URL to {host}; stand-ins are swapped in request headers only",
-            described(s)
+            bindings.describe(s)
         ));
     }
     let mut applied = Vec::new();
@@ -367,7 +363,7 @@ pub(crate) fn swap(
                 let Some((env, secret)) = bindings.by_standin.get(&standin) else {
                     return Swap::Refused(format!(
                         "leak attempt: {} sent to {host}",
-                        described(&standin)
+                        bindings.describe(&standin)
                     ));
                 };
                 let (meta, secret_value) = match open(secret) {
@@ -497,14 +493,9 @@ impl Upstream {
     }
 }
 
+/// A refusal the client reads: the preview proxy's plain-text page.
 fn refused(status: StatusCode, text: &str) -> Response<Body> {
-    let mut r = Response::new(Body::from(format!("{text}\n")));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
+    crate::engine::preview::page(status, text)
 }
 
 /// Carries one decrypted connection: the client's TLS ends here, the upstream's starts here.
@@ -715,10 +706,7 @@ async fn forward(
     row.duration_ms = started.elapsed().as_millis() as u64;
     let leaked = found.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some(standin) = leaked {
-        let who = match bindings.by_standin.get(&standin) {
-            Some((env, secret)) => format!("{env} (secret {secret})"),
-            None => "a stand-in not bound in this sandbox".into(),
-        };
+        let who = bindings.describe(&standin);
         row.verdict = "blocked";
         row.rule = format!("leak attempt: {who} in a request body to {host}");
         let why = row.rule.clone();

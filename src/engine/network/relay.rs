@@ -255,10 +255,7 @@ async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
             }
             Hello::Http(_) => {
                 if let Some(standin) = intercept::standins_in(&first).first() {
-                    let who = match bindings.by_standin.get(standin) {
-                        Some((env, secret)) => format!("{env} (secret {secret})"),
-                        None => "a stand-in not bound in this sandbox".into(),
-                    };
+                    let who = bindings.describe(standin);
                     log.verdict = "blocked";
                     log.rule = format!("leak attempt: {who} over plain HTTP");
                     let body = format!(
@@ -299,10 +296,7 @@ async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
         log.host = Some(name.to_string());
     }
     if let Some(standin) = leaked {
-        let who = match bindings.by_standin.get(&standin) {
-            Some((env, secret)) => format!("{env} (secret {secret})"),
-            None => "a stand-in not bound in this sandbox".into(),
-        };
+        let who = bindings.describe(&standin);
         log.verdict = "blocked";
         log.rule = format!("leak attempt: {who} in a connection's clear text; it was cut");
     }
