@@ -144,23 +144,17 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
-        // Data dirs from before sandboxes had a network keep their rows: no rules, the default.
-        let has_network: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'network'")?
-            .exists([])?;
-        if !has_network {
-            conn.execute_batch(
-                "ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}'",
-            )?;
-        }
-        // And from before secrets: none bound.
-        let has_secrets: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'secrets'")?
-            .exists([])?;
-        if !has_secrets {
-            conn.execute_batch(
-                "ALTER TABLE sandboxes ADD COLUMN secrets TEXT NOT NULL DEFAULT '{}'",
-            )?;
+        // Data dirs from before these columns keep their rows: no network rules (the engine's
+        // default), no secrets bound.
+        for column in ["network", "secrets"] {
+            let has: bool = conn
+                .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = ?1")?
+                .exists([column])?;
+            if !has {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE sandboxes ADD COLUMN {column} TEXT NOT NULL DEFAULT '{{}}'"
+                ))?;
+            }
         }
         #[cfg(unix)]
         {
@@ -470,24 +464,28 @@ mod tests {
         let path = dir.path().join("state.db");
         {
             let c = Connection::open(&path).unwrap();
-            c.execute_batch(&SCHEMA.replace(",\n    network TEXT NOT NULL DEFAULT '{}'", ""))
-                .unwrap();
-            let cols: i64 = c
-                .query_row(
-                    "SELECT count(*) FROM pragma_table_info('sandboxes') WHERE name = 'network'",
-                    [],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            assert_eq!(cols, 0, "the old schema has no network column");
+            let old = SCHEMA
+                .replace(",\n    network TEXT NOT NULL DEFAULT '{}'", "")
+                .replace(",\n    secrets TEXT NOT NULL DEFAULT '{}'", "");
+            c.execute_batch(&old).unwrap();
+            for column in ["network", "secrets"] {
+                let cols: i64 = c
+                    .query_row(
+                        "SELECT count(*) FROM pragma_table_info('sandboxes') WHERE name = ?1",
+                        [column],
+                        |r| r.get(0),
+                    )
+                    .unwrap();
+                assert_eq!(cols, 0, "the old schema has no {column} column");
+            }
         }
         let store = Store::open(&path).unwrap();
         let mut r = record("sbx_old", 3);
         r.network = NetworkRules::default();
+        r.secrets = BTreeMap::new();
         store.insert(&r).unwrap();
-        assert_eq!(
-            store.get("sbx_old").unwrap().unwrap().network,
-            NetworkRules::default()
-        );
+        let back = store.get("sbx_old").unwrap().unwrap();
+        assert_eq!(back.network, NetworkRules::default());
+        assert!(back.secrets.is_empty());
     }
 }
