@@ -693,6 +693,32 @@ mod tests {
         assert!(!h.contains_key(header::COOKIE));
     }
 
+    /// The default address, taken (another engine), moves to a free port; an address the
+    /// operator named, taken, is an error that names it; `off` binds nothing.
+    #[test]
+    fn a_taken_listen_address_moves_only_when_it_is_the_default() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let config = |fallback| PreviewConfig {
+            listen: Some(addr),
+            fallback,
+            domain: "localhost".into(),
+        };
+        let moved = bind(&config(true)).unwrap().unwrap();
+        assert_ne!(moved.local_addr().unwrap().port(), addr.port());
+        let e = bind(&config(false)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("cannot listen for previews on {addr}")),
+            "{e}"
+        );
+        let off = PreviewConfig {
+            listen: None,
+            ..config(false)
+        };
+        assert!(bind(&off).unwrap().is_none());
+    }
+
     #[test]
     fn settings_are_checked() {
         assert_eq!(parse_listen("off").unwrap(), None);
