@@ -507,3 +507,20 @@ pub async fn unprivileged_engine(
     }
     (engine, client)
 }
+
+/// `flag value` is refused with `expected` in the message, on both `sandbox-mcp` and
+/// `sandbox-mcp engine` (checked at parse time: `--help` never runs).
+pub fn assert_flag_refused_on_both_commands(flag: &str, value: &str, expected: &str) {
+    for args in [
+        vec![flag, value, "--help"],
+        vec!["engine", flag, value, "--help"],
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

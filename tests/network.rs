@@ -546,18 +546,7 @@ fn network_flags_are_checked_and_say_how_to_write_them() {
         ),
         ("--egress", "sideways", "open"),
     ] {
-        for args in [
-            vec![flag, value, "--help"],
-            vec!["engine", flag, value, "--help"],
-        ] {
-            let out = std::process::Command::new(BIN)
-                .args(&args)
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{args:?} was accepted");
-            assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        }
+        assert_flag_refused_on_both_commands(flag, value, expected);
     }
     // And the environment variables are the same settings, checked before anything starts (a
     // bounded run: were the value accepted, the engine would start serving).

@@ -619,18 +619,7 @@ async fn preview_settings_on_both_commands() {
         ),
         ("--preview-domain", "under_score.test", "is not a domain"),
     ] {
-        for args in [
-            vec![flag, value, "--help"],
-            vec!["engine", flag, value, "--help"],
-        ] {
-            let out = std::process::Command::new(BIN)
-                .args(&args)
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert!(!out.status.success(), "{args:?} was accepted");
-            assert!(stderr.contains(expected), "{args:?}: {stderr}");
-        }
+        assert_flag_refused_on_both_commands(flag, value, expected);
     }
     require_sandboxes!();
     if !nix::unistd::geteuid().is_root() {
