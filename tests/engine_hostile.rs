@@ -28,7 +28,9 @@ async fn fork_bomb_hits_the_process_limit_and_others_are_unaffected() {
     let r = ok(
         &client,
         "sandbox_exec",
-        json!({"sandbox_id": bomb, "command": "f() { f | f & }; f; sleep 30", "timeout_ms": 3000}),
+        // The wait is a builtin loop: once the bomb fills the pid budget, `sleep` could not be
+        // forked and the shell would exit early instead of timing out.
+        json!({"sandbox_id": bomb, "command": "f() { f | f & }; f; while :; do :; done", "timeout_ms": 3000}),
     )
     .await;
     assert_eq!(r["timed_out"], true, "{r}");
