@@ -16,6 +16,7 @@ pub mod linux;
 pub mod local;
 pub mod manager;
 pub mod network;
+pub(crate) mod oci;
 pub mod preview;
 pub mod secrets;
 pub mod server;
