@@ -23,9 +23,11 @@ fn agent() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    spawn::set_default_cwd(entered.workdir);
     spawn::confine_commands(spawn::Confinement {
         caps: entered.commands.caps,
         landlock: entered.commands.landlock,
+        user: entered.user,
     });
     match server::run(
         launcher::AGENT_LISTEN_FD,

@@ -10,7 +10,7 @@ use tokio::net::unix::pipe;
 use super::capture::Capture;
 use super::protocol::{AgentError, ErrorKind, ExecOutcome, ExecSpec, Stream, write_output};
 use super::reaper::{Exit, Reaper};
-use super::spawn::{self, DEFAULT_CWD, Launch, error};
+use super::spawn::{self, Launch, default_cwd, error};
 
 /// After the shell exits, how long to keep reading output that background children may still
 /// hold open, before answering anyway.
@@ -230,7 +230,10 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let cwd = spec.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_string());
+    let cwd = spec
+        .cwd
+        .clone()
+        .unwrap_or_else(|| default_cwd().to_string());
     if spec.command.contains('\0') {
         return Err(error(
             ErrorKind::InvalidArgument,

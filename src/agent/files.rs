@@ -18,7 +18,7 @@ use super::protocol::{
     Moved, ReadFile, WriteFile, Written, Zip, ZipDir,
 };
 use super::safe_open;
-use super::spawn::DEFAULT_CWD;
+use super::spawn::default_cwd;
 
 const MAX_PATH: usize = 4096;
 /// Most entries read from one directory before giving up on sorting all of them.
@@ -120,7 +120,7 @@ pub fn resolve(path: &str) -> Result<PathBuf> {
             format!("path is {} bytes long; the limit is {MAX_PATH}", path.len()),
         ));
     }
-    let joined = Path::new(DEFAULT_CWD).join(path);
+    let joined = Path::new(default_cwd()).join(path);
     let mut out = PathBuf::from("/");
     for component in joined.components() {
         match component {

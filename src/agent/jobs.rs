@@ -19,7 +19,7 @@ use super::protocol::{
 };
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
-use super::spawn::{self, DEFAULT_CWD, Launch, error};
+use super::spawn::{self, Launch, default_cwd, error};
 
 pub(crate) const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
 /// Most jobs running at once in one sandbox.
@@ -157,7 +157,7 @@ impl Jobs {
         sandbox_env: &[(String, String)],
         reaper: &Reaper,
     ) -> Result<JobInfo, AgentError> {
-        let cwd = cwd.unwrap_or_else(|| DEFAULT_CWD.to_string());
+        let cwd = cwd.unwrap_or_else(|| default_cwd().to_string());
         if command.contains('\0') {
             return Err(error(
                 ErrorKind::InvalidArgument,

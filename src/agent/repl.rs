@@ -23,7 +23,7 @@ use super::protocol::{
     DeleteContext, ErrorKind, Language, RunCodeSpec,
 };
 use super::reaper::{Exit, Reaper};
-use super::spawn::{self, DEFAULT_CWD, Launch, error};
+use super::spawn::{self, Launch, default_cwd, error};
 
 const PYTHON_DRIVER: &str = include_str!("drivers/python.py");
 const NODE_DRIVER: &str = include_str!("drivers/node.js");
@@ -170,7 +170,7 @@ impl Contexts {
     ) -> Result<ContextInfo, AgentError> {
         let env: Vec<(String, String)> = env.iter().cloned().chain(extra).collect();
         let env = env.as_slice();
-        let cwd = cwd.unwrap_or_else(|| DEFAULT_CWD.to_string());
+        let cwd = cwd.unwrap_or_else(|| default_cwd().to_string());
         spawn::check(&cwd, &[])?;
         let n = self.next.get() + 1;
         self.next.set(n);
@@ -238,7 +238,7 @@ impl Contexts {
                     None => self.insert(Context {
                         id,
                         language: spec.language,
-                        cwd: DEFAULT_CWD.to_string(),
+                        cwd: default_cwd().to_string(),
                         created_at: now_ms(),
                         is_default: true,
                         interp: tokio::sync::Mutex::new(None),

@@ -21,6 +21,8 @@ pub struct Confinement {
     pub caps: u64,
     /// A prepared Landlock ruleset each command enters (none without kernel support).
     pub landlock: Option<OwnedFd>,
+    /// uid and gid commands run as, when not the sandbox's root (an image's `User`).
+    pub user: Option<(u32, u32)>,
 }
 
 static CONFINEMENT: OnceLock<Confinement> = OnceLock::new();
@@ -32,7 +34,7 @@ pub fn confine_commands(confinement: Confinement) {
 
 /// Becomes the sandbox's root with only the sandbox's capabilities, in the Landlock domain.
 /// Runs between fork and exec: raw system calls only, nothing that allocates or locks.
-fn confine(caps: u64, landlock: Option<RawFd>) -> std::io::Result<()> {
+fn confine(caps: u64, landlock: Option<RawFd>, user: Option<(u32, u32)>) -> std::io::Result<()> {
     use crate::sys;
     let check = |ret: libc::c_long| {
         if ret < 0 {
@@ -52,11 +54,34 @@ fn confine(caps: u64, landlock: Option<RawFd>) -> std::io::Result<()> {
         // SAFETY: landlock_restrict_self on a ruleset descriptor the agent keeps open.
         check(unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) })?;
     }
+    if let Some((uid, gid)) = user.filter(|u| *u != (0, 0)) {
+        // Last, once root's work is done: leaving uid 0 clears every capability.
+        // SAFETY: id-setting system calls on integer arguments.
+        unsafe {
+            check(libc::setresgid(gid, gid, gid).into())?;
+            check(libc::setresuid(uid, uid, uid).into())?;
+        }
+    }
     Ok(())
 }
 
-/// Working directory when none is given.
-pub(crate) const DEFAULT_CWD: &str = "/root";
+/// Working directory when none is given, unless the template names another.
+const ROOT_HOME: &str = "/root";
+static DEFAULT_CWD: OnceLock<String> = OnceLock::new();
+
+/// Sets the working directory of commands that name none (once, at start), making it if it is
+/// missing (an image's `WORKDIR` need not exist in its layers).
+pub fn set_default_cwd(dir: Option<String>) {
+    if let Some(dir) = dir.filter(|d| d.starts_with('/')) {
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = DEFAULT_CWD.set(dir);
+    }
+}
+
+/// Working directory of commands that name none.
+pub(crate) fn default_cwd() -> &'static str {
+    DEFAULT_CWD.get().map_or(ROOT_HOME, String::as_str)
+}
 
 /// The environment every process starts from (before sandbox and per-call variables).
 pub(crate) fn base_env() -> Vec<(String, String)> {
@@ -169,7 +194,7 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
     let extra: Vec<RawFd> = launch.extra_fds.to_vec();
     let confinement = CONFINEMENT
         .get()
-        .map(|c| (c.caps, c.landlock.as_ref().map(|fd| fd.as_raw_fd())));
+        .map(|c| (c.caps, c.landlock.as_ref().map(|fd| fd.as_raw_fd()), c.user));
     // SAFETY: runs in the forked child before exec and calls only async-signal-safe functions
     // (setsid, fcntl, dup2, id and capability calls). A new session gives the process its own
     // process group (killed as a unit) and no controlling terminal (so TIOCSTI has nothing to
@@ -178,8 +203,8 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
-            if let Some((caps, landlock)) = confinement {
-                confine(caps, landlock)?;
+            if let Some((caps, landlock, user)) = confinement {
+                confine(caps, landlock, user)?;
             }
             let mut high = Vec::with_capacity(extra.len());
             for fd in &extra {

@@ -44,14 +44,21 @@ pub struct Shape {
     pub max_pids: u64,
 }
 
-/// A template as the driver needs it.
+/// A template as the driver needs it: the overlays that make a sandbox's filesystem.
 #[derive(Debug, Clone)]
 pub struct TemplateLayout {
     pub name: String,
-    /// Root filesystem of the template (lower layer of the sandbox's root).
-    pub rootfs: PathBuf,
-    /// Host directories shown read-only (copy-on-write) at the same path, e.g. /usr.
-    pub host_dirs: Vec<PathBuf>,
+    /// The root (`/`) first, then directories mounted below it (a host's /usr, say).
+    pub mounts: Vec<MountLayers>,
+}
+
+/// One overlay: read-only directories stacked at `target`, the sandbox's own upper on top.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountLayers {
+    /// Mount point inside the sandbox (`/` for the root).
+    pub target: String,
+    /// Lower directories on the host, top first (overlayfs' `lowerdir` order).
+    pub lowers: Vec<PathBuf>,
 }
 
 /// Everything needed to start (or restart) one sandbox.
@@ -63,6 +70,10 @@ pub struct StartSpec {
     pub shape: Shape,
     pub template: TemplateLayout,
     pub env: Vec<(String, String)>,
+    /// Working directory of commands that name none (`/root` when `None`).
+    pub workdir: Option<String>,
+    /// uid and gid commands run as (root when `None`).
+    pub user: Option<(u32, u32)>,
 }
 
 /// What the driver sees of a sandbox's processes.
@@ -142,6 +153,23 @@ pub trait Driver: Send + Sync + 'static {
         _port: u16,
     ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
         Box::pin(async { Err(std::io::ErrorKind::Unsupported.into()) })
+    }
+
+    /// Copies the sandbox's writable layers (of the overlays at `targets`) into `dest`, a new
+    /// layer directory, with ids as the sandbox sees them. The sandbox is stopped or frozen.
+    /// Returns the bytes of file content copied.
+    fn capture(
+        &self,
+        id: &str,
+        slot: u32,
+        targets: &[String],
+        dest: &std::path::Path,
+    ) -> Result<u64, DriverError> {
+        let _ = (id, slot, targets, dest);
+        Err(DriverError::Unsupported(format!(
+            "the {} driver cannot capture a sandbox's filesystem",
+            self.name()
+        )))
     }
 
     fn egress_sockets<'a>(

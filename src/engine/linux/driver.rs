@@ -147,20 +147,16 @@ impl NamespacesDriver {
             spec.shape.disk_mb.saturating_mul(1024 * 1024),
         )?;
         let owner = (self.uid == 0).then(|| plan::uid_base(spec.uid_slot));
-        let mut targets = vec!["/".to_string()];
-        targets.extend(
-            spec.template
-                .host_dirs
-                .iter()
-                .map(|d| d.display().to_string()),
-        );
-        for target in &targets {
-            let staging = plan::staging_dir(&dir, target);
-            if !staging.exists() {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(&staging)?;
+        for mount in &spec.template.mounts {
+            let target = &mount.target;
+            for index in 0..mount.lowers.len() {
+                let staging = plan::staging_dir(&dir, target, index);
+                if !staging.exists() {
+                    fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o755)
+                        .create(&staging)?;
+                }
             }
             for path in [plan::upper_dir(&dir, target), plan::work_dir(&dir, target)] {
                 if !path.exists() {
@@ -204,8 +200,7 @@ impl NamespacesDriver {
         let plan = plan::build(&PlanInput {
             sandbox_id: &spec.id,
             sandbox_dir: &dir,
-            template_rootfs: &spec.template.rootfs,
-            host_dirs: &spec.template.host_dirs,
+            mounts: &spec.template.mounts,
             uid_slot: spec.uid_slot,
             host_uid: self.uid,
             host_gid: self.gid,
@@ -217,6 +212,8 @@ impl NamespacesDriver {
             env: &spec.env,
             memory_bytes: spec.shape.memory_mb * 1024 * 1024,
             pty_max: self.pty_max,
+            workdir: spec.workdir.as_deref(),
+            user: spec.user,
         });
         let input = serde_json::to_vec(&plan)
             .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;
@@ -588,6 +585,30 @@ impl Driver for NamespacesDriver {
             return Ok(());
         }
         self.cgroups(id).thaw().map_err(DriverError::io("thaw"))
+    }
+
+    fn capture(
+        &self,
+        id: &str,
+        slot: u32,
+        targets: &[String],
+        dest: &std::path::Path,
+    ) -> Result<u64, DriverError> {
+        let dir = self.dir(id);
+        let uppers: Vec<(String, PathBuf)> = targets
+            .iter()
+            .map(|t| (plan::layer_name(t), plan::upper_dir(&dir, t)))
+            .collect();
+        // As root the upper holds the sandbox's host ids; a layer holds the ids it saw.
+        let owners = if self.uid == 0 {
+            crate::engine::layers::Owners::Shift {
+                base: plan::uid_base(slot),
+            }
+        } else {
+            crate::engine::layers::Owners::Keep
+        };
+        crate::engine::layers::capture(&uppers, dest, owners)
+            .map_err(DriverError::io("copy the sandbox's files into a layer"))
     }
 
     fn stop(&self, id: &str) -> Result<(), DriverError> {

@@ -75,6 +75,10 @@ pub struct Entered {
     pub commands: CommandPolicy,
     /// Unprivileged: the engine's egress sockets (TCP listener, DNS), or why there are none.
     pub egress: Option<Result<[OwnedFd; 2], String>>,
+    /// Working directory of commands that name none (the template's).
+    pub workdir: Option<String>,
+    /// uid and gid commands run as (the template's user; root when `None`).
+    pub user: Option<(u32, u32)>,
 }
 
 /// Applied to every command between fork and exec: become the sandbox's root with the sandbox's
@@ -124,6 +128,8 @@ pub fn enter() -> Result<Entered, BuildError> {
         env: plan.env,
         commands,
         egress,
+        workdir: plan.workdir,
+        user: plan.user,
     })
 }
 
@@ -143,14 +149,33 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
     let rootfs = inside(&plan.rootfs)?;
     let rootfs = rootfs.as_path();
     for layer in &plan.layers {
-        // As root the lower layer is the id-mapped copy the parent attached; otherwise the host
-        // directory itself (whose files then stay read-only inside the sandbox).
-        let lower = if plan.privileged {
-            inside(&layer.staging)?
+        // As root the lower layers are the id-mapped copies the parent attached; otherwise the
+        // host directories themselves (whose files then stay read-only inside the sandbox).
+        let lowers = if plan.privileged {
+            layer
+                .staging
+                .iter()
+                .map(|p| inside(p))
+                .collect::<Result<Vec<_>, _>>()?
         } else {
-            layer.lower.clone()
+            layer.lowers.clone()
         };
-        let lower = lower.display();
+        let lower = lowers
+            .iter()
+            .map(|p| {
+                let s = p.display().to_string();
+                // `:` separates lower directories and `,` mount options: such a path would be
+                // read as something else.
+                if s.contains([':', ',']) {
+                    Err(BuildError::Refused(format!(
+                        "{s}: an overlay layer's path may not contain ':' or ','"
+                    )))
+                } else {
+                    Ok(s)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?
+            .join(":");
         let target = if layer.target == "/" {
             rootfs.to_path_buf()
         } else {

@@ -32,6 +32,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, socketpair};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -252,11 +253,15 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
             fs::File::open(format!("/proc/{pid}/ns/user")),
             "open child user namespace",
         )?;
-        let trees = plan
+        let lowers: Vec<(&PathBuf, &PathBuf)> = plan
             .layers
             .iter()
-            .map(|layer| {
-                let lower = layer.lower.to_string_lossy();
+            .flat_map(|layer| layer.lowers.iter().zip(&layer.staging))
+            .collect();
+        let trees = lowers
+            .iter()
+            .map(|(lower, _)| {
+                let lower = lower.to_string_lossy();
                 ctx(
                     sys::idmapped_tree(&lower, userns.as_raw_fd()),
                     &format!("id-map {lower}"),
@@ -272,10 +277,10 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
             nix::sched::setns(&mntns, nix::sched::CloneFlags::CLONE_NEWNS),
             "enter child mount namespace",
         )?;
-        for (tree, layer) in trees.iter().zip(&plan.layers) {
+        for (tree, (lower, staging)) in trees.iter().zip(&lowers) {
             ctx(
-                sys::move_mount_to(tree, &layer.staging.to_string_lossy()),
-                &format!("attach id-mapped {}", layer.lower.display()),
+                sys::move_mount_to(tree, &staging.to_string_lossy()),
+                &format!("attach id-mapped {}", lower.display()),
             )?;
         }
         // The sandbox's directory, opened here for the child: its own id may be unable to reach

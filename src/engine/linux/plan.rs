@@ -27,14 +27,14 @@ pub struct IdMap {
 pub struct Layer {
     /// Mount point inside the sandbox (`/` for the root).
     pub target: String,
-    /// Read-only lower directory on the host.
-    pub lower: PathBuf,
+    /// Read-only lower directories on the host, top first.
+    pub lowers: Vec<PathBuf>,
     /// The sandbox's own upper and work directories on the host.
     pub upper: PathBuf,
     pub work: PathBuf,
-    /// Empty host directory where, as root, the id-mapped copy of `lower` is attached inside the
-    /// sandbox's mount namespace (the overlay then uses that path as its lower layer).
-    pub staging: PathBuf,
+    /// Empty host directories where, as root, the id-mapped copy of each of `lowers` is
+    /// attached inside the sandbox's mount namespace (the overlay then uses those paths).
+    pub staging: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -72,16 +72,21 @@ pub struct LaunchPlan {
     /// host uid, so file permissions cannot keep sandbox code from writing the agent's
     /// `/proc/1/oom_score_adj`; a read-only /proc can.
     pub proc_readonly: bool,
+    /// Working directory of commands that name none (made if missing, as for an image's
+    /// `WORKDIR`).
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// uid and gid commands run as. Only as root: unprivileged, only root is mapped.
+    #[serde(default)]
+    pub user: Option<(u32, u32)>,
 }
 
 /// What the engine knows about a sandbox when it launches it.
 pub struct PlanInput<'a> {
     pub sandbox_id: &'a str,
     pub sandbox_dir: &'a Path,
-    /// The template's root filesystem (lower of the root overlay).
-    pub template_rootfs: &'a Path,
-    /// Host directories overlaid read-only at the same path (e.g. /usr).
-    pub host_dirs: &'a [PathBuf],
+    /// The template's overlays, the root's first.
+    pub mounts: &'a [crate::engine::driver::MountLayers],
     /// Slot of the sandbox's uid range (privileged mode).
     pub uid_slot: u32,
     /// Real uid/gid of the engine.
@@ -92,6 +97,8 @@ pub struct PlanInput<'a> {
     pub memory_bytes: u64,
     /// This sandbox's share of the host's ptys.
     pub pty_max: u32,
+    pub workdir: Option<&'a str>,
+    pub user: Option<(u32, u32)>,
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
@@ -123,11 +130,20 @@ pub(crate) fn work_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("work").join(layer_name(layer))
 }
 
-pub(crate) fn staging_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
-    sandbox_dir.join("lower").join(layer_name(layer))
+/// Where the `index`th lower directory of the overlay at `layer` is attached (as root).
+pub(crate) fn staging_dir(sandbox_dir: &Path, layer: &str, index: usize) -> PathBuf {
+    let name = layer_name(layer);
+    // The first keeps the name sandboxes made before templates had layers used.
+    let name = if index == 0 {
+        name
+    } else {
+        format!("{name}.{index}")
+    };
+    sandbox_dir.join("lower").join(name)
 }
 
-fn layer_name(target: &str) -> String {
+/// A mount target as a directory name: `/` is `root`, `/usr/local` is `usr_local`.
+pub(crate) fn layer_name(target: &str) -> String {
     let trimmed = target.trim_matches('/');
     if trimmed.is_empty() {
         "root".into()
@@ -160,23 +176,19 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
             },
         )
     };
-    let mut layers = vec![Layer {
-        target: "/".into(),
-        lower: input.template_rootfs.to_path_buf(),
-        upper: upper_dir(input.sandbox_dir, "/"),
-        work: work_dir(input.sandbox_dir, "/"),
-        staging: staging_dir(input.sandbox_dir, "/"),
-    }];
-    for dir in input.host_dirs {
-        let target = dir.display().to_string();
-        layers.push(Layer {
-            upper: upper_dir(input.sandbox_dir, &target),
-            work: work_dir(input.sandbox_dir, &target),
-            staging: staging_dir(input.sandbox_dir, &target),
-            lower: dir.clone(),
-            target,
-        });
-    }
+    let layers = input
+        .mounts
+        .iter()
+        .map(|m| Layer {
+            target: m.target.clone(),
+            lowers: m.lowers.clone(),
+            upper: upper_dir(input.sandbox_dir, &m.target),
+            work: work_dir(input.sandbox_dir, &m.target),
+            staging: (0..m.lowers.len())
+                .map(|i| staging_dir(input.sandbox_dir, &m.target, i))
+                .collect(),
+        })
+        .collect();
     LaunchPlan {
         sandbox_id: input.sandbox_id.to_string(),
         hostname: "sandbox".into(),
@@ -193,6 +205,8 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         shm_bytes: (input.memory_bytes / 4).clamp(1 << 20, 256 << 20),
         pty_max: input.pty_max,
         proc_readonly: !privileged,
+        workdir: input.workdir.map(str::to_string),
+        user: input.user.filter(|_| privileged),
     }
 }
 
@@ -201,12 +215,32 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
 mod tests {
     use super::*;
 
-    fn input<'a>(uid: u32, dirs: &'a [PathBuf], env: &'a [(String, String)]) -> PlanInput<'a> {
+    use crate::engine::driver::MountLayers;
+
+    fn mounts(host_dirs: &[&str]) -> Vec<MountLayers> {
+        let mut out = vec![MountLayers {
+            target: "/".into(),
+            lowers: vec![
+                PathBuf::from("/data/layers/ab/root"),
+                PathBuf::from("/data/templates/base/rootfs"),
+            ],
+        }];
+        out.extend(host_dirs.iter().map(|d| MountLayers {
+            target: d.to_string(),
+            lowers: vec![PathBuf::from(d)],
+        }));
+        out
+    }
+
+    fn input<'a>(
+        uid: u32,
+        mounts: &'a [MountLayers],
+        env: &'a [(String, String)],
+    ) -> PlanInput<'a> {
         PlanInput {
             sandbox_id: "sbx_a",
             sandbox_dir: Path::new("/data/sandboxes/sbx_a"),
-            template_rootfs: Path::new("/data/templates/base/rootfs"),
-            host_dirs: dirs,
+            mounts,
             uid_slot: 3,
             host_uid: uid,
             host_gid: uid,
@@ -214,12 +248,14 @@ mod tests {
             env,
             memory_bytes: 512 << 20,
             pty_max: 30,
+            workdir: None,
+            user: None,
         }
     }
 
     #[test]
     fn root_maps_to_an_unprivileged_range_never_zero() {
-        let dirs = [PathBuf::from("/usr")];
+        let dirs = mounts(&["/usr"]);
         let plan = build(&input(0, &dirs, &[]));
         assert!(plan.privileged);
         assert_eq!(plan.uid_map.inside, 0);
@@ -237,7 +273,15 @@ mod tests {
             plan.layers[0].upper,
             PathBuf::from("/data/sandboxes/sbx_a/upper/root")
         );
-        assert_eq!(plan.layers[1].lower, PathBuf::from("/usr"));
+        assert_eq!(plan.layers[1].lowers, [PathBuf::from("/usr")]);
+        // One staging directory per lower, the first under the name older sandboxes used.
+        assert_eq!(
+            plan.layers[0].staging,
+            [
+                PathBuf::from("/data/sandboxes/sbx_a/lower/root"),
+                PathBuf::from("/data/sandboxes/sbx_a/lower/root.1")
+            ]
+        );
         assert_eq!(
             plan.layers[1].work,
             PathBuf::from("/data/sandboxes/sbx_a/work/usr")
@@ -247,7 +291,7 @@ mod tests {
 
     #[test]
     fn unprivileged_maps_only_the_callers_id() {
-        let plan = build(&input(1000, &[], &[]));
+        let plan = build(&input(1000, &mounts(&[]), &[]));
         assert!(!plan.privileged);
         assert_eq!(plan.agent_id, None);
         assert!(plan.proc_readonly);
