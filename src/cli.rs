@@ -48,6 +48,29 @@ enum Command {
     Keys(KeysArgs),
     /// Manage secrets that sandboxes may use without seeing (values are read from stdin).
     Secrets(SecretsArgs),
+    /// Manage templates (import an OCI image).
+    Template(TemplateArgs),
+}
+
+#[derive(Args, Debug)]
+struct TemplateArgs {
+    #[command(flatten)]
+    data: DataDirArg,
+    #[command(subcommand)]
+    command: TemplateCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum TemplateCommand {
+    /// Import an OCI image as template NAME: a `docker save` tarball, an OCI archive, or an
+    /// OCI image layout directory (e.g. `docker save python:3.12-alpine > py.tar`). Goes
+    /// through the engine that serves the data dir, or straight into the data dir when none does.
+    Import {
+        /// The template's name.
+        name: String,
+        /// The image archive or layout directory.
+        image: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -259,6 +282,11 @@ struct EngineSettings {
         value_parser = crate::engine::preview::parse_domain
     )]
     preview_domain: String,
+    /// The template sandboxes start from when a request names none (it must exist and be
+    /// ready when the engine starts).
+    #[arg(long = "default-template", env = "SANDBOX_MCP_DEFAULT_TEMPLATE", value_name = "NAME",
+          value_parser = |s: &str| crate::engine::templates::check_name(s).map(|()| s.to_string()))]
+    default_template: Option<String>,
 }
 
 /// `--preview-listen`: an address, or `None` for `off`.
@@ -328,6 +356,7 @@ impl EngineSettings {
             listen: self.preview_listen.clone().map_or(default.listen, |l| l.0),
             domain: self.preview_domain.clone(),
         };
+        config.default_template = self.default_template.clone();
         config
     }
 }
@@ -376,6 +405,7 @@ pub fn main() -> ExitCode {
         Some(Command::Tools(args)) => tools(&args.tools, args.json),
         Some(Command::Keys(args)) => keys(&args.data, args.command),
         Some(Command::Secrets(args)) => secrets(&args.data, args.command),
+        Some(Command::Template(args)) => runtime.block_on(template(&args.data, args.command)),
     };
     // Sandboxes and sockets are shut down already; don't wait for idle blocking threads.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -483,6 +513,96 @@ async fn serve_http(
     tracing::info!("shutting down: finishing in-flight calls");
     server.shutdown(Duration::from_secs(30)).await;
     Ok(())
+}
+
+#[allow(clippy::print_stdout)] // the summary line is the command's output
+async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()> {
+    use crate::engine::local;
+    let TemplateCommand::Import { name, image } = cmd;
+    crate::engine::templates::check_name(&name).map_err(anyhow::Error::msg)?;
+    if !image.exists() {
+        anyhow::bail!("{}: no such file or directory", image.display());
+    }
+    let config = EngineConfig::new(data.path());
+    local::prepare_data_dir(&config)?;
+    let lock = local::try_lock(&config)?;
+    let started = std::time::Instant::now();
+    let (size, status) = match lock {
+        // No engine serves the data dir: import into it directly, holding its lock.
+        Some(_lock) => {
+            init_logging("warn");
+            let manager = local::open_manager(&config).await?;
+            let result = manager.import_template(&name, image.clone()).await;
+            manager.shutdown().await;
+            let t = result?;
+            (t.file.size_bytes, "ready".to_string())
+        }
+        None => {
+            let endpoint = local::endpoint(&config).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "an engine holds {} but published no address; retry in a moment",
+                    config.data_dir.display()
+                )
+            })?;
+            let (archive, _tmp) = if image.is_dir() {
+                // The API takes one archive: pack the layout directory first.
+                let tmp = tempfile_in(&config.data_dir)?;
+                let mut builder = tar::Builder::new(std::fs::File::create(&tmp.0)?);
+                builder.append_dir_all(".", &image)?;
+                builder.into_inner()?;
+                (tmp.0.clone(), Some(tmp))
+            } else {
+                (image.clone(), None)
+            };
+            let file = tokio::fs::File::open(&archive).await?;
+            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+            let response = crate::client::http_builder()
+                .no_proxy()
+                .build()?
+                .put(format!("{}/v1/templates/{name}/image", endpoint.url))
+                .bearer_auth(&endpoint.key)
+                .body(body)
+                .send()
+                .await?;
+            let status = response.status();
+            let json: serde_json::Value = response.json().await.unwrap_or_default();
+            if !status.is_success() {
+                anyhow::bail!(
+                    "{}",
+                    json["message"]
+                        .as_str()
+                        .unwrap_or("the engine refused the image")
+                );
+            }
+            (
+                json["size_bytes"].as_u64().unwrap_or(0),
+                json["status"].as_str().unwrap_or("").to_string(),
+            )
+        }
+    };
+    println!(
+        "template {name}: {status}, {} MB of files, imported in {:.1} s",
+        size.div_ceil(1 << 20),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A scratch file in the data dir, deleted when dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn tempfile_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
+    Ok(TempFile(dir.join(format!(
+        ".image-{}-{}.tar",
+        std::process::id(),
+        crate::engine::ids::now_ms()
+    ))))
 }
 
 #[allow(clippy::print_stdout)] // the listing is the command's output

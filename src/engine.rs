@@ -12,6 +12,7 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod ids;
+pub(crate) mod layers;
 pub mod linux;
 pub mod local;
 pub mod manager;

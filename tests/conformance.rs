@@ -14,6 +14,20 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
     ("health", "GET", "/v1/health", None),
     ("list_templates", "GET", "/v1/templates", None),
     (
+        "create_template",
+        "POST",
+        "/v1/templates",
+        Some(r#"{"name": "conformance", "steps": [{"run": "true"}, {"env": {"A": "b"}}]}"#),
+    ),
+    ("get_template", "GET", "/v1/templates/conformance", None),
+    // The body is a `docker save` archive the test builds (see below).
+    (
+        "import_template",
+        "PUT",
+        "/v1/templates/imported/image",
+        None,
+    ),
+    (
         "create_sandbox",
         "POST",
         "/v1/sandboxes",
@@ -120,6 +134,7 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
     ("pause_sandbox", "POST", "{s}/pause", None),
     ("resume_sandbox", "POST", "{s}/resume", None),
     ("kill_sandbox", "DELETE", "{s}", None),
+    ("delete_template", "DELETE", "/v1/templates/imported", None),
 ];
 
 #[tokio::test]
@@ -156,6 +171,15 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             }
             if let Some(b) = &body {
                 req = req.json(b);
+            }
+            if *op_id == "import_template" {
+                let image = crate::images::docker_save(
+                    &[crate::images::layer(&[("hello", b"hi", 0o644)], &[])],
+                    json!({}),
+                );
+                req = req
+                    .header("content-type", "application/octet-stream")
+                    .body(image);
             }
             req.send()
         };

@@ -42,6 +42,7 @@ fn valid_args(tool: &str) -> Value {
             "port" => json!(3000),
             "env" => json!("API_KEY"),
             "secret" => json!("example"),
+            "name" => json!("example"),
             other => panic!("{tool}: no test value for required argument `{other}`; add one"),
         };
         args.insert(name.to_string(), value);

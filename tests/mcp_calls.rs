@@ -60,6 +60,8 @@ async fn tools_list_carries_annotations_and_schemas() {
             "sandbox_list",
             "sandbox_template_list",
             "secret_list",
+            "sandbox_template_create",
+            "sandbox_template_delete",
         ]
         .contains(&tool.name.as_ref())
         {

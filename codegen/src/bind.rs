@@ -133,6 +133,15 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
                     op.id, op.method, op.path, op.id
                 ),
             ),
+            (false, _) if op.raw_body => ctx.fail(
+                "tool-defs/",
+                None,
+                format!(
+                    "operation `{}` uploads raw bytes, which a model cannot send; replace its \
+                     [[tool]] with an [[exclude]] and a reason",
+                    op.id
+                ),
+            ),
             (false, Some((file, _))) => ctx.fail(
                 file,
                 Some(&format!("[[exclude]] {}", op.id)),

@@ -55,6 +55,9 @@ pub struct Operation {
     pub response_schema: Value,
     /// The success response is NDJSON (`application/x-ndjson`), one event per line.
     pub streaming: bool,
+    /// The request body is raw bytes (`application/octet-stream`, an upload): such an
+    /// operation has no arguments to give a model and can only be excluded from tools.
+    pub raw_body: bool,
 }
 
 /// Media type of streamed responses.
@@ -122,8 +125,11 @@ impl Spec {
                     args.retain(|a: &OpArg| a.name != param.name); // operation-level wins
                     args.push(param);
                 }
+                let raw_body = matches!(&op.request_body, Some(ReferenceOr::Item(b))
+                    if b.content.len() == 1 && b.content.contains_key("application/octet-stream"));
                 let body_type = match &op.request_body {
                     None => None,
+                    Some(_) if raw_body => None,
                     Some(body) => {
                         let (name, required_fields, properties) = self.body_fields(&id, body)?;
                         for (field, schema) in properties {
@@ -152,6 +158,7 @@ impl Spec {
                     body_type,
                     response_schema,
                     streaming,
+                    raw_body,
                 });
             }
         }

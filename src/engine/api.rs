@@ -21,6 +21,7 @@ mod previews;
 pub mod request;
 mod sandboxes;
 mod secrets;
+mod templates;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -36,7 +37,19 @@ pub(crate) fn router(state: AppState) -> Router {
     let at = |suffix: &str| format!("{sandbox}{suffix}");
     Router::new()
         .route("/v1/health", get(sandboxes::health))
-        .route("/v1/templates", get(sandboxes::list_templates))
+        .route(
+            "/v1/templates",
+            get(templates::list).post(templates::create),
+        )
+        .route(
+            "/v1/templates/{name}",
+            get(templates::get).delete(templates::delete),
+        )
+        .route(
+            "/v1/templates/{name}/image",
+            // An image is streamed to disk, never held in memory: no body limit here.
+            axum::routing::put(templates::import).layer(DefaultBodyLimit::disable()),
+        )
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),

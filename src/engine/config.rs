@@ -36,6 +36,8 @@ pub struct EngineConfig {
     pub network: crate::engine::network::NetworkConfig,
     /// Where and under which domain sandbox ports are served as preview URLs.
     pub preview: crate::engine::preview::PreviewConfig,
+    /// The template `create` uses when the request names none (`base` when `None`).
+    pub default_template: Option<String>,
 }
 
 impl EngineConfig {
@@ -50,6 +52,7 @@ impl EngineConfig {
             uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),
             network: crate::engine::network::NetworkConfig::default(),
             preview: crate::engine::preview::PreviewConfig::default(),
+            default_template: None,
         }
     }
 

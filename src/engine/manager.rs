@@ -26,10 +26,14 @@ use crate::engine::ids;
 use crate::engine::network::log as netlog;
 use crate::engine::network::{EgressDefault, Hub, SandboxNet};
 use crate::engine::state::{NetworkRules, Record, Status, Store};
-use crate::engine::templates::{self, Template};
+use crate::engine::templates::Template;
+pub(crate) use templates::{ShapeRequest, Step, TemplateRequest};
 
+mod import;
+mod pool;
 mod previews;
 mod secrets;
+mod templates;
 pub(crate) use previews::{PreviewError, PreviewView};
 pub(crate) use secrets::SecretView;
 use secrets::bound_env;
@@ -151,6 +155,8 @@ pub struct CreateRequest {
     pub network: NetworkRules,
     /// Environment variable → secret name.
     pub secrets: BTreeMap<String, String>,
+    /// Limits asked for, at most the template's.
+    pub shape: ShapeRequest,
 }
 
 /// A sandbox as the API reports it.
@@ -206,12 +212,20 @@ pub struct Manager {
     config: EngineConfig,
     driver: Arc<dyn Driver>,
     store: Arc<Store>,
-    templates: Vec<Template>,
+    templates: std::sync::RwLock<Vec<Arc<Template>>>,
+    /// Serializes making and deleting templates (names, layer collection).
+    template_lock: tokio::sync::Mutex<()>,
+    /// Builds running now (layers are not collected meanwhile).
+    builds: AtomicUsize,
+    /// Started, idle sandboxes per template, for `create` to hand out.
+    pools: Mutex<HashMap<String, pool::Pool>>,
     sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
     create_lock: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
     /// Secrets, sealed at rest, for the egress path to swap in.
     secrets: Arc<crate::engine::secrets::SecretStore>,
+    /// This manager, for background work started from `&self` (warm pools).
+    me: std::sync::OnceLock<std::sync::Weak<Manager>>,
     /// How preview URLs are written, once the preview listener is bound.
     preview_urls: std::sync::OnceLock<crate::engine::preview::Urls>,
 }
@@ -230,10 +244,35 @@ impl Manager {
     ) -> Result<Arc<Self>, EngineError> {
         let db = config.state_db();
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
-        let templates_dir = config.templates_dir();
-        let templates = blocking(move || templates::load(&templates_dir))
-            .await?
-            .map_err(EngineError::Templates)?;
+        let (templates_dir, layers_dir) = (
+            config.templates_dir(),
+            crate::engine::layers::dir(&config.data_dir),
+        );
+        let templates =
+            blocking(move || crate::engine::templates::load(&templates_dir, &layers_dir))
+                .await?
+                .map_err(EngineError::Templates)?;
+        if let Some(name) = &config.default_template {
+            match templates.iter().find(|t| &t.name == name) {
+                Some(t) if t.status() == crate::engine::templates::TemplateStatus::Ready => {}
+                Some(_) => {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "the default template {name} is not ready (it failed to build); pick another with --default-template"
+                    )));
+                }
+                None => {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "the default template {name} does not exist; templates: {}",
+                        templates
+                            .iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
+        }
+        let templates = templates.into_iter().map(Arc::new).collect();
         let db = config.state_db();
         let log = blocking(move || netlog::NetLog::open(&db)).await??;
         let (db, key) = (config.state_db(), config.data_dir.join("secrets.key"));
@@ -247,7 +286,7 @@ impl Manager {
             blocking(move || crate::engine::network::intercept::Interceptor::open(&dir, &extra))
                 .await?
                 .map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        templates::trust(&config.templates_dir(), interceptor.ca_pem())
+        crate::engine::templates::trust(&config.templates_dir(), interceptor.ca_pem())
             .map_err(EngineError::Templates)?;
         let hub = Hub::new(
             config.network.clone(),
@@ -259,14 +298,20 @@ impl Manager {
             config,
             driver,
             store,
-            templates,
+            templates: std::sync::RwLock::new(templates),
+            template_lock: tokio::sync::Mutex::new(()),
+            builds: AtomicUsize::new(0),
+            pools: Mutex::new(HashMap::new()),
             sandboxes: Mutex::new(HashMap::new()),
             create_lock: tokio::sync::Mutex::new(()),
             hub,
             secrets,
             preview_urls: std::sync::OnceLock::new(),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = manager.me.set(Arc::downgrade(&manager));
         manager.recover().await?;
+        manager.restart_internal().await;
         Ok(manager)
     }
 
@@ -276,10 +321,6 @@ impl Manager {
 
     pub fn driver(&self) -> &Arc<dyn Driver> {
         &self.driver
-    }
-
-    pub fn templates(&self) -> &[Template] {
-        &self.templates
     }
 
     /// After a restart: finish interrupted creates and kills; every other sandbox comes back
@@ -404,22 +445,6 @@ impl Manager {
         }
     }
 
-    fn template(&self, name: &str) -> Result<&Template, EngineError> {
-        self.templates
-            .iter()
-            .find(|t| t.name == name)
-            .ok_or_else(|| {
-                EngineError::NotFound(format!(
-                    "template {name} does not exist; templates: {}",
-                    self.templates
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })
-    }
-
     fn entry(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Entry>, EngineError> {
         let entry = lock(&self.sandboxes).get(id).cloned();
         match entry {
@@ -441,13 +466,20 @@ impl Manager {
             uid_slot: record.uid_slot,
             shape: record.shape,
             template: template.layout.clone(),
-            // The agent's own environment: what REPL interpreters start with, too.
+            // The agent's own environment: what REPL interpreters start with, too: the
+            // template's (an image's `Env`), the egress CA's, the sandbox's own.
             // Bound secrets' stand-ins are not here: each command gets them when it starts
             // (`Call::add_env`), so a detach applies to the next command.
-            env: crate::engine::network::intercept::trust_env()
-                .into_iter()
+            env: template
+                .file
+                .env
+                .iter()
+                .cloned()
+                .chain(crate::engine::network::intercept::trust_env())
                 .chain(record.env.iter().cloned())
                 .collect(),
+            workdir: template.file.workdir.clone(),
+            user: template.file.user,
         })
     }
 
@@ -455,8 +487,25 @@ impl Manager {
         let template_name = req
             .template
             .clone()
-            .unwrap_or_else(|| templates::BASE.to_string());
-        let template = self.template(&template_name)?;
+            .unwrap_or_else(|| self.default_template());
+        let template = self.ready_template(&template_name)?;
+        let shape = req.shape.within(&template)?;
+        // A pooled sandbox has the template's shape: only a request for that one takes it.
+        if shape == template.shape
+            && let Some(view) = self.take_warm(&template, &req).await?
+        {
+            return Ok(view);
+        }
+        self.create_from(req, &template, shape).await
+    }
+
+    /// Creates a sandbox from `template` (ready or, for a build sandbox, building).
+    async fn create_from(
+        &self,
+        req: CreateRequest,
+        template: &Template,
+        shape: crate::engine::driver::Shape,
+    ) -> Result<SandboxView, EngineError> {
         let policy = self
             .hub
             .policy(&req.network.allow_out, &req.network.deny_out)
@@ -486,7 +535,7 @@ impl Manager {
                 status: Status::Creating,
                 metadata: req.metadata.clone(),
                 env: req.env.clone(),
-                shape: template.shape,
+                shape,
                 uid_slot,
                 created_at: now,
                 last_active_at: now,
@@ -560,6 +609,7 @@ impl Manager {
             .values()
             .filter(|e| e.ready.load(Ordering::Acquire))
             .map(|e| e.record())
+            .filter(|r| !r.tenant.as_deref().is_some_and(pool::internal))
             .filter(|r| tenant.is_none() || r.tenant.as_deref() == tenant)
             .filter(|r| status.is_none_or(|s| r.status == s))
             .filter(|r| metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))

@@ -245,6 +245,35 @@ impl Store {
         })
     }
 
+    /// Gives a pooled sandbox its owner's request: name, labels, environment, expiry, tenant,
+    /// network rules, secrets and timestamps.
+    pub(crate) fn adopt(&self, r: &Record) -> rusqlite::Result<()> {
+        let metadata = serde_json::to_string(&r.metadata).map_err(db_err)?;
+        let env = serde_json::to_string(&r.env).map_err(db_err)?;
+        let network = serde_json::to_string(&r.network).map_err(db_err)?;
+        let secrets = serde_json::to_string(&r.secrets).map_err(db_err)?;
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET name = ?2, metadata = ?3, env = ?4, created_at = ?5,
+                 last_active_at = ?6, expires_at = ?7, tenant = ?8, network = ?9, secrets = ?10
+                 WHERE id = ?1",
+                params![
+                    r.id,
+                    r.name,
+                    metadata,
+                    env,
+                    r.created_at,
+                    r.last_active_at,
+                    r.expires_at,
+                    r.tenant,
+                    network,
+                    secrets
+                ],
+            )
+            .map(|_| ())
+        })
+    }
+
     /// Replaces the sandbox's secret bindings.
     pub(crate) fn set_secrets(
         &self,

@@ -1,12 +1,16 @@
 //! Templates: what a sandbox's filesystem starts from.
 //!
-//! A template is a directory under `<data>/templates/<name>/` holding `template.json` (name,
-//! description, shape, host directories) and `rootfs/`, the lower layer of every sandbox's root.
-//! The built-in `base` template is a skeleton root with a curated /etc; the host's /usr (and any
-//! /bin, /lib… that are not symlinks into it) is shown read-only, copy-on-write, at the same path.
-//! It never contains /root, /home, /work, /var or the engine's data dir of the host, nor any
-//! secret from the host's /etc (shadow, ssh keys, TLS private keys, package-manager credentials).
-//! More templates can be added by writing another directory with the same layout.
+//! A template is `<data>/templates/<name>/template.json`: its name, status, shape, environment and
+//! the stack of read-only layers (`<data>/layers/<id>/`, see [`crate::engine::layers`]) a
+//! sandbox's own writable layer goes on top of. The built-in `base` template also holds
+//! `rootfs/`, a skeleton root with a curated /etc; the host's /usr (and any /bin, /lib… that are
+//! not symlinks into it) is shown read-only, copy-on-write, at the same path. It never contains
+//! /root, /home, /work, /var or the engine's data dir of the host, nor any secret from the host's
+//! /etc (shadow, ssh keys, TLS private keys, package-manager credentials).
+//!
+//! Other templates are built from `base` or another template by steps, captured from a sandbox,
+//! or imported from an OCI image; a template from an image is *foreign*: its layers are the whole
+//! root, and nothing of the host's userland shows.
 
 use std::fs;
 use std::io;
@@ -15,19 +19,66 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::driver::{Shape, TemplateLayout};
+use crate::engine::driver::{MountLayers, Shape, TemplateLayout};
 
 pub(crate) const BASE: &str = "base";
 const BASE_VERSION: u32 = 1;
 /// Largest file copied from the host's /etc.
 const MAX_ETC_FILE: u64 = 1 << 20;
+/// Most layers a template may stack (overlayfs allows 500; the mount options must fit a page).
+pub(crate) const MAX_LAYERS: usize = 64;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub(crate) struct ShapeFile {
     pub vcpus: f64,
     pub memory_mb: u64,
     pub disk_mb: u64,
     pub max_pids: u64,
+}
+
+impl From<ShapeFile> for Shape {
+    fn from(s: ShapeFile) -> Shape {
+        Shape {
+            vcpus: s.vcpus,
+            memory_mb: s.memory_mb,
+            disk_mb: s.disk_mb,
+            max_pids: s.max_pids,
+        }
+    }
+}
+
+impl From<Shape> for ShapeFile {
+    fn from(s: Shape) -> ShapeFile {
+        ShapeFile {
+            vcpus: s.vcpus,
+            memory_mb: s.memory_mb,
+            disk_mb: s.disk_mb,
+            max_pids: s.max_pids,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum TemplateStatus {
+    Building,
+    #[default]
+    Ready,
+    Failed,
+}
+
+/// Why a build failed: the step, its exit code and the end of its output.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(crate) struct BuildFailure {
+    /// 1-based index of the failing step (0: before any step ran).
+    pub step: usize,
+    /// The step as given (`run: …`).
+    pub step_text: String,
+    pub exit_code: Option<i64>,
+    /// The last lines of the step's output (stdout then stderr).
+    pub output_tail: String,
+    /// What happened, in a sentence.
+    pub message: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -36,8 +87,39 @@ pub(crate) struct TemplateFile {
     pub description: String,
     pub version: u32,
     pub shape: ShapeFile,
-    /// Host directories overlaid read-only at the same path.
+    /// Host directories overlaid read-only at the same path (base and templates built on it).
     pub host_dirs: Vec<PathBuf>,
+    /// Layer ids, bottom first: the whole stack (parents' layers included), so a template never
+    /// depends on another template's file.
+    #[serde(default)]
+    pub layers: Vec<String>,
+    /// From an image: the layers are the whole root (no base rootfs, no host directories).
+    #[serde(default)]
+    pub foreign: bool,
+    /// The template this one was made from, for the record.
+    #[serde(default)]
+    pub parent: Option<String>,
+    /// Environment every command starts with (an image's `Env`, a build's `env` steps).
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    /// Working directory of commands when none is given (an image's `WorkingDir`).
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Who commands run as: uid and gid inside the sandbox (an image's `User`).
+    #[serde(default)]
+    pub user: Option<(u32, u32)>,
+    #[serde(default)]
+    pub status: TemplateStatus,
+    #[serde(default)]
+    pub failure: Option<BuildFailure>,
+    /// Bytes of file content in the template's own layers (not its parent's).
+    #[serde(default)]
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub created_at: i64,
+    /// Sandboxes kept started and idle for `create` to hand out at once.
+    #[serde(default)]
+    pub warm: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -46,26 +128,90 @@ pub struct Template {
     pub description: String,
     pub shape: Shape,
     pub layout: TemplateLayout,
+    pub(crate) file: TemplateFile,
 }
 
 impl Template {
-    fn from_file(dir: &Path, file: TemplateFile) -> Self {
+    pub(crate) fn new(templates_dir: &Path, layers_dir: &Path, file: TemplateFile) -> Self {
         Template {
-            layout: TemplateLayout {
-                name: file.name.clone(),
-                rootfs: dir.join("rootfs"),
-                host_dirs: file.host_dirs,
-            },
-            name: file.name,
-            description: file.description,
-            shape: Shape {
-                vcpus: file.shape.vcpus,
-                memory_mb: file.shape.memory_mb,
-                disk_mb: file.shape.disk_mb,
-                max_pids: file.shape.max_pids,
-            },
+            layout: layout(templates_dir, layers_dir, &file),
+            name: file.name.clone(),
+            description: file.description.clone(),
+            shape: file.shape.into(),
+            file,
         }
     }
+
+    pub(crate) fn status(&self) -> TemplateStatus {
+        self.file.status
+    }
+}
+
+/// The overlays of a template: each target's layer directories, top first, over the base rootfs
+/// (or, for a foreign template, over nothing) and the host directory.
+fn layout(templates_dir: &Path, layers_dir: &Path, file: &TemplateFile) -> TemplateLayout {
+    let lowers = |sub: &str, bottom: Option<PathBuf>| -> Vec<PathBuf> {
+        file.layers
+            .iter()
+            .rev()
+            .map(|id| layers_dir.join(id).join(sub))
+            .filter(|d| d.is_dir())
+            .chain(bottom)
+            .collect()
+    };
+    let base_root = (!file.foreign).then(|| templates_dir.join(BASE).join("rootfs"));
+    let mut mounts = vec![MountLayers {
+        target: "/".into(),
+        lowers: lowers("root", base_root),
+    }];
+    if !file.foreign {
+        for dir in &file.host_dirs {
+            let target = dir.display().to_string();
+            mounts.push(MountLayers {
+                lowers: lowers(
+                    &crate::engine::linux::plan::layer_name(&target),
+                    Some(dir.clone()),
+                ),
+                target,
+            });
+        }
+    }
+    TemplateLayout {
+        name: file.name.clone(),
+        mounts,
+    }
+}
+
+/// Template names: what a directory and a URL path segment can hold safely.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    let ok = (1..=63).contains(&name.len())
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "template name {name:?} is invalid: use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+        ))
+    }
+}
+
+/// Writes a template's file atomically (its directory is made if missing).
+pub(crate) fn save(templates_dir: &Path, file: &TemplateFile) -> io::Result<()> {
+    let dir = templates_dir.join(&file.name);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)?;
+    let bytes = serde_json::to_vec_pretty(file).map_err(io::Error::other)?;
+    crate::durable::write_atomically(&dir.join("template.json"), &bytes, 0o644)
+}
+
+/// Deletes a template's directory (its layers are collected separately).
+pub(crate) fn remove(templates_dir: &Path, name: &str) -> io::Result<()> {
+    crate::fs_tree::remove_tree(&templates_dir.join(name))
 }
 
 /// Puts the engine's egress CA in the base template's trust store: the host's bundle plus the
@@ -99,8 +245,9 @@ pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// Loads every template, building `base` first if it is missing.
-pub(crate) fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
+/// Loads every template, building `base` first if it is missing. A build the engine was
+/// running when it stopped is marked failed (its finished steps stay cached).
+pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Template>> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -118,8 +265,19 @@ pub(crate) fn load(templates_dir: &Path) -> io::Result<Vec<Template>> {
             continue;
         };
         match serde_json::from_str::<TemplateFile>(&text) {
-            Ok(file) if dir.file_name().is_some_and(|n| n == file.name.as_str()) => {
-                out.push(Template::from_file(&dir, file));
+            Ok(mut file) if dir.file_name().is_some_and(|n| n == file.name.as_str()) => {
+                if file.status == TemplateStatus::Building {
+                    file.status = TemplateStatus::Failed;
+                    file.failure = Some(BuildFailure {
+                        step: 0,
+                        step_text: String::new(),
+                        exit_code: None,
+                        output_tail: String::new(),
+                        message: "the engine stopped during the build; delete the template and create it again (finished steps are reused)".into(),
+                    });
+                    save(templates_dir, &file)?;
+                }
+                out.push(Template::new(templates_dir, layers_dir, file));
             }
             Ok(_) => tracing::warn!(
                 "{}: template name does not match its directory; skipped",
@@ -191,6 +349,17 @@ fn build_base(templates_dir: &Path) -> io::Result<()> {
             max_pids: 512,
         },
         host_dirs,
+        layers: Vec::new(),
+        foreign: false,
+        parent: None,
+        env: Vec::new(),
+        workdir: None,
+        user: None,
+        status: TemplateStatus::Ready,
+        failure: None,
+        size_bytes: 0,
+        created_at: 0,
+        warm: 0,
     };
     fs::write(
         tmp.join("template.json"),
@@ -283,17 +452,23 @@ fn build_etc(etc: &Path) -> io::Result<()> {
             "group",
             "root:x:0:\nusers:x:100:\nuser:x:1000:\nnogroup:x:65534:\n".to_string(),
         ),
-        (
-            "hosts",
-            "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n".to_string(),
-        ),
-        ("hostname", "sandbox\n".to_string()),
-    ];
+    ]
+    .into_iter()
+    .chain(ETC_SYNTHESIZED.map(|(n, c)| (n, c.to_string())));
     for (name, content) in synthesized {
         fs::write(etc.join(name), content)?;
     }
     write_resolver_files(etc)
 }
+
+/// `hosts` and `hostname`, the same in every sandbox.
+const ETC_SYNTHESIZED: [(&str, &str); 2] = [
+    (
+        "hosts",
+        "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost ip6-localhost ip6-loopback\n",
+    ),
+    ("hostname", "sandbox\n"),
+];
 
 /// The resolver configuration every sandbox gets. Any nameserver address would do: the
 /// sandbox's namespace steers every DNS query to the engine, whatever address it names.
@@ -307,6 +482,14 @@ const RESOLVER_FILES: [(&str, &str); 2] = [
         "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n",
     ),
 ];
+
+/// The files of /etc the engine gives every sandbox, whatever its userland: the resolver, the
+/// hosts file and the host name.
+pub(crate) fn engine_etc_files() -> Vec<(&'static str, &'static str)> {
+    let mut files = vec![(RESOLVER_FILES[0].0, RESOLVER_FILES[0].1)];
+    files.extend(ETC_SYNTHESIZED);
+    files
+}
 
 /// Writes [`RESOLVER_FILES`] where they differ (a `base` built before sandboxes had a network
 /// gets them on the next start).

@@ -62,7 +62,7 @@ fn check_metadata(
 }
 
 /// Egress rules as given (the manager parses them under the engine's default).
-fn rules(n: &types::NetworkRules) -> NetworkRules {
+pub(super) fn rules(n: &types::NetworkRules) -> NetworkRules {
     NetworkRules {
         allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
         deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
@@ -133,26 +133,6 @@ pub(super) async fn health(State(state): State<AppState>) -> ApiResult<types::He
     }))
 }
 
-pub(super) async fn list_templates(
-    State(state): State<AppState>,
-) -> ApiResult<types::TemplateList> {
-    let templates = state
-        .manager
-        .templates()
-        .iter()
-        .map(|t| {
-            Ok(types::Template {
-                name: types::TemplateName::try_from(t.name.clone())
-                    .map_err(|e| EngineError::Response(format!("template name: {e}")))?,
-                description: t.description.clone(),
-                shape: (&t.shape).into(),
-                default: t.name == crate::engine::templates::BASE,
-            })
-        })
-        .collect::<Result<Vec<_>, EngineError>>()?;
-    Ok(Json(types::TemplateList { templates }))
-}
-
 pub(super) async fn create(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -183,6 +163,11 @@ pub(super) async fn create(
             timeout_seconds: body.timeout_seconds.map(|t| t.get()),
             tenant: tenant.0,
             network: body.network.as_ref().map(rules).unwrap_or_default(),
+            shape: body
+                .shape
+                .as_ref()
+                .map(super::templates::shape_request)
+                .unwrap_or_default(),
             secrets: body
                 .secrets
                 .as_ref()

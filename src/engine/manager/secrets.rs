@@ -31,7 +31,15 @@ fn standins(secrets: &BTreeMap<String, Binding>) -> impl Iterator<Item = (String
 
 /// What every command started in the sandbox gets ahead of its own environment.
 pub(super) fn bound_env(entry: &Entry) -> Vec<(String, String)> {
-    standins(&lock(&entry.record).secrets).collect()
+    let record = lock(&entry.record);
+    // The sandbox's own variables too: a sandbox handed out from a warm pool was started
+    // before they were known (for others they are already in the agent's environment).
+    record
+        .env
+        .iter()
+        .cloned()
+        .chain(standins(&record.secrets))
+        .collect()
 }
 
 fn valid_env(name: &str) -> bool {

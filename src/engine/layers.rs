@@ -1,0 +1,325 @@
+//! Template layers: read-only trees under `<data>/layers/<id>/`, one subdirectory per overlay
+//! target (`root` for `/`, `usr` for the host's /usr, …), stacked under a sandbox's own upper
+//! directory. A layer is written once (by a build step, a capture or an image import), renamed
+//! into place complete, and never changed after: running sandboxes share it.
+//!
+//! Capturing copies a sandbox's upper directories, which sandbox code wrote: the walk never
+//! follows a symlink, keeps overlay whiteouts and opaque directories (so deletions carry into
+//! the layer), drops setuid and setgid bits and every device node but a whiteout, and as root
+//! shifts the sandbox's host ids back to the ids the sandbox saw (lower layers are id-mapped
+//! into each sandbox, so a layer stores ids as seen inside).
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::engine::linux::plan::MAPPED_IDS;
+
+/// The xattr overlayfs (mounted with `userxattr`) reads to hide a lower directory's contents.
+const OPAQUE: &str = "user.overlay.opaque";
+/// Paths longer than this are refused rather than half-copied.
+const MAX_PATH: usize = 4000;
+
+/// The layer store of a data dir.
+pub(crate) fn dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("layers")
+}
+
+/// A layer id from what determines its content: 32 hex digits of SHA-256.
+pub(crate) fn id_of(parts: &[&[u8]]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in parts {
+        ctx.update(&(part.len() as u64).to_le_bytes());
+        ctx.update(part);
+    }
+    ctx.finish().as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// How sandbox host ids map back to the ids a layer stores.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Owners {
+    /// As root: host ids `base..base + MAPPED_IDS` are the sandbox's 0.., others become nobody.
+    Shift { base: u32 },
+    /// Unprivileged: everything belongs to the engine's user already; ownership is left alone.
+    Keep,
+}
+
+impl Owners {
+    fn map(self, id: u32) -> Option<u32> {
+        match self {
+            Owners::Shift { base } => Some(match id.checked_sub(base) {
+                Some(n) if n < MAPPED_IDS => n,
+                _ => 65534,
+            }),
+            Owners::Keep => None,
+        }
+    }
+}
+
+/// Copies `uppers` (layer subdirectory name → a sandbox's upper directory) into `dest`, a new
+/// directory, and returns the bytes of file content copied. The sandbox must be stopped or
+/// frozen. Missing or empty uppers are skipped.
+pub(crate) fn capture(
+    uppers: &[(String, PathBuf)],
+    dest: &Path,
+    owners: Owners,
+) -> io::Result<u64> {
+    fs::DirBuilder::new().mode(0o755).create(dest)?;
+    let mut copier = Copier {
+        owners,
+        bytes: 0,
+        links: HashMap::new(),
+        modes: Vec::new(),
+    };
+    for (name, upper) in uppers {
+        match fs::symlink_metadata(upper) {
+            Ok(m) if m.is_dir() => copier.tree(upper, &dest.join(name))?,
+            _ => continue,
+        }
+    }
+    // Directory modes last: a read-only directory must not stop its own copy.
+    for (path, mode) in copier.modes.iter().rev() {
+        fs::set_permissions(path, fs::Permissions::from_mode(*mode))?;
+    }
+    Ok(copier.bytes)
+}
+
+struct Copier {
+    owners: Owners,
+    bytes: u64,
+    /// Hard-linked files already copied: (device, inode) → the copy.
+    links: HashMap<(u64, u64), PathBuf>,
+    modes: Vec<(PathBuf, u32)>,
+}
+
+impl Copier {
+    /// Copies the tree at `from` iteratively (a sandbox can make trees deep enough to overflow a
+    /// recursive walk's stack).
+    fn tree(&mut self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
+        while let Some((src, dst)) = stack.pop() {
+            if dst.as_os_str().len() > MAX_PATH {
+                return Err(io::Error::other(format!(
+                    "{} is nested too deep to capture",
+                    src.display()
+                )));
+            }
+            let meta = fs::symlink_metadata(&src)?;
+            self.dir(&src, &dst, &meta)?;
+            for entry in fs::read_dir(&src)? {
+                let entry = entry?;
+                let (s, d) = (entry.path(), dst.join(entry.file_name()));
+                let meta = fs::symlink_metadata(&s)?;
+                let ft = meta.file_type();
+                if ft.is_dir() {
+                    stack.push((s, d));
+                } else if ft.is_file() {
+                    self.file(&s, &d, &meta)?;
+                } else if ft.is_symlink() {
+                    std::os::unix::fs::symlink(fs::read_link(&s)?, &d)?;
+                    self.chown(&d, &meta)?;
+                } else if ft.is_char_device() && meta.rdev() == 0 {
+                    // An overlay whiteout: the file was deleted in the sandbox.
+                    mknod(&d, libc::S_IFCHR)?;
+                } else if ft.is_fifo() {
+                    mknod(&d, libc::S_IFIFO | (meta.mode() & 0o777))?;
+                    self.chown(&d, &meta)?;
+                }
+                // Sockets and real device nodes are not part of a filesystem image.
+            }
+        }
+        Ok(())
+    }
+
+    fn dir(&mut self, src: &Path, dst: &Path, meta: &fs::Metadata) -> io::Result<()> {
+        match fs::DirBuilder::new().mode(0o700).create(dst) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            r => r?,
+        }
+        if get_xattr(src, OPAQUE).is_some_and(|v| v == b"y") {
+            set_xattr(dst, OPAQUE, b"y")?;
+        }
+        self.chown(dst, meta)?;
+        self.modes.push((dst.to_path_buf(), meta.mode() & 0o1777));
+        Ok(())
+    }
+
+    fn file(&mut self, src: &Path, dst: &Path, meta: &fs::Metadata) -> io::Result<()> {
+        if meta.nlink() > 1 {
+            if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
+                return fs::hard_link(first, dst);
+            }
+            self.links
+                .insert((meta.dev(), meta.ino()), dst.to_path_buf());
+        }
+        let mut input = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(src)?;
+        let mut output = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dst)?;
+        self.bytes += io::copy(&mut input, &mut output)?;
+        self.chown(dst, meta)?;
+        // setuid and setgid go: a template is never a way to gain ids.
+        output.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o1777))?;
+        Ok(())
+    }
+
+    fn chown(&self, path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+        if let (Some(uid), Some(gid)) = (self.owners.map(meta.uid()), self.owners.map(meta.gid())) {
+            std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        }
+        Ok(())
+    }
+}
+
+fn cstr(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
+fn mknod(path: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let p = cstr(path)?;
+    // SAFETY: a NUL-terminated path and plain integers.
+    if unsafe { libc::mknod(p.as_ptr(), mode, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(crate) fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let p = cstr(path).ok()?;
+    let n = CString::new(name).ok()?;
+    let mut buf = [0u8; 64];
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    let len =
+        unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+pub(crate) fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+    let p = cstr(path)?;
+    let n = CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Moves a finished layer into the store under `id`. Another build may have made the same
+/// layer meanwhile: then theirs is kept and `tmp` deleted.
+pub(crate) fn publish(tmp: &Path, store: &Path, id: &str) -> io::Result<PathBuf> {
+    let dest = store.join(id);
+    match fs::rename(tmp, &dest) {
+        Ok(()) => Ok(dest),
+        Err(_) if dest.is_dir() => {
+            crate::fs_tree::remove_tree(tmp)?;
+            Ok(dest)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// A fresh directory in the store for a layer being made (`.tmp-…`, never a layer id).
+pub(crate) fn scratch(store: &Path) -> io::Result<PathBuf> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(store)?;
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
+    let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(store.join(format!(".tmp-{name}")))
+}
+
+/// Deletes every layer no template uses, and scratch directories left by a crash.
+pub(crate) fn collect_garbage(store: &Path, used: &std::collections::HashSet<String>) {
+    let Ok(entries) = fs::read_dir(store) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !used.contains(&name)
+            && let Err(e) = crate::fs_tree::remove_tree(&entry.path())
+        {
+            tracing::warn!("cannot delete unused layer {name}: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_keeps_content_links_and_whiteouts_and_drops_setuid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path().join("upper");
+        fs::create_dir_all(upper.join("a/b")).unwrap();
+        fs::write(upper.join("a/b/f"), "hello").unwrap();
+        fs::set_permissions(upper.join("a/b/f"), fs::Permissions::from_mode(0o4755)).unwrap();
+        fs::hard_link(upper.join("a/b/f"), upper.join("a/g")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", upper.join("a/link")).unwrap();
+        fs::set_permissions(upper.join("a"), fs::Permissions::from_mode(0o555)).unwrap();
+        mknod(&upper.join("gone"), libc::S_IFCHR).unwrap();
+        let dest = tmp.path().join("layer");
+        let bytes = capture(&[("root".into(), upper)], &dest, Owners::Keep).unwrap();
+        assert_eq!(bytes, 5);
+        let f = dest.join("root/a/b/f");
+        assert_eq!(fs::read_to_string(&f).unwrap(), "hello");
+        assert_eq!(fs::metadata(&f).unwrap().mode() & 0o7777, 0o755);
+        assert_eq!(
+            fs::metadata(&f).unwrap().ino(),
+            fs::metadata(dest.join("root/a/g")).unwrap().ino()
+        );
+        assert_eq!(
+            fs::read_link(dest.join("root/a/link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        assert_eq!(
+            fs::metadata(dest.join("root/a")).unwrap().mode() & 0o777,
+            0o555
+        );
+        let gone = fs::symlink_metadata(dest.join("root/gone")).unwrap();
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+    }
+
+    #[test]
+    fn ids_outside_the_sandbox_range_become_nobody() {
+        let o = Owners::Shift { base: 10_000_000 };
+        assert_eq!(o.map(10_000_000), Some(0));
+        assert_eq!(o.map(10_001_000), Some(1000));
+        assert_eq!(o.map(10_000_000 + MAPPED_IDS), Some(65534));
+        assert_eq!(o.map(0), Some(65534));
+        assert_eq!(Owners::Keep.map(5), None);
+    }
+
+    #[test]
+    fn ids_are_stable_and_never_paths() {
+        let a = id_of(&[b"parent", b"step"]);
+        assert_eq!(a, id_of(&[b"parent", b"step"]));
+        assert_ne!(a, id_of(&[b"parents", b"tep"]));
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+    }
+}

@@ -1,0 +1,254 @@
+//! Importing an OCI image as a template: the archive is unpacked by [`crate::engine::oci`] into
+//! a scratch directory, each layer is moved into the layer store, and a small top layer gives
+//! the image what every sandbox needs from the engine (its resolver, its host name, the egress
+//! CA in the trust store). The template is written last, so a failed import leaves nothing.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Manager, blocking};
+use crate::engine::error::EngineError;
+use crate::engine::layers;
+use crate::engine::oci;
+use crate::engine::templates::{self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus};
+
+/// Where the trust store of most distributions is, inside the image.
+const BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+
+impl Manager {
+    /// Imports the image archive at `source` (a file or an OCI layout directory) as template
+    /// `name`, ready at once.
+    pub async fn import_template(
+        &self,
+        name: &str,
+        source: PathBuf,
+    ) -> Result<Arc<Template>, EngineError> {
+        templates::check_name(name).map_err(EngineError::InvalidArgument)?;
+        if name == BASE {
+            return Err(EngineError::Conflict(
+                "base is the built-in template; choose another name".into(),
+            ));
+        }
+        let _guard = self.template_lock.lock().await;
+        if let Ok(t) = self.template(name)
+            && t.status() != TemplateStatus::Failed
+        {
+            return Err(EngineError::Conflict(format!(
+                "template {name} already exists; delete it first or choose another name"
+            )));
+        }
+        let store = self.layers_dir();
+        let ca = fs::read_to_string(self.config.data_dir.join("egress-ca.pem")).unwrap_or_default();
+        let base_shape = self.template(BASE)?.file.shape;
+        let chown = nix::unistd::geteuid().is_root();
+        let n = name.to_string();
+        let file = blocking(move || -> Result<TemplateFile, EngineError> {
+            let work = layers::scratch(&store).map_err(EngineError::Templates)?;
+            fs::create_dir(&work).map_err(EngineError::Templates)?;
+            let made = unpack(&source, &work, &store, &ca, chown, &n);
+            // Whatever happened, the scratch directory goes (the layers moved out of it).
+            let _ = crate::fs_tree::remove_tree(&work);
+            let (layer_ids, image) = made?;
+            TemplateFile {
+                name: n.clone(),
+                description: format!(
+                    "Imported OCI image (linux/{}, {} layer(s), {} files, {} MB): its own userland, not the host's.",
+                    image.architecture,
+                    image.layers.len(),
+                    image.files,
+                    image.bytes.div_ceil(1 << 20)
+                ),
+                version: 1,
+                shape: base_shape,
+                host_dirs: Vec::new(),
+                layers: layer_ids,
+                foreign: true,
+                parent: None,
+                env: image.env.clone(),
+                workdir: image.workdir.clone(),
+                user: None,
+                status: TemplateStatus::Ready,
+                failure: None,
+                size_bytes: image.bytes,
+                created_at: crate::engine::ids::now_ms(),
+                warm: 0,
+            }
+            .with_user(&image)
+            .map_err(EngineError::InvalidArgument)
+        })
+        .await??;
+        let t = self.put_template(file).await?;
+        self.collect_layers().await;
+        Ok(t)
+    }
+}
+
+/// Unpacks the image and moves its layers (and the engine's top layer) into the store.
+fn unpack(
+    source: &Path,
+    work: &Path,
+    store: &Path,
+    ca: &str,
+    chown: bool,
+    name: &str,
+) -> Result<(Vec<String>, ImageInfo), EngineError> {
+    let image = oci::import(source, work, &oci::Limits::default(), chown)
+        .map_err(|e| EngineError::InvalidArgument(format!("cannot import the image: {e}")))?;
+    if image.layers.is_empty() {
+        return Err(EngineError::InvalidArgument(
+            "cannot import the image: it has no layers".into(),
+        ));
+    }
+    if image.layers.len() + 1 > MAX_LAYERS {
+        return Err(EngineError::InvalidArgument(format!(
+            "cannot import the image: it has {} layers; a template holds at most {}",
+            image.layers.len(),
+            MAX_LAYERS - 1
+        )));
+    }
+    // Read now: the layers move into the store below.
+    let passwd = find_file(&image.layers, "etc/passwd").and_then(|p| fs::read_to_string(p).ok());
+    let bundle = find_file(&image.layers, BUNDLE).and_then(|p| fs::read_to_string(p).ok());
+    let mut nonce = [0u8; 16];
+    getrandom::fill(&mut nonce).map_err(|e| EngineError::Unavailable(e.to_string()))?;
+    let mut ids = Vec::new();
+    let io = EngineError::Templates;
+    for (i, dir) in image.layers.iter().enumerate() {
+        let id = layers::id_of(&[name.as_bytes(), &nonce, &(i as u64).to_le_bytes()]);
+        let tmp = layers::scratch(store).map_err(io)?;
+        fs::create_dir(&tmp).map_err(io)?;
+        fs::rename(dir, tmp.join("root")).map_err(io)?;
+        layers::publish(&tmp, store, &id).map_err(io)?;
+        ids.push(id);
+    }
+    // The engine's own files, on top of the image's.
+    let tmp = layers::scratch(store).map_err(io)?;
+    engine_layer(&tmp, ca, bundle.as_deref().unwrap_or("")).map_err(io)?;
+    let id = layers::id_of(&[name.as_bytes(), &nonce, b"engine"]);
+    layers::publish(&tmp, store, &id).map_err(io)?;
+    ids.push(id);
+    Ok((
+        ids,
+        ImageInfo {
+            layers: image.layers.clone(),
+            env: image.env,
+            workdir: image.workdir,
+            user: image.user,
+            bytes: image.bytes,
+            files: image.files,
+            architecture: image.architecture,
+            passwd,
+        },
+    ))
+}
+
+/// What the template takes from the image.
+struct ImageInfo {
+    layers: Vec<PathBuf>,
+    env: Vec<(String, String)>,
+    workdir: Option<String>,
+    user: Option<String>,
+    bytes: u64,
+    files: u64,
+    architecture: String,
+    passwd: Option<String>,
+}
+
+impl TemplateFile {
+    /// Resolves the image's `User` (`uid[:gid]` or `name[:group]`) with its own /etc/passwd.
+    fn with_user(mut self, image: &ImageInfo) -> Result<Self, String> {
+        let passwd = image.passwd.as_deref().unwrap_or("");
+        let Some(spec) = image.user.as_deref().filter(|u| !u.is_empty()) else {
+            return Ok(self);
+        };
+        let (user, group) = spec.split_once(':').unwrap_or((spec, ""));
+        let entry = passwd.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f.len() >= 7 && (f[0] == user || f[2] == user)).then(|| {
+                (
+                    f[2].parse::<u32>().ok(),
+                    f[3].parse::<u32>().ok(),
+                    f[5].to_string(),
+                )
+            })
+        });
+        let uid = user
+            .parse::<u32>()
+            .ok()
+            .or_else(|| entry.as_ref().and_then(|e| e.0))
+            .ok_or_else(|| {
+                format!("cannot import the image: its User {user} is not in its /etc/passwd")
+            })?;
+        let gid = match group {
+            "" => entry.as_ref().and_then(|e| e.1).unwrap_or(uid),
+            g => g.parse::<u32>().map_err(|_| {
+                format!("cannot import the image: its User's group {g} is not numeric")
+            })?,
+        };
+        if uid >= 65534 || gid >= 65534 {
+            return Err(format!(
+                "cannot import the image: its User {spec} is outside the ids a sandbox maps (0-65533)"
+            ));
+        }
+        if let Some((_, _, home)) = entry
+            && !self.env.iter().any(|(k, _)| k == "HOME")
+        {
+            self.env.push(("HOME".into(), home));
+        }
+        self.user = Some((uid, gid));
+        Ok(self)
+    }
+}
+
+/// The topmost regular file at `rel` in the layers (bottom first), unless a layer above
+/// deleted it (a whiteout).
+fn find_file(layers: &[PathBuf], rel: &str) -> Option<PathBuf> {
+    for layer in layers.iter().rev() {
+        let p = layer.join(rel);
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.is_file() => return Some(p),
+            Ok(_) => return None,
+            Err(_) => continue,
+        }
+    }
+    None
+}
+
+/// `/etc/resolv.conf`, `/etc/hosts`, `/etc/hostname` as the base template has them, and the
+/// image's trust store with the egress CA added.
+fn engine_layer(dir: &Path, ca: &str, bundle: &str) -> io::Result<()> {
+    let etc = dir.join("root/etc");
+    fs::create_dir_all(etc.join("ssl/certs"))?;
+    for (name, content) in templates::engine_etc_files() {
+        fs::write(etc.join(name), content)?;
+    }
+    if !ca.is_empty() {
+        let mut all = bundle.to_string();
+        if !all.is_empty() && !all.ends_with('\n') {
+            all.push('\n');
+        }
+        all.push_str(ca);
+        fs::write(dir.join("root").join(BUNDLE), all)?;
+        fs::write(etc.join("ssl/certs/sandbox-mcp-egress-ca.pem"), ca)?;
+    }
+    // Mount points and directories every sandbox needs, which a minimal image may lack.
+    for (d, mode) in [
+        ("root", 0o755),
+        ("root/etc", 0o755),
+        ("root/etc/ssl", 0o755),
+        ("root/etc/ssl/certs", 0o755),
+        ("root/proc", 0o555),
+        ("root/sys", 0o555),
+        ("root/dev", 0o755),
+        ("root/run", 0o755),
+        ("root/tmp", 0o1777),
+        ("root/root", 0o700),
+    ] {
+        use std::os::unix::fs::PermissionsExt;
+        fs::create_dir_all(dir.join(d))?;
+        fs::set_permissions(dir.join(d), fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}

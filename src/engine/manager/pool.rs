@@ -1,0 +1,143 @@
+//! Warm pools: a template with `warm: N` keeps N sandboxes started and idle, so `create` hands
+//! one out at once and starts a replacement in the background. A pooled sandbox has never run a
+//! command and has its own id; `create` gives it the request's name, labels, environment,
+//! network rules, secrets and expiry, and it is then like any other. Pooled sandboxes belong to
+//! an internal tenant no API key can name, so no listing shows them; after a restart they are
+//! killed and the pools refilled.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{CreateRequest, Manager, SandboxView, blocking, lock};
+use crate::engine::error::EngineError;
+use crate::engine::ids;
+use crate::engine::templates::{Template, TemplateStatus};
+
+/// The tenant of pooled sandboxes.
+pub(crate) const POOL_TENANT: &str = "\u{1}warm-pool";
+
+/// Whether a tenant is one of the engine's own (builds, pools), never a caller's.
+pub(crate) fn internal(tenant: &str) -> bool {
+    tenant.starts_with('\u{1}')
+}
+
+/// One template's pool.
+#[derive(Default)]
+pub(super) struct Pool {
+    /// Started sandboxes waiting to be handed out.
+    idle: Vec<String>,
+    /// Sandboxes being started for the pool.
+    starting: usize,
+}
+
+impl Manager {
+    /// Hands out a pooled sandbox of `template`, adopted for `req`, and starts a replacement.
+    pub(super) async fn take_warm(
+        &self,
+        template: &Arc<Template>,
+        req: &CreateRequest,
+    ) -> Result<Option<SandboxView>, EngineError> {
+        if template.file.warm == 0 {
+            return Ok(None);
+        }
+        let Some(id) = lock(&self.pools)
+            .get_mut(&template.name)
+            .and_then(|p| p.idle.pop())
+        else {
+            return Ok(None);
+        };
+        self.refill_pool(template);
+        let entry = self.entry_any(&id)?;
+        let policy = self
+            .hub
+            .policy(&req.network.allow_out, &req.network.deny_out)
+            .map_err(EngineError::InvalidArgument)?;
+        let now = ids::now_ms();
+        let mut record = entry.record();
+        record.name = req.name.clone();
+        record.metadata = req.metadata.clone();
+        record.env = req.env.clone();
+        record.created_at = now;
+        record.last_active_at = now;
+        record.expires_at = req.timeout_seconds.map(|s| now + (s as i64) * 1000);
+        record.tenant = req.tenant.clone();
+        record.network = req.network.clone();
+        record.secrets = self.bind_new(req.tenant.as_deref(), &req.secrets)?;
+        let (store, r) = (self.store.clone(), record.clone());
+        blocking(move || store.adopt(&r)).await??;
+        entry.net.set_policy(policy);
+        entry.net.set_bindings(self.net_bindings(&record));
+        entry.last_active.store(now, Ordering::Relaxed);
+        *lock(&entry.record) = record;
+        Ok(Some(self.view(&entry)))
+    }
+
+    /// Starts sandboxes until the template's pool holds `warm` of them (in the background).
+    pub(super) fn refill_pool(&self, template: &Arc<Template>) {
+        if template.status() != TemplateStatus::Ready {
+            return;
+        }
+        let want = template.file.warm as usize;
+        let missing = {
+            let mut pools = lock(&self.pools);
+            let pool = pools.entry(template.name.clone()).or_default();
+            let missing = want.saturating_sub(pool.idle.len() + pool.starting);
+            pool.starting += missing;
+            missing
+        };
+        let Some(this) = self.me.get().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        for _ in 0..missing {
+            let (this, template) = (this.clone(), template.clone());
+            tokio::spawn(async move {
+                let made = this
+                    .create_from(
+                        CreateRequest {
+                            tenant: Some(POOL_TENANT.to_string()),
+                            ..Default::default()
+                        },
+                        &template,
+                        template.shape,
+                    )
+                    .await;
+                let mut pools = lock(&this.pools);
+                let pool = pools.entry(template.name.clone()).or_default();
+                pool.starting = pool.starting.saturating_sub(1);
+                match made {
+                    Ok(view) => pool.idle.push(view.record.id),
+                    Err(e) => {
+                        tracing::warn!(template = %template.name, "cannot start a warm sandbox: {e}")
+                    }
+                }
+            });
+        }
+    }
+
+    /// Kills a template's pooled sandboxes (it is being deleted).
+    pub(super) async fn drain_pool(&self, name: &str) {
+        let idle = lock(&self.pools)
+            .remove(name)
+            .map(|p| p.idle)
+            .unwrap_or_default();
+        for id in idle {
+            let _ = self.kill(&id, Some(POOL_TENANT)).await;
+        }
+    }
+
+    /// After a restart: the engine's own sandboxes of before (pooled ones, which may be stale,
+    /// and those of interrupted builds) are killed, and every template's pool is refilled.
+    pub(super) async fn restart_internal(&self) {
+        let stale: Vec<(String, Option<String>)> = lock(&self.sandboxes)
+            .iter()
+            .map(|(id, e)| (id.clone(), lock(&e.record).tenant.clone()))
+            .filter(|(_, t)| t.as_deref().is_some_and(internal))
+            .collect();
+        for (id, tenant) in stale {
+            let _ = self.kill(&id, tenant.as_deref()).await;
+        }
+        for t in self.templates() {
+            self.refill_pool(&t);
+        }
+    }
+}

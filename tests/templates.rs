@@ -1,0 +1,728 @@
+//! Templates: builds from steps (cache, failures, limits), captures, shapes, delete rules,
+//! restarts, the default template and warm pools — through the MCP tools a model uses.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::{McpClient, TestEngine, create, err, ok, sh};
+use crate::require_sandboxes;
+
+/// Polls sandbox_template_list until `name` is no longer building.
+pub async fn wait_built(client: &McpClient, name: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let list = ok(client, "sandbox_template_list", json!({})).await;
+        let t = list["templates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} is not listed: {list}"));
+        if t["status"] != "building" {
+            return t;
+        }
+        assert!(Instant::now() < deadline, "{name} still building: {t}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn layers(engine: &TestEngine) -> usize {
+    std::fs::read_dir(engine.data_dir().join("layers"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+async fn sandbox_from(client: &McpClient, template: &str) -> String {
+    ok(client, "sandbox_create", json!({"template": template})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_build_runs_its_steps_caches_them_and_reports_a_failing_step() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let steps = json!([
+        {"run": "mkdir -p /opt/tool && printf 'v1' > /opt/tool/version && python3 -c 'print(42)' > /usr/local/answer"},
+        {"env": {"TOOL_MODE": "fast"}},
+        {"workdir": "/opt/tool"},
+        {"run": "rm /etc/hostname && echo second > /opt/tool/second"},
+    ]);
+    let t = ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "tool", "steps": steps}),
+    )
+    .await;
+    assert_eq!(t["status"], "building", "{t}");
+    let t = wait_built(&client, "tool").await;
+    assert_eq!(t["status"], "ready", "{t}");
+    assert_eq!(t["parent"], "base");
+    assert!(t["size_bytes"].as_u64().unwrap() > 0, "{t}");
+    let id = sandbox_from(&client, "tool").await;
+    // Files of both run steps (/ and the host's /usr overlay), the env and workdir steps, and
+    // a deletion carried as a whiteout.
+    let out = sh(
+        &client,
+        &id,
+        "pwd; cat version second /usr/local/answer; echo $TOOL_MODE; test -e /etc/hostname || echo no-hostname",
+    )
+    .await;
+    assert_eq!(out, "/opt/tool\nv1second\n42\nfast\nno-hostname\n");
+    // Writes stay in the sandbox: the template is unchanged for the next one.
+    sh(&client, &id, "echo changed > /opt/tool/version").await;
+    let other = sandbox_from(&client, "tool").await;
+    assert_eq!(sh(&client, &other, "cat /opt/tool/version").await, "v1");
+
+    // The same steps again: every step is a cache hit, no layer is added.
+    let before = layers(&engine);
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "tool-again", "steps": steps}),
+    )
+    .await;
+    assert_eq!(wait_built(&client, "tool-again").await["status"], "ready");
+    assert_eq!(layers(&engine), before, "an unchanged rebuild added layers");
+    // A changed last step rebuilds only that one.
+    let mut changed = steps.clone();
+    changed[3]["run"] = json!("echo third > /opt/tool/third");
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "tool-changed", "steps": changed}),
+    )
+    .await;
+    assert_eq!(wait_built(&client, "tool-changed").await["status"], "ready");
+    assert_eq!(layers(&engine), before + 1);
+
+    // A failing step: which one, its exit code and the end of its output.
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "broken", "from": "tool", "steps": [
+            {"run": "echo fine"},
+            {"run": "echo working; echo 'E: no such package' >&2; exit 3"}
+        ]}),
+    )
+    .await;
+    let t = wait_built(&client, "broken").await;
+    assert_eq!(t["status"], "failed", "{t}");
+    let f = &t["failure"];
+    assert_eq!(f["step"], 2, "{t}");
+    assert_eq!(f["exit_code"], 3, "{t}");
+    assert!(
+        f["output_tail"]
+            .as_str()
+            .unwrap()
+            .contains("E: no such package"),
+        "{t}"
+    );
+    let e = err(&client, "sandbox_create", json!({"template": "broken"})).await;
+    assert!(e.contains("failed to build"), "{e}");
+    let e = err(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "child", "from": "broken", "steps": [{"run": "true"}]}),
+    )
+    .await;
+    assert!(e.contains("failed to build"), "{e}");
+    // A failed template's name can be reused at once; its finished step is reused too.
+    let before = layers(&engine);
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "broken", "from": "tool", "steps": [
+            {"run": "echo fine"}, {"run": "echo fixed > /fixed"}
+        ]}),
+    )
+    .await;
+    assert_eq!(wait_built(&client, "broken").await["status"], "ready");
+    assert_eq!(layers(&engine), before + 1);
+}
+
+#[tokio::test]
+async fn bad_template_requests_get_clear_errors_and_leave_nothing() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let step = json!([{"run": "true"}]);
+    for (args, expected) in [
+        (json!({"name": "base", "steps": step}), "built-in"),
+        (json!({"name": "Bad Name", "steps": step}), "name"),
+        (json!({"name": "x"}), "steps"),
+        (
+            json!({"name": "x", "steps": [{"run": "true", "workdir": "/a"}]}),
+            "",
+        ),
+        (
+            json!({"name": "x", "from": "nope", "steps": step}),
+            "does not exist",
+        ),
+        (
+            json!({"name": "x", "from_sandbox": "sbx_00000000000000000000000000", "steps": step}),
+            "",
+        ),
+    ] {
+        let e = err(&client, "sandbox_template_create", args.clone()).await;
+        assert!(e.contains(expected), "{args}: {e}");
+    }
+    // A slow build: its name is taken, and nothing can be built from it yet.
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "slow", "steps": [{"run": "sleep 3"}]}),
+    )
+    .await;
+    let e = err(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "slow", "steps": step}),
+    )
+    .await;
+    assert!(e.contains("already exists"), "{e}");
+    let e = err(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "on-slow", "from": "slow", "steps": step}),
+    )
+    .await;
+    assert!(e.contains("still building"), "{e}");
+    let e = err(&client, "sandbox_template_delete", json!({"name": "slow"})).await;
+    assert!(e.contains("still building"), "{e}");
+    // Build sandboxes are the engine's own: no listing shows them.
+    let list = ok(&client, "sandbox_list", json!({})).await;
+    assert_eq!(list["sandboxes"].as_array().unwrap().len(), 0, "{list}");
+    assert_eq!(wait_built(&client, "slow").await["status"], "ready");
+    let e = err(&client, "sandbox_template_delete", json!({"name": "base"})).await;
+    assert!(e.contains("built in"), "{e}");
+    let names: Vec<String> = ok(&client, "sandbox_template_list", json!({})).await["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["base", "slow"]);
+}
+
+#[tokio::test]
+async fn a_step_past_the_time_limit_or_the_disk_fails_the_build_with_the_reason() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let http = engine.http();
+    let post = |body: Value| {
+        http.post(format!("{}/v1/templates", engine.url))
+            .bearer_auth(crate::common::KEY)
+            .json(&body)
+            .send()
+    };
+    let r = post(json!({"name": "hangs", "timeout_seconds": 2, "steps": [{"run": "sleep 60"}]}))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let client = engine.mcp().await;
+    let t = wait_built(&client, "hangs").await;
+    assert_eq!(t["status"], "failed", "{t}");
+    assert!(
+        t["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("time limit"),
+        "{t}"
+    );
+    if !engine.manager.driver().disk_limits_enforced() {
+        eprintln!("SKIPPED disk part: disk limits are not enforced here (needs root and btrfs)");
+        return;
+    }
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "fills", "shape": {"disk_mb": 64}, "steps": [
+            {"run": "dd if=/dev/zero of=/big bs=1M count=200"}
+        ]}),
+    )
+    .await;
+    let t = wait_built(&client, "fills").await;
+    assert_eq!(t["status"], "failed", "{t}");
+    let tail = t["failure"]["output_tail"].as_str().unwrap();
+    assert!(tail.contains("quota") || tail.contains("space"), "{t}");
+    assert_ne!(t["failure"]["exit_code"], 0, "{t}");
+}
+
+#[tokio::test]
+async fn a_captured_sandbox_becomes_a_template_and_shapes_are_capped_by_it() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let src = create(&client).await;
+    sh(
+        &client,
+        &src,
+        "mkdir -p /srv/app && echo state > /srv/app/data && rm /etc/hostname",
+    )
+    .await;
+    let t = ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "snap", "from_sandbox": src, "shape": {"memory_mb": 256, "max_pids": 64}}),
+    )
+    .await;
+    assert_eq!(t["status"], "ready", "{t}");
+    // The source keeps running, unchanged.
+    assert_eq!(sh(&client, &src, "cat /srv/app/data").await, "state\n");
+    let id = sandbox_from(&client, "snap").await;
+    assert_eq!(
+        sh(
+            &client,
+            &id,
+            "cat /srv/app/data; test -e /etc/hostname || echo gone"
+        )
+        .await,
+        "state\ngone\n"
+    );
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    assert_eq!(info["shape"]["memory_mb"], 256, "{info}");
+    assert_eq!(info["shape"]["max_pids"], 64, "{info}");
+    // Less than the template's shape is fine; more is refused, naming the limit.
+    let http = engine.http();
+    let create = |shape: Value| {
+        http.post(format!("{}/v1/sandboxes", engine.url))
+            .bearer_auth(crate::common::KEY)
+            .json(&json!({"template": "snap", "shape": shape}))
+            .send()
+    };
+    let r = create(json!({"memory_mb": 128})).await.unwrap();
+    assert_eq!(r.status(), 201);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["shape"]["memory_mb"], 128, "{body}");
+    assert_eq!(body["shape"]["max_pids"], 64, "{body}");
+    let r = create(json!({"memory_mb": 512})).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("at most that"),
+        "{body}"
+    );
+    // Delete: refused while used (naming the sandboxes), then its layers go.
+    let before = layers(&engine);
+    let e = err(&client, "sandbox_template_delete", json!({"name": "snap"})).await;
+    assert!(e.contains(&id), "{e}");
+    for s in ok(&client, "sandbox_list", json!({})).await["sandboxes"]
+        .as_array()
+        .unwrap()
+    {
+        ok(&client, "sandbox_kill", json!({"sandbox_id": s["id"]})).await;
+    }
+    ok(&client, "sandbox_template_delete", json!({"name": "snap"})).await;
+    assert_eq!(layers(&engine), before - 1);
+    let e = err(&client, "sandbox_create", json!({"template": "snap"})).await;
+    assert!(e.contains("does not exist"), "{e}");
+}
+
+#[tokio::test]
+async fn templates_survive_a_restart_and_one_can_be_the_default() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "keep", "steps": [{"run": "echo kept > /kept"}, {"env": {"KEPT": "yes"}}]}),
+    )
+    .await;
+    assert_eq!(wait_built(&client, "keep").await["status"], "ready");
+    drop(client);
+    let dir = engine.stop().await;
+    let mut config = TestEngine::config_for(dir.path());
+    config.default_template = Some("keep".into());
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let list = ok(&client, "sandbox_template_list", json!({})).await;
+    let keep = list["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "keep")
+        .unwrap();
+    assert_eq!(keep["default"], true, "{list}");
+    assert_eq!(list["templates"][0]["default"], false, "{list}");
+    // No template named: the default.
+    let id = ok(&client, "sandbox_create", json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        sh(&client, &id, "cat /kept; echo $KEPT").await,
+        "kept\nyes\n"
+    );
+    let e = err(&client, "sandbox_template_delete", json!({"name": "keep"})).await;
+    assert!(e.contains("default"), "{e}");
+    drop(client);
+    // A default that does not exist stops the engine from starting, saying why.
+    let dir = engine.stop().await;
+    let mut config = TestEngine::config_for(dir.path());
+    config.default_template = Some("nope".into());
+    let e = sandbox_mcp::engine::local::open_manager(&config)
+        .await
+        .err()
+        .expect("an engine with a missing default template started");
+    assert!(e.to_string().contains("nope"), "{e}");
+}
+
+#[tokio::test]
+async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let http = engine.http();
+    let r = http
+        .post(format!("{}/v1/templates", engine.url))
+        .bearer_auth(crate::common::KEY)
+        .json(&json!({"name": "pooled", "warm": 2, "steps": [{"run": "echo pooled > /mark"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(wait_built(&client, "pooled").await["status"], "ready");
+    let count_dirs = || {
+        std::fs::read_dir(engine.data_dir().join("sandboxes"))
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("sbx_")
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_dirs() < 2 {
+        assert!(Instant::now() < deadline, "the pool was not filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Pooled sandboxes are not listed.
+    let list = ok(&client, "sandbox_list", json!({})).await;
+    assert_eq!(list["sandboxes"].as_array().unwrap().len(), 0, "{list}");
+    // Taken from the pool: the request's labels and environment apply, nothing else ran.
+    let r = http
+        .post(format!("{}/v1/sandboxes", engine.url))
+        .bearer_auth(crate::common::KEY)
+        .json(&json!({"template": "pooled", "metadata": {"who": "a"}, "env_vars": {"GREETING": "hi"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let a: Value = r.json().await.unwrap();
+    let id = a["id"].as_str().unwrap();
+    assert_eq!(a["metadata"]["who"], "a", "{a}");
+    assert_eq!(
+        sh(&client, id, "cat /mark; echo $GREETING; ls -A /tmp | wc -l").await,
+        "pooled\nhi\n0\n"
+    );
+    let list = ok(&client, "sandbox_list", json!({})).await;
+    assert_eq!(list["sandboxes"][0]["id"], id, "{list}");
+    // A second and a third: distinct ids; the pool refills behind them.
+    let b = sandbox_from(&client, "pooled").await;
+    let c = sandbox_from(&client, "pooled").await;
+    assert!(id != b && b != c && id != c);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while count_dirs() < 5 {
+        assert!(Instant::now() < deadline, "the pool was not refilled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Deleting the template (once its sandboxes are gone) drains the pool.
+    for s in [id.to_string(), b, c] {
+        ok(&client, "sandbox_kill", json!({"sandbox_id": s})).await;
+    }
+    ok(
+        &client,
+        "sandbox_template_delete",
+        json!({"name": "pooled"}),
+    )
+    .await;
+    assert_eq!(count_dirs(), 0);
+}
+
+async fn import(engine: &TestEngine, name: &str, archive: Vec<u8>) -> (u16, Value) {
+    let r = engine
+        .http()
+        .put(format!("{}/v1/templates/{name}/image", engine.url))
+        .bearer_auth(crate::common::KEY)
+        .header("content-type", "application/octet-stream")
+        .body(archive)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// A python3 userland copied from the host's: the interpreter, the libraries it links and its
+/// standard library — a Debian image in miniature, with nothing of the host's /usr shown.
+fn python_layer() -> Vec<u8> {
+    let python = std::fs::canonicalize("/usr/bin/python3").unwrap();
+    let ldd = std::process::Command::new("ldd")
+        .arg(&python)
+        .output()
+        .unwrap();
+    let mut files: Vec<(String, Vec<u8>, u32)> = vec![(
+        "usr/bin/python3".into(),
+        std::fs::read(&python).unwrap(),
+        0o755,
+    )];
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        let path = line
+            .split_whitespace()
+            .find(|w| w.starts_with('/'))
+            .map(std::path::PathBuf::from);
+        if let Some(p) = path {
+            let real = std::fs::canonicalize(&p).unwrap();
+            files.push((
+                p.to_string_lossy().trim_start_matches('/').to_string(),
+                std::fs::read(real).unwrap(),
+                0o755,
+            ));
+        }
+    }
+    let version = python.file_name().unwrap().to_string_lossy().to_string();
+    let stdlib = std::path::Path::new("/usr/lib").join(&version);
+    let mut stack = vec![stdlib];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().to_string();
+            if [
+                "test",
+                "__pycache__",
+                "site-packages",
+                "dist-packages",
+                "idlelib",
+                "tkinter",
+            ]
+            .contains(&name.as_str())
+            {
+                continue;
+            }
+            let meta = std::fs::symlink_metadata(&p).unwrap();
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() {
+                files.push((
+                    p.to_string_lossy().trim_start_matches('/').to_string(),
+                    std::fs::read(&p).unwrap(),
+                    0o644,
+                ));
+            }
+        }
+    }
+    let refs: Vec<(&str, &[u8], u32)> = files
+        .iter()
+        .map(|(p, d, m)| (p.as_str(), d.as_slice(), *m))
+        .collect();
+    crate::images::layer(&refs, &[])
+}
+
+#[tokio::test]
+async fn an_imported_image_runs_on_its_own_userland() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    // Two layers, the second deleting a file of the first; Env, WorkingDir and User set.
+    let mut top = tar::Builder::new(Vec::new());
+    for (path, data) in [
+        ("app/hello.txt", &b"hello"[..]),
+        ("etc/.wh.os-release", b""),
+    ] {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1);
+        top.append_data(&mut h, path, data).unwrap();
+    }
+    let image = crate::images::docker_save(
+        &[crate::images::busybox_layer(), top.into_inner().unwrap()],
+        json!({"Env": ["PATH=/bin", "GREETING=from-image"], "WorkingDir": "/app", "User": "app"}),
+    );
+    let (status, t) = import(&engine, "tiny", image).await;
+    assert_eq!(status, 201, "{t}");
+    assert_eq!(t["status"], "ready", "{t}");
+    let id = sandbox_from(&client, "tiny").await;
+    let out = sh(
+        &client,
+        &id,
+        "pwd; cat hello.txt; echo $GREETING; id -u; test -e /etc/os-release || echo whited-out; test -e /usr/bin/python3 || echo no-host-usr; cat /etc/hostname",
+    )
+    .await;
+    let uid = if nix::unistd::geteuid().is_root() {
+        "1000"
+    } else {
+        "0"
+    };
+    assert_eq!(
+        out,
+        format!("/app\nhellofrom-image\n{uid}\nwhited-out\nno-host-usr\nsandbox\n")
+    );
+    // Files work on a foreign root too.
+    ok(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": id, "path": "/tmp/note", "content": "written"}),
+    )
+    .await;
+    let r = ok(
+        &client,
+        "sandbox_files_read",
+        json!({"sandbox_id": id, "path": "/tmp/note"}),
+    )
+    .await;
+    assert_eq!(r["content"], "written", "{r}");
+    // No python3 in this image: run_code says so instead of finding the host's.
+    let e = err(
+        &client,
+        "sandbox_run_code",
+        json!({"sandbox_id": id, "code": "1 + 1"}),
+    )
+    .await;
+    assert!(e.contains("python3"), "{e}");
+
+    // A glibc userland with python3 of its own: run_code works on it.
+    let image = crate::images::docker_save(
+        &[crate::images::busybox_layer(), python_layer()],
+        json!({"Env": ["PATH=/usr/bin:/bin"]}),
+    );
+    let (status, t) = import(&engine, "py-image", image).await;
+    assert_eq!(status, 201, "{t}");
+    let id = sandbox_from(&client, "py-image").await;
+    let r = ok(
+        &client,
+        "sandbox_run_code",
+        json!({"sandbox_id": id, "code": "import sys, os\nprint(sys.version_info[0], os.path.exists('/usr/bin/node'))\n6 * 7"}),
+    )
+    .await;
+    assert_eq!(r["result"], "42", "{r}");
+    assert_eq!(r["stdout"], "3 False\n", "{r}");
+}
+
+#[tokio::test]
+async fn a_hostile_or_broken_image_is_refused_and_leaves_nothing() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let layers_before = layers(&engine);
+    let evil = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        let name = b"../../etc/passwd";
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_size(4);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1);
+        h.set_cksum();
+        b.append(&h, &b"evil"[..]).unwrap();
+        b.into_inner().unwrap()
+    };
+    let good = crate::images::docker_save(&[crate::images::busybox_layer()], json!({}));
+    let mut corrupt = crate::images::docker_save(&[crate::images::busybox_layer()], json!({}));
+    // Flip a byte inside the busybox binary: the layer no longer matches its digest.
+    let at = corrupt.len() / 2;
+    corrupt[at] ^= 0xff;
+    let truncated = good[..good.len() / 2].to_vec();
+    for (name, archive, expected) in [
+        (
+            "evil",
+            crate::images::docker_save(&[evil], json!({})),
+            "leaves the image root",
+        ),
+        ("corrupt", corrupt, "sha256"),
+        ("truncated", truncated, ""),
+        ("garbage", b"not an image at all".to_vec(), ""),
+    ] {
+        let (status, body) = import(&engine, name, archive).await;
+        assert_eq!(status, 400, "{name}: {body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{name}: {message}");
+    }
+    let (status, body) = import(&engine, "base", good.clone()).await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = import(&engine, "Bad", good).await;
+    assert_eq!(status, 400, "{body}");
+    // Nothing half-made: no template, no layer, no upload, no scratch directory.
+    let client = engine.mcp().await;
+    let list = ok(&client, "sandbox_template_list", json!({})).await;
+    assert_eq!(list["templates"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(layers(&engine), layers_before);
+    let uploads = std::fs::read_dir(engine.data_dir().join("uploads"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(uploads, 0);
+}
+
+#[tokio::test]
+async fn the_cli_imports_an_image_with_or_without_a_running_engine() {
+    require_sandboxes!();
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let data = dir.path().join("data");
+    let archive = dir.path().join("image.tar");
+    std::fs::write(
+        &archive,
+        crate::images::docker_save(&[crate::images::busybox_layer()], json!({})),
+    )
+    .unwrap();
+    let run = |name: &str| {
+        std::process::Command::new(crate::common::BIN)
+            .args(["template", "import", name])
+            .arg(&archive)
+            .env("SANDBOX_MCP_DATA_DIR", &data)
+            .output()
+            .unwrap()
+    };
+    // No engine: straight into the data dir.
+    let out = run("offline");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("template offline: ready"));
+    // An engine serves the data dir: through its API.
+    let (mut child, url) = crate::common::spawn_engine_process(&data).await;
+    let out = run("online");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let body: Value = engine_get(&url, "/v1/templates").await;
+    let names: Vec<&str> = body["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["base", "offline", "online"]);
+    let out = run("online");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    let _ = child.kill();
+    let _ = child.wait();
+    crate::common::kill_left_behind(&data);
+}
+
+async fn engine_get(url: &str, path: &str) -> Value {
+    reqwest::Client::new()
+        .get(format!("{url}{path}"))
+        .bearer_auth(crate::common::KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
