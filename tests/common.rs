@@ -84,6 +84,8 @@ fn install_host_tools() {
             "/usr/lib/python3/dist-packages/requests",
         ),
         ("git", "/usr/bin/git"),
+        // OCI images the template tests build (a static busybox userland).
+        ("busybox-static", "/bin/busybox"),
     ]
     .into_iter()
     .filter(|(_, path)| !std::path::Path::new(path).exists())
