@@ -555,12 +555,8 @@ fn secrets_cli_reads_stdin_and_never_prints_the_value() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
+        // A refused command may exit before reading stdin: a broken pipe here is fine.
+        let _ = child.stdin.take().unwrap().write_all(stdin.as_bytes());
         let out = child.wait_with_output().unwrap();
         (
             out.status.success(),
