@@ -18,6 +18,25 @@ use crate::engine::templates::{Template, TemplateStatus, check_name};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
+/// The spec's bounds on a shape, which the generated type does not check.
+fn check_shape(s: &types::ShapeRequest) -> Result<(), EngineError> {
+    let bad = |f: &str, lo: f64, hi: f64| {
+        EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
+    };
+    let int = |v: Option<u64>, f: &str, lo: u64, hi: u64| match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(bad(f, lo as f64, hi as f64)),
+        _ => Ok(()),
+    };
+    if let Some(v) = s.vcpus
+        && !(0.1..=64.0).contains(&v)
+    {
+        return Err(bad("vcpus", 0.1, 64.0));
+    }
+    int(s.memory_mb, "memory_mb", 64, 262_144)?;
+    int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
+    int(s.max_pids, "max_pids", 16, 65_536)
+}
+
 pub(super) fn shape_request(s: &types::ShapeRequest) -> ShapeRequest {
     ShapeRequest {
         vcpus: s.vcpus,
@@ -88,6 +107,17 @@ pub(super) async fn create(
     tenant: Tenant,
     ApiJson(body): ApiJson<types::CreateTemplateRequest>,
 ) -> Result<(StatusCode, Json<types::Template>), EngineError> {
+    if let Some(s) = &body.shape {
+        check_shape(s)?;
+    }
+    if body.warm.is_some_and(|w| w > 16) {
+        return Err(EngineError::InvalidArgument("warm is at most 16".into()));
+    }
+    if body.timeout_seconds.is_some_and(|t| t.get() > 86_400) {
+        return Err(EngineError::InvalidArgument(
+            "timeout_seconds is at most 86400 (a day)".into(),
+        ));
+    }
     let mut steps = Vec::new();
     for (i, s) in body.steps.iter().flatten().enumerate() {
         let n = i + 1;
