@@ -307,6 +307,14 @@ async fn a_captured_sandbox_becomes_a_template_and_shapes_are_capped_by_it() {
         body["message"].as_str().unwrap().contains("at most that"),
         "{body}"
     );
+    // Outside the spec's bounds: refused before the template is even looked at.
+    let r = create(json!({"vcpus": 0.01})).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["message"].as_str().unwrap().contains("shape.vcpus must be between"),
+        "{body}"
+    );
     // Delete: refused while used (naming the sandboxes), then its layers go.
     let before = layers(&engine);
     let e = err(&client, "sandbox_template_delete", json!({"name": "snap"})).await;
@@ -643,6 +651,12 @@ async fn a_hostile_or_broken_image_is_refused_and_leaves_nothing() {
         ("corrupt", corrupt, "sha256"),
         ("truncated", truncated, ""),
         ("garbage", b"not an image at all".to_vec(), ""),
+        // Refused after unpacking, before any layer reaches the store.
+        (
+            "ghost",
+            crate::images::docker_save(&[crate::images::busybox_layer()], json!({"User": "ghost"})),
+            "User ghost is not in its /etc/passwd",
+        ),
     ] {
         let (status, body) = import(&engine, name, archive).await;
         assert_eq!(status, 400, "{name}: {body}");

@@ -226,11 +226,7 @@ pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
         .mode(0o755)
         .create(&certs)?;
     let host = fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
-    let mut bundle = host;
-    if !bundle.is_empty() && !bundle.ends_with('\n') {
-        bundle.push('\n');
-    }
-    bundle.push_str(ca_pem);
+    let bundle = bundle_with(&host, ca_pem);
     for (name, content) in [
         ("ca-certificates.crt", bundle.as_str()),
         ("sandbox-mcp-egress-ca.pem", ca_pem),
@@ -243,6 +239,16 @@ pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A trust store: `bundle` (PEM certificates, possibly empty) with `ca_pem` added.
+pub(crate) fn bundle_with(bundle: &str, ca_pem: &str) -> String {
+    let mut all = bundle.to_string();
+    if !all.is_empty() && !all.ends_with('\n') {
+        all.push('\n');
+    }
+    all.push_str(ca_pem);
+    all
 }
 
 /// Loads every template, building `base` first if it is missing. A build the engine was

@@ -167,6 +167,7 @@ pub(super) async fn create(
                 .shape
                 .as_ref()
                 .map(super::templates::shape_request)
+                .transpose()?
                 .unwrap_or_default(),
             secrets: body
                 .secrets

@@ -18,8 +18,9 @@ use crate::engine::templates::{Template, TemplateStatus, check_name};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
-/// The spec's bounds on a shape, which the generated type does not check.
-fn check_shape(s: &types::ShapeRequest) -> Result<(), EngineError> {
+/// A shape asked for (of a template or a sandbox), within the spec's bounds, which the
+/// generated type does not check.
+pub(super) fn shape_request(s: &types::ShapeRequest) -> Result<ShapeRequest, EngineError> {
     let bad = |f: &str, lo: f64, hi: f64| {
         EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
     };
@@ -34,16 +35,13 @@ fn check_shape(s: &types::ShapeRequest) -> Result<(), EngineError> {
     }
     int(s.memory_mb, "memory_mb", 64, 262_144)?;
     int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
-    int(s.max_pids, "max_pids", 16, 65_536)
-}
-
-pub(super) fn shape_request(s: &types::ShapeRequest) -> ShapeRequest {
-    ShapeRequest {
+    int(s.max_pids, "max_pids", 16, 65_536)?;
+    Ok(ShapeRequest {
         vcpus: s.vcpus,
         memory_mb: s.memory_mb,
         disk_mb: s.disk_mb,
         max_pids: s.max_pids,
-    }
+    })
 }
 
 fn template(t: &Template, default: &str) -> Result<types::Template, EngineError> {
@@ -107,9 +105,6 @@ pub(super) async fn create(
     tenant: Tenant,
     ApiJson(body): ApiJson<types::CreateTemplateRequest>,
 ) -> Result<(StatusCode, Json<types::Template>), EngineError> {
-    if let Some(s) = &body.shape {
-        check_shape(s)?;
-    }
     if body.warm.is_some_and(|w| w > 16) {
         return Err(EngineError::InvalidArgument("warm is at most 16".into()));
     }
@@ -120,29 +115,20 @@ pub(super) async fn create(
     }
     let mut steps = Vec::new();
     for (i, s) in body.steps.iter().flatten().enumerate() {
-        let n = i + 1;
-        let step = match (&s.run, &s.env, &s.workdir) {
-            (Some(run), None, None) => Step::Run(run.to_string()),
+        match (&s.run, &s.env, &s.workdir) {
+            (Some(run), None, None) => steps.push(Step::Run(run.to_string())),
+            // One step per variable: each step's cache key is about one change.
             (None, Some(env), None) => {
-                let vars = check_env(env)?;
-                if vars.len() != 1 {
-                    // One variable per step keeps each step's cache key about one change.
-                    for (k, v) in &vars {
-                        steps.push(Step::Env(k.clone(), v.clone()));
-                    }
-                    continue;
-                }
-                let (k, v) = vars.into_iter().next().unwrap_or_default();
-                Step::Env(k, v)
+                steps.extend(check_env(env)?.into_iter().map(|(k, v)| Step::Env(k, v)))
             }
-            (None, None, Some(dir)) => Step::Workdir(dir.to_string()),
+            (None, None, Some(dir)) => steps.push(Step::Workdir(dir.to_string())),
             _ => {
                 return Err(EngineError::InvalidArgument(format!(
-                    "step {n} must have exactly one of run, env, workdir"
+                    "step {} must have exactly one of run, env, workdir",
+                    i + 1
                 )));
             }
-        };
-        steps.push(step);
+        }
     }
     let req = TemplateRequest {
         name: body.name.to_string(),
@@ -150,7 +136,12 @@ pub(super) async fn create(
         from: body.from.as_ref().map(|f| f.to_string()),
         from_sandbox: body.from_sandbox.as_ref().map(|s| s.to_string()),
         steps,
-        shape: body.shape.as_ref().map(shape_request).unwrap_or_default(),
+        shape: body
+            .shape
+            .as_ref()
+            .map(shape_request)
+            .transpose()?
+            .unwrap_or_default(),
         network: body.network.as_ref().map(rules).unwrap_or_default(),
         warm: body.warm.unwrap_or(0),
         timeout: body.timeout_seconds.map(|t| Duration::from_secs(t.get())),

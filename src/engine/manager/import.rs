@@ -50,9 +50,19 @@ impl Manager {
             let made = unpack(&source, &work, &store, &ca, chown, &n);
             // Whatever happened, the scratch directory goes (the layers moved out of it).
             let _ = crate::fs_tree::remove_tree(&work);
-            let (layer_ids, image) = made?;
-            TemplateFile {
-                name: n.clone(),
+            let Unpacked {
+                layers,
+                image,
+                user,
+            } = made?;
+            let mut env = image.env;
+            if let Some((_, _, Some(home))) = &user
+                && !env.iter().any(|(k, _)| k == "HOME")
+            {
+                env.push(("HOME".into(), home.clone()));
+            }
+            Ok(TemplateFile {
+                name: n,
                 description: format!(
                     "Imported OCI image (linux/{}, {} layer(s), {} files, {} MB): its own userland, not the host's.",
                     image.architecture,
@@ -63,29 +73,34 @@ impl Manager {
                 version: 1,
                 shape: base_shape,
                 host_dirs: Vec::new(),
-                layers: layer_ids,
+                layers,
                 foreign: true,
                 parent: None,
-                env: image.env.clone(),
-                workdir: image.workdir.clone(),
-                user: None,
+                env,
+                workdir: image.workdir,
+                user: user.map(|(uid, gid, _)| (uid, gid)),
                 status: TemplateStatus::Ready,
                 failure: None,
                 size_bytes: image.bytes,
                 created_at: crate::engine::ids::now_ms(),
                 warm: 0,
-            }
-            .with_user(&image)
-            .map_err(EngineError::InvalidArgument)
+            })
         })
         .await??;
-        let t = self.put_template(file).await?;
-        self.collect_layers().await;
-        Ok(t)
+        self.put_template(file).await
     }
 }
 
-/// Unpacks the image and moves its layers (and the engine's top layer) into the store.
+/// An unpacked image: its layers in the store, and its `User` as uid, gid and home.
+struct Unpacked {
+    layers: Vec<String>,
+    image: oci::Image,
+    user: Option<(u32, u32, Option<String>)>,
+}
+
+/// Unpacks the image and moves its layers (and the engine's top layer) into the store. Every
+/// refusal comes before the first layer is published, and a failure after it takes the
+/// published layers back, so nothing is left behind.
 fn unpack(
     source: &Path,
     work: &Path,
@@ -93,113 +108,93 @@ fn unpack(
     ca: &str,
     chown: bool,
     name: &str,
-) -> Result<(Vec<String>, ImageInfo), EngineError> {
+) -> Result<Unpacked, EngineError> {
+    let refused = |m: String| EngineError::InvalidArgument(format!("cannot import the image: {m}"));
     let image = oci::import(source, work, &oci::Limits::default(), chown)
-        .map_err(|e| EngineError::InvalidArgument(format!("cannot import the image: {e}")))?;
+        .map_err(|e| refused(e.to_string()))?;
     if image.layers.is_empty() {
-        return Err(EngineError::InvalidArgument(
-            "cannot import the image: it has no layers".into(),
-        ));
+        return Err(refused("it has no layers".into()));
     }
     if image.layers.len() + 1 > MAX_LAYERS {
-        return Err(EngineError::InvalidArgument(format!(
-            "cannot import the image: it has {} layers; a template holds at most {}",
+        return Err(refused(format!(
+            "it has {} layers; a template holds at most {}",
             image.layers.len(),
             MAX_LAYERS - 1
         )));
     }
-    // Read now: the layers move into the store below.
-    let passwd = find_file(&image.layers, "etc/passwd").and_then(|p| fs::read_to_string(p).ok());
-    let bundle = find_file(&image.layers, BUNDLE).and_then(|p| fs::read_to_string(p).ok());
+    let read = |rel: &str| find_file(&image.layers, rel).and_then(|p| fs::read_to_string(p).ok());
+    let user = match image.user.as_deref().filter(|u| !u.is_empty()) {
+        Some(spec) => {
+            Some(resolve_user(spec, &read("etc/passwd").unwrap_or_default()).map_err(refused)?)
+        }
+        None => None,
+    };
+    let bundle = read(BUNDLE).unwrap_or_default();
     let mut nonce = [0u8; 16];
     getrandom::fill(&mut nonce).map_err(|e| EngineError::Unavailable(e.to_string()))?;
-    let mut ids = Vec::new();
-    let io = EngineError::Templates;
-    for (i, dir) in image.layers.iter().enumerate() {
-        let id = layers::id_of(&[name.as_bytes(), &nonce, &(i as u64).to_le_bytes()]);
-        let tmp = layers::scratch(store).map_err(io)?;
-        fs::create_dir(&tmp).map_err(io)?;
-        fs::rename(dir, tmp.join("root")).map_err(io)?;
-        layers::publish(&tmp, store, &id).map_err(io)?;
-        ids.push(id);
+    let mut published = Vec::new();
+    let moved = (|| -> io::Result<()> {
+        for (i, dir) in image.layers.iter().enumerate() {
+            let tmp = layers::scratch(store)?;
+            fs::create_dir(&tmp)?;
+            fs::rename(dir, tmp.join("root"))?;
+            let id = layers::id_of(&[name.as_bytes(), &nonce, &(i as u64).to_le_bytes()]);
+            layers::publish(&tmp, store, &id)?;
+            published.push(id);
+        }
+        // The engine's own files, on top of the image's.
+        let tmp = layers::scratch(store)?;
+        engine_layer(&tmp, ca, &bundle)?;
+        let id = layers::id_of(&[name.as_bytes(), &nonce, b"engine"]);
+        layers::publish(&tmp, store, &id)?;
+        published.push(id);
+        Ok(())
+    })();
+    if let Err(e) = moved {
+        // The ids carry this import's nonce: no other template uses them.
+        for id in &published {
+            let _ = crate::fs_tree::remove_tree(&store.join(id));
+        }
+        return Err(EngineError::Templates(e));
     }
-    // The engine's own files, on top of the image's.
-    let tmp = layers::scratch(store).map_err(io)?;
-    engine_layer(&tmp, ca, bundle.as_deref().unwrap_or("")).map_err(io)?;
-    let id = layers::id_of(&[name.as_bytes(), &nonce, b"engine"]);
-    layers::publish(&tmp, store, &id).map_err(io)?;
-    ids.push(id);
-    Ok((
-        ids,
-        ImageInfo {
-            layers: image.layers.clone(),
-            env: image.env,
-            workdir: image.workdir,
-            user: image.user,
-            bytes: image.bytes,
-            files: image.files,
-            architecture: image.architecture,
-            passwd,
-        },
-    ))
+    Ok(Unpacked {
+        layers: published,
+        image,
+        user,
+    })
 }
 
-/// What the template takes from the image.
-struct ImageInfo {
-    layers: Vec<PathBuf>,
-    env: Vec<(String, String)>,
-    workdir: Option<String>,
-    user: Option<String>,
-    bytes: u64,
-    files: u64,
-    architecture: String,
-    passwd: Option<String>,
-}
-
-impl TemplateFile {
-    /// Resolves the image's `User` (`uid[:gid]` or `name[:group]`) with its own /etc/passwd.
-    fn with_user(mut self, image: &ImageInfo) -> Result<Self, String> {
-        let passwd = image.passwd.as_deref().unwrap_or("");
-        let Some(spec) = image.user.as_deref().filter(|u| !u.is_empty()) else {
-            return Ok(self);
-        };
-        let (user, group) = spec.split_once(':').unwrap_or((spec, ""));
-        let entry = passwd.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(':').collect();
-            (f.len() >= 7 && (f[0] == user || f[2] == user)).then(|| {
-                (
-                    f[2].parse::<u32>().ok(),
-                    f[3].parse::<u32>().ok(),
-                    f[5].to_string(),
-                )
-            })
-        });
-        let uid = user
+/// Resolves an image's `User` (`uid[:gid]` or `name[:group]`) with its own /etc/passwd: uid,
+/// gid, and the home directory when the user is listed.
+fn resolve_user(spec: &str, passwd: &str) -> Result<(u32, u32, Option<String>), String> {
+    let (user, group) = spec.split_once(':').unwrap_or((spec, ""));
+    let entry = passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        (f.len() >= 7 && (f[0] == user || f[2] == user)).then(|| {
+            (
+                f[2].parse::<u32>().ok(),
+                f[3].parse::<u32>().ok(),
+                f[5].to_string(),
+            )
+        })
+    });
+    let uid = user
+        .parse::<u32>()
+        .ok()
+        .or_else(|| entry.as_ref().and_then(|e| e.0))
+        .ok_or_else(|| format!("its User {user} is not in its /etc/passwd"))?;
+    let gid = match group {
+        "" => entry.as_ref().and_then(|e| e.1).unwrap_or(uid),
+        g => g
             .parse::<u32>()
-            .ok()
-            .or_else(|| entry.as_ref().and_then(|e| e.0))
-            .ok_or_else(|| {
-                format!("cannot import the image: its User {user} is not in its /etc/passwd")
-            })?;
-        let gid = match group {
-            "" => entry.as_ref().and_then(|e| e.1).unwrap_or(uid),
-            g => g.parse::<u32>().map_err(|_| {
-                format!("cannot import the image: its User's group {g} is not numeric")
-            })?,
-        };
-        if uid >= 65534 || gid >= 65534 {
-            return Err(format!(
-                "cannot import the image: its User {spec} is outside the ids a sandbox maps (0-65533)"
-            ));
-        }
-        if let Some((_, _, home)) = entry
-            && !self.env.iter().any(|(k, _)| k == "HOME")
-        {
-            self.env.push(("HOME".into(), home));
-        }
-        self.user = Some((uid, gid));
-        Ok(self)
+            .map_err(|_| format!("its User's group {g} is not numeric"))?,
+    };
+    if uid >= 65534 || gid >= 65534 {
+        return Err(format!(
+            "its User {spec} is outside the ids a sandbox maps (0-65533)"
+        ));
     }
+    Ok((uid, gid, entry.map(|e| e.2)))
 }
 
 /// The topmost regular file at `rel` in the layers (bottom first), unless a layer above
@@ -225,12 +220,10 @@ fn engine_layer(dir: &Path, ca: &str, bundle: &str) -> io::Result<()> {
         fs::write(etc.join(name), content)?;
     }
     if !ca.is_empty() {
-        let mut all = bundle.to_string();
-        if !all.is_empty() && !all.ends_with('\n') {
-            all.push('\n');
-        }
-        all.push_str(ca);
-        fs::write(dir.join("root").join(BUNDLE), all)?;
+        fs::write(
+            dir.join("root").join(BUNDLE),
+            templates::bundle_with(bundle, ca),
+        )?;
         fs::write(etc.join("ssl/certs/sandbox-mcp-egress-ca.pem"), ca)?;
     }
     // Mount points and directories every sandbox needs, which a minimal image may lack.
