@@ -312,7 +312,10 @@ async fn a_captured_sandbox_becomes_a_template_and_shapes_are_capped_by_it() {
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.unwrap();
     assert!(
-        body["message"].as_str().unwrap().contains("shape.vcpus must be between"),
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("shape.vcpus must be between"),
         "{body}"
     );
     // Delete: refused while used (naming the sandboxes), then its layers go.

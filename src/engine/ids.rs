@@ -32,6 +32,23 @@ fn base32(bytes: &[u8]) -> String {
     out
 }
 
+/// Lowercase hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// 128 random bits as 26 base32 characters: names that must not collide (scratch directories,
+/// layers of one import or capture).
+pub(crate) fn nonce() -> String {
+    base32(&random_bytes::<16>())
+}
+
 /// A new sandbox id: `sbx_` and 128 random bits as 26 base32 characters.
 pub fn sandbox_id() -> String {
     format!("sbx_{}", base32(&random_bytes::<16>()))

@@ -36,10 +36,7 @@ pub(crate) fn id_of(parts: &[&[u8]]) -> String {
         ctx.update(&(part.len() as u64).to_le_bytes());
         ctx.update(part);
     }
-    ctx.finish().as_ref()[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::engine::ids::hex(&ctx.finish().as_ref()[..16])
 }
 
 /// How sandbox host ids map back to the ids a layer stores.
@@ -127,7 +124,7 @@ impl Copier {
                     self.chown(&d, &meta)?;
                 } else if ft.is_char_device() && meta.rdev() == 0 {
                     // An overlay whiteout: the file was deleted in the sandbox.
-                    mknod(&d, libc::S_IFCHR)?;
+                    whiteout(&d)?;
                 } else if ft.is_fifo() {
                     mknod(&d, libc::S_IFIFO | (meta.mode() & 0o777))?;
                     self.chown(&d, &meta)?;
@@ -144,7 +141,7 @@ impl Copier {
             r => r?,
         }
         if get_xattr(src, OPAQUE).is_some_and(|v| v == b"y") {
-            set_xattr(dst, OPAQUE, b"y")?;
+            mark_opaque(dst)?;
         }
         self.chown(dst, meta)?;
         self.modes.push((dst.to_path_buf(), meta.mode() & 0o1777));
@@ -196,6 +193,8 @@ fn mknod(path: &Path, mode: libc::mode_t) -> io::Result<()> {
     Ok(())
 }
 
+/// The value of xattr `name` of `path` (not following a symlink), if it has one of at most
+/// 64 bytes.
 pub(crate) fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     let p = cstr(path).ok()?;
     let n = CString::new(name).ok()?;
@@ -206,7 +205,19 @@ pub(crate) fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     (len >= 0).then(|| buf[..len as usize].to_vec())
 }
 
-pub(crate) fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+/// An overlay whiteout at `path`: a 0:0 character device, which hides the name in the layers
+/// below (the kernel lets anyone make one since 5.8).
+pub(crate) fn whiteout(path: &Path) -> io::Result<()> {
+    mknod(path, libc::S_IFCHR)
+}
+
+/// Marks `dir` opaque: it hides everything below it in lower layers (overlayfs mounted with
+/// `userxattr` reads `user.overlay.opaque`).
+pub(crate) fn mark_opaque(dir: &Path) -> io::Result<()> {
+    set_xattr(dir, OPAQUE, b"y")
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     let p = cstr(path)?;
     let n = CString::new(name).map_err(io::Error::other)?;
     // SAFETY: NUL-terminated strings and a buffer of the length given.
@@ -245,10 +256,7 @@ pub(crate) fn scratch(store: &Path) -> io::Result<PathBuf> {
         .recursive(true)
         .mode(0o755)
         .create(store)?;
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
-    let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(store.join(format!(".tmp-{name}")))
+    Ok(store.join(format!(".tmp-{}", crate::engine::ids::nonce())))
 }
 
 /// Deletes every layer no template uses, and scratch directories left by a crash.
@@ -281,7 +289,7 @@ mod tests {
         fs::hard_link(upper.join("a/b/f"), upper.join("a/g")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", upper.join("a/link")).unwrap();
         fs::set_permissions(upper.join("a"), fs::Permissions::from_mode(0o555)).unwrap();
-        mknod(&upper.join("gone"), libc::S_IFCHR).unwrap();
+        whiteout(&upper.join("gone")).unwrap();
         let dest = tmp.path().join("layer");
         let bytes = capture(&[("root".into(), upper)], &dest, Owners::Keep).unwrap();
         assert_eq!(bytes, 5);

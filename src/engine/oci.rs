@@ -19,8 +19,7 @@
 
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
-use std::ffi::{CString, OsStr};
-use std::fmt::Write as _;
+use std::ffi::OsStr;
 use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -33,6 +32,9 @@ use ring::digest;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tar::EntryType;
+
+use crate::engine::ids::hex;
+use crate::engine::layers;
 
 /// Largest manifest, index or config read: real ones are a few KiB.
 const MAX_JSON: u64 = 4 << 20;
@@ -550,15 +552,6 @@ fn sha256(bytes: &[u8]) -> String {
         "sha256:{}",
         hex(digest::digest(&digest::SHA256, bytes).as_ref())
     )
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 // ---- Reading the source ----
@@ -1202,13 +1195,7 @@ impl Unpacker<'_> {
     /// anyone make since 5.8) hides NAME of the layers below.
     fn whiteout(&mut self, rel: &Path, shown: &str) -> Result<(), ImportError> {
         let (path, _) = self.prepare(rel, shown, false)?;
-        nix::sys::stat::mknod(
-            &path,
-            nix::sys::stat::SFlag::S_IFCHR,
-            nix::sys::stat::Mode::empty(),
-            0,
-        )
-        .map_err(|e| io_err(format!("create the whiteout {}", path.display()))(e.into()))
+        layers::whiteout(&path).map_err(io_err(format!("create the whiteout {}", path.display())))
     }
 
     /// `dir/.wh..wh..opq`: `dir` hides everything below it in lower layers. overlayfs mounted
@@ -1217,7 +1204,7 @@ impl Unpacker<'_> {
         // Creates the marker's parents, `dir` included.
         self.prepare(rel, shown, false)?;
         let dir = self.root.join(rel.parent().unwrap_or(Path::new("")));
-        set_opaque(&dir).map_err(io_err(format!(
+        layers::mark_opaque(&dir).map_err(io_err(format!(
             "mark {} opaque (the filesystem under the work dir must support user xattrs)",
             dir.display()
         )))
@@ -1290,25 +1277,6 @@ fn mtime(header: &tar::Header) -> Option<SystemTime> {
     UNIX_EPOCH.checked_add(Duration::from_secs(header.mtime().ok()?))
 }
 
-fn set_opaque(dir: &Path) -> io::Result<()> {
-    let path = CString::new(dir.as_os_str().as_bytes())?;
-    // SAFETY: both strings are NUL-terminated and live across the call; the value is 1 byte.
-    let ret = unsafe {
-        libc::lsetxattr(
-            path.as_ptr(),
-            c"user.overlay.opaque".as_ptr(),
-            b"y".as_ptr().cast(),
-            1,
-            0,
-        )
-    };
-    if ret == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 fn human(n: u64) -> String {
     for (unit, name) in [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")] {
         if n >= unit && n.is_multiple_of(unit) {
@@ -1323,7 +1291,6 @@ fn human(n: u64) -> String {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
-    use std::ffi::CStr;
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
 
     #[derive(Clone, Copy, Debug, PartialEq)]
@@ -1576,21 +1543,6 @@ mod tests {
         fs::symlink_metadata(path).unwrap().mode() & 0o7777
     }
 
-    fn xattr(path: &Path, name: &CStr) -> Option<Vec<u8>> {
-        let path = CString::new(path.as_os_str().as_bytes()).unwrap();
-        let mut buf = [0u8; 64];
-        // SAFETY: NUL-terminated strings and a buffer of the length passed.
-        let n = unsafe {
-            libc::lgetxattr(
-                path.as_ptr(),
-                name.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
-        usize::try_from(n).ok().map(|n| buf[..n].to_vec())
-    }
-
     /// A PAX record, `<len> <key>=<value>\n`, whose length counts its own digits.
     fn pax(key: &str, value: &str) -> Vec<u8> {
         let body = format!(" {key}={value}\n");
@@ -1729,7 +1681,7 @@ mod tests {
     #[test]
     fn whiteouts_and_opaque_directories() {
         let probe = tempfile::tempdir().unwrap();
-        let xattrs = set_opaque(probe.path());
+        let xattrs = layers::mark_opaque(probe.path());
         let bottom = Layer::new()
             .file("a/gone", b"1", 0o644)
             .file("a/kept", b"1", 0o644)
@@ -1760,11 +1712,14 @@ mod tests {
         match xattrs {
             Ok(()) => {
                 assert_eq!(
-                    xattr(&l1.join("d"), c"user.overlay.opaque").as_deref(),
+                    layers::get_xattr(&l1.join("d"), "user.overlay.opaque").as_deref(),
                     Some(&b"y"[..])
                 );
                 assert!(l1.join("d/new").is_file() && !l1.join("d/.wh..wh..opq").exists());
-                assert_eq!(xattr(&run.layer(0).join("d"), c"user.overlay.opaque"), None);
+                assert_eq!(
+                    layers::get_xattr(&run.layer(0).join("d"), "user.overlay.opaque"),
+                    None
+                );
             }
             Err(e) => eprintln!(
                 "skipping the opaque-directory check: this filesystem refuses user xattrs ({e})"
@@ -1937,8 +1892,11 @@ mod tests {
         ] {
             assert_eq!(mode_of(&l0.join(path)), mode, "{path}");
         }
-        assert_eq!(xattr(&l0.join("bin/ping"), c"user.evil"), None);
-        assert_eq!(xattr(&l0.join("bin/ping"), c"security.capability"), None);
+        assert_eq!(layers::get_xattr(&l0.join("bin/ping"), "user.evil"), None);
+        assert_eq!(
+            layers::get_xattr(&l0.join("bin/ping"), "security.capability"),
+            None
+        );
     }
 
     #[test]

@@ -81,6 +81,19 @@ pub(crate) struct BuildFailure {
     pub message: String,
 }
 
+impl BuildFailure {
+    /// A failure of step `step` (`step_text` as given) with no output to show.
+    pub(crate) fn new(step: usize, step_text: &str, message: String) -> Self {
+        BuildFailure {
+            step,
+            step_text: step_text.to_string(),
+            exit_code: None,
+            output_tail: String::new(),
+            message,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct TemplateFile {
     pub name: String,
@@ -274,13 +287,11 @@ pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Te
             Ok(mut file) if dir.file_name().is_some_and(|n| n == file.name.as_str()) => {
                 if file.status == TemplateStatus::Building {
                     file.status = TemplateStatus::Failed;
-                    file.failure = Some(BuildFailure {
-                        step: 0,
-                        step_text: String::new(),
-                        exit_code: None,
-                        output_tail: String::new(),
-                        message: "the engine stopped during the build; delete the template and create it again (finished steps are reused)".into(),
-                    });
+                    file.failure = Some(BuildFailure::new(
+                        0,
+                        "",
+                        "the engine stopped during the build; create it again (finished steps are reused)".into(),
+                    ));
                     save(templates_dir, &file)?;
                 }
                 out.push(Template::new(templates_dir, layers_dir, file));

@@ -130,22 +130,21 @@ fn unpack(
         None => None,
     };
     let bundle = read(BUNDLE).unwrap_or_default();
-    let mut nonce = [0u8; 16];
-    getrandom::fill(&mut nonce).map_err(|e| EngineError::Unavailable(e.to_string()))?;
+    let nonce = crate::engine::ids::nonce();
     let mut published = Vec::new();
     let moved = (|| -> io::Result<()> {
         for (i, dir) in image.layers.iter().enumerate() {
             let tmp = layers::scratch(store)?;
             fs::create_dir(&tmp)?;
             fs::rename(dir, tmp.join("root"))?;
-            let id = layers::id_of(&[name.as_bytes(), &nonce, &(i as u64).to_le_bytes()]);
+            let id = layers::id_of(&[name.as_bytes(), nonce.as_bytes(), &(i as u64).to_le_bytes()]);
             layers::publish(&tmp, store, &id)?;
             published.push(id);
         }
         // The engine's own files, on top of the image's.
         let tmp = layers::scratch(store)?;
         engine_layer(&tmp, ca, &bundle)?;
-        let id = layers::id_of(&[name.as_bytes(), &nonce, b"engine"]);
+        let id = layers::id_of(&[name.as_bytes(), nonce.as_bytes(), b"engine"]);
         layers::publish(&tmp, store, &id)?;
         published.push(id);
         Ok(())

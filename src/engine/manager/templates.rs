@@ -159,7 +159,8 @@ impl Manager {
     }
 
     pub(super) fn template(&self, name: &str) -> Result<Arc<Template>, EngineError> {
-        let all = self.templates();
+        // Looked up under the lock: this runs on every sandbox start.
+        let all = self.templates.read().unwrap_or_else(|e| e.into_inner());
         all.iter().find(|t| t.name == name).cloned().ok_or_else(|| {
             EngineError::NotFound(format!(
                 "template {name} does not exist; templates: {}",
@@ -327,13 +328,6 @@ impl Manager {
         timeout: Duration,
     ) -> Result<(), BuildFailure> {
         let started = Instant::now();
-        let fail = |step: usize, text: String, message: String| BuildFailure {
-            step,
-            step_text: text,
-            exit_code: None,
-            output_tail: String::new(),
-            message,
-        };
         // The cache key of everything below the first step: the parent's stack.
         let mut key = layers::id_of(&[file.layers.join("/").as_bytes(), &[u8::from(file.foreign)]]);
         let mut bytes = 0u64;
@@ -342,7 +336,7 @@ impl Manager {
             let text = step.describe();
             let json = serde_json::to_vec(step).unwrap_or_default();
             key = layers::id_of(&[key.as_bytes(), &json]);
-            match step {
+            let command = match step {
                 Step::Env(k, v) => {
                     file.env.retain(|(name, _)| name != k);
                     file.env.push((k.clone(), v.clone()));
@@ -352,8 +346,8 @@ impl Manager {
                     file.workdir = Some(d.clone());
                     continue;
                 }
-                Step::Run(_) => {}
-            }
+                Step::Run(command) => command,
+            };
             let layer = self.layers_dir().join(&key);
             if layer.is_dir() {
                 // Cached: this parent ran this step before.
@@ -361,18 +355,18 @@ impl Manager {
                 continue;
             }
             if file.layers.len() >= MAX_LAYERS {
-                return Err(fail(
+                return Err(BuildFailure::new(
                     n,
-                    text,
+                    &text,
                     format!(
                         "the template would stack more than {MAX_LAYERS} layers; combine run steps with &&"
                     ),
                 ));
             }
             let Some(left) = timeout.checked_sub(started.elapsed()) else {
-                return Err(fail(
+                return Err(BuildFailure::new(
                     n,
-                    text,
+                    &text,
                     format!(
                         "the build ran past its time limit of {} s",
                         timeout.as_secs()
@@ -382,9 +376,9 @@ impl Manager {
             // The build sandbox starts from the template as built so far.
             self.put_template(file.clone())
                 .await
-                .map_err(|e| fail(n, text.clone(), e.to_string()))?;
+                .map_err(|e| BuildFailure::new(n, &text, e.to_string()))?;
             let made = self
-                .run_step(file, step, network, left, n, &text, &key)
+                .run_step(file, command, network, left, n, &text, &key)
                 .await?;
             bytes += made;
             file.size_bytes = bytes;
@@ -398,26 +392,15 @@ impl Manager {
     async fn run_step(
         self: &Arc<Self>,
         file: &TemplateFile,
-        step: &Step,
+        command: &str,
         network: &NetworkRules,
         left: Duration,
         n: usize,
         text: &str,
         key: &str,
     ) -> Result<u64, BuildFailure> {
-        let Step::Run(command) = step else {
-            return Ok(0);
-        };
-        let fail = |message: String, exit_code: Option<i64>, tail: String| BuildFailure {
-            step: n,
-            step_text: text.to_string(),
-            exit_code,
-            output_tail: tail,
-            message,
-        };
-        let template = self
-            .template(&file.name)
-            .map_err(|e| fail(e.to_string(), None, String::new()))?;
+        let fail = |message: String| BuildFailure::new(n, text, message);
+        let template = self.template(&file.name).map_err(|e| fail(e.to_string()))?;
         let view = self
             .create_from(
                 CreateRequest {
@@ -430,20 +413,14 @@ impl Manager {
                 template.shape,
             )
             .await
-            .map_err(|e| {
-                fail(
-                    format!("cannot start the build sandbox: {e}"),
-                    None,
-                    String::new(),
-                )
-            })?;
+            .map_err(|e| fail(format!("cannot start the build sandbox: {e}")))?;
         let id = view.record.id.clone();
         let result = self
             .exec(
                 &id,
                 Some(BUILD_TENANT),
                 ExecSpec {
-                    command: command.clone(),
+                    command: command.to_string(),
                     cwd: file.workdir.clone(),
                     env: Vec::new(),
                     timeout_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
@@ -455,55 +432,44 @@ impl Manager {
         let outcome = match result {
             Ok(r) => {
                 let o = r.outcome;
-                let tail = tail_of(&o.stdout, &o.stderr);
-                if o.timed_out {
-                    Err(fail(
-                        format!(
-                            "step {n} ran past the build's time limit of {} s",
-                            left.as_secs()
-                        ),
-                        None,
-                        tail,
+                let exit_code = o.exit_code.map(i64::from);
+                let message = if o.timed_out {
+                    Some(format!(
+                        "step {n} ran past the build's time limit ({} s were left when it started)",
+                        left.as_secs()
                     ))
                 } else if r.oom_killed {
-                    Err(fail(
-                        format!(
-                            "step {n} ran out of memory (the template's shape allows {} MB); raise shape.memory_mb",
-                            file.shape.memory_mb
-                        ),
-                        o.exit_code.map(i64::from),
-                        tail,
+                    Some(format!(
+                        "step {n} ran out of memory (the template's shape allows {} MB); raise shape.memory_mb",
+                        file.shape.memory_mb
                     ))
                 } else if o.exit_code != Some(0) {
-                    Err(fail(
-                        format!(
-                            "step {n} exited with {}",
-                            o.exit_code.map_or_else(
-                                || format!("signal {}", o.signal.unwrap_or(0)),
-                                |c| format!("code {c}")
-                            )
-                        ),
-                        o.exit_code.map(i64::from),
-                        tail,
+                    Some(format!(
+                        "step {n} exited with {}",
+                        o.exit_code.map_or_else(
+                            || format!("signal {}", o.signal.unwrap_or(0)),
+                            |c| format!("code {c}")
+                        )
                     ))
                 } else {
-                    Ok(())
+                    None
+                };
+                match message {
+                    Some(m) => Err(BuildFailure {
+                        exit_code: exit_code.filter(|_| !o.timed_out),
+                        output_tail: tail_of(&o.stdout, &o.stderr),
+                        ..fail(m)
+                    }),
+                    None => Ok(()),
                 }
             }
-            Err(e) => Err(fail(
-                format!("step {n} could not run: {e}"),
-                None,
-                String::new(),
-            )),
+            Err(e) => Err(fail(format!("step {n} could not run: {e}"))),
         };
         let captured = match outcome {
-            Ok(()) => self.capture_stopped(&id, file, key).await.map_err(|e| {
-                fail(
-                    format!("cannot save step {n}'s result: {e}"),
-                    Some(0),
-                    String::new(),
-                )
-            }),
+            Ok(()) => self
+                .capture_stopped(&id, file, key)
+                .await
+                .map_err(|e| fail(format!("cannot save step {n}'s result: {e}"))),
             Err(f) => Err(f),
         };
         if let Err(e) = self.kill(&id, Some(BUILD_TENANT)).await {
@@ -527,28 +493,34 @@ impl Manager {
         blocking(move || driver.stop(&sid)).await??;
         *rt = Runtime::Stopped;
         drop(rt);
-        let targets = self
-            .template(&file.name)?
+        let template = self.template(&file.name)?;
+        self.copy_to_layer(id, slot, &template, key.to_string())
+            .await
+    }
+
+    /// Copies a stopped or frozen sandbox's writable layers (of `template`'s overlays) into a
+    /// new layer `key` of the store; nothing is left in the store if that fails.
+    async fn copy_to_layer(
+        &self,
+        id: &str,
+        slot: u32,
+        template: &Template,
+        key: String,
+    ) -> Result<u64, EngineError> {
+        let targets: Vec<String> = template
             .layout
             .mounts
             .iter()
             .map(|m| m.target.clone())
-            .collect::<Vec<_>>();
-        let (driver, store, sid, key) = (
-            self.driver.clone(),
-            self.layers_dir(),
-            id.to_string(),
-            key.to_string(),
-        );
+            .collect();
+        let (driver, store, sid) = (self.driver.clone(), self.layers_dir(), id.to_string());
         blocking(move || -> Result<u64, EngineError> {
             let tmp = layers::scratch(&store).map_err(EngineError::Templates)?;
-            let bytes = match driver.capture(&sid, slot, &targets, &tmp) {
-                Ok(b) => b,
-                Err(e) => {
+            let bytes = driver
+                .capture(&sid, slot, &targets, &tmp)
+                .inspect_err(|_| {
                     let _ = crate::fs_tree::remove_tree(&tmp);
-                    return Err(e.into());
-                }
-            };
+                })?;
             layers::publish(&tmp, &store, &key).map_err(EngineError::Templates)?;
             Ok(bytes)
         })
@@ -573,41 +545,14 @@ impl Manager {
             let (driver, sid) = (self.driver.clone(), id.to_string());
             blocking(move || driver.freeze(&sid)).await??;
         }
-        let targets: Vec<String> = parent
-            .layout
-            .mounts
-            .iter()
-            .map(|m| m.target.clone())
-            .collect();
-        let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| EngineError::Unavailable(e.to_string()))?;
-        let key = layers::id_of(&[id.as_bytes(), &nonce]);
-        let (driver, store, sid, k) = (
-            self.driver.clone(),
-            self.layers_dir(),
-            id.to_string(),
-            key.clone(),
-        );
-        let copied = blocking(move || -> Result<u64, EngineError> {
-            let tmp = layers::scratch(&store).map_err(EngineError::Templates)?;
-            match driver.capture(&sid, slot, &targets, &tmp) {
-                Ok(bytes) => {
-                    layers::publish(&tmp, &store, &k).map_err(EngineError::Templates)?;
-                    Ok(bytes)
-                }
-                Err(e) => {
-                    let _ = crate::fs_tree::remove_tree(&tmp);
-                    Err(e.into())
-                }
-            }
-        })
-        .await;
+        let key = layers::id_of(&[id.as_bytes(), crate::engine::ids::nonce().as_bytes()]);
+        let copied = self.copy_to_layer(id, slot, parent, key.clone()).await;
         if frozen_here {
             let (driver, sid) = (self.driver.clone(), id.to_string());
             blocking(move || driver.thaw(&sid)).await??;
         }
         drop(rt);
-        Ok((key, copied??))
+        Ok((key, copied?))
     }
 
     /// Deletes a template: refused for `base`, the default template, one still building, and
