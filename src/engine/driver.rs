@@ -35,8 +35,8 @@ impl DriverError {
     }
 }
 
-/// The resources a sandbox gets.
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The resources a sandbox gets (stored as is in a template's file).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Shape {
     pub vcpus: f64,
     pub memory_mb: u64,

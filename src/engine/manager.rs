@@ -528,22 +528,15 @@ impl Manager {
             }
             let driver = self.driver.clone();
             let uid_slot = blocking(move || driver.claim_slot(&used_slots)).await??;
-            let record = Record {
-                id: ids::sandbox_id(),
-                name: req.name.clone(),
-                template: template.name.clone(),
-                status: Status::Creating,
-                metadata: req.metadata.clone(),
-                env: req.env.clone(),
+            let record = self.record_of(
+                &req,
+                ids::sandbox_id(),
+                &template.name,
                 shape,
                 uid_slot,
-                created_at: now,
-                last_active_at: now,
-                expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
-                tenant: req.tenant.clone(),
-                network: req.network.clone(),
-                secrets: self.bind_new(req.tenant.as_deref(), &req.secrets)?,
-            };
+                Status::Creating,
+                now,
+            )?;
             let store = self.store.clone();
             let r = record.clone();
             if let Err(e) = blocking(move || store.insert(&r)).await? {
@@ -590,6 +583,36 @@ impl Manager {
         lock(&entry.record).status = Status::Running;
         entry.ready.store(true, Ordering::Release);
         Ok(self.view(&entry))
+    }
+
+    /// The record of a sandbox made for `req` (a new one, or a pooled one it adopts).
+    #[allow(clippy::too_many_arguments)]
+    fn record_of(
+        &self,
+        req: &CreateRequest,
+        id: String,
+        template: &str,
+        shape: crate::engine::driver::Shape,
+        uid_slot: u32,
+        status: Status,
+        now: i64,
+    ) -> Result<Record, EngineError> {
+        Ok(Record {
+            id,
+            name: req.name.clone(),
+            template: template.to_string(),
+            status,
+            metadata: req.metadata.clone(),
+            env: req.env.clone(),
+            shape,
+            uid_slot,
+            created_at: now,
+            last_active_at: now,
+            expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
+            tenant: req.tenant.clone(),
+            network: req.network.clone(),
+            secrets: self.bind_new(req.tenant.as_deref(), &req.secrets)?,
+        })
     }
 
     fn entry_any(&self, id: &str) -> Result<Arc<Entry>, EngineError> {

@@ -28,36 +28,6 @@ const MAX_ETC_FILE: u64 = 1 << 20;
 /// Most layers a template may stack (overlayfs allows 500; the mount options must fit a page).
 pub(crate) const MAX_LAYERS: usize = 64;
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ShapeFile {
-    pub vcpus: f64,
-    pub memory_mb: u64,
-    pub disk_mb: u64,
-    pub max_pids: u64,
-}
-
-impl From<ShapeFile> for Shape {
-    fn from(s: ShapeFile) -> Shape {
-        Shape {
-            vcpus: s.vcpus,
-            memory_mb: s.memory_mb,
-            disk_mb: s.disk_mb,
-            max_pids: s.max_pids,
-        }
-    }
-}
-
-impl From<Shape> for ShapeFile {
-    fn from(s: Shape) -> ShapeFile {
-        ShapeFile {
-            vcpus: s.vcpus,
-            memory_mb: s.memory_mb,
-            disk_mb: s.disk_mb,
-            max_pids: s.max_pids,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum TemplateStatus {
@@ -99,7 +69,7 @@ pub(crate) struct TemplateFile {
     pub name: String,
     pub description: String,
     pub version: u32,
-    pub shape: ShapeFile,
+    pub shape: Shape,
     /// Host directories overlaid read-only at the same path (base and templates built on it).
     pub host_dirs: Vec<PathBuf>,
     /// Layer ids, bottom first: the whole stack (parents' layers included), so a template never
@@ -138,7 +108,6 @@ pub(crate) struct TemplateFile {
 #[derive(Debug, Clone)]
 pub struct Template {
     pub name: String,
-    pub description: String,
     pub shape: Shape,
     pub layout: TemplateLayout,
     pub(crate) file: TemplateFile,
@@ -149,8 +118,7 @@ impl Template {
         Template {
             layout: layout(templates_dir, layers_dir, &file),
             name: file.name.clone(),
-            description: file.description.clone(),
-            shape: file.shape.into(),
+            shape: file.shape,
             file,
         }
     }
@@ -359,7 +327,7 @@ fn build_base(templates_dir: &Path) -> io::Result<()> {
         name: BASE.into(),
         description: "Debian userland of the host, read-only with copy-on-write: sh, bash, coreutils, python3, node and whatever else the host's /usr holds.".into(),
         version: BASE_VERSION,
-        shape: ShapeFile {
+        shape: Shape {
             vcpus: 1.0,
             memory_mb: 1024,
             disk_mb: 4096,

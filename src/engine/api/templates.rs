@@ -50,7 +50,7 @@ fn template(t: &Template, default: &str) -> Result<types::Template, EngineError>
     Ok(types::Template {
         name: types::TemplateName::try_from(t.name.clone())
             .map_err(|e| bad("name", e.to_string()))?,
-        description: t.description.clone(),
+        description: t.file.description.clone(),
         shape: (&t.shape).into(),
         default: t.name == default,
         status: match t.status() {

@@ -53,16 +53,16 @@ impl Manager {
             .policy(&req.network.allow_out, &req.network.deny_out)
             .map_err(EngineError::InvalidArgument)?;
         let now = ids::now_ms();
-        let mut record = entry.record();
-        record.name = req.name.clone();
-        record.metadata = req.metadata.clone();
-        record.env = req.env.clone();
-        record.created_at = now;
-        record.last_active_at = now;
-        record.expires_at = req.timeout_seconds.map(|s| now + (s as i64) * 1000);
-        record.tenant = req.tenant.clone();
-        record.network = req.network.clone();
-        record.secrets = self.bind_new(req.tenant.as_deref(), &req.secrets)?;
+        let pooled = entry.record();
+        let record = self.record_of(
+            req,
+            pooled.id,
+            &pooled.template,
+            pooled.shape,
+            pooled.uid_slot,
+            pooled.status,
+            now,
+        )?;
         let (store, r) = (self.store.clone(), record.clone());
         blocking(move || store.adopt(&r)).await??;
         entry.net.set_policy(policy);

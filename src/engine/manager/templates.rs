@@ -267,7 +267,7 @@ impl Manager {
                 ),
             }),
             version: 1,
-            shape: shape.into(),
+            shape,
             parent: Some(parent.name.clone()),
             status: TemplateStatus::Building,
             failure: None,
