@@ -445,6 +445,24 @@ pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Chil
     (child, url)
 }
 
+/// Calls the engine API at `base` with the test key: the status, and the body as JSON (`Null`
+/// when it is not JSON).
+pub async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let http = sandbox_mcp::client::http_builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let mut req = http
+        .request(method.parse().unwrap(), format!("{base}{path}"))
+        .bearer_auth(KEY);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
 /// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
 /// lets go of its store.
 pub fn kill_left_behind(data: &std::path::Path) {

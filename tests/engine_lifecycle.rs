@@ -408,16 +408,10 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
 
         // Restart and check everything acknowledged so far, across every crash.
         let (mut engine, url) = crate::common::spawn_engine_process(&data).await;
-        let listed: serde_json::Value = http
-            .get(format!("{url}/v1/sandboxes"))
-            .bearer_auth(KEY)
-            .send()
+        let listed = crate::common::api(&url, "GET", "/v1/sandboxes", None)
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let listed = listed.to_string();
+            .1
+            .to_string();
         let (sandboxes, files) = {
             let a = acked.lock().unwrap();
             (a.sandboxes.clone(), a.files.clone())

@@ -658,27 +658,15 @@ async fn preview_settings_on_both_commands() {
         assert!(std::time::Instant::now() < deadline, "engine did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let sandbox: Value = http
-        .post(format!("{base}/v1/sandboxes"))
-        .bearer_auth(KEY)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, sandbox) = crate::common::api(&base, "POST", "/v1/sandboxes", Some(json!({}))).await;
     let id = sandbox["id"].as_str().unwrap();
-    let p: Value = http
-        .post(format!("{base}/v1/sandboxes/{id}/previews"))
-        .bearer_auth(KEY)
-        .json(&json!({"port": 5000}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, p) = crate::common::api(
+        &base,
+        "POST",
+        &format!("/v1/sandboxes/{id}/previews"),
+        Some(json!({"port": 5000})),
+    )
+    .await;
     let url = Url::parse(p["url"].as_str().unwrap());
     assert_eq!(
         url.host,

@@ -91,31 +91,19 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
         format!("Bearer {VALUE}"),
         "{seen:?}"
     );
-    // Python (urllib and the environment's bundle), Node's fetch, git: all trust the CA.
-    let py = sh(
-        &client,
-        &id,
+    // Python (urllib and the environment's bundle), Node's fetch, requests: all trust the CA.
+    for client_command in [
         "python3 -c 'import os,urllib.request as u; r=u.Request(\"https://api.example.test/record\", headers={\"X-Key\": os.environ[\"API_KEY\"]}); print(u.urlopen(r).read().decode().strip())'",
-    )
-    .await;
-    assert_eq!(py, "recorded\n");
-    assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
-    let node = sh(
-        &client,
-        &id,
         "node -e 'fetch(\"https://api.example.test/record\",{headers:{\"x-key\":process.env.API_KEY}}).then(r=>r.text()).then(t=>process.stdout.write(t))'",
-    )
-    .await;
-    assert_eq!(node, "recorded\n");
-    assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
-    let requests = sh(
-        &client,
-        &id,
         "python3 -c 'import os,requests; print(requests.get(\"https://api.example.test/record\", headers={\"X-Key\": os.environ[\"API_KEY\"]}).text.strip())'",
-    )
-    .await;
-    assert_eq!(requests, "recorded\n");
-    assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
+    ] {
+        assert_eq!(
+            sh(&client, &id, client_command).await,
+            "recorded\n",
+            "{client_command}"
+        );
+        assert_eq!(net.recorded().last().unwrap()["headers"]["x-key"], VALUE);
+    }
     // git over https trusts it too (the answer is no repository, but TLS and the header
     // went through).
     let git = exec(

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{McpClient, TestEngine, create, err, ok, sh};
+use crate::common::{McpClient, TestEngine, api, create, err, ok, sh};
 use crate::require_sandboxes;
 
 /// Polls sandbox_template_list until `name` is no longer building.
@@ -213,17 +213,14 @@ async fn bad_template_requests_get_clear_errors_and_leave_nothing() {
 async fn a_step_past_the_time_limit_or_the_disk_fails_the_build_with_the_reason() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
-    let http = engine.http();
-    let post = |body: Value| {
-        http.post(format!("{}/v1/templates", engine.url))
-            .bearer_auth(crate::common::KEY)
-            .json(&body)
-            .send()
-    };
-    let r = post(json!({"name": "hangs", "timeout_seconds": 2, "steps": [{"run": "sleep 60"}]}))
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    let (status, _) = api(
+        &engine.url,
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "hangs", "timeout_seconds": 2, "steps": [{"run": "sleep 60"}]})),
+    )
+    .await;
+    assert_eq!(status, 201);
     let client = engine.mcp().await;
     let t = wait_built(&client, "hangs").await;
     assert_eq!(t["status"], "failed", "{t}");
@@ -288,29 +285,27 @@ async fn a_captured_sandbox_becomes_a_template_and_shapes_are_capped_by_it() {
     assert_eq!(info["shape"]["memory_mb"], 256, "{info}");
     assert_eq!(info["shape"]["max_pids"], 64, "{info}");
     // Less than the template's shape is fine; more is refused, naming the limit.
-    let http = engine.http();
     let create = |shape: Value| {
-        http.post(format!("{}/v1/sandboxes", engine.url))
-            .bearer_auth(crate::common::KEY)
-            .json(&json!({"template": "snap", "shape": shape}))
-            .send()
+        api(
+            &engine.url,
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"template": "snap", "shape": shape})),
+        )
     };
-    let r = create(json!({"memory_mb": 128})).await.unwrap();
-    assert_eq!(r.status(), 201);
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = create(json!({"memory_mb": 128})).await;
+    assert_eq!(status, 201);
     assert_eq!(body["shape"]["memory_mb"], 128, "{body}");
     assert_eq!(body["shape"]["max_pids"], 64, "{body}");
-    let r = create(json!({"memory_mb": 512})).await.unwrap();
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = create(json!({"memory_mb": 512})).await;
+    assert_eq!(status, 400);
     assert!(
         body["message"].as_str().unwrap().contains("at most that"),
         "{body}"
     );
     // Outside the spec's bounds: refused before the template is even looked at.
-    let r = create(json!({"vcpus": 0.01})).await.unwrap();
-    assert_eq!(r.status(), 400);
-    let body: Value = r.json().await.unwrap();
+    let (status, body) = create(json!({"vcpus": 0.01})).await;
+    assert_eq!(status, 400);
     assert!(
         body["message"]
             .as_str()
@@ -389,15 +384,14 @@ async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
-    let http = engine.http();
-    let r = http
-        .post(format!("{}/v1/templates", engine.url))
-        .bearer_auth(crate::common::KEY)
-        .json(&json!({"name": "pooled", "warm": 2, "steps": [{"run": "echo pooled > /mark"}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
+    let (status, _) = api(
+        &engine.url,
+        "POST",
+        "/v1/templates",
+        Some(json!({"name": "pooled", "warm": 2, "steps": [{"run": "echo pooled > /mark"}]})),
+    )
+    .await;
+    assert_eq!(status, 201);
     assert_eq!(wait_built(&client, "pooled").await["status"], "ready");
     let count_dirs = || {
         std::fs::read_dir(engine.data_dir().join("sandboxes"))
@@ -420,15 +414,16 @@ async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
     let list = ok(&client, "sandbox_list", json!({})).await;
     assert_eq!(list["sandboxes"].as_array().unwrap().len(), 0, "{list}");
     // Taken from the pool: the request's labels and environment apply, nothing else ran.
-    let r = http
-        .post(format!("{}/v1/sandboxes", engine.url))
-        .bearer_auth(crate::common::KEY)
-        .json(&json!({"template": "pooled", "metadata": {"who": "a"}, "env_vars": {"GREETING": "hi"}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let a: Value = r.json().await.unwrap();
+    let (status, a) = api(
+        &engine.url,
+        "POST",
+        "/v1/sandboxes",
+        Some(
+            json!({"template": "pooled", "metadata": {"who": "a"}, "env_vars": {"GREETING": "hi"}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 201);
     let id = a["id"].as_str().unwrap();
     assert_eq!(a["metadata"]["who"], "a", "{a}");
     assert_eq!(
@@ -716,7 +711,7 @@ async fn the_cli_imports_an_image_with_or_without_a_running_engine() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let body: Value = engine_get(&url, "/v1/templates").await;
+    let (_, body) = api(&url, "GET", "/v1/templates", None).await;
     let names: Vec<&str> = body["templates"]
         .as_array()
         .unwrap()
@@ -730,16 +725,4 @@ async fn the_cli_imports_an_image_with_or_without_a_running_engine() {
     let _ = child.kill();
     let _ = child.wait();
     crate::common::kill_left_behind(&data);
-}
-
-async fn engine_get(url: &str, path: &str) -> Value {
-    reqwest::Client::new()
-        .get(format!("{url}{path}"))
-        .bearer_auth(crate::common::KEY)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
