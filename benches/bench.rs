@@ -23,6 +23,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+// The tests' module: its `pub` items serve them; the bench uses a part.
+#[allow(unreachable_pub, dead_code)]
+#[path = "../tests/netlinks.rs"]
+mod netlinks;
+
 const THIS_BUILD: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
 
 /// The binary being measured: this build, or in A/B mode whichever side's round it is.
@@ -1076,12 +1081,9 @@ fn networking(engine: &Engine, id: &str) -> (&'static str, &'static str) {
 // ---------------------------------------------------------------------------------------------
 // Network: the egress path against the direct one, on a test internet of the bench's own.
 
-/// Shared with tests/testnet.rs: whoever holds it picks a /28 of 198.51.100.0/24 (TEST-NET-2)
-/// that no host interface has an address in, and adds one. The tests take the lowest free /28,
-/// the bench the highest.
-const NET_LOCK: &str = "/tmp/sandbox-mcp-testnet.lock";
-/// The namespace is `smcp-bench-<pid>`, the host's end of the veth pair `bn<pid>`, so that the
-/// leftovers of a killed run are recognised (and removed) by the next.
+/// The namespace is `smcp-bench-<pid>-0`, the host's end of the veth pair `bn<pid>-0` (see
+/// [`netlinks`], shared with the tests, which take the lowest free /28 where the bench takes the
+/// highest).
 const NET_NS_PREFIX: &str = "smcp-bench-";
 const NET_LINK_PREFIX: &str = "bn";
 /// The test internet's servers: `GET /bytes/N` over HTTP/1.1, and a one-message TCP echo.
@@ -1097,8 +1099,6 @@ const GIB: u64 = 1 << 30;
 /// reach it through the engine's relay, the host directly. Dropping it (also when a figure
 /// panics) stops the servers and removes the namespace and both interfaces.
 struct BenchNet {
-    ns: String,
-    host_if: String,
     /// The namespace's end of the pair: where the servers listen.
     net_ip: std::net::Ipv4Addr,
     /// Clones of the listeners, shut down on drop to end the accept loops.
@@ -1107,6 +1107,8 @@ struct BenchNet {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The HTTPS server, or why there is none (the figures that need it say so).
     https: Result<Https, String>,
+    /// The namespace and the veth pair into it (dropped after the servers stop).
+    links: netlinks::Links,
 }
 
 /// The test internet's HTTPS server: its CA, and what it was sent.
@@ -1127,74 +1129,15 @@ impl BenchNet {
                     .into(),
             );
         }
-        ip_cmd(&["-V"]).map_err(|e| format!("needs the `ip` command (iproute2): {e}"))?;
-        let pid = std::process::id();
+        let links = netlinks::claim(NET_NS_PREFIX, NET_LINK_PREFIX, 0, true)?;
         let mut net = BenchNet {
-            ns: format!("{NET_NS_PREFIX}{pid}"),
-            host_if: format!("{NET_LINK_PREFIX}{pid}"),
-            net_ip: std::net::Ipv4Addr::UNSPECIFIED,
+            net_ip: links.net_ip(),
             listeners: Vec::new(),
             threads: Vec::new(),
             stop: Default::default(),
             https: Err("not started".into()),
+            links,
         };
-        {
-            let lock = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(NET_LOCK)
-                .map_err(|e| format!("open {NET_LOCK}: {e}"))?;
-            let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-                .map_err(|(_, e)| format!("lock {NET_LOCK}: {e}"))?;
-            remove_stale_nets();
-            let used = ip_cmd(&["-o", "-4", "addr", "show"])?;
-            let slot = (0..16u8)
-                .rev()
-                .find(|slot| {
-                    !(0..16).any(|host| {
-                        used.contains(&format!("inet 198.51.100.{}/", slot * 16 + host))
-                    })
-                })
-                .ok_or("all 16 /28s of 198.51.100.0/24 are in use")?;
-            let (host, ns_end) = (slot * 16 + 1, slot * 16 + 2);
-            net.net_ip = std::net::Ipv4Addr::new(198, 51, 100, ns_end);
-            ip_cmd(&["netns", "add", &net.ns])
-                .map_err(|e| format!("needs network namespaces: {e}"))?;
-            ip_cmd(&[
-                "link",
-                "add",
-                &net.host_if,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "veth0",
-                "netns",
-                &net.ns,
-            ])
-            .map_err(|e| format!("needs veth interfaces: {e}"))?;
-            ip_cmd(&[
-                "addr",
-                "add",
-                &format!("198.51.100.{host}/28"),
-                "dev",
-                &net.host_if,
-            ])?;
-            ip_cmd(&["link", "set", &net.host_if, "up"])?;
-            ip_cmd(&["-n", &net.ns, "link", "set", "lo", "up"])?;
-            ip_cmd(&[
-                "-n",
-                &net.ns,
-                "addr",
-                "add",
-                &format!("198.51.100.{ns_end}/28"),
-                "dev",
-                "veth0",
-            ])?;
-            ip_cmd(&["-n", &net.ns, "link", "set", "veth0", "up"])?;
-            // Unlocked here: the host's new address marks the /28 as taken.
-        }
         let bytes = net.bind(BYTES_PORT)?;
         net.serve(bytes, |conn| {
             // One thread per download: a slow client holds up no other.
@@ -1234,7 +1177,7 @@ impl BenchNet {
     /// A listener on the namespace's end, port `port`: bound by a thread that enters the
     /// namespace and ends (the socket stays in the namespace it was made in).
     fn bind(&self, port: u16) -> Result<std::net::TcpListener, String> {
-        let path = format!("/run/netns/{}", self.ns);
+        let path = format!("/run/netns/{}", self.links.ns);
         let addr = (self.net_ip, port);
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -1282,50 +1225,23 @@ impl Drop for BenchNet {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        // Deleting one end of the pair deletes both at once.
-        let _ = ip_cmd(&["link", "del", &self.host_if]);
-        let _ = ip_cmd(&["netns", "del", &self.ns]);
+        // Then `links` goes: the pair and the namespace.
     }
 }
 
-/// Removes the namespaces and host interfaces of bench runs whose process is gone.
-fn remove_stale_nets() {
-    let dead = |name: &str, prefix: &str| {
-        name.strip_prefix(prefix)
-            .and_then(|pid| pid.parse::<u32>().ok())
-            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-    };
-    for line in ip_cmd(&["netns", "list"]).unwrap_or_default().lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        if dead(name, NET_NS_PREFIX) {
-            let _ = ip_cmd(&["netns", "del", name]);
-        }
-    }
-    // Lines look like "12: bn4242@if2: <BROADCAST,...".
-    for line in ip_cmd(&["-o", "link", "show"]).unwrap_or_default().lines() {
-        let name = line.split(": ").nth(1).unwrap_or_default();
-        let name = name.split('@').next().unwrap_or_default();
-        if dead(name, NET_LINK_PREFIX) {
-            let _ = ip_cmd(&["link", "del", name]);
-        }
-    }
-}
-
-/// Runs `ip ARGS`: its stdout, or Err with the command and its stderr.
-fn ip_cmd(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("ip: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// The seconds of a transfer a probe reported as "BYTES SECONDS", checking it moved `expected`
+/// bytes.
+fn transfer_secs(got: &str, expected: u64) -> Result<f64, String> {
+    let mut words = got.split_whitespace();
+    let bytes: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
+    let secs: f64 = words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(f64::NAN);
+    if bytes == expected {
+        Ok(secs)
     } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(format!("printed {got:?}, not {expected} bytes"))
     }
 }
 
@@ -1807,15 +1723,7 @@ fn measure_network(
         } else {
             probe_host(&args)?
         };
-        let mut words = got.split_whitespace();
-        let bytes: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-        let secs: f64 = words
-            .next()
-            .and_then(|w| w.parse().ok())
-            .unwrap_or(f64::NAN);
-        if bytes != GIB {
-            return Err(format!("a download got {got:?}, not {GIB} bytes"));
-        }
+        let secs = transfer_secs(&got, GIB).map_err(|e| format!("a download {e}"))?;
         Ok(GIB as f64 / secs / 1e9)
     })?;
     let shares: Vec<f64> = relay
@@ -2286,15 +2194,7 @@ fn measure_secrets(
     // 100 MiB up, on a warm connection.
     let (swap, pass) = interleaved(9, |swap| {
         let got = tls("tlsup", if swap { swapped } else { passed }, UPLOAD)?;
-        let mut words = got.split_whitespace();
-        let bytes: u64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-        let secs: f64 = words
-            .next()
-            .and_then(|w| w.parse().ok())
-            .unwrap_or(f64::NAN);
-        if bytes != UPLOAD {
-            return Err(format!("an upload printed {got:?}"));
-        }
+        let secs = transfer_secs(&got, UPLOAD).map_err(|e| format!("an upload {e}"))?;
         Ok(UPLOAD as f64 / secs / 1e6)
     })?;
     let shares: Vec<f64> = swap.iter().zip(&pass).map(|(s, p)| s / p * 100.0).collect();

@@ -26,6 +26,7 @@ mod hardening;
 mod http_transport;
 mod images;
 mod mcp_calls;
+mod netlinks;
 mod network;
 mod previews;
 mod secrets;

@@ -8,9 +8,8 @@
 //! connected /28 alone; nothing is routed anywhere else.
 //!
 //! Tests in one process (and in concurrent processes: two `cargo test` runs) may each start one:
-//! each gets its own /28, chosen under a file lock, and namespace and interface names carrying
-//! the owner's pid, so that leftovers of a killed run are recognised and removed by the next
-//! start. Uses the `ip` command (iproute2): fine for a fixture, and nothing to get wrong.
+//! each gets its own /28 and names carrying the owner's pid ([`crate::netlinks`], shared with
+//! the benchmarks), so that leftovers of a killed run are recognised and removed by the next.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -20,24 +19,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{Flock, FlockArg};
 use sha2::{Digest, Sha256};
 
 /// The server script, run with the system's Python (not a pyenv shim earlier on PATH).
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/testnet.py");
 const PYTHON: &str = "/usr/bin/python3";
-/// Serialises the choice of a /28 between threads and processes (flock: per open file).
-const LOCK: &str = "/tmp/sandbox-mcp-testnet.lock";
 /// Namespaces are `smcp-tn-<pid>-<n>`; host ends of the veth pairs `tn<pid>-<n>` (at most 15
 /// characters: a pid has at most 7 digits, so `n` is kept to 5).
 const NS_PREFIX: &str = "smcp-tn-";
 const LINK_PREFIX: &str = "tn";
 /// The servers' directories are `/tmp/smcp-testnet-<pid>-<random>`.
 const DIR_PREFIX: &str = "smcp-testnet-";
-/// The namespace's end of the veth pair (created there directly: no clash with the host's).
-const NS_LINK: &str = "veth0";
-/// The network the /28s are cut from.
-const TEST_NET: [u8; 3] = [198, 51, 100];
 /// How long the servers may take to bind everything (they make a CA and a wheel first).
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -60,7 +52,7 @@ pub struct TestNet {
     pub dir: tempfile::TempDir,
     server: Child,
     /// Dropped after `server` is killed (see `Drop`), which removes the namespace.
-    _links: Links,
+    _links: crate::netlinks::Links,
 }
 
 impl TestNet {
@@ -91,26 +83,10 @@ impl TestNet {
 
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let pid = std::process::id();
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let ns = format!("{NS_PREFIX}{pid}-{n}");
-        let host_if = format!("{LINK_PREFIX}{pid}-{}", n % 100_000);
-
-        let (links, slot) = {
-            let lock = fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(LOCK)
-                .map_err(|e| format!("open {LOCK}: {e}"))?;
-            let _lock = Flock::lock(lock, FlockArg::LockExclusive)
-                .map_err(|(_, e)| format!("lock {LOCK}: {e}"))?;
-            remove_stale();
-            let slot = free_slot()?;
-            (create(&ns, &host_if, slot)?, slot)
-            // Unlocked here: the new host address now marks the /28 as taken.
-        };
-        let host_ip = Ipv4Addr::new(TEST_NET[0], TEST_NET[1], TEST_NET[2], slot * 16 + 1);
-        let net_ip = Ipv4Addr::new(TEST_NET[0], TEST_NET[1], TEST_NET[2], slot * 16 + 2);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed) % 100_000;
+        remove_stale_dirs();
+        let links = crate::netlinks::claim(NS_PREFIX, LINK_PREFIX, n, false)?;
+        let (ns, host_ip, net_ip) = (links.ns.clone(), links.host_ip(), links.net_ip());
 
         let dir = tempfile::Builder::new()
             .prefix(&format!("{DIR_PREFIX}{pid}-"))
@@ -136,10 +112,7 @@ impl TestNet {
             ns,
             host_ip,
             net_ip,
-            subnet: format!(
-                "{}/28",
-                Ipv4Addr::new(TEST_NET[0], TEST_NET[1], TEST_NET[2], slot * 16)
-            ),
+            subnet: links.subnet(),
             dns: SocketAddr::from((net_ip, 53)),
             dir,
             server,
@@ -204,124 +177,13 @@ impl Drop for TestNet {
     }
 }
 
-/// A namespace and the veth pair into it, removed on drop (also when `start` fails halfway).
-struct Links {
-    ns: String,
-    host_if: String,
-}
-
-impl Drop for Links {
-    fn drop(&mut self) {
-        // Deleting one end deletes both, at once; the namespace alone would take its veth with
-        // it only once the kernel gets round to destroying the namespace.
-        let _ = ip(&["link", "del", &self.host_if]);
-        let _ = ip(&["netns", "del", &self.ns]);
-    }
-}
-
-/// Creates namespace `ns` with `lo` up, and a veth pair from host interface `host_if` into it,
-/// addressed from /28 number `slot`.
-fn create(ns: &str, host_if: &str, slot: u8) -> Result<Links, String> {
-    let [a, b, c] = TEST_NET;
-    let host = format!("{a}.{b}.{c}.{}/28", slot * 16 + 1);
-    let net = format!("{a}.{b}.{c}.{}/28", slot * 16 + 2);
-    ip(&["netns", "add", ns]).map_err(|e| format!("needs network namespaces: {e}"))?;
-    let links = Links {
-        ns: ns.to_owned(),
-        host_if: host_if.to_owned(),
-    };
-    ip(&[
-        "link", "add", host_if, "type", "veth", "peer", "name", NS_LINK, "netns", ns,
-    ])
-    .map_err(|e| format!("needs veth interfaces: {e}"))?;
-    ip(&["addr", "add", &host, "dev", host_if])?;
-    ip(&["link", "set", host_if, "up"])?;
-    ip(&["-n", ns, "link", "set", "lo", "up"])?;
-    ip(&["-n", ns, "addr", "add", &net, "dev", NS_LINK])?;
-    ip(&["-n", ns, "link", "set", NS_LINK, "up"])?;
-    Ok(links)
-}
-
-/// The first /28 of 198.51.100.0/24 with no address of it on any host interface. Called under
-/// the lock, after [`remove_stale`].
-fn free_slot() -> Result<u8, String> {
-    let addrs = ip(&["-o", "-4", "addr", "show"])?;
-    let prefix = format!("inet {}.{}.{}.", TEST_NET[0], TEST_NET[1], TEST_NET[2]);
-    let used: Vec<u8> = addrs
-        .lines()
-        .filter_map(|line| {
-            let rest = &line[line.find(&prefix)? + prefix.len()..];
-            let last: u8 = rest.split('/').next()?.parse().ok()?;
-            Some(last / 16)
-        })
-        .collect();
-    (0..16)
-        .find(|slot| !used.contains(slot))
-        .ok_or_else(|| "all 16 test networks (/28s of 198.51.100.0/24) are in use".into())
-}
-
-/// Removes the namespaces, host interfaces and directories of processes that no longer exist (a
-/// test run killed before it could drop its [`TestNet`]), killing any server still in them.
-fn remove_stale() {
-    let dead = |name: &str, prefix: &str| {
-        owner(name, prefix).is_some_and(|pid| !PathBuf::from(format!("/proc/{pid}")).exists())
-    };
-    for line in ip(&["netns", "list"]).unwrap_or_default().lines() {
-        let name = line.split_whitespace().next().unwrap_or_default();
-        if dead(name, NS_PREFIX) {
-            for pid in ip(&["netns", "pids", name]).unwrap_or_default().lines() {
-                if let Ok(pid) = pid.trim().parse() {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-            let _ = ip(&["netns", "del", name]);
-        }
-    }
-    // Lines look like "12: tn4242-0@if2: <BROADCAST,...".
-    for line in ip(&["-o", "link", "show"]).unwrap_or_default().lines() {
-        let name = line.split(": ").nth(1).unwrap_or_default();
-        let name = name.split('@').next().unwrap_or_default();
-        if dead(name, LINK_PREFIX) {
-            let _ = ip(&["link", "del", name]);
-        }
-    }
+/// Removes the server directories of processes that no longer exist (a test run killed before
+/// it could drop its [`TestNet`]).
+fn remove_stale_dirs() {
     for entry in fs::read_dir("/tmp").into_iter().flatten().flatten() {
-        if dead(&entry.file_name().to_string_lossy(), DIR_PREFIX) {
+        if crate::netlinks::stale(&entry.file_name().to_string_lossy(), DIR_PREFIX) {
             let _ = fs::remove_dir_all(entry.path());
         }
-    }
-}
-
-/// The pid in a name made of `prefix`, a pid, '-' and a suffix: a number, or (for directories)
-/// tempfile's random letters.
-fn owner(name: &str, prefix: &str) -> Option<u32> {
-    let (pid, suffix) = name.strip_prefix(prefix)?.split_once('-')?;
-    let ok = if prefix == DIR_PREFIX {
-        !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_alphanumeric())
-    } else {
-        suffix.parse::<u32>().is_ok()
-    };
-    ok.then(|| pid.parse().ok())?
-}
-
-/// Runs `ip ARGS`: its stdout, or Err with the command and its stderr.
-fn ip(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("needs the `ip` command (iproute2): {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
     }
 }
 
@@ -451,7 +313,7 @@ fn testnet_serves_dns_http_https_ws_tcp_and_an_index() {
         started.elapsed()
     );
     let [a, b, c, d] = net.host_ip.octets();
-    assert_eq!([a, b, c], TEST_NET);
+    assert_eq!([a, b, c], crate::netlinks::TEST_NET);
     assert_eq!(net.subnet, format!("{a}.{b}.{c}.{}/28", d - 1));
     assert_eq!(net.net_ip, Ipv4Addr::new(a, b, c, d + 1));
     assert_eq!(net.dns, SocketAddr::from((net.net_ip, 53)));
@@ -593,6 +455,10 @@ fn testnet_serves_dns_http_https_ws_tcp_and_an_index() {
     // Dropping removes everything.
     let (ns, dir) = (net.ns.clone(), net.dir.path().to_owned());
     drop(net);
-    assert!(!ip(&["netns", "list"]).unwrap().contains(&ns));
+    assert!(
+        !crate::netlinks::ip(&["netns", "list"])
+            .unwrap()
+            .contains(&ns)
+    );
     assert!(!dir.exists());
 }
