@@ -133,6 +133,16 @@ CREATE TABLE IF NOT EXISTS previews (
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
 ";
 
+/// The columns of a record stored as JSON: metadata, env, network, secrets.
+fn json_columns(r: &Record) -> rusqlite::Result<[String; 4]> {
+    Ok([
+        serde_json::to_string(&r.metadata).map_err(db_err)?,
+        serde_json::to_string(&r.env).map_err(db_err)?,
+        serde_json::to_string(&r.network).map_err(db_err)?,
+        serde_json::to_string(&r.secrets).map_err(db_err)?,
+    ])
+}
+
 fn db_err(e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(e.to_string().into())
 }
@@ -176,10 +186,7 @@ impl Store {
     }
 
     pub fn insert(&self, r: &Record) -> rusqlite::Result<()> {
-        let metadata = serde_json::to_string(&r.metadata).map_err(db_err)?;
-        let env = serde_json::to_string(&r.env).map_err(db_err)?;
-        let network = serde_json::to_string(&r.network).map_err(db_err)?;
-        let secrets = serde_json::to_string(&r.secrets).map_err(db_err)?;
+        let [metadata, env, network, secrets] = json_columns(r)?;
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
@@ -248,10 +255,7 @@ impl Store {
     /// Gives a pooled sandbox its owner's request: name, labels, environment, expiry, tenant,
     /// network rules, secrets and timestamps.
     pub(crate) fn adopt(&self, r: &Record) -> rusqlite::Result<()> {
-        let metadata = serde_json::to_string(&r.metadata).map_err(db_err)?;
-        let env = serde_json::to_string(&r.env).map_err(db_err)?;
-        let network = serde_json::to_string(&r.network).map_err(db_err)?;
-        let secrets = serde_json::to_string(&r.secrets).map_err(db_err)?;
+        let [metadata, env, network, secrets] = json_columns(r)?;
         self.with(|c| {
             c.execute(
                 "UPDATE sandboxes SET name = ?2, metadata = ?3, env = ?4, created_at = ?5,

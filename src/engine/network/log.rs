@@ -389,16 +389,18 @@ mod tests {
         }
         log.record("sbx_a", row("evil.test", "blocked", 1_005, 0));
         log.record("sbx_b", row("pypi.test", "allowed", 1_000, 1));
-        let all = log
-            .read(
+        // A page of sbx_a's log, of one verdict or all.
+        let page = |verdict: Option<&str>| {
+            log.read(
                 "sbx_a",
                 Query {
+                    verdict: verdict.map(str::to_string),
                     limit: 50,
                     ..Query::default()
                 },
             )
-            .await
-            .unwrap();
+        };
+        let all = page(None).await.unwrap();
         assert_eq!(all.len(), 2, "{all:?}");
         let folded = all.iter().find(|s| s.row.verdict == "allowed").unwrap();
         assert_eq!(
@@ -408,28 +410,9 @@ mod tests {
         assert_eq!((folded.row.at, folded.row.last_at), (1_000, 1_002));
         // Folding continues across batches within the window.
         log.record("sbx_a", row("pypi.test", "allowed", 2_000, 5));
-        let blocked = log
-            .read(
-                "sbx_a",
-                Query {
-                    verdict: Some("blocked".into()),
-                    limit: 50,
-                    ..Query::default()
-                },
-            )
-            .await
-            .unwrap();
+        let blocked = page(Some("blocked")).await.unwrap();
         assert_eq!(blocked.len(), 1);
-        let again = log
-            .read(
-                "sbx_a",
-                Query {
-                    limit: 50,
-                    ..Query::default()
-                },
-            )
-            .await
-            .unwrap();
+        let again = page(None).await.unwrap();
         assert_eq!(again.iter().map(|s| s.row.count).sum::<u64>(), 5);
         // Bounded: distinct rows beyond the cap push the oldest out.
         for i in 0..(MAX_ROWS + 20) {
