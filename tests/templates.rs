@@ -34,6 +34,31 @@ fn layers(engine: &TestEngine) -> usize {
         .unwrap_or(0)
 }
 
+/// The sandboxes on disk, the engine's own (build, pool) included.
+fn sandbox_dirs(engine: &TestEngine) -> Vec<String> {
+    std::fs::read_dir(engine.data_dir().join("sandboxes"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.starts_with("sbx_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until `check` holds of the sandboxes on disk.
+async fn wait_dirs(engine: &TestEngine, what: &str, check: impl Fn(&[String]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !check(&sandbox_dirs(engine)) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {:?}",
+            sandbox_dirs(engine)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn sandbox_from(client: &McpClient, template: &str) -> String {
     ok(client, "sandbox_create", json!({"template": template})).await["id"]
         .as_str()
@@ -162,6 +187,10 @@ async fn bad_template_requests_get_clear_errors_and_leave_nothing() {
         (
             json!({"name": "x", "from": "nope", "steps": step}),
             "does not exist",
+        ),
+        (
+            json!({"name": "x", "steps": vec![json!({"run": "true"}); 51]}),
+            "50",
         ),
         (
             json!({"name": "x", "from_sandbox": "sbx_00000000000000000000000000", "steps": step}),
@@ -337,10 +366,20 @@ async fn templates_survive_a_restart_and_one_can_be_the_default() {
     ok(
         &client,
         "sandbox_template_create",
-        json!({"name": "keep", "steps": [{"run": "echo kept > /kept"}, {"env": {"KEPT": "yes"}}]}),
+        json!({"name": "keep", "warm": 1, "steps": [{"run": "echo kept > /kept"}, {"env": {"KEPT": "yes"}}]}),
     )
     .await;
     assert_eq!(wait_built(&client, "keep").await["status"], "ready");
+    wait_dirs(&engine, "the pool was not filled", |d| d.len() == 1).await;
+    let pooled = sandbox_dirs(&engine);
+    // A build the engine stops in the middle of.
+    ok(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "interrupted", "steps": [{"run": "sleep 60"}]}),
+    )
+    .await;
+    wait_dirs(&engine, "no build sandbox started", |d| d.len() == 2).await;
     drop(client);
     let dir = engine.stop().await;
     let mut config = TestEngine::config_for(dir.path());
@@ -356,6 +395,25 @@ async fn templates_survive_a_restart_and_one_can_be_the_default() {
         .unwrap();
     assert_eq!(keep["default"], true, "{list}");
     assert_eq!(list["templates"][0]["default"], false, "{list}");
+    let interrupted = list["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "interrupted")
+        .unwrap();
+    assert_eq!(interrupted["status"], "failed", "{list}");
+    assert!(
+        interrupted["failure"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("engine stopped"),
+        "{list}"
+    );
+    // The build sandbox and the stale pooled one are gone; the pool is refilled anew.
+    wait_dirs(&engine, "the pool was not refilled", |d| {
+        d.len() == 1 && d != pooled.as_slice()
+    })
+    .await;
     // No template named: the default.
     let id = ok(&client, "sandbox_create", json!({})).await["id"]
         .as_str()
@@ -393,23 +451,7 @@ async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
     .await;
     assert_eq!(status, 201);
     assert_eq!(wait_built(&client, "pooled").await["status"], "ready");
-    let count_dirs = || {
-        std::fs::read_dir(engine.data_dir().join("sandboxes"))
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .starts_with("sbx_")
-            })
-            .count()
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_dirs() < 2 {
-        assert!(Instant::now() < deadline, "the pool was not filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_dirs(&engine, "the pool was not filled", |d| d.len() >= 2).await;
     // Pooled sandboxes are not listed.
     let list = ok(&client, "sandbox_list", json!({})).await;
     assert_eq!(list["sandboxes"].as_array().unwrap().len(), 0, "{list}");
@@ -419,11 +461,13 @@ async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
         "POST",
         "/v1/sandboxes",
         Some(
-            json!({"template": "pooled", "metadata": {"who": "a"}, "env_vars": {"GREETING": "hi"}}),
+            json!({"template": "pooled", "metadata": {"who": "a"}, "env_vars": {"GREETING": "hi"},
+                   "network": {"deny_out": ["0.0.0.0/0"]}}),
         ),
     )
     .await;
     assert_eq!(status, 201);
+    assert_eq!(a["network"]["deny_out"][0], "0.0.0.0/0", "{a}");
     let id = a["id"].as_str().unwrap();
     assert_eq!(a["metadata"]["who"], "a", "{a}");
     assert_eq!(
@@ -436,11 +480,7 @@ async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
     let b = sandbox_from(&client, "pooled").await;
     let c = sandbox_from(&client, "pooled").await;
     assert!(id != b && b != c && id != c);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while count_dirs() < 5 {
-        assert!(Instant::now() < deadline, "the pool was not refilled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_dirs(&engine, "the pool was not refilled", |d| d.len() >= 5).await;
     // Deleting the template (once its sandboxes are gone) drains the pool.
     for s in [id.to_string(), b, c] {
         ok(&client, "sandbox_kill", json!({"sandbox_id": s})).await;
@@ -451,7 +491,7 @@ async fn a_warm_pool_hands_out_fresh_sandboxes_and_refills() {
         json!({"name": "pooled"}),
     )
     .await;
-    assert_eq!(count_dirs(), 0);
+    assert_eq!(sandbox_dirs(&engine), Vec::<String>::new());
 }
 
 async fn import(engine: &TestEngine, name: &str, archive: Vec<u8>) -> (u16, Value) {

@@ -224,6 +224,8 @@ pub struct Manager {
     hub: Arc<Hub>,
     /// Secrets, sealed at rest, for the egress path to swap in.
     secrets: Arc<crate::engine::secrets::SecretStore>,
+    /// Cancelled when the engine stops: builds and pool refills end with it.
+    stopping: tokio_util::sync::CancellationToken,
     /// This manager, for background work started from `&self` (warm pools).
     me: std::sync::OnceLock<std::sync::Weak<Manager>>,
     /// How preview URLs are written, once the preview listener is bound.
@@ -308,6 +310,7 @@ impl Manager {
             secrets,
             preview_urls: std::sync::OnceLock::new(),
             me: std::sync::OnceLock::new(),
+            stopping: tokio_util::sync::CancellationToken::new(),
         });
         let _ = manager.me.set(Arc::downgrade(&manager));
         manager.recover().await?;
@@ -1120,6 +1123,7 @@ impl Manager {
     /// Clean shutdown: running sandboxes are frozen (their processes and memory are kept, no CPU
     /// is used) and marked paused; the next engine resumes them on first use.
     pub async fn shutdown(&self) {
+        self.stopping.cancel();
         let entries: Vec<(String, Arc<Entry>)> = lock(&self.sandboxes)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))

@@ -91,16 +91,20 @@ impl Manager {
         for _ in 0..missing {
             let (this, template) = (this.clone(), template.clone());
             tokio::spawn(async move {
-                let made = this
-                    .create_from(
-                        CreateRequest {
-                            tenant: Some(POOL_TENANT.to_string()),
-                            ..Default::default()
-                        },
-                        &template,
-                        template.shape,
-                    )
-                    .await;
+                let start = this.create_from(
+                    CreateRequest {
+                        tenant: Some(POOL_TENANT.to_string()),
+                        ..Default::default()
+                    },
+                    &template,
+                    template.shape,
+                );
+                let made = tokio::select! {
+                    // The engine stops: no more sandboxes (one half-made is cleaned up at the
+                    // next start, as any interrupted create).
+                    () = this.stopping.cancelled() => return,
+                    made = start => made,
+                };
                 let mut pools = lock(&this.pools);
                 let pool = pools.entry(template.name.clone()).or_default();
                 pool.starting = pool.starting.saturating_sub(1);

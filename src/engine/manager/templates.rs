@@ -297,16 +297,22 @@ impl Manager {
         let timeout = req.timeout.unwrap_or(DEFAULT_BUILD_TIMEOUT);
         tokio::spawn(async move {
             let mut file = file;
+            let outcome = tokio::select! {
+                // The engine stops: the build ends with it (the next start marks it failed).
+                () = this.stopping.cancelled() => None,
+                r = this.build(&mut file, &req.steps, &req.network, timeout) => Some(r),
+            };
             // A failed template keeps the layers of its finished steps: the next build of
             // the same steps reuses them.
-            match this
-                .build(&mut file, &req.steps, &req.network, timeout)
-                .await
-            {
-                Ok(()) => file.status = TemplateStatus::Ready,
-                Err(failure) => {
+            match outcome {
+                Some(Ok(())) => file.status = TemplateStatus::Ready,
+                Some(Err(failure)) => {
                     file.status = TemplateStatus::Failed;
                     file.failure = Some(failure);
+                }
+                None => {
+                    this.builds.fetch_sub(1, Ordering::AcqRel);
+                    return;
                 }
             }
             match this.put_template(file).await {
