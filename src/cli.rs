@@ -528,14 +528,20 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
     let lock = local::try_lock(&config)?;
     let started = std::time::Instant::now();
     let (size, status) = match lock {
-        // No engine serves the data dir: import into it directly, holding its lock.
+        // No engine serves the data dir: import into it directly, holding its lock (nothing
+        // else of an engine is started).
         Some(_lock) => {
-            init_logging("warn");
-            let manager = local::open_manager(&config).await?;
-            let result = manager.import_template(&name, image.clone()).await;
-            manager.shutdown().await;
-            let t = result?;
-            (t.file.size_bytes, "ready".to_string())
+            let (tdir, ldir) = (
+                config.templates_dir(),
+                crate::engine::layers::dir(&config.data_dir),
+            );
+            let templates = crate::engine::templates::load(&tdir, &ldir)?;
+            // The egress CA the image's trust store gets (made here if no engine ran yet).
+            crate::engine::network::intercept::Interceptor::open(&config.data_dir, &[])?;
+            let existing: Vec<_> = templates.iter().collect();
+            let file = crate::engine::manager::import(&config, &existing, &name, &image)?;
+            crate::engine::templates::save(&tdir, &file)?;
+            (file.size_bytes, "ready".to_string())
         }
         None => {
             let endpoint = local::endpoint(&config).ok_or_else(|| {
@@ -599,9 +605,8 @@ impl Drop for TempFile {
 
 fn tempfile_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
     Ok(TempFile(dir.join(format!(
-        ".image-{}-{}.tar",
-        std::process::id(),
-        crate::engine::ids::now_ms()
+        ".image-{}.tar",
+        crate::engine::ids::nonce()
     ))))
 }
 

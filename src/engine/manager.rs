@@ -27,6 +27,7 @@ use crate::engine::network::log as netlog;
 use crate::engine::network::{EgressDefault, Hub, SandboxNet};
 use crate::engine::state::{NetworkRules, Record, Status, Store};
 use crate::engine::templates::Template;
+pub(crate) use import::import;
 pub(crate) use templates::{ShapeRequest, Step, TemplateRequest};
 
 mod import;
@@ -531,7 +532,7 @@ impl Manager {
             }
             let driver = self.driver.clone();
             let uid_slot = blocking(move || driver.claim_slot(&used_slots)).await??;
-            let record = self.record_of(
+            let record = Self::record_of(
                 &req,
                 ids::sandbox_id(),
                 &template.name,
@@ -539,7 +540,8 @@ impl Manager {
                 uid_slot,
                 Status::Creating,
                 now,
-            )?;
+                self.bind_new(req.tenant.as_deref(), &req.secrets)?,
+            );
             let store = self.store.clone();
             let r = record.clone();
             if let Err(e) = blocking(move || store.insert(&r)).await? {
@@ -588,10 +590,10 @@ impl Manager {
         Ok(self.view(&entry))
     }
 
-    /// The record of a sandbox made for `req` (a new one, or a pooled one it adopts).
+    /// The record of a sandbox made for `req` (a new one, or a pooled one it adopts), with the
+    /// secret bindings already made for it.
     #[allow(clippy::too_many_arguments)]
     fn record_of(
-        &self,
         req: &CreateRequest,
         id: String,
         template: &str,
@@ -599,8 +601,9 @@ impl Manager {
         uid_slot: u32,
         status: Status,
         now: i64,
-    ) -> Result<Record, EngineError> {
-        Ok(Record {
+        secrets: BTreeMap<String, crate::engine::state::Binding>,
+    ) -> Record {
+        Record {
             id,
             name: req.name.clone(),
             template: template.to_string(),
@@ -614,8 +617,8 @@ impl Manager {
             expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
             tenant: req.tenant.clone(),
             network: req.network.clone(),
-            secrets: self.bind_new(req.tenant.as_deref(), &req.secrets)?,
-        })
+            secrets,
+        }
     }
 
     fn entry_any(&self, id: &str) -> Result<Arc<Entry>, EngineError> {

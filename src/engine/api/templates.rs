@@ -183,7 +183,7 @@ pub(super) async fn import(
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(EngineError::Templates)?;
-    let path = dir.join(format!("{name}.{}.tar", crate::engine::ids::now_ms()));
+    let path = dir.join(format!("{name}.{}.tar", crate::engine::ids::nonce()));
     let result = async {
         let mut file = tokio::fs::File::create(&path)
             .await

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Manager, blocking};
+use crate::engine::config::EngineConfig;
 use crate::engine::error::EngineError;
 use crate::engine::layers;
 use crate::engine::oci;
@@ -25,70 +26,88 @@ impl Manager {
         name: &str,
         source: PathBuf,
     ) -> Result<Arc<Template>, EngineError> {
-        templates::check_name(name).map_err(EngineError::InvalidArgument)?;
-        if name == BASE {
-            return Err(EngineError::Conflict(
-                "base is the built-in template; choose another name".into(),
-            ));
-        }
         let _guard = self.template_lock.lock().await;
-        if let Ok(t) = self.template(name)
-            && t.status() != TemplateStatus::Failed
-        {
-            return Err(EngineError::Conflict(format!(
-                "template {name} already exists; delete it first or choose another name"
-            )));
-        }
-        let store = self.layers_dir();
-        let ca = fs::read_to_string(self.config.data_dir.join("egress-ca.pem")).unwrap_or_default();
-        let base_shape = self.template(BASE)?.file.shape;
-        let chown = nix::unistd::geteuid().is_root();
-        let n = name.to_string();
-        let file = blocking(move || -> Result<TemplateFile, EngineError> {
-            let work = layers::scratch(&store).map_err(EngineError::Templates)?;
-            fs::create_dir(&work).map_err(EngineError::Templates)?;
-            let made = unpack(&source, &work, &store, &ca, chown, &n);
-            // Whatever happened, the scratch directory goes (the layers moved out of it).
-            let _ = crate::fs_tree::remove_tree(&work);
-            let Unpacked {
-                layers,
-                image,
-                user,
-            } = made?;
-            let mut env = image.env;
-            if let Some((_, _, Some(home))) = &user
-                && !env.iter().any(|(k, _)| k == "HOME")
-            {
-                env.push(("HOME".into(), home.clone()));
-            }
-            Ok(TemplateFile {
-                name: n,
-                description: format!(
-                    "Imported OCI image (linux/{}, {} layer(s), {} files, {} MB): its own userland, not the host's.",
-                    image.architecture,
-                    image.layers.len(),
-                    image.files,
-                    image.bytes.div_ceil(1 << 20)
-                ),
-                version: 1,
-                shape: base_shape,
-                host_dirs: Vec::new(),
-                layers,
-                foreign: true,
-                parent: None,
-                env,
-                workdir: image.workdir,
-                user: user.map(|(uid, gid, _)| (uid, gid)),
-                status: TemplateStatus::Ready,
-                failure: None,
-                size_bytes: image.bytes,
-                created_at: crate::engine::ids::now_ms(),
-                warm: 0,
-            })
+        let (config, existing, n) = (self.config.clone(), self.templates(), name.to_string());
+        let file = blocking(move || {
+            let existing: Vec<&Template> = existing.iter().map(|t| &**t).collect();
+            import(&config, &existing, &n, &source)
         })
         .await??;
         self.put_template(file).await
     }
+}
+
+/// Imports the image archive at `source` into the data dir's layer store as template `name`,
+/// beside the `existing` templates; returns its file, for the caller to save. Blocking. Used by
+/// the engine, and by `sandbox-mcp template import` when no engine serves the data dir.
+pub(crate) fn import(
+    config: &EngineConfig,
+    existing: &[&Template],
+    name: &str,
+    source: &Path,
+) -> Result<TemplateFile, EngineError> {
+    templates::check_name(name).map_err(EngineError::InvalidArgument)?;
+    if name == BASE {
+        return Err(EngineError::Conflict(
+            "base is the built-in template; choose another name".into(),
+        ));
+    }
+    if existing
+        .iter()
+        .any(|t| t.name == name && t.status() != TemplateStatus::Failed)
+    {
+        return Err(EngineError::Conflict(format!(
+            "template {name} already exists; delete it first or choose another name"
+        )));
+    }
+    let base_shape = existing
+        .iter()
+        .find(|t| t.name == BASE)
+        .map(|t| t.shape)
+        .ok_or_else(|| EngineError::NotFound("the base template is missing".into()))?;
+    let store = layers::dir(&config.data_dir);
+    let ca = fs::read_to_string(config.data_dir.join("egress-ca.pem")).unwrap_or_default();
+    let chown = nix::unistd::geteuid().is_root();
+    let work = layers::scratch(&store).map_err(EngineError::Templates)?;
+    fs::create_dir(&work).map_err(EngineError::Templates)?;
+    let made = unpack(source, &work, &store, &ca, chown, name);
+    // Whatever happened, the scratch directory goes (the layers moved out of it).
+    let _ = crate::fs_tree::remove_tree(&work);
+    let Unpacked {
+        layers,
+        image,
+        user,
+    } = made?;
+    let mut env = image.env;
+    if let Some((_, _, Some(home))) = &user
+        && !env.iter().any(|(k, _)| k == "HOME")
+    {
+        env.push(("HOME".into(), home.clone()));
+    }
+    Ok(TemplateFile {
+        name: name.to_string(),
+        description: format!(
+            "Imported OCI image (linux/{}, {} layer(s), {} files, {} MB): its own userland, not the host's.",
+            image.architecture,
+            image.layers.len(),
+            image.files,
+            image.bytes.div_ceil(1 << 20)
+        ),
+        version: 1,
+        shape: base_shape,
+        host_dirs: Vec::new(),
+        layers,
+        foreign: true,
+        parent: None,
+        env,
+        workdir: image.workdir,
+        user: user.map(|(uid, gid, _)| (uid, gid)),
+        status: TemplateStatus::Ready,
+        failure: None,
+        size_bytes: image.bytes,
+        created_at: crate::engine::ids::now_ms(),
+        warm: 0,
+    })
 }
 
 /// An unpacked image: its layers in the store, and its `User` as uid, gid and home.
