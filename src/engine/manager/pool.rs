@@ -40,21 +40,22 @@ impl Manager {
         if template.file.warm == 0 {
             return Ok(None);
         }
-        let Some(id) = lock(&self.pools)
-            .get_mut(&template.name)
-            .and_then(|p| p.idle.pop())
-        else {
-            return Ok(None);
-        };
-        self.refill_pool(template);
-        let entry = self.entry_any(&id)?;
+        // Everything that can refuse the request is checked before a sandbox leaves the pool.
         let policy = self
             .hub
             .policy(&req.network.allow_out, &req.network.deny_out)
             .map_err(EngineError::InvalidArgument)?;
+        let secrets = self.bind_new(req.tenant.as_deref(), &req.secrets)?;
+        let Some((id, entry)) = lock(&self.pools)
+            .get_mut(&template.name)
+            .and_then(|p| p.idle.pop())
+            .and_then(|id| Some((id.clone(), self.entry_any(&id).ok()?)))
+        else {
+            return Ok(None);
+        };
         let now = ids::now_ms();
         let pooled = entry.record();
-        let record = self.record_of(
+        let record = Self::record_of(
             req,
             pooled.id,
             &pooled.template,
@@ -62,13 +63,22 @@ impl Manager {
             pooled.uid_slot,
             pooled.status,
             now,
-        )?;
+            secrets,
+        );
         let (store, r) = (self.store.clone(), record.clone());
-        blocking(move || store.adopt(&r)).await??;
+        if let Err(e) = blocking(move || store.adopt(&r)).await? {
+            // Not adopted: the sandbox is the pool's no more; it goes, and the request fails.
+            let _ = self.kill(&id, Some(POOL_TENANT)).await;
+            self.refill_pool(template);
+            return Err(e.into());
+        }
         entry.net.set_policy(policy);
         entry.net.set_bindings(self.net_bindings(&record));
         entry.last_active.store(now, Ordering::Relaxed);
         *lock(&entry.record) = record;
+        // The replacement starts once this one is handed over (its state commit would
+        // otherwise queue behind ours).
+        self.refill_pool(template);
         Ok(Some(self.view(&entry)))
     }
 
