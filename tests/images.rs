@@ -36,10 +36,7 @@ fn header() -> tar::Header {
 }
 
 fn hex(data: &[u8]) -> String {
-    sha2::Sha256::digest(data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    sandbox_mcp::engine::ids::hex(&sha2::Sha256::digest(data))
 }
 
 /// A `docker save` archive of `layers` (bottom first) with `config` (`Env`, `WorkingDir`…).
