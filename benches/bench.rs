@@ -1248,6 +1248,20 @@ fn template_figures(out: &mut Vec<Figure>) -> String {
         Some((3.0, "≤ 3 ms")),
         "HTTP API, `warm: 2`, 300 ms between creates for the pool to refill",
     ));
+    // What of that is the exec itself: round trips in one of those sandboxes, in the same run.
+    let id = alive.last().unwrap().clone();
+    let mut rtt = Vec::new();
+    for _ in 0..100 {
+        let (d, _) = time(|| engine.exec(&id, "true"));
+        rtt.push(ms(d));
+    }
+    out.push(figure(
+        "Templates: exec round trip in a sandbox from the pool (`true`)",
+        "ms",
+        rtt,
+        None,
+        "HTTP API; the floor under the figure above",
+    ));
     for id in alive {
         engine.kill(&id);
     }

@@ -7,11 +7,15 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::{CreateRequest, Manager, SandboxView, blocking, lock};
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::templates::{Template, TemplateStatus};
+
+/// How long after a handover its replacement starts.
+const REFILL_DELAY: Duration = Duration::from_millis(200);
 
 /// The tenant of pooled sandboxes.
 pub(crate) const POOL_TENANT: &str = "\u{1}warm-pool";
@@ -76,14 +80,20 @@ impl Manager {
         entry.net.set_bindings(self.net_bindings(&record));
         entry.last_active.store(now, Ordering::Relaxed);
         *lock(&entry.record) = record;
-        // The replacement starts once this one is handed over (its state commit would
-        // otherwise queue behind ours).
-        self.refill_pool(template);
+        // The replacement starts a moment after the handover: starting a sandbox takes the
+        // CPU for tens of milliseconds, which the first commands of this one would feel.
+        self.refill_pool_after(template, REFILL_DELAY);
         Ok(Some(self.view(&entry)))
     }
 
     /// Starts sandboxes until the template's pool holds `warm` of them (in the background).
     pub(super) fn refill_pool(&self, template: &Arc<Template>) {
+        self.refill_pool_after(template, Duration::ZERO);
+    }
+
+    /// [`Self::refill_pool`], the starts `delay` from now (counted as starting already, so
+    /// other creates meanwhile do not start more).
+    fn refill_pool_after(&self, template: &Arc<Template>, delay: Duration) {
         if template.status() != TemplateStatus::Ready {
             return;
         }
@@ -101,6 +111,7 @@ impl Manager {
         for _ in 0..missing {
             let (this, template) = (this.clone(), template.clone());
             tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
                 let start = this.create_from(
                     CreateRequest {
                         tenant: Some(POOL_TENANT.to_string()),
