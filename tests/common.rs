@@ -86,6 +86,8 @@ fn install_host_tools() {
         ("git", "/usr/bin/git"),
         // OCI images the template tests build (a static busybox userland).
         ("busybox-static", "/bin/busybox"),
+        // …and a musl userland (an Alpine-like image): musl's loader and compiler.
+        ("musl-tools", "/usr/bin/musl-gcc"),
     ]
     .into_iter()
     .filter(|(_, path)| !std::path::Path::new(path).exists())

@@ -26,6 +26,26 @@ pub fn layer(files: &[(&str, &[u8], u32)], links: &[(&str, &str)]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// A tar entry as written: name, type, link target, data.
+pub type RawEntry<'a> = (&'a [u8], tar::EntryType, &'a [u8], &'a [u8]);
+
+/// A layer of entries written as given, names and link targets unchecked (the `tar` crate's
+/// builder refuses `..` and absolute paths).
+pub fn raw_layer(entries: &[RawEntry<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, kind, target, data) in entries {
+        let mut h = header();
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.as_old_mut().linkname[..target.len()].copy_from_slice(target);
+        h.set_entry_type(*kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
 /// A header with the owner and time fields every real archive has.
 fn header() -> tar::Header {
     let mut h = tar::Header::new_gnu();

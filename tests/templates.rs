@@ -637,6 +637,53 @@ async fn an_imported_image_runs_on_its_own_userland() {
     .await;
     assert!(e.contains("python3"), "{e}");
 
+    // An Alpine-like musl userland: busybox, musl's loader and a program linked against it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("hello.c"),
+        "#include <stdio.h>\nint main(void) { puts(\"hello from musl\"); return 0; }\n",
+    )
+    .unwrap();
+    let built = std::process::Command::new("musl-gcc")
+        .arg("-o")
+        .arg(dir.path().join("hello"))
+        .arg(dir.path().join("hello.c"))
+        .status()
+        .expect("musl-gcc (musl-tools) is installed");
+    assert!(built.success());
+    let loader = std::fs::read(std::fs::canonicalize("/lib/ld-musl-x86_64.so.1").unwrap()).unwrap();
+    let hello = std::fs::read(dir.path().join("hello")).unwrap();
+    let musl = crate::images::layer(
+        &[
+            ("lib/ld-musl-x86_64.so.1", &loader, 0o755),
+            ("usr/bin/hello", &hello, 0o755),
+        ],
+        &[],
+    );
+    let image = crate::images::docker_save(
+        &[crate::images::busybox_layer(), musl],
+        json!({"Env": ["PATH=/usr/bin:/bin"]}),
+    );
+    let (status, t) = import(&engine, "alpine-like", image).await;
+    assert_eq!(status, 201, "{t}");
+    let id = sandbox_from(&client, "alpine-like").await;
+    assert_eq!(
+        sh(
+            &client,
+            &id,
+            "hello; test -e /lib/x86_64-linux-gnu/libc.so.6 || echo no-glibc"
+        )
+        .await,
+        "hello from musl\nno-glibc\n"
+    );
+    ok(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": id, "path": "note", "content": "musl"}),
+    )
+    .await;
+    assert_eq!(sh(&client, &id, "cat /root/note").await, "musl");
+
     // A glibc userland with python3 of its own: run_code works on it.
     let image = crate::images::docker_save(
         &[crate::images::busybox_layer(), python_layer()],
@@ -660,20 +707,15 @@ async fn a_hostile_or_broken_image_is_refused_and_leaves_nothing() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
     let layers_before = layers(&engine);
-    let evil = {
-        let mut b = tar::Builder::new(Vec::new());
-        let mut h = tar::Header::new_gnu();
-        let name = b"../../etc/passwd";
-        h.as_old_mut().name[..name.len()].copy_from_slice(name);
-        h.set_size(4);
-        h.set_mode(0o644);
-        h.set_uid(0);
-        h.set_gid(0);
-        h.set_mtime(1);
-        h.set_cksum();
-        b.append(&h, &b"evil"[..]).unwrap();
-        b.into_inner().unwrap()
-    };
+    use crate::images::raw_layer;
+    use tar::EntryType::{Char, Link, Regular, Symlink};
+    let evil = raw_layer(&[(b"../../etc/passwd", Regular, b"", b"evil")]);
+    let through_link = raw_layer(&[
+        (b"etc", Symlink, b"/etc", b""),
+        (b"etc/cron.d/x", Regular, b"", b"evil"),
+    ]);
+    let hard_link = raw_layer(&[(b"shadow", Link, b"/etc/shadow", b"")]);
+    let device = raw_layer(&[(b"dev/sda", Char, b"", b"")]);
     let good = crate::images::docker_save(&[crate::images::busybox_layer()], json!({}));
     let mut corrupt = crate::images::docker_save(&[crate::images::busybox_layer()], json!({}));
     // Flip a byte inside the busybox binary: the layer no longer matches its digest.
@@ -685,6 +727,21 @@ async fn a_hostile_or_broken_image_is_refused_and_leaves_nothing() {
             "evil",
             crate::images::docker_save(&[evil], json!({})),
             "leaves the image root",
+        ),
+        (
+            "through-link",
+            crate::images::docker_save(&[through_link], json!({})),
+            "writes through the symlink",
+        ),
+        (
+            "hard-link",
+            crate::images::docker_save(&[hard_link], json!({})),
+            "not a file of this layer",
+        ),
+        (
+            "device",
+            crate::images::docker_save(&[device], json!({})),
+            "device node",
         ),
         ("corrupt", corrupt, "sha256"),
         ("truncated", truncated, ""),
