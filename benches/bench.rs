@@ -1118,6 +1118,10 @@ fn template_figures(out: &mut Vec<Figure>) -> String {
         return "\n## Templates\n\nNot measured: needs busybox-static (`/bin/busybox`).\n".into();
     }
     let engine = Engine::start();
+    if engine.call("GET", "/v1/templates/base", None).is_err() {
+        // An older build (A/B mode's baseline, say) that cannot make templates.
+        return "\n## Templates\n\nNot measured: this build has no template API.\n".into();
+    }
     let data = engine._dir.path().join("data");
     let build = |name: &str, steps: Value, warm: u32| {
         engine.send(
