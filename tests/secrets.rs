@@ -435,15 +435,11 @@ async fn bad_secrets_and_other_tenants_secrets_are_refused() {
     assert!(!r.to_string().contains("t2-value"));
 }
 
-/// Bindings survive an engine restart; a deleted secret makes the next request fail with the
-/// reason in the log; an upstream whose certificate does not verify is refused, and logged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bindings_survive_a_restart_and_failures_are_explained() {
-    require_sandboxes!();
-    let net = crate::require_testnet!();
-    let engine = engine_for(&net).await;
+/// Stores the secret `example` (for api.example.test) and creates a sandbox that binds it to
+/// `API_KEY`: the engine's MCP client and the sandbox's id.
+async fn example_bound(engine: &TestEngine) -> (McpClient, String) {
     set_secret(
-        &engine,
+        engine,
         "example",
         json!({"hosts": ["api.example.test"], "value": VALUE}),
     )
@@ -456,6 +452,17 @@ async fn bindings_survive_a_restart_and_failures_are_explained() {
     )
     .await;
     let id = sandbox["id"].as_str().unwrap().to_string();
+    (client, id)
+}
+
+/// Bindings survive an engine restart; a deleted secret makes the next request fail with the
+/// reason in the log; an upstream whose certificate does not verify is refused, and logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bindings_survive_a_restart_and_failures_are_explained() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net).await;
+    let (client, id) = example_bound(&engine).await;
     drop(client);
     let dir = engine.stop().await;
     let config = {
@@ -500,20 +507,8 @@ async fn bindings_survive_a_restart_and_failures_are_explained() {
         }
     })
     .await;
-    set_secret(
-        &strict,
-        "example",
-        json!({"hosts": ["api.example.test"], "value": VALUE}),
-    )
-    .await;
-    let client = strict.mcp().await;
-    let sandbox = ok(
-        &client,
-        "sandbox_create",
-        json!({"secrets": {"API_KEY": "example"}}),
-    )
-    .await;
-    let id = sandbox["id"].as_str().unwrap();
+    let (client, id) = example_bound(&strict).await;
+    let id = id.as_str();
     let out = exec(&client, id, curl).await;
     assert_ne!(out["exit_code"], 0, "{out}");
     let log = ok(
@@ -672,20 +667,8 @@ async fn http2_upstreams_get_the_value_too() {
     let net = crate::require_testnet!();
     let seen = h2_upstream(&net).await;
     let engine = engine_for(&net).await;
-    set_secret(
-        &engine,
-        "example",
-        json!({"hosts": ["api.example.test"], "value": VALUE}),
-    )
-    .await;
-    let client = engine.mcp().await;
-    let sandbox = ok(
-        &client,
-        "sandbox_create",
-        json!({"secrets": {"API_KEY": "example"}}),
-    )
-    .await;
-    let id = sandbox["id"].as_str().unwrap();
+    let (client, id) = example_bound(&engine).await;
+    let id = id.as_str();
     for flag in ["--http2", "--http1.1"] {
         let out = sh(
             &client,

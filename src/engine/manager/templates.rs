@@ -80,34 +80,14 @@ impl ShapeRequest {
     pub(crate) fn within(self, template: &Template) -> Result<Shape, EngineError> {
         let t = template.shape;
         let asked = self.over(t);
-        let over = [
-            (
-                "vcpus",
-                asked.vcpus > t.vcpus,
-                asked.vcpus.to_string(),
-                t.vcpus.to_string(),
-            ),
-            (
-                "memory_mb",
-                asked.memory_mb > t.memory_mb,
-                asked.memory_mb.to_string(),
-                t.memory_mb.to_string(),
-            ),
-            (
-                "disk_mb",
-                asked.disk_mb > t.disk_mb,
-                asked.disk_mb.to_string(),
-                t.disk_mb.to_string(),
-            ),
-            (
-                "max_pids",
-                asked.max_pids > t.max_pids,
-                asked.max_pids.to_string(),
-                t.max_pids.to_string(),
-            ),
+        let fields = [
+            ("vcpus", asked.vcpus, t.vcpus),
+            ("memory_mb", asked.memory_mb as f64, t.memory_mb as f64),
+            ("disk_mb", asked.disk_mb as f64, t.disk_mb as f64),
+            ("max_pids", asked.max_pids as f64, t.max_pids as f64),
         ];
-        match over.iter().find(|(_, too_much, ..)| *too_much) {
-            Some((field, _, asked, allowed)) => Err(EngineError::InvalidArgument(format!(
+        match fields.iter().find(|(_, asked, allowed)| asked > allowed) {
+            Some((field, asked, allowed)) => Err(EngineError::InvalidArgument(format!(
                 "shape.{field} {asked} is more than template {} allows ({allowed}); ask for at most that, or use a template with a larger shape",
                 template.name
             ))),
