@@ -153,6 +153,16 @@ fn oversized_line_gets_an_error_not_a_stall() {
         "{message}"
     );
     assert!(started.elapsed() < Duration::from_secs(20));
+    // Oversized garbage, with no id to read, is answered too: with `"id": null`.
+    let mut garbage = vec![b'x'; 17 * 1024 * 1024];
+    garbage.push(b'\n');
+    server.send_raw(&garbage);
+    let response = server.recv();
+    assert!(
+        response.as_object().unwrap().contains_key("id") && response["id"].is_null(),
+        "{response}"
+    );
+    assert_eq!(response["error"]["code"], -32600, "{response}");
     // Still serving.
     server.send(json!({"jsonrpc": "2.0", "id": 43, "method": "tools/list"}));
     assert_eq!(server.recv()["id"], 43);
@@ -502,6 +512,15 @@ fn every_malformed_line_gets_one_spec_conformant_answer() {
         (answer["id"].clone(), answer["error"]["code"].clone()),
         (json!(9), json!(-32602))
     );
+    // Without an id, unstructured params make an invalid Request object, not a notification.
+    server.send(json!({"jsonrpc": "2.0", "method": "ping", "params": 5}));
+    let answer = server.recv();
+    assert_eq!(
+        (answer["id"].clone(), answer["error"]["code"].clone()),
+        (Value::Null, json!(-32600)),
+        "{answer}"
+    );
+    assert!(answer.as_object().unwrap().contains_key("id"));
     server.send(json!({"jsonrpc": "2.0", "method": "no/such/notification"}));
     server.send(json!({"jsonrpc": "2.0", "id": 10, "method": "ping"}));
     assert_eq!(server.recv()["id"], 10);

@@ -86,9 +86,11 @@ where
             if complete {
                 if let Some((len, scanner)) = oversized.take() {
                     tracing::warn!(bytes = len, "rejected a request line over the size limit");
-                    if let Some(id) = scanner.id() {
-                        let _ = tx.send(too_large_response(&id, len)).await;
-                    }
+                    // Without a readable id (garbage, `"id": null`, or an id-less message) the
+                    // answer carries `"id": null`, as JSON-RPC wants when the id cannot be told.
+                    // Notifications are small; one this size is not told apart from garbage.
+                    let id = scanner.id().unwrap_or(serde_json::Value::Null);
+                    let _ = tx.send(too_large_response(&id, len)).await;
                 } else if line.iter().any(|b| !b.is_ascii_whitespace()) {
                     let body = line.strip_suffix(b"\n").unwrap_or(&line);
                     let body = body.strip_suffix(b"\r").unwrap_or(body);
