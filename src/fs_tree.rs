@@ -217,11 +217,22 @@ fn remove_entry(dir: BorrowedFd<'_>, name: &OsStr, is_dir: bool) -> io::Result<(
 /// following symlinks or recursing. Stops counting after `max_entries` entries; unreadable
 /// parts (too deep for a path, say) are skipped.
 pub(crate) fn disk_usage(dir: &Path, max_entries: usize) -> u64 {
+    disk_usage_within(dir, max_entries, MAX_PENDING_PATH_BYTES)
+}
+
+/// Most bytes of directory paths waiting to be read during [`disk_usage`]. The tree belongs to
+/// the sandbox, so its shape is hostile: a million directories side by side below a long path
+/// would otherwise queue gigabytes of paths in the engine.
+const MAX_PENDING_PATH_BYTES: usize = 16 << 20;
+
+fn disk_usage_within(dir: &Path, max_entries: usize, max_pending: usize) -> u64 {
     use std::os::unix::fs::MetadataExt;
     let mut total = 0u64;
     let mut seen = 0usize;
+    let mut pending = dir.as_os_str().len();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
+        pending -= d.as_os_str().len();
         let Ok(entries) = fs::read_dir(&d) else {
             continue;
         };
@@ -230,12 +241,19 @@ pub(crate) fn disk_usage(dir: &Path, max_entries: usize) -> u64 {
             if seen > max_entries {
                 return total;
             }
-            let Ok(m) = entry.path().symlink_metadata() else {
+            let path = entry.path();
+            let Ok(m) = path.symlink_metadata() else {
                 continue;
             };
             total += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(entry.path());
+            // A path past PATH_MAX cannot be read by path: not worth queueing.
+            let len = path.as_os_str().len();
+            if m.is_dir() && len < libc::PATH_MAX as usize {
+                if pending + len > max_pending {
+                    return total;
+                }
+                pending += len;
+                stack.push(path);
             }
         }
     }
@@ -365,5 +383,43 @@ mod tests {
         }
         remove_tree(&root).unwrap();
         assert!(!root.exists());
+    }
+
+    #[test]
+    fn disk_usage_survives_a_deep_tree_and_counts_what_it_can_reach() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("tree");
+        fs::create_dir(&root).unwrap();
+        deep_chain(&root, 15_000);
+        // On a small stack, as the engine's blocking threads have: nothing recursive.
+        let r = root.clone();
+        let used = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || disk_usage(&r, 1_000_000))
+            .unwrap()
+            .join()
+            .unwrap();
+        // The file written at the top level takes a block on every filesystem.
+        assert!(used > 0, "nothing counted");
+        // (The temporary directory's own removal is recursive.)
+        remove_tree(&root).unwrap();
+    }
+
+    #[test]
+    fn disk_usage_stops_at_its_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..200 {
+            let d = dir.path().join(format!("{i:0>100}"));
+            fs::create_dir(&d).unwrap();
+            fs::write(d.join("f"), vec![1u8; 8192]).unwrap();
+        }
+        let all = disk_usage(dir.path(), 1_000_000);
+        assert!(all >= 200 * 8192, "{all}");
+        // The entry bound.
+        assert!(disk_usage(dir.path(), 100) < all);
+        // The bound on queued paths: 200 paths of ~100 bytes do not fit in 2 KiB, so fewer
+        // directories are read (a lower bound is reported), and nothing grows past it.
+        let bounded = disk_usage_within(dir.path(), 1_000_000, 2048);
+        assert!(bounded < all, "{bounded} of {all}");
     }
 }

@@ -91,7 +91,32 @@ async fn deep_trees_survive_every_delete(disk: DiskLimits) {
 
     // The agent deletes one on request, and goes on answering.
     let a = create(&client).await;
+    if disk == DiskLimits::Auto {
+        // The btrfs store must really be in use, or this is the plain-store test again.
+        let m = ok(&client, "sandbox_metrics", json!({"sandbox_id": a})).await;
+        assert_eq!(
+            m["disk_limit_enforced"], true,
+            "the btrfs store was not set up (loop devices and btrfs are needed): {m}"
+        );
+    }
     deep_tree(&client, &a).await;
+    // Capturing it as a template is refused with words the caller can act on (no host path),
+    // and the sandbox goes on.
+    let refused = err(
+        &client,
+        "sandbox_template_create",
+        json!({"name": "deep", "from_sandbox": a}),
+    )
+    .await;
+    assert!(
+        refused.contains("/root/deep/d/d") && refused.contains("nested too deep"),
+        "{refused}"
+    );
+    assert!(
+        !refused.contains(&engine.data_dir().display().to_string()),
+        "{refused}"
+    );
+    assert_eq!(sh(&client, &a, "echo alive").await, "alive\n");
     ok(
         &client,
         "sandbox_files_delete",
@@ -123,9 +148,12 @@ async fn deep_trees_survive_every_delete(disk: DiskLimits) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Recovery after a restart finishes an interrupted kill, and the engine comes up.
+    // Recovery after a restart finishes an interrupted kill, and the engine comes up; a deep
+    // sandbox that lives on through the restart is killed afterwards like any other.
     let c = create(&client).await;
     deep_tree(&client, &c).await;
+    let d = create(&client).await;
+    deep_tree(&client, &d).await;
     drop(client);
     let dir = engine.stop().await;
     let config = {
@@ -141,7 +169,10 @@ async fn deep_trees_survive_every_delete(disk: DiskLimits) {
     assert!(!sandbox_dir(&engine, &c).exists());
     let client = engine.mcp().await;
     let listed = ok(&client, "sandbox_list", json!({})).await;
-    assert_eq!(listed["sandboxes"], json!([]), "{listed}");
+    assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["sandboxes"][0]["id"], d.as_str(), "{listed}");
+    ok(&client, "sandbox_kill", json!({"sandbox_id": d})).await;
+    assert!(!sandbox_dir(&engine, &d).exists());
     assert!(create(&client).await.starts_with("sbx_"));
 }
 
@@ -177,6 +208,15 @@ const AGENT_ATTACKS: &str = "\
         ls /proc/1/$f >/dev/null 2>&1 && [ \"${f%/}\" != \"$f\" ] && echo \"listed /proc/1/$f\"
     done";
 
+/// PTRACE_ATTACH to the agent, and reading its memory with process_vm_readv; prints how each
+/// ended.
+const TRACE_ATTACKS: &str = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n\
+class iovec(ctypes.Structure): _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]\n\
+buf = ctypes.create_string_buffer(64)\n\
+local, remote = iovec(ctypes.addressof(buf), 64), iovec(0x400000, 64)\n\
+said = lambda r: 'refused' if r == -1 else f'returned {r}'\n\
+print(said(libc.ptrace(16, 1, 0, 0)), said(libc.process_vm_readv(1, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)))";
+
 #[tokio::test]
 async fn sandbox_code_cannot_signal_trace_limit_or_reconfigure_the_agent() {
     require_sandboxes!();
@@ -193,15 +233,9 @@ async fn sandbox_code_cannot_signal_trace_limit_or_reconfigure_the_agent() {
     )
     .await;
     assert_eq!(out, "done\n", "sandbox code reached the agent:\n{out}");
-    // Python's ptrace and process_vm_readv (both refused) say the same.
-    let out = py(
-        &client,
-        &id,
-        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n\
-         print(libc.ptrace(16, 1, 0, 0), ctypes.get_errno())",
-    )
-    .await;
-    assert!(out.starts_with("-1 "), "PTRACE_ATTACH to the agent: {out}");
+    // ptrace and process_vm_readv (both refused) say the same.
+    let out = py(&client, &id, TRACE_ATTACKS).await;
+    assert_eq!(out, "refused refused\n", "ptrace, process_vm_readv");
     // From the host: nothing changed, and the agent still answers.
     assert_eq!(
         std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap(),
@@ -224,6 +258,25 @@ async fn sandbox_code_cannot_signal_trace_limit_or_reconfigure_the_agent() {
             host_uid >= sandbox_mcp::engine::linux::plan::UID_BASE,
             "{uid}"
         );
+        // The sandbox's user namespace is owned by the agent's own id, not root: the kernel
+        // charges the sandbox's per-user budgets to that id.
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/user")).unwrap();
+        let mut owner: libc::uid_t = u32::MAX;
+        // SAFETY: NS_GET_OWNER_UID (_IO(0xb7, 0x4)) writes one uid_t through the pointer.
+        let r = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&ns),
+                0xb704,
+                &mut owner as *mut libc::uid_t,
+            )
+        };
+        assert_eq!(
+            r,
+            0,
+            "NS_GET_OWNER_UID: {}",
+            std::io::Error::last_os_error()
+        );
+        assert_eq!(owner, host_uid, "the sandbox's user namespace owner");
     }
 }
 
@@ -243,9 +296,27 @@ async fn unprivileged_the_agent_is_out_of_reach_too() {
         .prefix("smcp")
         .tempdir_in("/tmp")
         .unwrap();
+    // Unprivileged, sandbox code has the agent's own uid, and only a Landlock scope keeps its
+    // signals from the agent: that scope is Landlock ABI 6 (Linux 6.12).
+    // SAFETY: landlock_create_ruleset with LANDLOCK_CREATE_RULESET_VERSION only reports the ABI.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    if abi < 6 {
+        eprintln!(
+            "SKIPPED unprivileged_the_agent_is_out_of_reach_too: needs Landlock ABI 6 (signal scoping, Linux 6.12); this kernel has {abi}"
+        );
+        return;
+    }
     let (mut engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
     let id = create(&client).await;
     let out = sh(&client, &id, &format!("{AGENT_ATTACKS}\necho done")).await;
+    let traced = py(&client, &id, TRACE_ATTACKS).await;
     let own = sh(&client, &id, "prlimit --nofile=64 sh -c 'ulimit -n'").await;
     let alive = sh(&client, &id, "echo alive").await;
     let _ = engine.kill();
@@ -254,6 +325,7 @@ async fn unprivileged_the_agent_is_out_of_reach_too() {
         out, "done\n",
         "sandbox code reached the unprivileged agent:\n{out}"
     );
+    assert_eq!(traced, "refused refused\n", "ptrace, process_vm_readv");
     assert_eq!(own, "64\n", "a process may still change its own limits");
     assert_eq!(alive, "alive\n");
 }
@@ -433,53 +505,96 @@ macro_rules! require_own_ids {
     };
 }
 
+/// Kills the sandbox that took a budget, and shows the budget comes back within seconds: a new
+/// sandbox (which gets the freed uid range) runs `probe` and prints `expect`.
+async fn kill_and_see_it_restored(client: &McpClient, taker: &str, probe: &str, expect: &str) {
+    ok(client, "sandbox_kill", json!({"sandbox_id": taker})).await;
+    let fresh = create(client).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = py(client, &fresh, probe).await;
+        if out == expect {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the budget did not come back after the kill: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    ok(client, "sandbox_kill", json!({"sandbox_id": fresh})).await;
+}
+
 #[tokio::test]
 async fn inotify_instances_of_one_sandbox_leave_others_and_the_host_theirs() {
     require_own_ids!();
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let (a, b) = (create(&client).await, create(&client).await);
-    let host_before = host_inotify_ok();
+    assert!(
+        host_inotify_ok(),
+        "the host has no inotify instance to spare before the test"
+    );
+    // Every instance the sandbox's id may have, and on them every watch it may add: 128
+    // instances watching the same 1600 files are more watches than a user may hold.
     let held = hold(
         &client,
         &a,
-        "import ctypes, time\nlibc = ctypes.CDLL(None, use_errno=True)\nfds = []\n\
+        "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\nfds = []\n\
          while len(fds) < 100000:\n    fd = libc.inotify_init1(0)\n    if fd < 0: break\n    fds.append(fd)\n\
-         open('/tmp/held', 'w').write(f'{len(fds)} {ctypes.get_errno()}')\ntime.sleep(600)\n",
+         errno = ctypes.get_errno()\nos.makedirs('/tmp/w', exist_ok=True)\n\
+         names = [f'/tmp/w/{i}'.encode() for i in range(1600)]\n\
+         for n in names: open(n, 'w').close()\n\
+         watches, werr = 0, 0\n\
+         for fd in fds:\n    for n in names:\n        if libc.inotify_add_watch(fd, n, 2) < 0: werr = ctypes.get_errno(); break\n        watches += 1\n    if werr: break\n\
+         open('/tmp/held', 'w').write(f'{len(fds)} {errno} {watches} {werr}')\ntime.sleep(600)\n",
     )
     .await;
-    let (count, errno) = held.split_once(' ').unwrap();
+    let fields: Vec<&str> = held.split(' ').collect();
+    let [count, errno, watches, werr] = fields[..] else {
+        panic!("{held}")
+    };
     assert_eq!(
         errno, "24",
-        "the sandbox ran into its own limit (EMFILE): {held}"
+        "the sandbox ran into its own limit of instances (EMFILE): {held}"
     );
     assert!(count.parse::<u32>().unwrap() <= 128, "{held}");
-    let other = py(
-        &client,
-        &b,
-        "import ctypes\nprint(ctypes.CDLL(None).inotify_init1(0) >= 0)",
-    )
-    .await;
     assert_eq!(
-        other, "True\n",
-        "another sandbox lost its inotify instances"
+        werr, "28",
+        "the sandbox ran into its own limit of watches (ENOSPC): {held}"
     );
+    let max_watches: u64 = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(watches.parse::<u64>().unwrap() <= max_watches, "{held}");
+    let probe = "import ctypes\nlibc = ctypes.CDLL(None)\nfd = libc.inotify_init1(0)\n\
+        print(fd >= 0 and libc.inotify_add_watch(fd, b'/tmp', 2) >= 0)";
     assert_eq!(
-        host_inotify_ok(),
-        host_before,
-        "the host lost its inotify instances"
+        py(&client, &b, probe).await,
+        "True\n",
+        "another sandbox lost its inotify instances or watches"
     );
-    ok(&client, "sandbox_kill", json!({"sandbox_id": a})).await;
+    assert!(host_inotify_ok(), "the host lost its inotify instances");
+    // What it took comes back: a new sandbox gets 100 instances.
+    let many = "import ctypes\nlibc = ctypes.CDLL(None)\n\
+        print(all(libc.inotify_init1(0) >= 0 for _ in range(100)))";
+    kill_and_see_it_restored(&client, &a, many, "True\n").await;
 }
 
+/// Whether a host process can make an inotify instance and add a watch.
 fn host_inotify_ok() -> bool {
-    // SAFETY: inotify_init1 returns a new descriptor (closed at once) or -1.
+    // SAFETY: inotify_init1 returns a new descriptor (closed below) or -1.
     let fd = unsafe { libc::inotify_init1(0) };
-    if fd >= 0 {
-        // SAFETY: closing the descriptor just made.
-        unsafe { libc::close(fd) };
+    if fd < 0 {
+        return false;
     }
-    fd >= 0
+    // SAFETY: a watch on a NUL-terminated path, on the descriptor just made.
+    let watched = unsafe { libc::inotify_add_watch(fd, c"/tmp".as_ptr(), libc::IN_MODIFY) } >= 0;
+    // SAFETY: closing the descriptor just made.
+    unsafe { libc::close(fd) };
+    watched
 }
 
 const SIGQUEUE: &str = "import ctypes, os, signal, time\n\
@@ -522,7 +637,14 @@ async fn pending_signals_of_one_sandbox_leave_others_and_the_host_theirs() {
         "the host could not queue a signal: {}",
         String::from_utf8_lossy(&host.stderr)
     );
-    ok(&client, "sandbox_kill", json!({"sandbox_id": a})).await;
+    let n = held.split(' ').next().unwrap();
+    kill_and_see_it_restored(
+        &client,
+        &a,
+        &format!("{SIGQUEUE}print(queue({n})[0])"),
+        &format!("{n}\n"),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -546,7 +668,7 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
             .parse()
             .unwrap()
     };
-    let share = sandbox_mcp::engine::linux::plan::pty_share(read("max"), read("reserve"), 100);
+    let share = sandbox_mcp::engine::linux::plan::pty_share(read("max") - read("reserve"), 100);
     assert!(
         count.parse::<u32>().unwrap() <= share,
         "one sandbox held {count} ptys; its share is {share}"
@@ -557,7 +679,13 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
         nix::pty::openpty(None, None).is_ok(),
         "the host could not open a pty"
     );
-    ok(&client, "sandbox_kill", json!({"sandbox_id": a})).await;
+    kill_and_see_it_restored(
+        &client,
+        &a,
+        &format!("import os\nfds = [os.openpty() for _ in range({count})]\nprint(len(fds))"),
+        &format!("{count}\n"),
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -590,7 +718,24 @@ async fn fds_in_flight_of_one_sandbox_leave_other_sandboxes_theirs() {
         other, "250 0\n",
         "another sandbox could not pass a descriptor"
     );
-    ok(&client, "sandbox_kill", json!({"sandbox_id": a})).await;
+    let host = std::process::Command::new("python3")
+        .args(["-c", &format!("{send}n, e, _ = flood(250)\nprint(n, e)")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&host.stdout),
+        "250 0\n",
+        "a host process could not pass a descriptor: {}",
+        String::from_utf8_lossy(&host.stderr)
+    );
+    let n = held.split(' ').next().unwrap();
+    kill_and_see_it_restored(
+        &client,
+        &a,
+        &format!("{send}n, e, keep = flood({n})\nprint(n, e)"),
+        &format!("{n} 0\n"),
+    )
+    .await;
 }
 
 // ── 5. Uid ranges are host-wide ────────────────────────────────────────────────────────────
@@ -625,6 +770,82 @@ async fn two_engines_on_one_host_get_disjoint_uid_ranges() {
             "pid {pid} runs outside its range"
         );
     }
+}
+
+/// The registry's claims of the engine on `data_dir`: the slots, each with its line.
+fn claims_of(config: &sandbox_mcp::engine::config::EngineConfig) -> Vec<String> {
+    let owner = std::fs::canonicalize(config.data_dir.join("sandboxes")).unwrap();
+    std::fs::read_to_string(&config.uid_registry)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.ends_with(&format!(" {}", owner.display())))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_sandbox_whose_cleanup_fails_keeps_its_uid_range() {
+    require_own_ids!();
+    let engine = TestEngine::start_with(|c| c.disk_limits = DiskLimits::Off).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(&client, &id, "echo x > /root/pinned").await;
+    let uid: u32 = proc_field(agent_pid(&engine, &id), "status", "Uid:")
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let slot = (uid - sandbox_mcp::engine::linux::plan::UID_BASE)
+        / sandbox_mcp::engine::linux::plan::UID_RANGE;
+    let sandbox = sandbox_dir(&engine, &id);
+    drop(client);
+    let dir = engine.stop().await;
+    let config = TestEngine::config_for(dir.path());
+    let config = sandbox_mcp::engine::config::EngineConfig {
+        disk_limits: DiskLimits::Off,
+        ..config
+    };
+    sandbox_mcp::engine::state::Store::open(&config.state_db())
+        .unwrap()
+        .set_status(&id, sandbox_mcp::engine::state::Status::Killing)
+        .unwrap();
+    // An immutable file in its upper layer: not even root can delete it, so the cleanup after
+    // the restart fails.
+    // (Found afresh each time: a failed delete may have moved it up the tree.)
+    let chattr = |flag: &str| {
+        let found = std::process::Command::new("find")
+            .arg(&sandbox)
+            .args(["-name", "pinned"])
+            .output()
+            .unwrap();
+        let pinned = String::from_utf8(found.stdout).unwrap().trim().to_string();
+        assert!(!pinned.is_empty(), "the file is in the sandbox's directory");
+        std::process::Command::new("chattr")
+            .args([flag, &pinned])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !chattr("+i") {
+        eprintln!(
+            "SKIPPED a_sandbox_whose_cleanup_fails_keeps_its_uid_range: needs the immutable attribute (chattr +i) on /tmp's filesystem"
+        );
+        return;
+    }
+    let engine = TestEngine::start_on(dir, config.clone()).await;
+    let kept = claims_of(&config);
+    assert!(chattr("-i"));
+    assert!(sandbox.exists(), "the cleanup could not finish");
+    assert_eq!(
+        kept,
+        vec![slot.to_string()],
+        "the range of a sandbox that may still hold files is not given back"
+    );
+    // Once the cleanup can finish (the next start), the range is released.
+    let dir = engine.stop().await;
+    let _engine = TestEngine::start_on(dir, config.clone()).await;
+    assert!(!sandbox.exists());
+    assert_eq!(claims_of(&config), Vec::<String>::new());
 }
 
 // ── 6. No file operation blocks on a special file, or stalls the agent ─────────────────────

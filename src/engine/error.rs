@@ -210,4 +210,24 @@ mod tests {
         let e = EngineError::NotFound("sandbox sbx_x not found".into());
         assert_eq!(e.body("r")["message"], "sandbox sbx_x not found");
     }
+
+    #[test]
+    fn an_agent_message_reaches_the_caller_clipped() {
+        // 200 KiB fits in an agent's error frame; only 2 KiB of it may reach a client.
+        let long = "é".repeat(100 * 1024);
+        let e = EngineError::from(AgentError {
+            kind: ErrorKind::Io,
+            message: long.clone(),
+        });
+        let message = e.body("r")["message"].as_str().unwrap().to_string();
+        assert!(
+            message.len() < MAX_SANDBOX_MESSAGE + 64,
+            "{}",
+            message.len()
+        );
+        assert!(message.ends_with(&format!("[{} more bytes]", long.len() - 2048)));
+        // Cut on a character boundary (é is two bytes), and short text is left alone.
+        assert!(message.starts_with(&"é".repeat(1024)));
+        assert_eq!(clip("short"), "short");
+    }
 }

@@ -88,6 +88,31 @@ pub(crate) fn capture(
     Ok(copier.bytes)
 }
 
+/// A capture refused because the sandbox nests files past what a path can name. The message is
+/// for the caller: it names the place as the sandbox sees it, never as a host path.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{path} is nested too deep to capture (paths over {MAX_PATH} bytes); delete or move that tree in the sandbox first"
+)]
+pub(crate) struct TooDeep {
+    path: String,
+}
+
+impl TooDeep {
+    fn at(src: &Path, upper: &Path) -> Self {
+        let inside = src.strip_prefix(upper).unwrap_or(src).to_string_lossy();
+        // Enough of it to find; the rest is the same few names over and over.
+        let mut end = inside.len().min(120);
+        while !inside.is_char_boundary(end) {
+            end -= 1;
+        }
+        let more = if end < inside.len() { "…" } else { "" };
+        Self {
+            path: format!("/{}{more}", &inside[..end]),
+        }
+    }
+}
+
 struct Copier {
     owners: Owners,
     bytes: u64,
@@ -103,10 +128,7 @@ impl Copier {
         let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
         while let Some((src, dst)) = stack.pop() {
             if dst.as_os_str().len() > MAX_PATH {
-                return Err(io::Error::other(format!(
-                    "{} is nested too deep to capture",
-                    src.display()
-                )));
+                return Err(io::Error::other(TooDeep::at(&src, from)));
             }
             let meta = fs::symlink_metadata(&src)?;
             self.dir(&src, &dst, &meta)?;

@@ -332,6 +332,9 @@ impl Manager {
     async fn recover(&self) -> Result<(), EngineError> {
         let store = self.store.clone();
         let records = blocking(move || store.all()).await??;
+        // Slots still in use: those of sandboxes that stay, and of any whose cleanup failed (its
+        // files or processes may still hold the ids, so the range must not be handed out again).
+        let mut held = Vec::new();
         for record in records {
             let id = record.id.clone();
             match record.status {
@@ -339,14 +342,20 @@ impl Manager {
                     let driver = self.driver.clone();
                     let store = self.store.clone();
                     let rid = id.clone();
-                    blocking(move || {
-                        if let Err(e) = driver.destroy(&rid) {
+                    let cleaned = blocking(move || match driver.destroy(&rid) {
+                        Err(e) => {
                             tracing::warn!(sandbox = %rid, "cleanup after restart failed: {e}");
-                        } else {
+                            false
+                        }
+                        Ok(()) => {
                             let _ = store.delete(&rid);
+                            true
                         }
                     })
                     .await?;
+                    if !cleaned {
+                        held.push(record.uid_slot);
+                    }
                 }
                 Status::Running | Status::Paused => {
                     let runtime = match self.driver.liveness(&id).await {
@@ -383,10 +392,11 @@ impl Manager {
         }
         // The registry of uid ranges must agree: slots of sandboxes cleaned up above (or lost
         // with a crash) are released, and those still held stay claimed.
-        let held: Vec<u32> = lock(&self.sandboxes)
-            .values()
-            .map(|e| lock(&e.record).uid_slot)
-            .collect();
+        held.extend(
+            lock(&self.sandboxes)
+                .values()
+                .map(|e| lock(&e.record).uid_slot),
+        );
         let driver = self.driver.clone();
         blocking(move || driver.reconcile_slots(&held)).await?;
         self.recover_previews().await

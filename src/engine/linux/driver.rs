@@ -49,7 +49,9 @@ pub struct NamespacesDriver {
     gid: u32,
     /// As root, uid ranges are allocated host-wide; unprivileged, there is only the caller's id.
     registry: Option<Registry>,
+    /// A sandbox's share of the ptys (see [`plan::pty_share`]), and the pool it is drawn from.
     pty_max: u32,
+    pty_pool: u32,
 }
 
 impl NamespacesDriver {
@@ -108,11 +110,8 @@ impl NamespacesDriver {
                 .and_then(|s| s.trim().parse().ok())
                 .unwrap_or(default)
         };
-        let pty_max = plan::pty_share(
-            read_sysctl("max", 4096),
-            read_sysctl("reserve", 1024),
-            max_sandboxes,
-        );
+        let pty_pool = read_sysctl("max", 4096).saturating_sub(read_sysctl("reserve", 1024));
+        let pty_max = plan::pty_share(pty_pool, max_sandboxes);
         Ok(Self {
             sandboxes_dir,
             layout,
@@ -122,7 +121,23 @@ impl NamespacesDriver {
             gid: nix::unistd::getgid().as_raw(),
             registry,
             pty_max,
+            pty_pool,
         })
+    }
+
+    /// The ptys a sandbox's devpts may hand out: as root, what the registry granted its slot.
+    fn ptys_of(&self, slot: u32) -> u32 {
+        match &self.registry {
+            Some(registry) => match registry.ptys(slot) {
+                Ok(Some(granted)) => granted,
+                Ok(None) => self.pty_max,
+                Err(e) => {
+                    tracing::warn!(slot, "cannot read the uid range registry: {e}");
+                    self.pty_max
+                }
+            },
+            None => self.pty_max,
+        }
     }
 
     fn dir(&self, id: &str) -> PathBuf {
@@ -211,7 +226,7 @@ impl NamespacesDriver {
             },
             env: &spec.env,
             memory_bytes: spec.shape.memory_mb * 1024 * 1024,
-            pty_max: self.pty_max,
+            pty_max: self.ptys_of(spec.uid_slot),
             workdir: spec.workdir.as_deref(),
             user: spec.user,
         });
@@ -488,7 +503,7 @@ impl Driver for NamespacesDriver {
     fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
         match &self.registry {
             Some(registry) => registry
-                .claim()
+                .claim(self.pty_max, self.pty_pool)
                 .map_err(DriverError::io("claim a uid range")),
             // One id to map, whatever the slot: slots only tell sandboxes apart.
             None => Ok((1u32..).find(|s| !taken.contains(s)).unwrap_or(u32::MAX)),
@@ -513,7 +528,7 @@ impl Driver for NamespacesDriver {
         let Some(registry) = &self.registry else {
             return;
         };
-        match registry.reconcile(held) {
+        match registry.reconcile(held, self.pty_max, self.pty_pool) {
             Ok(conflicts) if conflicts.is_empty() => {}
             Ok(conflicts) => tracing::error!(
                 ?conflicts,
@@ -607,8 +622,16 @@ impl Driver for NamespacesDriver {
         } else {
             crate::engine::layers::Owners::Keep
         };
-        crate::engine::layers::capture(&uppers, dest, owners)
-            .map_err(DriverError::io("copy the sandbox's files into a layer"))
+        crate::engine::layers::capture(&uppers, dest, owners).map_err(|e| {
+            match e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<crate::engine::layers::TooDeep>())
+            {
+                // The sandbox's own doing, and the caller can fix it: said in full.
+                Some(deep) => DriverError::Unsupported(deep.to_string()),
+                None => DriverError::io("copy the sandbox's files into a layer")(e),
+            }
+        })
     }
 
     fn stop(&self, id: &str) -> Result<(), DriverError> {

@@ -114,11 +114,11 @@ pub(crate) fn agent_id(slot: u32) -> u32 {
 /// Highest slot whose range still fits in 32-bit ids.
 pub(crate) const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
 
-/// Each sandbox's share of the ptys non-initial devpts instances may hold together
-/// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once.
-pub fn pty_share(pty_max: u32, pty_reserve: u32, sandboxes: usize) -> u32 {
-    let pool = pty_max.saturating_sub(pty_reserve);
-    (pool / (sandboxes.max(1) as u32)).max(1)
+/// Each sandbox's share of the `pool` of ptys non-initial devpts instances may hold together
+/// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once. As root,
+/// the uid range registry grants it only while the pool lasts, across engines.
+pub fn pty_share(pool: u32, sandboxes: usize) -> u32 {
+    pool / (sandboxes.max(1) as u32)
 }
 
 /// Where a sandbox's directories are, relative to its directory.
@@ -316,9 +316,9 @@ mod tests {
 
     #[test]
     fn ptys_are_partitioned_between_sandboxes() {
-        assert_eq!(pty_share(4096, 1024, 100), 30);
-        assert!(pty_share(4096, 1024, 100) * 100 <= 4096 - 1024);
-        assert_eq!(pty_share(4096, 1024, 0), 3072);
-        assert_eq!(pty_share(100, 1024, 10), 1);
+        assert_eq!(pty_share(3072, 100), 30);
+        assert!(pty_share(3072, 100) * 100 <= 3072);
+        assert_eq!(pty_share(3072, 0), 3072);
+        assert_eq!(pty_share(0, 10), 0);
     }
 }

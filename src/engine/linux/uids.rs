@@ -6,6 +6,11 @@
 //! when they belong to two engines with different data dirs. The registry is one small file for
 //! the whole host, changed under an exclusive lock; each line claims one slot for one data dir.
 //!
+//! The same registry shares out the host's ptys. Every devpts instance but the host's own draws
+//! on one pool (`kernel.pty.max - kernel.pty.reserve`), and a devpts instance's `max=` is fixed
+//! when it is mounted, so each claim records the ptys its sandbox may hold, granted from what
+//! the other claims left: sandboxes of all engines together never hold more than the pool.
+//!
 //! A claim lasts as long as its sandbox exists (its files and, when paused, its frozen processes
 //! keep the ids): across engine restarts and reboots. Claims of a data dir that no longer exists
 //! are reclaimed, but only once no process runs with an id of that range.
@@ -21,6 +26,8 @@ use super::plan::{MAX_SLOT, UID_RANGE, uid_base};
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Claim {
     slot: u32,
+    /// Ptys granted to the slot's sandbox (`None` in lines written before ptys were recorded).
+    ptys: Option<u32>,
     /// The data dir of the engine whose sandbox holds the slot (canonical path).
     owner: String,
 }
@@ -45,19 +52,32 @@ impl Registry {
         Ok(Self { path, owner })
     }
 
-    /// Claims the lowest free slot for a new sandbox.
-    pub(crate) fn claim(&self) -> io::Result<u32> {
+    /// Claims the lowest free slot for a new sandbox, with up to `ptys` of the `pool` of ptys
+    /// (fewer when other claims hold the rest).
+    pub(crate) fn claim(&self, ptys: u32, pool: u32) -> io::Result<u32> {
         self.locked(|claims| {
             reclaim_abandoned(claims);
             let slot = (1..=MAX_SLOT)
                 .find(|s| !claims.iter().any(|c| c.slot == *s))
                 .ok_or_else(|| io::Error::other("every uid range on this host is in use"))?;
+            let ptys = grant(claims, ptys, pool);
             claims.push(Claim {
                 slot,
+                ptys: Some(ptys),
                 owner: self.owner.clone(),
             });
             Ok(slot)
         })?
+    }
+
+    /// The ptys granted to this engine's `slot` (`None` if it has no recorded grant).
+    pub(crate) fn ptys(&self, slot: u32) -> io::Result<Option<u32>> {
+        self.locked(|claims| {
+            claims
+                .iter()
+                .find(|c| c.slot == slot && c.owner == self.owner)
+                .and_then(|c| c.ptys)
+        })
     }
 
     /// Gives a slot back (its sandbox is gone).
@@ -67,8 +87,9 @@ impl Registry {
 
     /// Makes the registry agree with the slots this engine's sandboxes hold: this data dir's
     /// claims that no sandbox holds are released, held slots missing from the registry are
-    /// claimed again. Returns the held slots that another data dir has claimed meanwhile.
-    pub(crate) fn reconcile(&self, held: &[u32]) -> io::Result<Vec<u32>> {
+    /// claimed again (with up to `ptys` of the `pool`). Returns the held slots that another data
+    /// dir has claimed meanwhile.
+    pub(crate) fn reconcile(&self, held: &[u32], ptys: u32, pool: u32) -> io::Result<Vec<u32>> {
         self.locked(|claims| {
             claims.retain(|c| c.owner != self.owner || held.contains(&c.slot));
             let mut conflicts = Vec::new();
@@ -76,10 +97,14 @@ impl Registry {
                 match claims.iter().find(|c| c.slot == *slot) {
                     Some(c) if c.owner == self.owner => {}
                     Some(_) => conflicts.push(*slot),
-                    None => claims.push(Claim {
-                        slot: *slot,
-                        owner: self.owner.clone(),
-                    }),
+                    None => {
+                        let ptys = grant(claims, ptys, pool);
+                        claims.push(Claim {
+                            slot: *slot,
+                            ptys: Some(ptys),
+                            owner: self.owner.clone(),
+                        })
+                    }
                 }
             }
             conflicts
@@ -108,6 +133,12 @@ impl Registry {
         }
         Ok(out)
     }
+}
+
+/// Up to `want` ptys of what the `pool` has left after every claim's grant.
+fn grant(claims: &[Claim], want: u32, pool: u32) -> u32 {
+    let granted: u32 = claims.iter().filter_map(|c| c.ptys).sum();
+    want.min(pool.saturating_sub(granted))
 }
 
 /// Drops claims whose data dir is gone, once no process holds an id of their range.
@@ -156,12 +187,19 @@ fn live_uids() -> Vec<u32> {
     uids
 }
 
+/// Lines are `slot ptys owner`; the owner is an absolute path, so an older line (`slot owner`)
+/// is told apart by its second field.
 fn parse(text: &str) -> Vec<Claim> {
     text.lines()
         .filter_map(|line| {
-            let (slot, owner) = line.split_once(' ')?;
+            let (slot, rest) = line.split_once(' ')?;
+            let (ptys, owner) = match rest.split_once(' ') {
+                Some((ptys, owner)) if !rest.starts_with('/') => (Some(ptys.parse().ok()?), owner),
+                _ => (None, rest),
+            };
             Some(Claim {
                 slot: slot.parse().ok()?,
+                ptys,
                 owner: owner.to_string(),
             })
         })
@@ -171,7 +209,10 @@ fn parse(text: &str) -> Vec<Claim> {
 fn render(claims: &[Claim]) -> String {
     claims
         .iter()
-        .map(|c| format!("{} {}\n", c.slot, c.owner))
+        .map(|c| match c.ptys {
+            Some(p) => format!("{} {p} {}\n", c.slot, c.owner),
+            None => format!("{} {}\n", c.slot, c.owner),
+        })
         .collect()
 }
 
@@ -189,15 +230,15 @@ mod tests {
         let path = dir.path().join("reg/uid-ranges");
         let ra = Registry::new(path.clone(), &a).unwrap();
         let rb = Registry::new(path.clone(), &b).unwrap();
-        let s1 = ra.claim().unwrap();
-        let s2 = rb.claim().unwrap();
-        let s3 = ra.claim().unwrap();
+        let s1 = ra.claim(10, 1000).unwrap();
+        let s2 = rb.claim(10, 1000).unwrap();
+        let s3 = ra.claim(10, 1000).unwrap();
         assert_eq!((s1, s2, s3), (1, 2, 3));
         rb.release(s2).unwrap();
         // Another data dir cannot release a slot it does not own.
         rb.release(s1).unwrap();
-        assert_eq!(rb.claim().unwrap(), 2);
-        assert_eq!(ra.claim().unwrap(), 4);
+        assert_eq!(rb.claim(10, 1000).unwrap(), 2);
+        assert_eq!(ra.claim(10, 1000).unwrap(), 4);
     }
 
     #[test]
@@ -209,12 +250,12 @@ mod tests {
         let path = dir.path().join("uid-ranges");
         let ra = Registry::new(path.clone(), &a).unwrap();
         let rb = Registry::new(path.clone(), &b).unwrap();
-        assert_eq!(ra.claim().unwrap(), 1);
-        assert_eq!(ra.claim().unwrap(), 2);
-        assert_eq!(rb.claim().unwrap(), 3);
+        assert_eq!(ra.claim(10, 1000).unwrap(), 1);
+        assert_eq!(ra.claim(10, 1000).unwrap(), 2);
+        assert_eq!(rb.claim(10, 1000).unwrap(), 3);
         // `a` only holds slot 2 now, and believes it holds 3 as well.
-        assert_eq!(ra.reconcile(&[2, 3]).unwrap(), vec![3]);
-        assert_eq!(rb.claim().unwrap(), 1, "slot 1 was released");
+        assert_eq!(ra.reconcile(&[2, 3], 10, 1000).unwrap(), vec![3]);
+        assert_eq!(rb.claim(10, 1000).unwrap(), 1, "slot 1 was released");
     }
 
     #[test]
@@ -225,14 +266,17 @@ mod tests {
         let mut claims = vec![
             Claim {
                 slot: free,
+                ptys: None,
                 owner: "/nonexistent/data".into(),
             },
             Claim {
                 slot: held,
+                ptys: None,
                 owner: "/nonexistent/data".into(),
             },
             Claim {
                 slot: 7,
+                ptys: Some(1),
                 owner: "/".into(),
             },
         ];
@@ -254,5 +298,57 @@ mod tests {
         } else {
             assert_eq!(slots, vec![7]);
         }
+    }
+
+    #[test]
+    fn ptys_are_granted_from_one_pool_across_data_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        let path = dir.path().join("uid-ranges");
+        let ra = Registry::new(path.clone(), &a).unwrap();
+        let rb = Registry::new(path.clone(), &b).unwrap();
+        // Each engine would give 40 of a pool of 100 (say, two sandboxes each at most): the
+        // third claim gets what is left, the fourth none, so together they never hold more.
+        let s1 = ra.claim(40, 100).unwrap();
+        let s2 = rb.claim(40, 100).unwrap();
+        let s3 = ra.claim(40, 100).unwrap();
+        let s4 = rb.claim(40, 100).unwrap();
+        let got: Vec<_> = [s1, s2, s3, s4]
+            .iter()
+            .map(|s| {
+                let r = if *s == s1 || *s == s3 { &ra } else { &rb };
+                r.ptys(*s).unwrap().unwrap()
+            })
+            .collect();
+        assert_eq!(got, vec![40, 40, 20, 0]);
+        // Another data dir's slot is not this one's to look up.
+        assert_eq!(ra.ptys(s2).unwrap(), None);
+        // A released grant goes back to the pool.
+        ra.release(s1).unwrap();
+        let s5 = rb.claim(40, 100).unwrap();
+        assert_eq!(rb.ptys(s5).unwrap(), Some(40));
+    }
+
+    #[test]
+    fn older_lines_without_ptys_still_parse() {
+        let claims = parse("3 /var/lib/data dir\n4 12 /srv/x\n");
+        assert_eq!(
+            claims,
+            vec![
+                Claim {
+                    slot: 3,
+                    ptys: None,
+                    owner: "/var/lib/data dir".into()
+                },
+                Claim {
+                    slot: 4,
+                    ptys: Some(12),
+                    owner: "/srv/x".into()
+                },
+            ]
+        );
+        assert_eq!(parse(&render(&claims)), claims);
     }
 }
