@@ -349,8 +349,8 @@ impl EngineSettings {
             max_connections: self.max_connections.max(1),
             egress_ca: self.egress_ca.clone(),
         };
-        let default = crate::engine::preview::PreviewConfig::default();
-        config.preview = crate::engine::preview::PreviewConfig {
+        let default = crate::engine::config::PreviewConfig::default();
+        config.preview = crate::engine::config::PreviewConfig {
             // An address given explicitly is the operator's choice: taken means fail, not move.
             fallback: self.preview_listen.is_none(),
             listen: self.preview_listen.clone().map_or(default.listen, |l| l.0),

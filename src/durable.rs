@@ -11,6 +11,17 @@ use nix::fcntl::{Flock, FlockArg};
 
 /// Writes `data` to `path` (mode `mode`) so that a crash leaves the old or the new content.
 pub(crate) fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    replace_with(path, mode, |f, _| f.write_all(data))
+}
+
+/// Makes `path` anew so that a crash leaves the old file or the new one: `fill` writes the new
+/// content into a file beside it (created empty with mode `mode`; given open and by its path,
+/// for content another process writes), which is then synced and renamed over `path`.
+pub(crate) fn replace_with(
+    path: &Path,
+    mode: u32,
+    fill: impl FnOnce(&mut fs::File, &Path) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     let written = (|| {
         let mut f = fs::OpenOptions::new()
@@ -19,7 +30,7 @@ pub(crate) fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Resul
             .write(true)
             .mode(mode)
             .open(&tmp)?;
-        f.write_all(data)?;
+        fill(&mut f, &tmp)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         match path.parent() {

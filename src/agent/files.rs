@@ -205,7 +205,9 @@ pub fn write_file(WriteFile { path, data_b64 }: WriteFile) -> Result<Written> {
         Ok(m) if m.is_file() => m.permissions().mode() & 0o7777,
         _ => 0o644,
     };
-    // Write beside the target and rename over it: readers see the old file or the new one.
+    // Write beside the target and rename over it: readers see the old file or the new one. Not
+    // `durable::write_atomically`: the path is the sandbox's, so the temporary file is made
+    // through `safe_open` (never following a link the sandbox planted) under a name of its own.
     let tmp = parent.join(format!(
         ".{}.sandbox-mcp-{}",
         name.to_string_lossy().chars().take(100).collect::<String>(),

@@ -20,6 +20,7 @@ use super::protocol::{
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
 use super::spawn::{self, Launch, default_cwd, error};
+use crate::sys::now_ms;
 
 pub(crate) const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
 /// Most jobs running at once in one sandbox.
@@ -94,13 +95,6 @@ mod tests {
 pub(crate) struct Jobs {
     map: RefCell<BTreeMap<u64, Rc<Job>>>,
     next: Cell<u64>,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn unknown(id: &str) -> AgentError {
@@ -322,7 +316,10 @@ async fn record(job: Rc<Job>, mut pipe: tokio::net::unix::pipe::Receiver, mut fi
     }
 }
 
-/// Drops the first `cut` bytes of a log; returns the new file, opened for appending.
+/// Drops the first `cut` bytes of a log; returns the new file, opened for appending. Not
+/// `durable::write_atomically`: the log's directory is the sandbox's to write, so every open goes
+/// through `safe_open` (no link followed out of the sandbox), and the kept half is streamed, not
+/// held in memory.
 fn trim(path: &Path, cut: u64) -> std::io::Result<File> {
     let tmp = path.with_extension("log.trim");
     {

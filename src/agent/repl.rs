@@ -24,6 +24,7 @@ use super::protocol::{
 };
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, default_cwd, error};
+use crate::sys::now_ms;
 
 const PYTHON_DRIVER: &str = include_str!("drivers/python.py");
 const NODE_DRIVER: &str = include_str!("drivers/node.js");
@@ -71,13 +72,6 @@ impl Context {
 pub(crate) struct Contexts {
     map: RefCell<BTreeMap<String, Rc<Context>>>,
     next: Cell<u32>,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn spawn_interp(

@@ -3,9 +3,10 @@
 //! constraints), and every response is built as the generated type the client will parse.
 //!
 //! Where things are: one module per resource ([`sandboxes`], [`exec`], [`code`], [`jobs`],
-//! [`files`], [`network`], [`previews`], [`secrets`]); what every handler takes from a request — state, tenant, body, path — in
-//! [`request`]; the conversions between the agent's and the manager's types and the API's in
-//! [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
+//! [`files`], [`network`], [`previews`], [`secrets`], [`templates`]); what every handler takes
+//! from a request — state, tenant, body, path, checks shared by resources — in [`request`]; the
+//! conversions between the agent's and the manager's types and the API's, as `From`/`TryFrom`
+//! impls, in [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
 //! module and one line in [`router`]; its errors are [`EngineError`]s.
 //!
 //! [`EngineError`]: crate::engine::error::EngineError

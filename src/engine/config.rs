@@ -1,5 +1,6 @@
 //! Engine settings, with the defaults users expect.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -10,6 +11,31 @@ pub enum DiskLimits {
     Auto,
     /// Plain directories, never a loop mount.
     Off,
+}
+
+/// Where previews are served unless configured (`--preview-listen`).
+const DEFAULT_PREVIEW_LISTEN: &str = "127.0.0.1:8989";
+
+/// Engine-wide preview settings (`--preview-listen`, `--preview-domain`).
+#[derive(Debug, Clone)]
+pub struct PreviewConfig {
+    /// Where the preview listener binds; `None`: previews are off.
+    pub listen: Option<SocketAddr>,
+    /// The listen address is the default one: if another engine holds it, take any free port
+    /// rather than fail (the URLs the engine hands out always carry the real port).
+    pub fallback: bool,
+    /// The domain under which each preview gets a host name (`{port}-{id}.{domain}`).
+    pub domain: String,
+}
+
+impl Default for PreviewConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_PREVIEW_LISTEN.parse().ok(),
+            fallback: true,
+            domain: "localhost".into(),
+        }
+    }
 }
 
 /// Where the host-wide registry of sandbox uid ranges lives unless configured otherwise.
@@ -35,7 +61,7 @@ pub struct EngineConfig {
     /// Egress default, operator-opened ranges, resolvers, connection cap.
     pub network: crate::engine::network::NetworkConfig,
     /// Where and under which domain sandbox ports are served as preview URLs.
-    pub preview: crate::engine::preview::PreviewConfig,
+    pub preview: PreviewConfig,
     /// The template `create` uses when the request names none (`base` when `None`).
     pub default_template: Option<String>,
 }
@@ -51,7 +77,7 @@ impl EngineConfig {
             disk_limits: DiskLimits::Auto,
             uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),
             network: crate::engine::network::NetworkConfig::default(),
-            preview: crate::engine::preview::PreviewConfig::default(),
+            preview: PreviewConfig::default(),
             default_template: None,
         }
     }

@@ -51,9 +51,9 @@ pub enum EngineError {
     /// A sandbox could not be deleted completely; the kill is finished at the next start.
     #[error("kill incomplete: {0}")]
     KillIncomplete(#[source] DriverError),
-    /// The engine made a response the API's own types refuse: a bug.
-    #[error("response does not fit the API: {0}")]
-    Response(String),
+    /// The engine made a response the API's own types refuse (or cannot serialize): a bug.
+    #[error("response does not fit the API")]
+    Response(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl EngineError {
@@ -103,24 +103,33 @@ impl EngineError {
             other => other.to_string(),
         }
     }
+}
 
-    /// The error with its whole chain of causes, for the log.
-    pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(s) = source {
-            let next = s.to_string();
-            if !text.ends_with(&next) {
-                text.push_str(": ");
-                text.push_str(&next);
-            }
-            source = s.source();
+/// An error with its whole chain of causes, for the log.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
         }
-        text
+        source = s.source();
     }
+    text
 }
 
 impl EngineError {
+    /// Logs the whole chain of an engine failure (a server error) under the request id: the
+    /// caller's message says the log has the details.
+    pub(crate) fn log(&self, request_id: &str) {
+        let (status, code) = self.status_and_code();
+        if status.is_server_error() {
+            tracing::warn!(%request_id, code, "{}", chain(self));
+        }
+    }
+
     /// The spec's `Error` body for this error.
     pub fn body(&self, request_id: &str) -> serde_json::Value {
         let (_, code) = self.status_and_code();
@@ -134,11 +143,9 @@ impl EngineError {
 
 impl IntoResponse for EngineError {
     fn into_response(self) -> Response {
-        let (status, code) = self.status_and_code();
+        let (status, _) = self.status_and_code();
         let request_id = crate::engine::ids::current_request_id();
-        if status.is_server_error() {
-            tracing::warn!(%request_id, code, "{}", self.chain());
-        }
+        self.log(&request_id);
         let mut response = (status, Json(self.body(&request_id))).into_response();
         if status == StatusCode::UNAUTHORIZED {
             response
@@ -205,7 +212,7 @@ mod tests {
         let message = body["message"].as_str().unwrap();
         assert!(!message.contains("/var/lib"), "{message}");
         assert!(message.contains("request id"), "{message}");
-        assert!(e.chain().contains("device busy"), "{}", e.chain());
+        assert!(chain(&e).contains("device busy"), "{}", chain(&e));
         // A message meant for the caller reaches it whole.
         let e = EngineError::NotFound("sandbox sbx_x not found".into());
         assert_eq!(e.body("r")["message"], "sandbox sbx_x not found");

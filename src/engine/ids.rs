@@ -84,13 +84,7 @@ pub(crate) fn current_request_id() -> String {
     REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
 }
 
-/// Milliseconds since the Unix epoch.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+pub(crate) use crate::sys::now_ms;
 
 /// A time from milliseconds since the Unix epoch, in whole seconds (as the API reports times).
 pub fn time(unix_ms: i64) -> chrono::DateTime<chrono::Utc> {

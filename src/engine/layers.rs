@@ -17,8 +17,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::engine::linux::plan::MAPPED_IDS;
-
 /// The xattr overlayfs (mounted with `userxattr`) reads to hide a lower directory's contents.
 const OPAQUE: &str = "user.overlay.opaque";
 /// Paths longer than this are refused rather than half-copied.
@@ -42,8 +40,9 @@ pub(crate) fn id_of(parts: &[&[u8]]) -> String {
 /// How sandbox host ids map back to the ids a layer stores.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Owners {
-    /// As root: host ids `base..base + MAPPED_IDS` are the sandbox's 0.., others become nobody.
-    Shift { base: u32 },
+    /// As root: host ids `base..base + count` are the sandbox's 0.., others become nobody. The
+    /// driver, which maps the ids, says which.
+    Shift { base: u32, count: u32 },
     /// Unprivileged: everything belongs to the engine's user already; ownership is left alone.
     Keep,
 }
@@ -51,8 +50,8 @@ pub(crate) enum Owners {
 impl Owners {
     fn map(self, id: u32) -> Option<u32> {
         match self {
-            Owners::Shift { base } => Some(match id.checked_sub(base) {
-                Some(n) if n < MAPPED_IDS => n,
+            Owners::Shift { base, count } => Some(match id.checked_sub(base) {
+                Some(n) if n < count => n,
                 _ => 65534,
             }),
             Owners::Keep => None,
@@ -336,10 +335,13 @@ mod tests {
 
     #[test]
     fn ids_outside_the_sandbox_range_become_nobody() {
-        let o = Owners::Shift { base: 10_000_000 };
+        let o = Owners::Shift {
+            base: 10_000_000,
+            count: 65_535,
+        };
         assert_eq!(o.map(10_000_000), Some(0));
         assert_eq!(o.map(10_001_000), Some(1000));
-        assert_eq!(o.map(10_000_000 + MAPPED_IDS), Some(65534));
+        assert_eq!(o.map(10_000_000 + 65_535), Some(65534));
         assert_eq!(o.map(0), Some(65534));
         assert_eq!(Owners::Keep.map(5), None);
     }

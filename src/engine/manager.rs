@@ -16,11 +16,11 @@ use std::time::Duration;
 use futures::Stream;
 
 use crate::agent::protocol::{
-    Call, ExecOutcome, ExecSpec, Frame, JobInfo, JobList, KillAll, ListJobs, Output, Ping, Pong,
-    Request, read_frame_limited, write_frame,
+    AgentError, Call, ExecOutcome, ExecSpec, Frame, JobInfo, KillAll, ListJobs, Output, Ping,
+    read_frame_limited, write_frame,
 };
 use crate::engine::config::EngineConfig;
-use crate::engine::driver::{Driver, DriverError, Liveness, StartSpec, Usage};
+use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::network::log as netlog;
@@ -35,7 +35,7 @@ mod pool;
 mod previews;
 mod secrets;
 mod templates;
-pub(crate) use previews::{PreviewError, PreviewView};
+pub(crate) use previews::{PreviewError, PreviewView, TOKEN_PARAM};
 pub(crate) use secrets::SecretView;
 use secrets::bound_env;
 
@@ -230,13 +230,44 @@ pub struct Manager {
     /// This manager, for background work started from `&self` (warm pools).
     me: std::sync::OnceLock<std::sync::Weak<Manager>>,
     /// How preview URLs are written, once the preview listener is bound.
-    preview_urls: std::sync::OnceLock<crate::engine::preview::Urls>,
+    preview_urls: std::sync::OnceLock<previews::Urls>,
 }
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, EngineError> {
     Ok(tokio::task::spawn_blocking(f).await?)
+}
+
+/// One exchange with an agent on `conn`: sends `call` and reads frames until its reply or the
+/// agent's error (output frames are skipped). The outer error is a broken connection or
+/// protocol; deadlines, activity and recovery are the caller's.
+async fn exchange<C: Call>(
+    conn: &mut AgentConn,
+    call: C,
+) -> Result<Result<C::Reply, AgentError>, DriverError> {
+    let limit = call.reply_limit();
+    write_frame(conn, &call.into())
+        .await
+        .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
+    loop {
+        match read_frame_limited::<_, Frame<C::Reply>>(conn, limit).await {
+            Ok(Some(Frame::Output(_))) => continue,
+            Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
+            Ok(Some(Frame::Error(e))) => return Ok(Err(e)),
+            Ok(None) => {
+                return Err(DriverError::Agent(
+                    "the sandbox's agent closed the connection (it may have run out of memory)"
+                        .into(),
+                ));
+            }
+            Err(e) => {
+                return Err(DriverError::Agent(format!(
+                    "the sandbox's agent broke the protocol: {e}"
+                )));
+            }
+        }
+    }
 }
 
 impl Manager {
@@ -858,32 +889,9 @@ impl Manager {
         let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
         let mut call = call;
         call.add_env(&bound_env(&entry));
-        let limit = call.reply_limit();
-        let request: Request = call.into();
-        let exchange = async {
-            write_frame(&mut conn, &request)
-                .await
-                .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
-            loop {
-                match read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit).await {
-                    Ok(Some(Frame::Output(_))) => continue,
-                    Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
-                    Ok(Some(Frame::Error(e))) => return Ok(Err(EngineError::from(e))),
-                    Ok(None) => {
-                        return Err(DriverError::Agent(
-                            "the sandbox's agent closed the connection (it may have run out of memory)".into(),
-                        ));
-                    }
-                    Err(e) => {
-                        return Err(DriverError::Agent(format!(
-                            "the sandbox's agent broke the protocol: {e}"
-                        )));
-                    }
-                }
-            }
-        };
+        let exchange = exchange(&mut conn, call);
         match tokio::time::timeout(deadline, exchange).await {
-            Ok(Ok(answer)) => answer,
+            Ok(Ok(answer)) => answer.map_err(EngineError::from),
             Ok(Err(e)) => {
                 self.note_agent_failure(id, &entry).await;
                 Err(e.into())
@@ -912,16 +920,13 @@ impl Manager {
 
     /// Whether the agent answers a ping within two seconds.
     async fn ping(&self, id: &str) -> bool {
-        let exchange = async {
+        let ping = async {
             let mut conn = self.driver.connect(id).await.ok()?;
-            write_frame(&mut conn, &Request::from(Ping {})).await.ok()?;
-            read_frame_limited::<_, Frame<Pong>>(&mut conn, Ping {}.reply_limit())
-                .await
-                .ok()?
+            exchange(&mut conn, Ping {}).await.ok()?.ok()
         };
         matches!(
-            tokio::time::timeout(Duration::from_secs(2), exchange).await,
-            Ok(Some(Frame::Reply(_)))
+            tokio::time::timeout(Duration::from_secs(2), ping).await,
+            Ok(Some(_))
         )
     }
 
@@ -930,7 +935,7 @@ impl Manager {
         &self,
         id: &str,
         tenant: Option<&str>,
-    ) -> Result<(Arc<Entry>, InFlight, crate::engine::driver::AgentConn), EngineError> {
+    ) -> Result<(Arc<Entry>, InFlight, AgentConn), EngineError> {
         let entry = self.entry(id, tenant)?;
         let inflight = InFlight::new(entry.clone());
         self.ensure_running(id, &entry).await?;
@@ -1023,17 +1028,8 @@ impl Manager {
         // Asked directly: looking at a sandbox is not activity, and must not keep it from
         // being paused when idle.
         let mut conn = self.driver.connect(id).await.ok()?;
-        write_frame(&mut conn, &Request::from(ListJobs {}))
-            .await
-            .ok()?;
-        let limit = ListJobs {}.reply_limit();
-        match tokio::time::timeout(
-            Duration::from_secs(5),
-            read_frame_limited::<_, Frame<JobList>>(&mut conn, limit),
-        )
-        .await
-        {
-            Ok(Ok(Some(Frame::Reply(list)))) => Some(list.jobs),
+        match tokio::time::timeout(Duration::from_secs(5), exchange(&mut conn, ListJobs {})).await {
+            Ok(Ok(Ok(list))) => Some(list.jobs),
             _ => None,
         }
     }

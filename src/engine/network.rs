@@ -7,8 +7,6 @@
 //! (read per connection, so a changed policy applies to the next connection at once), and
 //! relays allowed connections from its own namespace. Nothing else leaves a sandbox.
 
-pub mod policy;
-
 pub(crate) mod dns;
 pub(crate) mod intercept;
 pub(crate) mod log;
@@ -19,13 +17,17 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use policy::EgressDefault;
-use policy::{Cidr, Guard, Policy};
+pub use crate::engine::policy::EgressDefault;
+use crate::engine::policy::{Cidr, Guard, Policy};
 
 /// Connections one sandbox may hold open through the relay at once, unless configured.
+/// How long an outbound connect may take.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Names remembered per sandbox (address → the name it was resolved for).
 const MAX_NAMES: usize = 4096;

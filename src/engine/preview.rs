@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::header::{self, HeaderMap, HeaderValue};
 use axum::http::{Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -26,42 +26,19 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::config::PreviewConfig;
+use crate::engine::error::chain;
 use crate::engine::ids;
-use crate::engine::manager::{Manager, PreviewError};
+use crate::engine::manager::{Manager, PreviewError, TOKEN_PARAM};
+use crate::engine::proxy::{page, strip_hop_by_hop};
 
 /// The header non-browser clients send the token in.
 pub const TOKEN_HEADER: &str = "x-preview-token";
-/// The query parameter a private preview's URL carries; a browser trades it for [`COOKIE`].
-pub const TOKEN_PARAM: &str = "preview_token";
 /// The cookie holding the token: host-only for the host form, scoped to the preview's path for
 /// the path form. HttpOnly, so the app's scripts cannot read it.
 const COOKIE: &str = "sandbox_preview";
-/// Where previews are served unless configured (`--preview-listen`).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8989";
 /// How long a visitor may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Engine-wide preview settings (`--preview-listen`, `--preview-domain`).
-#[derive(Debug, Clone)]
-pub struct PreviewConfig {
-    /// Where the preview listener binds; `None`: previews are off.
-    pub listen: Option<SocketAddr>,
-    /// The listen address is the default one: if another engine holds it, take any free port
-    /// rather than fail (the URLs the engine hands out always carry the real port).
-    pub fallback: bool,
-    /// The domain under which each preview gets a host name (`{port}-{id}.{domain}`).
-    pub domain: String,
-}
-
-impl Default for PreviewConfig {
-    fn default() -> Self {
-        Self {
-            listen: DEFAULT_LISTEN.parse().ok(),
-            fallback: true,
-            domain: "localhost".into(),
-        }
-    }
-}
 
 /// Parses `--preview-listen`: an address, or `off`.
 pub fn parse_listen(s: &str) -> Result<Option<SocketAddr>, String> {
@@ -113,30 +90,6 @@ pub(crate) fn bind(config: &PreviewConfig) -> std::io::Result<Option<std::net::T
     .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for previews on {addr}: {e}")))?;
     bound.set_nonblocking(true)?;
     Ok(Some(bound))
-}
-
-/// How the engine writes its previews' URLs.
-#[derive(Debug, Clone)]
-pub(crate) struct Urls {
-    pub(crate) domain: String,
-    pub(crate) port: u16,
-}
-
-impl Urls {
-    /// `http://{port}-{id}.{domain}:{listen port}/`.
-    pub(crate) fn host_url(&self, id: &str, port: u16) -> String {
-        format!(
-            "http://{port}-{}.{}:{}/",
-            id.replace('_', "-"),
-            self.domain,
-            self.port
-        )
-    }
-
-    /// `http://{domain}:{listen port}/preview/{id}/{port}/`.
-    pub(crate) fn path_url(&self, id: &str, port: u16) -> String {
-        format!("http://{}:{}/preview/{id}/{port}/", self.domain, self.port)
-    }
 }
 
 /// Where a request is going, read from its host or its path.
@@ -254,37 +207,6 @@ fn take_cookie(headers: &mut HeaderMap) -> Vec<String> {
     taken
 }
 
-/// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those the
-/// `Connection` header names. An upgrade keeps `Connection` and `Upgrade`.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .filter(|n| !(upgrade && n == header::UPGRADE))
-        .collect();
-    for n in named {
-        headers.remove(n);
-    }
-    for n in [
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::PROXY_AUTHORIZATION,
-        header::PROXY_AUTHENTICATE,
-    ] {
-        headers.remove(n);
-    }
-    headers.remove("keep-alive");
-    headers.remove("proxy-connection");
-    if !upgrade {
-        headers.remove(header::CONNECTION);
-        headers.remove(header::UPGRADE);
-    }
-}
-
 fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
         && headers
@@ -293,25 +215,6 @@ fn is_upgrade(headers: &HeaderMap) -> bool {
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-/// A short plain-text page: what happened and what to do.
-pub(crate) fn page(status: StatusCode, text: impl Into<String>) -> Response<Body> {
-    let mut text = text.into();
-    text.push('\n');
-    let mut r = Response::new(Body::from(text));
-    *r.status_mut() = status;
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r
 }
 
 fn redirect(status: StatusCode, to: &str) -> Response<Body> {
@@ -495,10 +398,18 @@ async fn proxy(
                 ),
             );
         }
-        Err(PreviewError::Other(why)) => {
+        Err(e) => {
+            // The engine's own failure: its detail (paths, errors of the host) is for the log.
+            tracing::warn!(sandbox = %id, port, "preview: {}", chain(&e));
+            let why = match e {
+                PreviewError::Resume(_) => "the sandbox could not be resumed",
+                _ => "the connection inside the sandbox failed",
+            };
             return page(
                 StatusCode::BAD_GATEWAY,
-                format!("Cannot reach port {port} in sandbox {id}: {why}"),
+                format!(
+                    "Cannot reach port {port} in sandbox {id}: {why}. The engine's log has the details."
+                ),
             );
         }
     };

@@ -17,7 +17,7 @@ use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundK
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::engine::ids;
-use crate::engine::network::policy::Domain;
+use crate::engine::policy::Domain;
 
 /// Largest value accepted (API keys and tokens are far smaller; a header must stay small).
 pub const MAX_VALUE: usize = 8 * 1024;

@@ -70,7 +70,7 @@ pub(super) async fn run_code_stream(
         .await?;
     Ok(ndjson::events(events, |outcome| async move {
         let result = types::RunCodeResult::try_from(outcome)?;
-        serde_json::to_value(result).map_err(|e| EngineError::Response(e.to_string()))
+        serde_json::to_value(result).map_err(|e| EngineError::Response(e.into()))
     }))
 }
 

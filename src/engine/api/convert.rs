@@ -12,13 +12,16 @@ use crate::client::types;
 use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
-use crate::engine::manager::{ExecResult, NetworkLogPage, SandboxView};
+use crate::engine::manager::{
+    ExecResult, NetworkLogPage, PreviewView, SandboxView, SecretView, ShapeRequest,
+};
 use crate::engine::network::EgressDefault;
-use crate::engine::state::Status;
+use crate::engine::state::{NetworkRules, Status};
+use crate::engine::templates::{BuildFailure, Template, TemplateStatus};
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
-fn internal(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Response(e.to_string())
+fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EngineError {
+    EngineError::Response(e.into())
 }
 
 /// A sandbox id the engine holds, in the API's type.
@@ -311,6 +314,131 @@ impl TryFrom<NetworkLogPage> for types::NetworkLog {
         Ok(types::NetworkLog {
             entries,
             next_cursor: page.next_cursor.map(|c| c.to_string()),
+        })
+    }
+}
+
+/// Egress rules as given (the manager parses them under the engine's default).
+impl From<&types::NetworkRules> for NetworkRules {
+    fn from(n: &types::NetworkRules) -> Self {
+        Self {
+            allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
+            deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
+        }
+    }
+}
+
+/// A shape asked for (of a template or a sandbox), within the spec's bounds, which the
+/// generated type does not check.
+impl TryFrom<&types::ShapeRequest> for ShapeRequest {
+    type Error = EngineError;
+
+    fn try_from(s: &types::ShapeRequest) -> Result<Self, EngineError> {
+        let bad = |f: &str, lo: f64, hi: f64| {
+            EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
+        };
+        let int = |v: Option<u64>, f: &str, lo: u64, hi: u64| match v {
+            Some(x) if !(lo..=hi).contains(&x) => Err(bad(f, lo as f64, hi as f64)),
+            _ => Ok(()),
+        };
+        if let Some(v) = s.vcpus
+            && !(0.1..=64.0).contains(&v)
+        {
+            return Err(bad("vcpus", 0.1, 64.0));
+        }
+        int(s.memory_mb, "memory_mb", 64, 262_144)?;
+        int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
+        int(s.max_pids, "max_pids", 16, 65_536)?;
+        Ok(Self {
+            vcpus: s.vcpus,
+            memory_mb: s.memory_mb,
+            disk_mb: s.disk_mb,
+            max_pids: s.max_pids,
+        })
+    }
+}
+
+impl From<TemplateStatus> for types::TemplateStatus {
+    fn from(s: TemplateStatus) -> Self {
+        match s {
+            TemplateStatus::Building => Self::Building,
+            TemplateStatus::Ready => Self::Ready,
+            TemplateStatus::Failed => Self::Failed,
+        }
+    }
+}
+
+impl From<&BuildFailure> for types::BuildFailure {
+    fn from(x: &BuildFailure) -> Self {
+        Self {
+            step: x.step as u64,
+            step_text: Some(x.step_text.clone()).filter(|s| !s.is_empty()),
+            exit_code: x.exit_code,
+            message: x.message.clone(),
+            output_tail: x.output_tail.clone(),
+        }
+    }
+}
+
+/// A template, with the name of the engine's default template (which it may be).
+impl TryFrom<(&Template, &str)> for types::Template {
+    type Error = EngineError;
+
+    fn try_from((t, default): (&Template, &str)) -> Result<Self, EngineError> {
+        let f = &t.file;
+        Ok(Self {
+            name: types::TemplateName::try_from(t.name.clone()).map_err(internal)?,
+            description: f.description.clone(),
+            shape: (&t.shape).into(),
+            default: t.name == default,
+            status: t.status().into(),
+            size_bytes: f.size_bytes,
+            parent: f.parent.clone(),
+            warm: (f.warm > 0).then_some(f.warm),
+            failure: f.failure.as_ref().map(Into::into),
+        })
+    }
+}
+
+impl TryFrom<PreviewView> for types::Preview {
+    type Error = EngineError;
+
+    fn try_from(v: PreviewView) -> Result<Self, EngineError> {
+        let p = &v.preview;
+        let port =
+            std::num::NonZeroU16::new(p.port).ok_or_else(|| internal("a preview of port 0"))?;
+        let time = |ms: i64| {
+            chrono::DateTime::from_timestamp_millis(ms)
+                .ok_or_else(|| internal(format!("time {ms} out of range")))
+        };
+        Ok(types::Preview {
+            port: port.into(),
+            url: v.url,
+            path_url: v.path_url,
+            public: p.public,
+            token: (!p.public).then(|| p.token.clone()),
+            created_at: time(p.created_at)?,
+            expires_at: p.expires_at.map(time).transpose()?,
+            expired: p.expires_at.is_some_and(|at| at <= ids::now_ms()),
+        })
+    }
+}
+
+impl TryFrom<SecretView> for types::Secret {
+    type Error = EngineError;
+
+    fn try_from(v: SecretView) -> Result<Self, EngineError> {
+        Ok(types::Secret {
+            name: v.meta.name.parse().map_err(internal)?,
+            hosts: v.meta.hosts,
+            header: v.meta.header,
+            created_at: ids::time(v.meta.created_at),
+            updated_at: ids::time(v.meta.updated_at),
+            used_by: v
+                .used_by
+                .iter()
+                .map(|id| id.parse().map_err(internal))
+                .collect::<Result<_, _>>()?,
         })
     }
 }

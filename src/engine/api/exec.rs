@@ -7,8 +7,7 @@ use axum::extract::{Path, State};
 use axum::response::Response;
 
 use super::ndjson;
-use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use super::sandboxes::check_env;
+use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
 use crate::agent::protocol::{ExecSpec, StartJob};
 use crate::client::types;
 use crate::engine::error::EngineError;
@@ -91,7 +90,7 @@ pub(super) async fn exec_command_stream(
         // Nothing to stream: the job starts and the answer is immediate.
         let job = start_job(&state, &id, tenant.as_deref(), spec).await?;
         return Ok(ndjson::result_only(
-            serde_json::to_value(job).map_err(|e| EngineError::Response(e.to_string()))?,
+            serde_json::to_value(job).map_err(|e| EngineError::Response(e.into()))?,
         ));
     }
     let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
@@ -110,7 +109,7 @@ pub(super) async fn exec_command_stream(
                 outcome,
                 oom_killed,
             });
-            serde_json::to_value(result).map_err(|e| EngineError::Response(e.to_string()))
+            serde_json::to_value(result).map_err(|e| EngineError::Response(e.into()))
         }
     }))
 }

@@ -57,6 +57,7 @@ pub(super) fn result_only(result: Value) -> Response {
 }
 
 fn error_event(e: EngineError, request_id: &str) -> Value {
+    e.log(request_id);
     let body = e.body(request_id);
     json!({"type": "error", "error": body})
 }

@@ -7,7 +7,6 @@ use axum::http::StatusCode;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
 use crate::client::types;
 use crate::engine::error::EngineError;
-use crate::engine::manager::PreviewView;
 
 /// Shortest and longest `expires_in`, in seconds (a minute; 30 days).
 const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=2_592_000;
@@ -72,30 +71,4 @@ pub(super) async fn delete(
         port: port.into(),
         deleted,
     }))
-}
-
-impl TryFrom<PreviewView> for types::Preview {
-    type Error = EngineError;
-
-    fn try_from(v: PreviewView) -> Result<Self, EngineError> {
-        let p = &v.preview;
-        let port = std::num::NonZeroU16::new(p.port)
-            .ok_or_else(|| EngineError::Response("a preview of port 0".into()))?;
-        let time = |ms: i64| {
-            chrono::DateTime::from_timestamp_millis(ms)
-                .ok_or_else(|| EngineError::Response(format!("time {ms} out of range")))
-        };
-        Ok(types::Preview {
-            port: port.into(),
-            url: v.url,
-            path_url: v.path_url,
-            public: p.public,
-            token: (!p.public).then(|| p.token.clone()),
-            created_at: time(p.created_at)?,
-            expires_at: p.expires_at.map(time).transpose()?,
-            expired: p
-                .expires_at
-                .is_some_and(|at| at <= crate::engine::ids::now_ms()),
-        })
-    }
 }

@@ -14,6 +14,7 @@ use axum::{Json, extract::rejection::QueryRejection};
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Digest, KeyFile, KeyRing, bearer};
+use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::manager::Manager;
@@ -23,6 +24,11 @@ pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;
 
 /// Media type of streamed responses.
 pub const NDJSON: &str = "application/x-ndjson";
+
+/// Longest environment variable name accepted.
+const MAX_ENV_NAME: usize = 128;
+/// Most environment variables (the spec's `maxProperties`).
+const MAX_ENV_VARS: usize = 64;
 
 /// Header with which a request acts for one tenant (the MCP HTTP server sends it for its clients).
 pub(crate) const TENANT_HEADER: &str = "x-sandbox-tenant";
@@ -216,4 +222,34 @@ pub fn sandbox_id(raw: &str) -> Result<&str, EngineError> {
             raw.chars().take(64).collect::<String>().as_str(),
         ))
     }
+}
+
+/// Environment variables: names must be identifiers (OpenAPI 3.0 cannot say so of object keys).
+pub(super) fn check_env(env: &types::EnvVars) -> Result<Vec<(String, String)>, EngineError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(EngineError::InvalidArgument(format!(
+            "{} environment variables given; at most {MAX_ENV_VARS} are allowed",
+            env.len()
+        )));
+    }
+    let mut out = Vec::new();
+    for (k, v) in env.iter() {
+        let valid = !k.is_empty()
+            && k.len() <= MAX_ENV_NAME
+            && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(EngineError::InvalidArgument(format!(
+                "environment variable name {:?} is invalid: use letters, digits and `_`, not starting with a digit, at most {MAX_ENV_NAME} characters",
+                k.chars().take(MAX_ENV_NAME + 1).collect::<String>()
+            )));
+        }
+        if v.contains('\0') {
+            return Err(EngineError::InvalidArgument(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
+        }
+        out.push((k.clone(), v.to_string()));
+    }
+    Ok(out)
 }

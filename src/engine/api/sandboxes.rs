@@ -9,7 +9,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 
 use super::convert::api_sandbox_id;
-use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
+use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, check_env, sandbox_id};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{CreateRequest, SandboxView};
@@ -17,14 +17,10 @@ use crate::engine::state::{NetworkRules, Status};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
-/// Longest environment variable name accepted.
-const MAX_ENV_NAME: usize = 128;
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
 /// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
 const MAX_METADATA_PAIRS: usize = 32;
-/// Most environment variables (the spec's `maxProperties`).
-const MAX_ENV_VARS: usize = 64;
 /// Longest metadata filter accepted.
 const MAX_FILTER: usize = 2048;
 /// Longest `timeout_seconds` (30 days).
@@ -57,44 +53,6 @@ fn check_metadata(
             )));
         }
         out.insert(k.clone(), v.to_string());
-    }
-    Ok(out)
-}
-
-/// Egress rules as given (the manager parses them under the engine's default).
-pub(super) fn rules(n: &types::NetworkRules) -> NetworkRules {
-    NetworkRules {
-        allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
-        deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
-    }
-}
-
-/// Environment variables: names must be identifiers (OpenAPI 3.0 cannot say so of object keys).
-pub(super) fn check_env(env: &types::EnvVars) -> Result<Vec<(String, String)>, EngineError> {
-    if env.len() > MAX_ENV_VARS {
-        return Err(EngineError::InvalidArgument(format!(
-            "{} environment variables given; at most {MAX_ENV_VARS} are allowed",
-            env.len()
-        )));
-    }
-    let mut out = Vec::new();
-    for (k, v) in env.iter() {
-        let valid = !k.is_empty()
-            && k.len() <= MAX_ENV_NAME
-            && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err(EngineError::InvalidArgument(format!(
-                "environment variable name {:?} is invalid: use letters, digits and `_`, not starting with a digit, at most {MAX_ENV_NAME} characters",
-                k.chars().take(MAX_ENV_NAME + 1).collect::<String>()
-            )));
-        }
-        if v.contains('\0') {
-            return Err(EngineError::InvalidArgument(format!(
-                "environment variable {k} contains a NUL byte"
-            )));
-        }
-        out.push((k.clone(), v.to_string()));
     }
     Ok(out)
 }
@@ -162,11 +120,11 @@ pub(super) async fn create(
             env,
             timeout_seconds: body.timeout_seconds.map(|t| t.get()),
             tenant: tenant.0,
-            network: body.network.as_ref().map(rules).unwrap_or_default(),
+            network: body.network.as_ref().map(Into::into).unwrap_or_default(),
             shape: body
                 .shape
                 .as_ref()
-                .map(super::templates::shape_request)
+                .map(TryInto::try_into)
                 .transpose()?
                 .unwrap_or_default(),
             secrets: body
@@ -241,7 +199,7 @@ pub(super) async fn update(
         Some(m) => Some(check_metadata(&m.0)?),
         None => None,
     };
-    let network = body.network.as_ref().map(rules);
+    let network = body.network.as_ref().map(NetworkRules::from);
     if metadata.is_none() && network.is_none() {
         return Err(EngineError::InvalidArgument(
             "nothing to update: give `metadata`, `network`, or both".into(),

@@ -7,31 +7,9 @@ use super::request::{ApiJson, AppState, Tenant, sandbox_id};
 use super::sandboxes::sandbox;
 use crate::client::types;
 use crate::engine::error::EngineError;
-use crate::engine::ids;
-use crate::engine::manager::SecretView;
 use crate::engine::secrets::NewSecret;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
-
-impl TryFrom<SecretView> for types::Secret {
-    type Error = EngineError;
-
-    fn try_from(v: SecretView) -> Result<Self, EngineError> {
-        let bad = |e: String| EngineError::Response(e);
-        Ok(types::Secret {
-            name: v.meta.name.parse().map_err(|e| bad(format!("{e}")))?,
-            hosts: v.meta.hosts,
-            header: v.meta.header,
-            created_at: ids::time(v.meta.created_at),
-            updated_at: ids::time(v.meta.updated_at),
-            used_by: v
-                .used_by
-                .iter()
-                .map(|id| id.parse().map_err(|e| bad(format!("{e}"))))
-                .collect::<Result<_, _>>()?,
-        })
-    }
-}
 
 pub(super) async fn list(
     State(state): State<AppState>,
@@ -78,7 +56,7 @@ pub(super) async fn delete(
     Ok(Json(types::DeleteSecretResult {
         name: name
             .parse()
-            .map_err(|e| EngineError::Response(format!("{e}")))?,
+            .map_err(|e: types::error::ConversionError| EngineError::Response(e.into()))?,
         deleted,
     }))
 }

@@ -9,67 +9,13 @@ use axum::http::StatusCode;
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
-use super::request::{ApiJson, AppState, Tenant};
-use super::sandboxes::{check_env, rules};
+use super::request::{ApiJson, AppState, Tenant, check_env};
 use crate::client::types;
 use crate::engine::error::EngineError;
-use crate::engine::manager::{ShapeRequest, Step, TemplateRequest};
-use crate::engine::templates::{Template, TemplateStatus, check_name};
+use crate::engine::manager::{Step, TemplateRequest};
+use crate::engine::templates::check_name;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
-
-/// A shape asked for (of a template or a sandbox), within the spec's bounds, which the
-/// generated type does not check.
-pub(super) fn shape_request(s: &types::ShapeRequest) -> Result<ShapeRequest, EngineError> {
-    let bad = |f: &str, lo: f64, hi: f64| {
-        EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
-    };
-    let int = |v: Option<u64>, f: &str, lo: u64, hi: u64| match v {
-        Some(x) if !(lo..=hi).contains(&x) => Err(bad(f, lo as f64, hi as f64)),
-        _ => Ok(()),
-    };
-    if let Some(v) = s.vcpus
-        && !(0.1..=64.0).contains(&v)
-    {
-        return Err(bad("vcpus", 0.1, 64.0));
-    }
-    int(s.memory_mb, "memory_mb", 64, 262_144)?;
-    int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
-    int(s.max_pids, "max_pids", 16, 65_536)?;
-    Ok(ShapeRequest {
-        vcpus: s.vcpus,
-        memory_mb: s.memory_mb,
-        disk_mb: s.disk_mb,
-        max_pids: s.max_pids,
-    })
-}
-
-fn template(t: &Template, default: &str) -> Result<types::Template, EngineError> {
-    let bad = |what: &str, e: String| EngineError::Response(format!("template {what}: {e}"));
-    let f = &t.file;
-    Ok(types::Template {
-        name: types::TemplateName::try_from(t.name.clone())
-            .map_err(|e| bad("name", e.to_string()))?,
-        description: t.file.description.clone(),
-        shape: (&t.shape).into(),
-        default: t.name == default,
-        status: match t.status() {
-            TemplateStatus::Building => types::TemplateStatus::Building,
-            TemplateStatus::Ready => types::TemplateStatus::Ready,
-            TemplateStatus::Failed => types::TemplateStatus::Failed,
-        },
-        size_bytes: f.size_bytes,
-        parent: f.parent.clone(),
-        warm: (f.warm > 0).then_some(f.warm),
-        failure: f.failure.as_ref().map(|x| types::BuildFailure {
-            step: x.step as u64,
-            step_text: Some(x.step_text.clone()).filter(|s| !s.is_empty()),
-            exit_code: x.exit_code,
-            message: x.message.clone(),
-            output_tail: x.output_tail.clone(),
-        }),
-    })
-}
 
 pub(super) async fn list(State(state): State<AppState>) -> ApiResult<types::TemplateList> {
     let default = state.manager.default_template();
@@ -77,7 +23,7 @@ pub(super) async fn list(State(state): State<AppState>) -> ApiResult<types::Temp
         .manager
         .templates()
         .iter()
-        .map(|t| template(t, &default))
+        .map(|t| types::Template::try_from((&**t, default.as_str())))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(types::TemplateList { templates }))
 }
@@ -97,7 +43,10 @@ pub(super) async fn get(
         .into_iter()
         .find(|t| t.name == name)
         .ok_or_else(|| EngineError::NotFound(format!("template {name} does not exist")))?;
-    Ok(Json(template(&t, &state.manager.default_template())?))
+    Ok(Json(types::Template::try_from((
+        &*t,
+        state.manager.default_template().as_str(),
+    ))?))
 }
 
 pub(super) async fn create(
@@ -139,10 +88,10 @@ pub(super) async fn create(
         shape: body
             .shape
             .as_ref()
-            .map(shape_request)
+            .map(TryInto::try_into)
             .transpose()?
             .unwrap_or_default(),
-        network: body.network.as_ref().map(rules).unwrap_or_default(),
+        network: body.network.as_ref().map(Into::into).unwrap_or_default(),
         warm: body.warm.unwrap_or(0),
         timeout: body.timeout_seconds.map(|t| Duration::from_secs(t.get())),
     };
@@ -152,7 +101,10 @@ pub(super) async fn create(
         .await?;
     Ok((
         StatusCode::CREATED,
-        Json(template(&t, &state.manager.default_template())?),
+        Json(types::Template::try_from((
+            &*t,
+            state.manager.default_template().as_str(),
+        ))?),
     ))
 }
 
@@ -163,8 +115,7 @@ pub(super) async fn delete(
     name_of(&name)?;
     state.manager.delete_template(&name).await?;
     Ok(Json(types::DeleteTemplateResult {
-        name: types::TemplateName::try_from(name)
-            .map_err(|e| EngineError::Response(e.to_string()))?,
+        name: types::TemplateName::try_from(name).map_err(|e| EngineError::Response(e.into()))?,
         deleted: true,
     }))
 }
@@ -212,6 +163,9 @@ pub(super) async fn import(
     let t = result?;
     Ok((
         StatusCode::CREATED,
-        Json(template(&t, &state.manager.default_template())?),
+        Json(types::Template::try_from((
+            &*t,
+            state.manager.default_template().as_str(),
+        ))?),
     ))
 }

@@ -280,21 +280,12 @@ pub fn open(sandboxes_dir: &Path, limits: DiskLimits) -> io::Result<Store> {
     }
     // Build the image aside and rename it into place: a crash never leaves a half-made store
     // that the next start would try to mount.
-    let tmp = sandboxes_dir.with_extension(format!("img.{}", std::process::id()));
-    let made = (|| {
-        let f = fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&tmp)?;
+    let made = crate::durable::replace_with(&image, 0o644, |f, tmp| {
         f.set_len(size)?;
         f.sync_all()?;
-        drop(f);
-        run(Command::new(&mkfs).arg("-q").arg("-f").arg(&tmp))?;
-        fs::rename(&tmp, &image)
-    })();
+        run(Command::new(&mkfs).arg("-q").arg("-f").arg(tmp))
+    });
     if let Err(e) = made {
-        let _ = fs::remove_file(&tmp);
         return plain(&format!("could not make a btrfs store: {e}"));
     }
     if let Err(e) = mount_image(&image, sandboxes_dir) {

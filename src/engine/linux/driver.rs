@@ -618,6 +618,7 @@ impl Driver for NamespacesDriver {
         let owners = if self.uid == 0 {
             crate::engine::layers::Owners::Shift {
                 base: plan::uid_base(slot),
+                count: plan::MAPPED_IDS,
             }
         } else {
             crate::engine::layers::Owners::Keep

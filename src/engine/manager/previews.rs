@@ -9,8 +9,11 @@ use tokio_util::sync::CancellationToken;
 use super::{Entry, InFlight, Manager, blocking, lock};
 use crate::engine::error::EngineError;
 use crate::engine::ids;
-use crate::engine::preview::Urls;
 use crate::engine::state::Preview;
+
+/// The query parameter a private preview's URL carries its token in (the proxy trades it for a
+/// cookie).
+pub(crate) const TOKEN_PARAM: &str = "preview_token";
 
 /// Most previews one sandbox may have.
 pub(crate) const MAX_PREVIEWS: usize = 32;
@@ -29,14 +32,46 @@ pub(crate) struct PreviewView {
     pub(crate) path_url: String,
 }
 
-/// Why the proxy cannot reach a preview's port.
-#[derive(Debug)]
+/// Why the proxy cannot reach a preview's port. The first two are the visitor's to know; the
+/// others are the engine's failures, for its log.
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum PreviewError {
     /// The sandbox or the preview is gone.
+    #[error("the sandbox or the preview is gone")]
     Gone,
     /// Nothing listens on the port.
+    #[error("nothing listens on the port")]
     NotListening,
-    Other(String),
+    /// The sandbox could not be resumed or restarted.
+    #[error("resume the sandbox")]
+    Resume(#[source] EngineError),
+    /// Connecting inside the sandbox's network namespace failed.
+    #[error("connect inside the sandbox")]
+    Connect(#[source] std::io::Error),
+}
+
+/// How the engine writes its previews' URLs.
+#[derive(Debug, Clone)]
+pub(crate) struct Urls {
+    pub(crate) domain: String,
+    pub(crate) port: u16,
+}
+
+impl Urls {
+    /// `http://{port}-{id}.{domain}:{listen port}/`.
+    pub(crate) fn host_url(&self, id: &str, port: u16) -> String {
+        format!(
+            "http://{port}-{}.{}:{}/",
+            id.replace('_', "-"),
+            self.domain,
+            self.port
+        )
+    }
+
+    /// `http://{domain}:{listen port}/preview/{id}/{port}/`.
+    pub(crate) fn path_url(&self, id: &str, port: u16) -> String {
+        format!("http://{}:{}/preview/{id}/{port}/", self.domain, self.port)
+    }
 }
 
 /// Keeps a sandbox active (not idle-paused) while a preview connection is open.
@@ -62,11 +97,7 @@ impl Manager {
             url: if preview.public {
                 url
             } else {
-                format!(
-                    "{url}?{}={}",
-                    crate::engine::preview::TOKEN_PARAM,
-                    preview.token
-                )
+                format!("{url}?{TOKEN_PARAM}={}", preview.token)
             },
             path_url: urls.path_url(id, preview.port),
             preview: preview.clone(),
@@ -181,7 +212,7 @@ impl Manager {
         let activity = Activity(InFlight::new(entry.clone()));
         self.ensure_running(id, &entry).await.map_err(|e| match e {
             EngineError::NotFound(_) => PreviewError::Gone,
-            other => PreviewError::Other(other.to_string()),
+            other => PreviewError::Resume(other),
         })?;
         // As root the engine enters the sandbox's namespace itself; unprivileged it cannot, and
         // the agent connects for it.
@@ -198,7 +229,7 @@ impl Manager {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
                 Err(PreviewError::NotListening)
             }
-            Err(e) => Err(PreviewError::Other(e.to_string())),
+            Err(e) => Err(PreviewError::Connect(e)),
         }
     }
 

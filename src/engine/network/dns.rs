@@ -14,7 +14,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use super::policy::{Guard, Policy};
+use crate::engine::policy::{Guard, Policy};
 
 /// How long one upstream gets to answer before the next is tried.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
@@ -339,7 +339,7 @@ mod tests {
         let policy = Policy::parse(
             &["pypi.test".into()],
             &["0.0.0.0/0".into()],
-            super::super::policy::EgressDefault::Open,
+            crate::engine::policy::EgressDefault::Open,
         )
         .unwrap();
         let q = query("secret-data.tunnel.test", TYPE_TXT);

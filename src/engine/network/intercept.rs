@@ -31,7 +31,7 @@ use rustls::sign::CertifiedKey;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::relay::row;
+use super::log::row;
 use super::{Bindings, Hub, SandboxNet};
 use crate::engine::ids;
 use crate::engine::secrets::STANDIN_PREFIX;
@@ -495,7 +495,7 @@ impl Upstream {
 
 /// A refusal the client reads: the preview proxy's plain-text page.
 fn refused(status: StatusCode, text: &str) -> Response<Body> {
-    crate::engine::preview::page(status, text)
+    crate::engine::proxy::page(status, text)
 }
 
 /// Carries one decrypted connection: the client's TLS ends here, the upstream's starts here.
@@ -513,7 +513,7 @@ pub(crate) async fn serve(
     };
     // Upstream first: if the real host cannot be reached or its certificate does not verify,
     // the client's handshake fails rather than its requests.
-    let tcp = tokio::time::timeout(super::relay::CONNECT_TIMEOUT, TcpStream::connect(target))
+    let tcp = tokio::time::timeout(super::CONNECT_TIMEOUT, TcpStream::connect(target))
         .await
         .map_err(|_| format!("connect to {target} timed out"))?
         .map_err(|e| format!("connect to {target}: {e}"))?;
@@ -666,7 +666,7 @@ async fn forward(
             };
         }
     }
-    crate::engine::preview::strip_hop_by_hop(&mut parts.headers, false);
+    crate::engine::proxy::strip_hop_by_hop(&mut parts.headers, false);
     if upstream.is_h2() {
         parts.headers.remove(header::HOST);
         parts.uri = match format!("https://{authority}{path}").parse() {
@@ -715,7 +715,7 @@ async fn forward(
     }
     match sent {
         Ok(mut response) => {
-            crate::engine::preview::strip_hop_by_hop(response.headers_mut(), false);
+            crate::engine::proxy::strip_hop_by_hop(response.headers_mut(), false);
             hub.log().record(&net.id, row);
             response.map(Body::new)
         }

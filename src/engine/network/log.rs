@@ -10,11 +10,14 @@
 //! sandbox.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::sys::now_ms;
 
 /// Rows kept per sandbox; older ones are dropped.
 pub(crate) const MAX_ROWS: i64 = 1000;
@@ -356,6 +359,31 @@ fn read(conn: &Connection, sandbox: &str, q: &Query) -> rusqlite::Result<Vec<Sto
 
 fn intern(s: &str, known: &[&'static str]) -> &'static str {
     known.iter().find(|k| **k == s).copied().unwrap_or("tcp")
+}
+
+/// A log row for a connection that carried nothing (yet).
+pub(crate) fn row(
+    host: Option<String>,
+    dst: Option<SocketAddr>,
+    protocol: &'static str,
+    verdict: &'static str,
+    rule: String,
+) -> Row {
+    let at = now_ms();
+    Row {
+        at,
+        last_at: at,
+        host,
+        addr: dst.map(|d| d.ip().to_string()),
+        port: dst.map(|d| d.port()),
+        protocol,
+        verdict,
+        rule,
+        sent: 0,
+        received: 0,
+        duration_ms: 0,
+        count: 1,
+    }
 }
 
 #[cfg(test)]

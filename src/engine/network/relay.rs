@@ -11,10 +11,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio_util::sync::CancellationToken;
 
-use super::log::Row;
-use super::policy::Verdict;
+use super::log::{Row, row};
 use super::sniff::{self, Hello};
-use super::{Hub, SandboxNet, dns, intercept};
+use super::{CONNECT_TIMEOUT, Hub, SandboxNet, dns, intercept};
+use crate::engine::policy::Verdict;
 
 /// How long the relay waits for the first bytes of a connection when the decision depends on the
 /// name they carry (a server-first protocol sends none: it is then judged by address and by the
@@ -22,8 +22,6 @@ use super::{Hub, SandboxNet, dns, intercept};
 const SNIFF_WAIT: Duration = Duration::from_millis(300);
 /// Most bytes read before deciding (a ClientHello with post-quantum key shares is ~2 KiB).
 const SNIFF_MAX: usize = 16 * 1024;
-/// How long an outbound connect may take.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Copy buffer per direction: large enough for ≥ 1 GB/s through the relay.
 const COPY_BUFFER: usize = 256 * 1024;
 /// DNS queries of one sandbox answered at once.
@@ -36,10 +34,6 @@ pub(crate) fn listeners(
     tcp.set_nonblocking(true)?;
     dns.set_nonblocking(true)?;
     Ok((TcpListener::from_std(tcp)?, UdpSocket::from_std(dns)?))
-}
-
-fn now_ms() -> i64 {
-    crate::engine::ids::now_ms()
 }
 
 /// Holds one of the sandbox's connection slots.
@@ -96,31 +90,6 @@ pub(crate) async fn serve_tcp(
             }
             drop(slot);
         });
-    }
-}
-
-/// A log row for a connection that carried nothing (yet).
-pub(crate) fn row(
-    host: Option<String>,
-    dst: Option<SocketAddr>,
-    protocol: &'static str,
-    verdict: &'static str,
-    rule: String,
-) -> Row {
-    let at = now_ms();
-    Row {
-        at,
-        last_at: at,
-        host,
-        addr: dst.map(|d| d.ip().to_string()),
-        port: dst.map(|d| d.port()),
-        protocol,
-        verdict,
-        rule,
-        sent: 0,
-        received: 0,
-        duration_ms: 0,
-        count: 1,
     }
 }
 
