@@ -34,8 +34,14 @@ pub enum EngineError {
     Timeout(String),
     #[error("{0}")]
     Sandbox(String),
-    #[error("{0}")]
-    Unavailable(String),
+    /// A part of the engine the request needs could not be set up (the secrets key, the egress
+    /// CA). The caller learns which; the cause (paths, the host's errors) goes to the log.
+    #[error("{what}")]
+    Unavailable {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The state database failed.
     #[error("state database: {0}")]
     State(#[from] rusqlite::Error),
@@ -74,7 +80,7 @@ impl EngineError {
             Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
             Self::Timeout(_) => (StatusCode::GATEWAY_TIMEOUT, "timeout"),
             Self::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_error"),
-            Self::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Self::Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Self::State(_)
             | Self::Host(_)
             | Self::Task(_)
@@ -99,6 +105,9 @@ impl EngineError {
             | Self::Templates(_)
             | Self::Response(_) => {
                 "the engine failed internally; its log has the details under this request id".into()
+            }
+            Self::Unavailable { what, .. } => {
+                format!("{what}; the engine's log has the details under this request id")
             }
             other => other.to_string(),
         }

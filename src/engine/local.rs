@@ -32,8 +32,9 @@ pub enum LocalError {
     },
     #[error("cannot set up the sandbox driver: {0}")]
     Driver(#[from] crate::engine::driver::DriverError),
-    // Not a `#[source]`: the message already carries it, and `{:#}` would print it twice.
-    #[error("cannot open the engine's state: {0}")]
+    // Not a `#[source]`: the message already carries its whole chain (the operator needs the
+    // detail a client is not told), and `{:#}` would print it twice.
+    #[error("cannot open the engine's state: {}", crate::engine::error::chain(.0))]
     Engine(crate::engine::error::EngineError),
     #[error("cannot listen for the engine API: {0}")]
     Listen(#[source] std::io::Error),

@@ -313,13 +313,19 @@ impl Manager {
         let secrets = Arc::new(
             blocking(move || crate::engine::secrets::SecretStore::open(&db, &key))
                 .await?
-                .map_err(|e| EngineError::Unavailable(e.to_string()))?,
+                .map_err(|e| EngineError::Unavailable {
+                    what: "the secrets store cannot be opened",
+                    source: e.into(),
+                })?,
         );
         let (dir, extra) = (config.data_dir.clone(), config.network.egress_ca.clone());
         let interceptor =
             blocking(move || crate::engine::network::intercept::Interceptor::open(&dir, &extra))
                 .await?
-                .map_err(|e| EngineError::Unavailable(e.to_string()))?;
+                .map_err(|e| EngineError::Unavailable {
+                    what: "the egress CA cannot be set up",
+                    source: e.into(),
+                })?;
         crate::engine::templates::trust(&config.templates_dir(), interceptor.ca_pem())
             .map_err(EngineError::Templates)?;
         let hub = Hub::new(

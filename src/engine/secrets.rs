@@ -93,10 +93,27 @@ pub enum SecretError {
     Invalid(String),
     #[error("no secret named {0}")]
     NotFound(String),
-    #[error("the secrets key file {path}: {why}")]
-    Key { path: String, why: String },
+    #[error("the secrets key file {}: {source}", path.display())]
+    Key {
+        path: std::path::PathBuf,
+        #[source]
+        source: KeyError,
+    },
     #[error("secret store: {0}")]
     Db(#[from] rusqlite::Error),
+}
+
+/// What is wrong with the secrets key file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error("is readable by others (mode {0:o}); run chmod 600 on it")]
+    Exposed(u32),
+    #[error("no randomness for a new key: {0}")]
+    Random(getrandom::Error),
+    #[error("holds {0} bytes, not a 32-byte key")]
+    Length(usize),
 }
 
 /// What the operator gives when setting a secret.
@@ -360,42 +377,36 @@ fn meta_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SecretMeta> {
 fn load_or_create_key(path: &Path) -> Result<LessSafeKey, SecretError> {
     use std::io::{Read, Write};
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-    let fail = |why: String| SecretError::Key {
-        path: path.display().to_string(),
-        why,
+    let fail = |source: KeyError| SecretError::Key {
+        path: path.to_path_buf(),
+        source,
     };
+    let io = |e: std::io::Error| fail(KeyError::Io(e));
     let mut bytes = Vec::new();
     match std::fs::OpenOptions::new().read(true).open(path) {
         Ok(f) => {
-            let mode = f.metadata().map_err(|e| fail(e.to_string()))?.mode();
+            let mode = f.metadata().map_err(io)?.mode();
             if mode & 0o077 != 0 {
-                return Err(fail(format!(
-                    "is readable by others (mode {:o}); run chmod 600 on it",
-                    mode & 0o777
-                )));
+                return Err(fail(KeyError::Exposed(mode & 0o777)));
             }
-            f.take(64)
-                .read_to_end(&mut bytes)
-                .map_err(|e| fail(e.to_string()))?;
+            f.take(64).read_to_end(&mut bytes).map_err(io)?;
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut key = [0u8; 32];
-            getrandom::fill(&mut key).map_err(|e| fail(e.to_string()))?;
+            getrandom::fill(&mut key).map_err(|e| fail(KeyError::Random(e)))?;
             let mut f = std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
                 .open(path)
-                .map_err(|e| fail(e.to_string()))?;
-            f.write_all(&key)
-                .and_then(|()| f.sync_all())
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(io)?;
+            f.write_all(&key).and_then(|()| f.sync_all()).map_err(io)?;
             bytes = key.to_vec();
         }
-        Err(e) => return Err(fail(e.to_string())),
+        Err(e) => return Err(io(e)),
     }
     let unbound = UnboundKey::new(&CHACHA20_POLY1305, &bytes)
-        .map_err(|_| fail(format!("holds {} bytes, not a 32-byte key", bytes.len())))?;
+        .map_err(|_| fail(KeyError::Length(bytes.len())))?;
     bytes.fill(0);
     Ok(LessSafeKey::new(unbound))
 }

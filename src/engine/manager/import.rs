@@ -129,8 +129,11 @@ fn unpack(
     name: &str,
 ) -> Result<Unpacked, EngineError> {
     let refused = |m: String| EngineError::InvalidArgument(format!("cannot import the image: {m}"));
-    let image = oci::import(source, work, &oci::Limits::default(), chown)
-        .map_err(|e| refused(e.to_string()))?;
+    // What the image is to blame for is the caller's to fix; the host's own I/O is not.
+    let image = oci::import(source, work, &oci::Limits::default(), chown).map_err(|e| match e {
+        e @ oci::ImportError::Io { .. } => EngineError::Templates(io::Error::other(e)),
+        e => refused(e.to_string()),
+    })?;
     if image.layers.is_empty() {
         return Err(refused("it has no layers".into()));
     }

@@ -56,7 +56,10 @@ impl From<SecretError> for EngineError {
             SecretError::NotFound(name) => EngineError::NotFound(format!(
                 "secret {name} does not exist; secret_list shows the ones you may bind"
             )),
-            SecretError::Key { .. } => EngineError::Unavailable(e.to_string()),
+            e @ SecretError::Key { .. } => EngineError::Unavailable {
+                what: "the engine's secrets key cannot be used",
+                source: e.into(),
+            },
             SecretError::Db(db) => EngineError::State(db),
         }
     }
