@@ -24,13 +24,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-// The tests' modules: their `pub` items serve the tests; the bench uses a part.
-#[allow(unreachable_pub, dead_code)]
-#[path = "../tests/images.rs"]
-mod images;
-#[allow(unreachable_pub, dead_code)]
-#[path = "../tests/netlinks.rs"]
-mod netlinks;
+// Fixtures shared with the tests.
+use sandbox_mcp_testkit::{images, netlinks};
 
 const THIS_BUILD: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
 

@@ -12,6 +12,9 @@
 
 mod common;
 
+// Shared with the benchmarks: compiled once, in a crate of its own.
+use sandbox_mcp_testkit::{images, netlinks};
+
 mod code_jobs;
 mod codegen_validator;
 mod conformance;
@@ -24,9 +27,7 @@ mod faults;
 mod fuzz_replay;
 mod hardening;
 mod http_transport;
-mod images;
 mod mcp_calls;
-mod netlinks;
 mod network;
 mod previews;
 mod secrets;

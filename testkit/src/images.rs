@@ -55,8 +55,12 @@ fn header() -> tar::Header {
     h
 }
 
+/// The SHA-256 of `data`, in lowercase hex (as digests are written in an image).
 fn hex(data: &[u8]) -> String {
-    sandbox_mcp::engine::ids::hex(&sha2::Sha256::digest(data))
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A `docker save` archive of `layers` (bottom first) with `config` (`Env`, `WorkingDir`…).
