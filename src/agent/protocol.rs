@@ -20,7 +20,7 @@ const SMALL_REPLY: usize = 256 * 1024;
 const OUTPUT_REPLY: usize = 2 * 1024 * 1024;
 
 /// A request to the agent, and what it answers.
-pub trait Call: Into<Request> {
+pub(crate) trait Call: Into<Request> {
     type Reply: Serialize + DeserializeOwned;
 
     /// The largest frame the engine accepts in answer. The agent runs inside the sandbox:
@@ -44,7 +44,7 @@ fn prepend(into: &mut Vec<(String, String)>, env: &[(String, String)]) {
 /// Every request, as it travels (tagged by `op`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub enum Request {
+pub(crate) enum Request {
     Ping(Ping),
     Exec(ExecSpec),
     ReadFile(ReadFile),
@@ -116,16 +116,16 @@ fn encoded(bytes: u64) -> usize {
 
 /// Is the agent there, and which one is it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Ping {}
+pub(crate) struct Ping {}
 
 /// Unprivileged sandboxes: the engine asks for the egress sockets the agent made in the
 /// sandbox's network namespace. Before the reply frame, the agent sends one byte over the
 /// connection, carrying the two descriptors (TCP listener, DNS socket) when it has them.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct HandOverEgress {}
+pub(crate) struct HandOverEgress {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct EgressHandover {
+pub(crate) struct EgressHandover {
     /// Why the agent has no sockets to hand over (the kernel refused the rules, say).
     pub why_not: Option<String>,
 }
@@ -133,12 +133,12 @@ pub struct EgressHandover {
 /// Unprivileged sandboxes: a preview's way in. The agent connects to `127.0.0.1:port` in the
 /// sandbox's namespace and passes the connected socket the same way as [`HandOverEgress`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct ConnectPort {
+pub(crate) struct ConnectPort {
     pub port: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct PortConnected {
+pub(crate) struct PortConnected {
     /// Nothing listens on the port.
     pub refused: bool,
     /// Another reason there is no connection.
@@ -146,7 +146,7 @@ pub struct PortConnected {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Pong {
+pub(crate) struct Pong {
     pub pid: u32,
     pub version: String,
 }
@@ -177,13 +177,13 @@ pub struct Written {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ListDir {
+pub(crate) struct ListDir {
     pub path: String,
     pub max_entries: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Dir {
+pub(crate) struct Dir {
     pub path: String,
     pub entries: Vec<DirEntry>,
     pub truncated: bool,
@@ -213,7 +213,7 @@ pub struct Moved {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ZipDir {
+pub(crate) struct ZipDir {
     pub path: String,
     pub max_bytes: u64,
 }
@@ -229,14 +229,14 @@ pub struct Zip {
 
 /// Kill every process in the sandbox except the agent (after an OOM kill, say).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct KillAll {}
+pub(crate) struct KillAll {}
 
 /// A request done, with nothing to report.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct Done {}
+pub(crate) struct Done {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct CreateContext {
+pub(crate) struct CreateContext {
     pub language: Language,
     pub cwd: Option<String>,
     /// Variables the interpreter starts with beside the sandbox's (bound secrets' stand-ins).
@@ -245,48 +245,48 @@ pub struct CreateContext {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct ListContexts {}
+pub(crate) struct ListContexts {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ContextList {
+pub(crate) struct ContextList {
     pub contexts: Vec<ContextInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct DeleteContext {
+pub(crate) struct DeleteContext {
     pub context_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ContextDeleted {
+pub(crate) struct ContextDeleted {
     pub context_id: String,
 }
 
 /// Start a command in the background; answered at once with the job.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StartJob {
+pub(crate) struct StartJob {
     pub command: String,
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct JobStatus {
+pub(crate) struct JobStatus {
     pub job_id: String,
     pub since_offset: u64,
     pub max_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct KillJob {
+pub(crate) struct KillJob {
     pub job_id: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct ListJobs {}
+pub(crate) struct ListJobs {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct JobList {
+pub(crate) struct JobList {
     pub jobs: Vec<JobInfo>,
 }
 
@@ -330,7 +330,7 @@ impl Language {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct RunCodeSpec {
+pub(crate) struct RunCodeSpec {
     pub code: String,
     /// A context made with `CreateContext`; `None` uses the language's default context.
     pub context_id: Option<String>,
@@ -346,7 +346,7 @@ pub struct RunCodeSpec {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ExecSpec {
+pub(crate) struct ExecSpec {
     pub command: String,
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,

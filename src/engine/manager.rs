@@ -356,7 +356,7 @@ impl Manager {
         Ok(manager)
     }
 
-    pub fn config(&self) -> &EngineConfig {
+    pub(crate) fn config(&self) -> &EngineConfig {
         &self.config
     }
 
@@ -478,7 +478,7 @@ impl Manager {
     }
 
     /// What the engine gives sandboxes' networks.
-    pub fn network_info(&self) -> NetworkInfo {
+    pub(crate) fn network_info(&self) -> NetworkInfo {
         NetworkInfo {
             default: self.hub.config().egress,
             filtered: self.driver.egress(),
@@ -534,7 +534,7 @@ impl Manager {
         })
     }
 
-    pub async fn create(&self, req: CreateRequest) -> Result<SandboxView, EngineError> {
+    pub(crate) async fn create(&self, req: CreateRequest) -> Result<SandboxView, EngineError> {
         let template_name = req
             .template
             .clone()
@@ -698,7 +698,7 @@ impl Manager {
         out
     }
 
-    pub async fn get(
+    pub(crate) async fn get(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -780,7 +780,11 @@ impl Manager {
         Ok(())
     }
 
-    pub async fn pause(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
+    pub(crate) async fn pause(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
         let entry = self.entry(id, tenant)?;
         self.pause_entry(id, &entry).await?;
         Ok(self.view(&entry))
@@ -804,7 +808,11 @@ impl Manager {
         }
     }
 
-    pub async fn resume(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
+    pub(crate) async fn resume(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
         let entry = self.entry(id, tenant)?;
         self.ensure_running(id, &entry).await?;
         Ok(self.view(&entry))
@@ -857,7 +865,7 @@ impl Manager {
         }
     }
 
-    pub async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+    pub(crate) async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
         let entry = self.entry(id, tenant)?;
         let mut rt = entry.lifecycle.lock().await;
         if *rt == Runtime::Killed {
@@ -885,7 +893,7 @@ impl Manager {
 
     /// Sends `call` to the sandbox's agent (resuming or restarting the sandbox first) and returns
     /// its reply; output frames are skipped. `deadline` bounds the whole exchange.
-    pub async fn call<C: Call>(
+    pub(crate) async fn call<C: Call>(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -960,7 +968,7 @@ impl Manager {
 
     /// Sends `call` and returns the agent's output as it arrives, ending with the reply.
     /// Dropping the stream closes the connection, which the agent takes as a cancellation.
-    pub async fn stream<C: Call>(
+    pub(crate) async fn stream<C: Call>(
         self: &Arc<Self>,
         id: &str,
         tenant: Option<&str>,
@@ -1026,7 +1034,7 @@ impl Manager {
     }
 
     /// Background jobs of a running sandbox (a paused one is not woken up to list them).
-    pub async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
+    pub(crate) async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
         let entry = self.entry(id, tenant).ok()?;
         if *lock(&entry.visible_status) != Status::Running {
             return None;
@@ -1042,7 +1050,7 @@ impl Manager {
 
     /// Runs a command to completion; on an OOM kill, the sandbox's other processes go too (v1
     /// cgroups have no oom.group), so it never limps on half-dead.
-    pub async fn exec(
+    pub(crate) async fn exec(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -1066,7 +1074,11 @@ impl Manager {
             .unwrap_or(0)
     }
 
-    pub async fn metrics(&self, id: &str, tenant: Option<&str>) -> Result<Metrics, EngineError> {
+    pub(crate) async fn metrics(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Metrics, EngineError> {
         let entry = self.entry(id, tenant)?;
         let driver = self.driver.clone();
         let sid = id.to_string();
@@ -1093,7 +1105,7 @@ impl Manager {
     }
 
     /// One pass of the timers: kill expired sandboxes, pause idle ones, persist activity.
-    pub async fn tick(&self) {
+    pub(crate) async fn tick(&self) {
         let now = ids::now_ms();
         let entries: Vec<(String, Arc<Entry>)> = lock(&self.sandboxes)
             .iter()
@@ -1137,7 +1149,7 @@ impl Manager {
 
     /// Clean shutdown: running sandboxes are frozen (their processes and memory are kept, no CPU
     /// is used) and marked paused; the next engine resumes them on first use.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.stopping.cancel();
         let entries: Vec<(String, Arc<Entry>)> = lock(&self.sandboxes)
             .iter()

@@ -33,7 +33,7 @@ use crate::engine::manager::{Manager, PreviewError, TOKEN_PARAM};
 use crate::engine::proxy::{page, strip_hop_by_hop};
 
 /// The header non-browser clients send the token in.
-pub const TOKEN_HEADER: &str = "x-preview-token";
+pub(crate) const TOKEN_HEADER: &str = "x-preview-token";
 /// The cookie holding the token: host-only for the host form, scoped to the preview's path for
 /// the path form. HttpOnly, so the app's scripts cannot read it.
 const COOKIE: &str = "sandbox_preview";
@@ -41,7 +41,7 @@ const COOKIE: &str = "sandbox_preview";
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Parses `--preview-listen`: an address, or `off`.
-pub fn parse_listen(s: &str) -> Result<Option<SocketAddr>, String> {
+pub(crate) fn parse_listen(s: &str) -> Result<Option<SocketAddr>, String> {
     let s = s.trim();
     if s.eq_ignore_ascii_case("off") {
         return Ok(None);
@@ -52,7 +52,7 @@ pub fn parse_listen(s: &str) -> Result<Option<SocketAddr>, String> {
 }
 
 /// Parses `--preview-domain`: a host name (its labels letters, digits and `-`).
-pub fn parse_domain(s: &str) -> Result<String, String> {
+pub(crate) fn parse_domain(s: &str) -> Result<String, String> {
     let d = s.trim().trim_end_matches('.').to_ascii_lowercase();
     let label_ok = |l: &str| {
         !l.is_empty()

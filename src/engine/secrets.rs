@@ -20,15 +20,15 @@ use crate::engine::ids;
 use crate::engine::policy::Domain;
 
 /// Largest value accepted (API keys and tokens are far smaller; a header must stay small).
-pub const MAX_VALUE: usize = 8 * 1024;
+pub(crate) const MAX_VALUE: usize = 8 * 1024;
 /// Most hosts per secret.
-pub const MAX_HOSTS: usize = 32;
+pub(crate) const MAX_HOSTS: usize = 32;
 /// What a stand-in starts with (it must never look like anything but itself).
-pub const STANDIN_PREFIX: &str = "sbxsecret_";
+pub(crate) const STANDIN_PREFIX: &str = "sbxsecret_";
 
 /// A secret's description: everything but its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretMeta {
+pub(crate) struct SecretMeta {
     pub tenant: Option<String>,
     pub name: String,
     /// Domain patterns (`api.example.com`, `*.example.org`) the value may be sent to.
@@ -43,13 +43,13 @@ pub struct SecretMeta {
 
 impl SecretMeta {
     /// Whether the value may go to `host`.
-    pub fn allows(&self, host: &str) -> bool {
+    pub(crate) fn allows(&self, host: &str) -> bool {
         host_matches(&self.hosts, host)
     }
 }
 
 /// Whether `host` is one of the patterns `hosts`.
-pub fn host_matches(hosts: &[String], host: &str) -> bool {
+pub(crate) fn host_matches(hosts: &[String], host: &str) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     hosts
         .iter()
@@ -58,10 +58,10 @@ pub fn host_matches(hosts: &[String], host: &str) -> bool {
 }
 
 /// A decrypted value; its bytes are wiped when dropped.
-pub struct Value(Vec<u8>);
+pub(crate) struct Value(Vec<u8>);
 
 impl Value {
-    pub fn as_bytes(&self) -> &[u8] {
+    pub(crate) fn as_bytes(&self) -> &[u8] {
         &self.0
     }
 }
@@ -118,7 +118,7 @@ pub enum KeyError {
 
 /// What the operator gives when setting a secret.
 #[derive(Debug, Clone, Default)]
-pub struct NewSecret {
+pub(crate) struct NewSecret {
     pub name: String,
     pub hosts: Vec<String>,
     pub header: Option<String>,
@@ -140,7 +140,7 @@ CREATE TABLE IF NOT EXISTS secrets (
 );
 ";
 
-pub struct SecretStore {
+pub(crate) struct SecretStore {
     conn: Mutex<Connection>,
     key: LessSafeKey,
 }
@@ -152,7 +152,7 @@ impl std::fmt::Debug for SecretStore {
 }
 
 /// Checks a secret's name: what `secrets set` and bindings call it.
-pub fn check_name(name: &str) -> Result<(), SecretError> {
+pub(crate) fn check_name(name: &str) -> Result<(), SecretError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -229,7 +229,7 @@ fn aad(tenant: &str, name: &str) -> Vec<u8> {
 
 impl SecretStore {
     /// Opens the store in `db` with the key in `key_file` (created, 0600, on first use).
-    pub fn open(db: &Path, key_file: &Path) -> Result<Self, SecretError> {
+    pub(crate) fn open(db: &Path, key_file: &Path) -> Result<Self, SecretError> {
         let key = load_or_create_key(key_file)?;
         let conn = Connection::open(db)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -247,7 +247,7 @@ impl SecretStore {
     }
 
     /// Creates or replaces a secret (a new value applies to the next request).
-    pub fn set(
+    pub(crate) fn set(
         &self,
         tenant: Option<&str>,
         new: &NewSecret,
@@ -283,7 +283,7 @@ impl SecretStore {
     }
 
     /// Every secret of `tenant`, by name (never a value).
-    pub fn list(&self, tenant: Option<&str>) -> Result<Vec<SecretMeta>, SecretError> {
+    pub(crate) fn list(&self, tenant: Option<&str>) -> Result<Vec<SecretMeta>, SecretError> {
         Ok(self.with(|c| {
             let mut stmt = c.prepare(&format!("{SELECT} WHERE tenant = ?1 ORDER BY name"))?;
             let rows = stmt.query_map([tenant.unwrap_or("")], meta_row)?;
@@ -291,7 +291,7 @@ impl SecretStore {
         })?)
     }
 
-    pub fn meta(
+    pub(crate) fn meta(
         &self,
         tenant: Option<&str>,
         name: &str,
@@ -307,7 +307,7 @@ impl SecretStore {
     }
 
     /// Deletes a secret; whether it existed. Bound sandboxes' requests then fail (logged).
-    pub fn remove(&self, tenant: Option<&str>, name: &str) -> Result<bool, SecretError> {
+    pub(crate) fn remove(&self, tenant: Option<&str>, name: &str) -> Result<bool, SecretError> {
         Ok(self.with(|c| {
             c.execute(
                 "DELETE FROM secrets WHERE tenant = ?1 AND name = ?2",
@@ -318,7 +318,7 @@ impl SecretStore {
 
     /// The secret's description and decrypted value, read at the moment of use (so a rotation
     /// applies to the next request).
-    pub fn open_value(
+    pub(crate) fn open_value(
         &self,
         tenant: Option<&str>,
         name: &str,
@@ -412,7 +412,7 @@ fn load_or_create_key(path: &Path) -> Result<LessSafeKey, SecretError> {
 }
 
 /// A new stand-in: what a sandbox sees in place of a secret.
-pub fn standin() -> String {
+pub(crate) fn standin() -> String {
     format!("{STANDIN_PREFIX}{}", ids::preview_token())
 }
 

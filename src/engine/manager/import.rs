@@ -21,7 +21,7 @@ const BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
 impl Manager {
     /// Imports the image archive at `source` (a file or an OCI layout directory) as template
     /// `name`, ready at once.
-    pub async fn import_template(
+    pub(crate) async fn import_template(
         &self,
         name: &str,
         source: PathBuf,

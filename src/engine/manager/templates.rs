@@ -38,7 +38,7 @@ const TAIL: usize = 2000;
 /// One build step.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "snake_case")]
-pub enum Step {
+pub(crate) enum Step {
     /// A shell command (`sh -c`), as root in the build sandbox.
     Run(String),
     /// An environment variable for the steps after it and for the template's sandboxes.
@@ -98,7 +98,7 @@ impl ShapeRequest {
 
 /// A request to make a template, validated by the API layer.
 #[derive(Debug, Clone, Default)]
-pub struct TemplateRequest {
+pub(crate) struct TemplateRequest {
     pub name: String,
     pub description: Option<String>,
     /// Parent template (`base` when omitted).
@@ -123,7 +123,7 @@ impl Manager {
     }
 
     /// Every template, `base` first.
-    pub fn templates(&self) -> Vec<Arc<Template>> {
+    pub(crate) fn templates(&self) -> Vec<Arc<Template>> {
         self.templates
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -131,7 +131,7 @@ impl Manager {
     }
 
     /// The template `create` uses when none is named.
-    pub fn default_template(&self) -> String {
+    pub(crate) fn default_template(&self) -> String {
         self.config
             .default_template
             .clone()
@@ -189,7 +189,7 @@ impl Manager {
 
     /// Starts a build (returns the template at once, `building`) or captures a sandbox (returns
     /// it `ready`).
-    pub async fn create_template(
+    pub(crate) async fn create_template(
         self: &Arc<Self>,
         req: TemplateRequest,
         tenant: Option<&str>,
@@ -543,7 +543,7 @@ impl Manager {
 
     /// Deletes a template: refused for `base`, the default template, one still building, and
     /// one sandboxes use (the error names them). Its layers go unless another template uses them.
-    pub async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
+    pub(crate) async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
         let _guard = self.template_lock.lock().await;
         let t = self.template(name)?;
         if name == BASE {
