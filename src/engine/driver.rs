@@ -135,6 +135,10 @@ pub trait Driver: Send + Sync + 'static {
     /// Kills every process and deletes the sandbox's filesystem and cgroups.
     fn destroy(&self, id: &str) -> Result<(), DriverError>;
     fn usage(&self, id: &str) -> Usage;
+    /// [`Self::usage`]'s `oom_kills` alone, cheap enough to read around every command.
+    fn oom_kills(&self, id: &str) -> u64 {
+        self.usage(id).oom_kills
+    }
     /// Bytes the sandbox has written to its filesystem (walks its upper layers).
     fn disk_bytes(&self, id: &str) -> u64;
     /// Whether sandboxes' DNS and TCP go through the engine under their policy (otherwise they

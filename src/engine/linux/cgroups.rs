@@ -430,6 +430,22 @@ impl Cgroups {
     }
 
     /// Resource use read from the cgroups (zero where a controller is missing).
+    /// OOM kills so far: [`Self::usage`]'s `oom_kills` alone, one file read (every command reads
+    /// it before and after it runs).
+    pub(crate) fn oom_kills(&self) -> u64 {
+        match &self.layout {
+            Layout::None => 0,
+            Layout::V2 { .. } => self
+                .v2_dir()
+                .and_then(|d| read_keyed(&d.join("memory.events"), "oom_kill"))
+                .unwrap_or(0),
+            Layout::Hybrid { memory, .. } => self
+                .dir(memory)
+                .and_then(|d| read_keyed(&d.join("memory.oom_control"), "oom_kill"))
+                .unwrap_or(0),
+        }
+    }
+
     pub(crate) fn usage(&self) -> Usage {
         let mut s = Usage::default();
         match &self.layout {

@@ -673,6 +673,10 @@ impl Driver for NamespacesDriver {
         self.cgroups(id).usage()
     }
 
+    fn oom_kills(&self, id: &str) -> u64 {
+        self.cgroups(id).oom_kills()
+    }
+
     fn disk_bytes(&self, id: &str) -> u64 {
         crate::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
     }

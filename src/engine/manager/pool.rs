@@ -1,6 +1,7 @@
 //! Warm pools: a template with `warm: N` keeps N sandboxes started and idle, so `create` hands
-//! one out at once and starts a replacement in the background. A pooled sandbox has never run a
-//! command and has its own id; `create` gives it the request's name, labels, environment,
+//! one out at once and starts a replacement in the background. A pooled sandbox has run nothing
+//! but one `true` (to warm its shell's lookups, see [`Manager::warm_up`]) and has its own id;
+//! `create` gives it the request's name, labels, environment,
 //! network rules, secrets and expiry, and it is then like any other. Pooled sandboxes belong to
 //! an internal tenant no API key can name, so no listing shows them; after a restart they are
 //! killed and the pools refilled.
@@ -86,6 +87,24 @@ impl Manager {
         Ok(Some(self.view(&entry)))
     }
 
+    /// Runs `true` once in a pooled sandbox, so that the first command after the handover finds
+    /// the shell, its loader and its libraries already looked up in the sandbox's own overlay
+    /// (about a millisecond, otherwise paid by that first command). It writes nothing and
+    /// leaves no process: the sandbox still holds nothing from before.
+    async fn warm_up(&self, id: &str) {
+        let spec = crate::agent::protocol::ExecSpec {
+            command: "true".into(),
+            cwd: None,
+            env: Vec::new(),
+            timeout_ms: 10_000,
+            max_output_bytes: 4096,
+            stream: false,
+        };
+        if let Err(e) = self.exec(id, Some(POOL_TENANT), spec).await {
+            tracing::debug!(sandbox = %id, "warming a pooled sandbox failed: {e}");
+        }
+    }
+
     /// Starts sandboxes until the template's pool holds `warm` of them (in the background).
     pub(super) fn refill_pool(&self, template: &Arc<Template>) {
         self.refill_pool_after(template, Duration::ZERO);
@@ -126,6 +145,9 @@ impl Manager {
                     () = this.stopping.cancelled() => return,
                     made = start => made,
                 };
+                if let Ok(view) = &made {
+                    this.warm_up(&view.record.id).await;
+                }
                 let mut pools = lock(&this.pools);
                 let pool = pools.entry(template.name.clone()).or_default();
                 pool.starting = pool.starting.saturating_sub(1);
