@@ -1247,6 +1247,26 @@ fn template_figures(out: &mut Vec<Figure>) -> String {
         Some((3.0, "≤ 3 ms")),
         "HTTP API, `warm: 2`, 300 ms between creates for the pool to refill",
     ));
+    // The machine's own floor under any command: starting `sh -c true` on the host and waiting
+    // for it, with no sandbox and no engine in between.
+    let mut spawn = Vec::new();
+    for _ in 0..100 {
+        let (d, status) = time(|| {
+            std::process::Command::new("/bin/sh")
+                .args(["-c", "true"])
+                .status()
+                .unwrap()
+        });
+        assert!(status.success());
+        spawn.push(ms(d));
+    }
+    out.push(figure(
+        "Templates: host floor, `sh -c true` started and waited for (no sandbox, no engine)",
+        "ms",
+        spawn,
+        None,
+        "std::process::Command on the host; what every exec pays before anything of ours",
+    ));
     // What of that is the exec itself: round trips in one of those sandboxes, in the same run.
     let id = alive.last().unwrap().clone();
     let mut rtt = Vec::new();

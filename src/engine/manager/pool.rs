@@ -89,8 +89,8 @@ impl Manager {
 
     /// Runs `true` once in a pooled sandbox, so that the first command after the handover finds
     /// the shell, its loader and its libraries already looked up in the sandbox's own overlay
-    /// (about a millisecond, otherwise paid by that first command). It writes nothing and
-    /// leaves no process: the sandbox still holds nothing from before.
+    /// (otherwise paid by that first command). It writes nothing and leaves no process: the
+    /// sandbox still holds nothing from before.
     async fn warm_up(&self, id: &str) {
         let spec = crate::agent::protocol::ExecSpec {
             command: "true".into(),
