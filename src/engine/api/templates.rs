@@ -13,9 +13,14 @@ use super::request::{ApiJson, AppState, Tenant, check_env};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{Step, TemplateRequest};
-use crate::engine::templates::check_name;
+use crate::engine::templates::{Template, check_name};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
+
+/// A template as the API shows it (whether it is the engine's default is part of that).
+fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError> {
+    types::Template::try_from((t, state.manager.default_template().as_str()))
+}
 
 pub(super) async fn list(State(state): State<AppState>) -> ApiResult<types::TemplateList> {
     let default = state.manager.default_template();
@@ -43,10 +48,7 @@ pub(super) async fn get(
         .into_iter()
         .find(|t| t.name == name)
         .ok_or_else(|| EngineError::NotFound(format!("template {name} does not exist")))?;
-    Ok(Json(types::Template::try_from((
-        &*t,
-        state.manager.default_template().as_str(),
-    ))?))
+    Ok(Json(shown(&state, &t)?))
 }
 
 pub(super) async fn create(
@@ -99,13 +101,7 @@ pub(super) async fn create(
         .manager
         .create_template(req, tenant.as_deref())
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(types::Template::try_from((
-            &*t,
-            state.manager.default_template().as_str(),
-        ))?),
-    ))
+    Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
 }
 
 pub(super) async fn delete(
@@ -161,11 +157,5 @@ pub(super) async fn import(
     .await;
     let _ = tokio::fs::remove_file(&path).await;
     let t = result?;
-    Ok((
-        StatusCode::CREATED,
-        Json(types::Template::try_from((
-            &*t,
-            state.manager.default_template().as_str(),
-        ))?),
-    ))
+    Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
 }

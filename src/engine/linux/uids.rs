@@ -221,15 +221,21 @@ fn render(claims: &[Claim]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn two_data_dirs_get_disjoint_slots_and_release_them() {
+    /// The registry at `<temp>/<registry>`, as seen by the engines of two data dirs.
+    fn two_engines(registry: &str) -> (tempfile::TempDir, Registry, Registry) {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
         fs::create_dir(&a).unwrap();
         fs::create_dir(&b).unwrap();
-        let path = dir.path().join("reg/uid-ranges");
+        let path = dir.path().join(registry);
         let ra = Registry::new(path.clone(), &a).unwrap();
-        let rb = Registry::new(path.clone(), &b).unwrap();
+        let rb = Registry::new(path, &b).unwrap();
+        (dir, ra, rb)
+    }
+
+    #[test]
+    fn two_data_dirs_get_disjoint_slots_and_release_them() {
+        let (_dir, ra, rb) = two_engines("reg/uid-ranges");
         let s1 = ra.claim(10, 1000).unwrap();
         let s2 = rb.claim(10, 1000).unwrap();
         let s3 = ra.claim(10, 1000).unwrap();
@@ -243,13 +249,7 @@ mod tests {
 
     #[test]
     fn reconcile_releases_unheld_claims_and_reports_conflicts() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        let path = dir.path().join("uid-ranges");
-        let ra = Registry::new(path.clone(), &a).unwrap();
-        let rb = Registry::new(path.clone(), &b).unwrap();
+        let (_dir, ra, rb) = two_engines("uid-ranges");
         assert_eq!(ra.claim(10, 1000).unwrap(), 1);
         assert_eq!(ra.claim(10, 1000).unwrap(), 2);
         assert_eq!(rb.claim(10, 1000).unwrap(), 3);
@@ -302,13 +302,7 @@ mod tests {
 
     #[test]
     fn ptys_are_granted_from_one_pool_across_data_dirs() {
-        let dir = tempfile::tempdir().unwrap();
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        fs::create_dir(&a).unwrap();
-        fs::create_dir(&b).unwrap();
-        let path = dir.path().join("uid-ranges");
-        let ra = Registry::new(path.clone(), &a).unwrap();
-        let rb = Registry::new(path.clone(), &b).unwrap();
+        let (_dir, ra, rb) = two_engines("uid-ranges");
         // Each engine would give 40 of a pool of 100 (say, two sandboxes each at most): the
         // third claim gets what is left, the fourth none, so together they never hold more.
         let s1 = ra.claim(40, 100).unwrap();
