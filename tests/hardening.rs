@@ -689,6 +689,44 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
 }
 
 #[tokio::test]
+async fn a_sandbox_started_when_the_pty_pool_is_spent_gets_none() {
+    require_own_ids!();
+    // A registry of its own, where another engine's sandbox (its data dir: `/`, which exists)
+    // holds every pty of the host's pool.
+    let registry = tempfile::tempdir().unwrap();
+    let path = registry.path().join("uid-ranges");
+    let read = |name: &str| -> u32 {
+        std::fs::read_to_string(format!("/proc/sys/kernel/pty/{name}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let pool = read("max") - read("reserve");
+    // Slots 1–5000 are taken too, so this engine's sandbox gets a range far from those the
+    // host's registry hands other tests' engines meanwhile.
+    let mut claims = format!("1 {pool} /\n");
+    for slot in 2..=5000 {
+        claims.push_str(&format!("{slot} 0 /\n"));
+    }
+    std::fs::write(&path, claims).unwrap();
+    let engine = TestEngine::start_with(|c| c.uid_registry = path.clone()).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let out = py(
+        &client,
+        &id,
+        "import os\ntry:\n    os.openpty(); print('opened')\nexcept OSError as e: print('refused')",
+    )
+    .await;
+    assert_eq!(out, "refused\n", "a pty beyond the host's pool");
+    assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
+    let line = std::fs::read_to_string(&path).unwrap();
+    let ours = line.lines().last().unwrap_or_default();
+    assert!(ours.starts_with("5001 0 "), "granted nothing: {ours}");
+}
+
+#[tokio::test]
 async fn fds_in_flight_of_one_sandbox_leave_other_sandboxes_theirs() {
     require_own_ids!();
     let engine = TestEngine::start().await;

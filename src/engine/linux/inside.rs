@@ -275,16 +275,20 @@ fn setup_dev(dev: &Path, shm_bytes: u64, pty_max: u32) -> Result<(), BuildError>
     }
     let pts = dev.join("pts");
     ctx(fs::create_dir(&pts), "create /dev/pts")?;
-    ctx(
-        mount(
-            Some("devpts"),
-            &pts,
-            Some("devpts"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some(format!("newinstance,ptmxmode=0666,mode=0620,max={pty_max}").as_str()),
-        ),
-        "mount /dev/pts",
-    )?;
+    // No share of the host's ptys (the pool is spent): no devpts at all, so /dev/ptmx leads
+    // nowhere. `max=0` would not do: the kernel reads it as no limit of the instance's own.
+    if pty_max > 0 {
+        ctx(
+            mount(
+                Some("devpts"),
+                &pts,
+                Some("devpts"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+                Some(format!("newinstance,ptmxmode=0666,mode=0620,max={pty_max}").as_str()),
+            ),
+            "mount /dev/pts",
+        )?;
+    }
     let shm = dev.join("shm");
     ctx(fs::create_dir(&shm), "create /dev/shm")?;
     ctx(
