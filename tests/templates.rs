@@ -380,8 +380,18 @@ async fn templates_survive_a_restart_and_one_can_be_the_default() {
     )
     .await;
     wait_dirs(&engine, "no build sandbox started", |d| d.len() == 2).await;
+    let building = sandbox_dirs(&engine);
     drop(client);
     let dir = engine.stop().await;
+    // The pooled and build sandboxes were killed at shutdown, not paused: nothing of them runs
+    // while no engine does.
+    let layout = sandbox_mcp::engine::linux::cgroups::Layout::detect();
+    for id in &building {
+        assert!(
+            layout.sandbox(id).pids().is_empty(),
+            "{id} left processes behind"
+        );
+    }
     let mut config = TestEngine::config_for(dir.path());
     config.default_template = Some("keep".into());
     let engine = TestEngine::start_on(dir, config).await;

@@ -1154,6 +1154,15 @@ impl Manager {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (id, entry) in entries {
+            // The engine's own sandboxes (pools, builds) would be killed at the next start
+            // anyway: killed now, they leave no frozen processes behind meanwhile.
+            let tenant = lock(&entry.record).tenant.clone();
+            if tenant.as_deref().is_some_and(pool::internal) {
+                if let Err(e) = self.kill(&id, tenant.as_deref()).await {
+                    tracing::debug!(sandbox = %id, "not killed at shutdown: {e}");
+                }
+                continue;
+            }
             if entry.ready.load(Ordering::Acquire)
                 && let Err(e) = self.pause_entry(&id, &entry).await
             {
