@@ -3,8 +3,8 @@
 //! but one `true` (to warm its shell's lookups, see [`Manager::warm_up`]) and has its own id;
 //! `create` gives it the request's name, labels, environment,
 //! network rules, secrets and expiry, and it is then like any other. Pooled sandboxes belong to
-//! an internal tenant no API key can name, so no listing shows them; after a restart they are
-//! killed and the pools refilled.
+//! an internal tenant no API key can name, so no listing shows them. They are killed when the
+//! engine stops (and any a crash left are killed at the next start), and the pools refilled.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
