@@ -1115,3 +1115,93 @@ async fn a_store_left_mounted_by_kill_9_is_reused() {
         assert_eq!(devices.len(), 1, "one image, one loop device");
     }
 }
+
+/// A clean exit with a paused sandbox: its frozen processes keep the store's loop device
+/// attached after the engine lets go of the mount, and the next engine must mount that device
+/// again (one image, one device) and find the sandbox's files.
+#[tokio::test]
+async fn a_store_still_attached_after_a_clean_exit_is_mounted_again() {
+    require_cgroups!();
+    let dir = crate::common::TempData::new();
+    let data = dir.data();
+    let http = sandbox_mcp::client::http_builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let post = |url: String, body: serde_json::Value| {
+        let http = http.clone();
+        async move {
+            let r = http
+                .post(url)
+                .bearer_auth(crate::common::KEY)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let status = r.status();
+            let body: serde_json::Value = r.json().await.unwrap();
+            assert!(status.is_success(), "{status}: {body}");
+            body
+        }
+    };
+    let (mut first, url) = crate::common::spawn_engine_process(&data).await;
+    let id = post(format!("{url}/v1/sandboxes"), json!({})).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let exec = |url: &str| format!("{url}/v1/sandboxes/{id}/exec");
+    post(exec(&url), json!({"command": "echo kept > /root/f"})).await;
+    let image = data.join("sandboxes.img");
+    if !image.exists() {
+        let _ = first.kill();
+        let _ = first.wait();
+        crate::common::kill_left_behind(&data);
+        if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
+            panic!("the btrfs store (loop devices, mkfs.btrfs) is required here");
+        }
+        eprintln!(
+            "SKIPPED a_store_still_attached_after_a_clean_exit_is_mounted_again: needs the btrfs store"
+        );
+        return;
+    }
+    // SIGTERM: a clean exit, which pauses the sandbox and lets go of the store's mount.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(first.id() as i32),
+        nix::sys::signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(first.wait().unwrap().success());
+    let attached = |image: &std::path::Path| -> usize {
+        std::fs::read_dir("/sys/block")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::read_to_string(e.path().join("loop/backing_file"))
+                    .is_ok_and(|b| b.trim_end() == image.display().to_string())
+            })
+            .count()
+    };
+    assert_eq!(
+        attached(&image),
+        1,
+        "the paused sandbox's processes keep the device"
+    );
+    let store = data.join("sandboxes").display().to_string();
+    assert!(
+        !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(store.as_str())),
+        "the engine let go of the store's mount at exit"
+    );
+    let (mut second, url) = crate::common::spawn_engine_process(&data).await;
+    let out = post(exec(&url), json!({"command": "cat /root/f"})).await;
+    post(format!("{url}/v1/sandboxes"), json!({})).await;
+    let devices = attached(&image);
+    let _ = second.kill();
+    let _ = second.wait();
+    crate::common::kill_left_behind(&data);
+    assert_eq!(out["stdout"], "kept\n", "{out}");
+    assert_eq!(devices, 1, "one image, one loop device");
+}
