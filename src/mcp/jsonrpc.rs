@@ -70,18 +70,11 @@ pub(crate) fn check(line: &[u8]) -> Check {
     match check_object(&object) {
         Ok(()) => Check::Forward,
         // An invalid Request object answers with a null id (JSON-RPC 2.0, section 5); invalid
-        // params belong to a request whose id goes back. Without an id, unstructured params
-        // make the message an invalid Request object (params must be structured), not a
-        // notification, so it is answered as one.
-        Err((INVALID_PARAMS, why)) if object.contains_key("id") => Check::Answer(error(
+        // params belong to a request whose id goes back.
+        Err((INVALID_PARAMS, why)) => Check::Answer(error(
             object.get("id").cloned().unwrap_or(Value::Null),
             INVALID_PARAMS,
             &why,
-        )),
-        Err((INVALID_PARAMS, why)) => Check::Answer(error(
-            Value::Null,
-            INVALID_REQUEST,
-            &why.replace("Invalid params", "Invalid Request"),
         )),
         Err((code, why)) => Check::Answer(error(Value::Null, code, &why)),
     }
@@ -109,6 +102,9 @@ fn check_object(o: &Map<String, Value>) -> Result<(), (i64, String)> {
     match o.get("method") {
         Some(Value::String(_)) => match o.get("params") {
             None | Some(Value::Object(_)) => Ok(()),
+            // Params must be structured: without an id, that makes the message an invalid
+            // Request object (not a notification, which would get no answer).
+            Some(_) if !o.contains_key("id") => invalid("\"params\" must be an object"),
             Some(_) => Err((
                 INVALID_PARAMS,
                 "Invalid params: \"params\" must be an object".into(),
