@@ -1018,15 +1018,17 @@ impl Manager {
         }))
     }
 
-    /// Oom kills counted so far, to tell whether a command ran out of memory.
-    pub(crate) async fn oom_mark(&self, id: &str) -> u64 {
-        self.oom_kills(id).await
+    /// Oom kills counted so far, to tell whether a command ran out of memory. Read in place:
+    /// one small cgroup file, which never blocks, costs less than a trip to the blocking pool
+    /// and back (it is read before and after every command).
+    pub(crate) fn oom_mark(&self, id: &str) -> u64 {
+        self.driver.oom_kills(id)
     }
 
     /// After a command finished: whether the sandbox ran out of memory since `before`; if so,
     /// its remaining processes are killed (v1 cgroups have no oom.group).
     pub(crate) async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
-        let oom = self.oom_kills(id).await > before;
+        let oom = self.oom_mark(id) > before;
         if oom {
             let _ = self.call(id, tenant, KillAll {}, AGENT_TIMEOUT).await;
         }
@@ -1056,7 +1058,7 @@ impl Manager {
         tenant: Option<&str>,
         spec: ExecSpec,
     ) -> Result<ExecResult, EngineError> {
-        let before = self.oom_kills(id).await;
+        let before = self.oom_mark(id);
         let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
         let outcome = self.call(id, tenant, spec, deadline).await?;
         let oom_killed = self.settle_oom(id, tenant, before).await;
@@ -1064,12 +1066,6 @@ impl Manager {
             outcome,
             oom_killed,
         })
-    }
-
-    /// Read in place: one small cgroup file, which never blocks, is cheaper than a trip to the
-    /// blocking pool and back (twice per command).
-    async fn oom_kills(&self, id: &str) -> u64 {
-        self.driver.oom_kills(id)
     }
 
     pub(crate) async fn metrics(

@@ -94,7 +94,7 @@ pub(super) async fn exec_command_stream(
         ));
     }
     let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
-    let before = state.manager.oom_mark(&id).await;
+    let before = state.manager.oom_mark(&id);
     let events = state
         .manager
         .stream(&id, tenant.as_deref(), spec, deadline)
