@@ -104,13 +104,7 @@ impl NamespacesDriver {
         } else {
             None
         };
-        let read_sysctl = |name: &str, default: u32| {
-            fs::read_to_string(format!("/proc/sys/kernel/pty/{name}"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(default)
-        };
-        let pty_pool = read_sysctl("max", 4096).saturating_sub(read_sysctl("reserve", 1024));
+        let pty_pool = plan::pty_pool();
         let pty_max = plan::pty_share(pty_pool, max_sandboxes);
         Ok(Self {
             sandboxes_dir,

@@ -114,6 +114,18 @@ pub(crate) fn agent_id(slot: u32) -> u32 {
 /// Highest slot whose range still fits in 32-bit ids.
 pub(crate) const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
 
+/// The ptys every devpts instance but the host's may hold together: `kernel.pty.max -
+/// kernel.pty.reserve` (the kernel's defaults when they cannot be read).
+pub fn pty_pool() -> u32 {
+    let read = |name: &str, default: u32| {
+        std::fs::read_to_string(format!("/proc/sys/kernel/pty/{name}"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    read("max", 4096).saturating_sub(read("reserve", 1024))
+}
+
 /// Each sandbox's share of the `pool` of ptys non-initial devpts instances may hold together
 /// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once. As root,
 /// the uid range registry grants it only while the pool lasts, across engines.
