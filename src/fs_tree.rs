@@ -287,20 +287,25 @@ mod tests {
         }
     }
 
+    /// Runs `f` on a small stack, like a blocking-pool thread's or less, where a recursive walk
+    /// of a deep tree would overflow.
+    fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(f)
+            .unwrap()
+            .join()
+            .unwrap()
+    }
+
     #[test]
     fn a_tree_deeper_than_any_stack_or_path_is_deleted() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("tree");
         fs::create_dir(&root).unwrap();
         deep_chain(&root, 20_000);
-        // A small stack, like a blocking-pool thread's or less: a recursive walk would overflow.
         let r = root.clone();
-        std::thread::Builder::new()
-            .stack_size(256 * 1024)
-            .spawn(move || remove_tree(&r).unwrap())
-            .unwrap()
-            .join()
-            .unwrap();
+        on_small_stack(move || remove_tree(&r).unwrap());
         assert!(!root.exists());
         assert!(Path::new("/etc/hostname").exists() || Path::new("/etc").exists());
     }
@@ -391,14 +396,8 @@ mod tests {
         let root = dir.path().join("tree");
         fs::create_dir(&root).unwrap();
         deep_chain(&root, 15_000);
-        // On a small stack, as the engine's blocking threads have: nothing recursive.
         let r = root.clone();
-        let used = std::thread::Builder::new()
-            .stack_size(256 * 1024)
-            .spawn(move || disk_usage(&r, 1_000_000))
-            .unwrap()
-            .join()
-            .unwrap();
+        let used = on_small_stack(move || disk_usage(&r, 1_000_000));
         // The file written at the top level takes a block on every filesystem.
         assert!(used > 0, "nothing counted");
         // (The temporary directory's own removal is recursive.)

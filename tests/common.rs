@@ -465,6 +465,36 @@ pub async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Loop devices whose backing file is `image` (a deleted one included).
+pub fn loop_devices_of(image: &std::path::Path) -> Vec<String> {
+    let image = image.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let backing =
+                        std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+                    backing
+                        .trim_end()
+                        .trim_end_matches(" (deleted)")
+                        .eq(&image)
+                        .then(|| e.file_name().to_string_lossy().into_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether something is mounted at `path` in this mount namespace.
+pub fn mounted(path: &std::path::Path) -> bool {
+    let path = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(path.as_str()))
+}
+
 /// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
 /// lets go of its store.
 pub fn kill_left_behind(data: &std::path::Path) {

@@ -583,6 +583,19 @@ async fn inotify_instances_of_one_sandbox_leave_others_and_the_host_theirs() {
     kill_and_see_it_restored(&client, &a, many, "True\n").await;
 }
 
+/// Runs Python on the host, as root outside any sandbox; its stdout (its stderr if it printed
+/// nothing, so a failure says why).
+fn host_py(code: &str) -> String {
+    let out = std::process::Command::new("python3")
+        .args(["-c", code])
+        .output()
+        .unwrap();
+    match String::from_utf8_lossy(&out.stdout).into_owned() {
+        s if s.is_empty() => String::from_utf8_lossy(&out.stderr).into_owned(),
+        s => s,
+    }
+}
+
 /// Whether a host process can make an inotify instance and add a watch.
 fn host_inotify_ok() -> bool {
     // SAFETY: inotify_init1 returns a new descriptor (closed below) or -1.
@@ -627,16 +640,7 @@ async fn pending_signals_of_one_sandbox_leave_others_and_the_host_theirs() {
         "1\n",
         "another sandbox could not queue a signal"
     );
-    let host = std::process::Command::new("python3")
-        .args(["-c", &probe])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&host.stdout),
-        "1\n",
-        "the host could not queue a signal: {}",
-        String::from_utf8_lossy(&host.stderr)
-    );
+    assert_eq!(host_py(&probe), "1\n", "the host could not queue a signal");
     let n = held.split(' ').next().unwrap();
     kill_and_see_it_restored(
         &client,
@@ -661,14 +665,8 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
     )
     .await;
     let (count, _) = held.split_once(' ').unwrap();
-    let read = |name: &str| -> u32 {
-        std::fs::read_to_string(format!("/proc/sys/kernel/pty/{name}"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let share = sandbox_mcp::engine::linux::plan::pty_share(read("max") - read("reserve"), 100);
+    use sandbox_mcp::engine::linux::plan::{pty_pool, pty_share};
+    let share = pty_share(pty_pool(), 100);
     assert!(
         count.parse::<u32>().unwrap() <= share,
         "one sandbox held {count} ptys; its share is {share}"
@@ -695,14 +693,7 @@ async fn a_sandbox_started_when_the_pty_pool_is_spent_gets_none() {
     // holds every pty of the host's pool.
     let registry = tempfile::tempdir().unwrap();
     let path = registry.path().join("uid-ranges");
-    let read = |name: &str| -> u32 {
-        std::fs::read_to_string(format!("/proc/sys/kernel/pty/{name}"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let pool = read("max") - read("reserve");
+    let pool = sandbox_mcp::engine::linux::plan::pty_pool();
     // Slots 1–5000 are taken too, so this engine's sandbox gets a range far from those the
     // host's registry hands other tests' engines meanwhile.
     let mut claims = format!("1 {pool} /\n");
@@ -756,15 +747,10 @@ async fn fds_in_flight_of_one_sandbox_leave_other_sandboxes_theirs() {
         other, "250 0\n",
         "another sandbox could not pass a descriptor"
     );
-    let host = std::process::Command::new("python3")
-        .args(["-c", &format!("{send}n, e, _ = flood(250)\nprint(n, e)")])
-        .output()
-        .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&host.stdout),
+        host_py(&format!("{send}n, e, _ = flood(250)\nprint(n, e)")),
         "250 0\n",
-        "a host process could not pass a descriptor: {}",
-        String::from_utf8_lossy(&host.stderr)
+        "a host process could not pass a descriptor"
     );
     let n = held.split(' ').next().unwrap();
     kill_and_see_it_restored(
@@ -1100,14 +1086,7 @@ async fn a_store_left_mounted_by_kill_9_is_reused() {
     let _ = first.wait();
     let (mut second, url) = crate::common::spawn_engine_process(&data).await;
     create(url).await;
-    let devices: Vec<_> = std::fs::read_dir("/sys/block")
-        .unwrap()
-        .flatten()
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("loop/backing_file"))
-                .is_ok_and(|b| b.trim_end() == image.display().to_string())
-        })
-        .collect();
+    let devices = crate::common::loop_devices_of(&image);
     let _ = second.kill();
     let _ = second.wait();
     crate::common::kill_left_behind(&data);
@@ -1122,36 +1101,21 @@ async fn a_store_left_mounted_by_kill_9_is_reused() {
 #[tokio::test]
 async fn a_store_still_attached_after_a_clean_exit_is_mounted_again() {
     require_cgroups!();
+    use crate::common::{api, loop_devices_of, mounted};
     let dir = crate::common::TempData::new();
     let data = dir.data();
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
-    let post = |url: String, body: serde_json::Value| {
-        let http = http.clone();
-        async move {
-            let r = http
-                .post(url)
-                .bearer_auth(crate::common::KEY)
-                .header("content-type", "application/json")
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            let status = r.status();
-            let body: serde_json::Value = r.json().await.unwrap();
-            assert!(status.is_success(), "{status}: {body}");
-            body
-        }
-    };
     let (mut first, url) = crate::common::spawn_engine_process(&data).await;
-    let id = post(format!("{url}/v1/sandboxes"), json!({})).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let exec = |url: &str| format!("{url}/v1/sandboxes/{id}/exec");
-    post(exec(&url), json!({"command": "echo kept > /root/f"})).await;
+    let (status, made) = api(&url, "POST", "/v1/sandboxes", Some(json!({}))).await;
+    assert_eq!(status, 201, "{made}");
+    let exec = format!("/v1/sandboxes/{}/exec", made["id"].as_str().unwrap());
+    let (status, _) = api(
+        &url,
+        "POST",
+        &exec,
+        Some(json!({"command": "echo kept > /root/f"})),
+    )
+    .await;
+    assert_eq!(status, 200);
     let image = data.join("sandboxes.img");
     if !image.exists() {
         let _ = first.kill();
@@ -1172,36 +1136,23 @@ async fn a_store_still_attached_after_a_clean_exit_is_mounted_again() {
     )
     .unwrap();
     assert!(first.wait().unwrap().success());
-    let attached = |image: &std::path::Path| -> usize {
-        std::fs::read_dir("/sys/block")
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                std::fs::read_to_string(e.path().join("loop/backing_file"))
-                    .is_ok_and(|b| b.trim_end() == image.display().to_string())
-            })
-            .count()
-    };
+    assert!(
+        !mounted(&data.join("sandboxes")),
+        "the engine let go of the store's mount at exit"
+    );
     assert_eq!(
-        attached(&image),
+        loop_devices_of(&image).len(),
         1,
         "the paused sandbox's processes keep the device"
     );
-    let store = data.join("sandboxes").display().to_string();
-    assert!(
-        !std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .any(|l| l.split(' ').nth(4) == Some(store.as_str())),
-        "the engine let go of the store's mount at exit"
-    );
     let (mut second, url) = crate::common::spawn_engine_process(&data).await;
-    let out = post(exec(&url), json!({"command": "cat /root/f"})).await;
-    post(format!("{url}/v1/sandboxes"), json!({})).await;
-    let devices = attached(&image);
+    let (_, out) = api(&url, "POST", &exec, Some(json!({"command": "cat /root/f"}))).await;
+    let (status, _) = api(&url, "POST", "/v1/sandboxes", Some(json!({}))).await;
+    let devices = loop_devices_of(&image);
     let _ = second.kill();
     let _ = second.wait();
     crate::common::kill_left_behind(&data);
     assert_eq!(out["stdout"], "kept\n", "{out}");
-    assert_eq!(devices, 1, "one image, one loop device");
+    assert_eq!(status, 201);
+    assert_eq!(devices.len(), 1, "one image, one loop device");
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::common::{BIN, KEY, TestEngine};
+use crate::common::{BIN, KEY, TestEngine, loop_devices_of, mounted};
 use crate::require_sandboxes;
 
 struct Server {
@@ -525,35 +525,6 @@ fn every_malformed_line_gets_one_spec_conformant_answer() {
     server.send(json!({"jsonrpc": "2.0", "id": 10, "method": "ping"}));
     assert_eq!(server.recv()["id"], 10);
     assert!(server.close_and_wait().success());
-}
-
-/// Loop devices whose backing file is `image` (a deleted one included).
-fn loop_devices_of(image: &std::path::Path) -> Vec<String> {
-    let image = image.display().to_string();
-    std::fs::read_dir("/sys/block")
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| {
-                    let backing =
-                        std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
-                    backing
-                        .trim_end()
-                        .trim_end_matches(" (deleted)")
-                        .eq(&image)
-                        .then(|| e.file_name().to_string_lossy().into_owned())
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn mounted(path: &std::path::Path) -> bool {
-    let path = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(path.as_str()))
 }
 
 /// When the server exits, the sandbox store is unmounted: the data dir can be deleted at once,
