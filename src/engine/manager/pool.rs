@@ -89,8 +89,9 @@ impl Manager {
 
     /// Runs `true` once in a pooled sandbox, so that the first command after the handover finds
     /// the shell, its loader and its libraries already looked up in the sandbox's own overlay
-    /// (otherwise paid by that first command). It writes nothing and leaves no process: the
-    /// sandbox still holds nothing from before.
+    /// (otherwise paid by that first command: 0.1–0.2 ms here, measured as a fresh sandbox's
+    /// first exec against its second, each after the same idle pause). It writes nothing and
+    /// leaves no process: the sandbox still holds nothing from before.
     async fn warm_up(&self, id: &str) {
         let spec = crate::agent::protocol::ExecSpec {
             command: "true".into(),
