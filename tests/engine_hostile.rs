@@ -28,9 +28,11 @@ async fn fork_bomb_hits_the_process_limit_and_others_are_unaffected() {
     let r = ok(
         &client,
         "sandbox_exec",
-        // The wait is a builtin loop: once the bomb fills the pid budget, `sleep` could not be
-        // forked and the shell would exit early instead of timing out.
-        json!({"sandbox_id": bomb, "command": "f() { f | f & }; f; while :; do :; done", "timeout_ms": 3000}),
+        // The bomb starts in a subshell: dash forks both halves of a background pipeline itself,
+        // and a fork refused between the two is fatal to that shell, so the outer shell must not
+        // fork once the bomb runs. The wait is a builtin loop for the same reason (`sleep` could
+        // not be forked and the shell would exit early instead of timing out).
+        json!({"sandbox_id": bomb, "command": "(f() { f | f & }; f); while :; do :; done", "timeout_ms": 3000}),
     )
     .await;
     assert_eq!(r["timed_out"], true, "{r}");
