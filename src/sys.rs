@@ -79,6 +79,17 @@ struct MountAttr {
 /// shifted through `userns_fd`'s id map: host root's files appear owned by the sandbox's root,
 /// so overlay copy-up works inside the sandbox while the host files stay untouched.
 pub(crate) fn idmapped_tree(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
+    idmapped(path, userns_fd, MOUNT_ATTR_RDONLY)
+}
+
+/// A detached, writable, nosuid, nodev copy of the mount at `path` whose file ownership is
+/// shifted through `userns_fd`'s id map (a forked sandbox's own directory: see
+/// [`userns_with_map`]).
+pub(crate) fn idmapped_tree_rw(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
+    idmapped(path, userns_fd, 0)
+}
+
+fn idmapped(path: &str, userns_fd: RawFd, extra: u64) -> io::Result<OwnedFd> {
     let c = cstr(path)?;
     // SAFETY: valid NUL-terminated path; flags are constants.
     let fd = unsafe {
@@ -95,7 +106,7 @@ pub(crate) fn idmapped_tree(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd>
     // SAFETY: open_tree returned a new descriptor that we now own.
     let tree = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_set: MOUNT_ATTR_IDMAP | extra | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
         attr_clr: 0,
         propagation: 0,
         userns_fd: userns_fd as u64,
@@ -116,6 +127,34 @@ pub(crate) fn idmapped_tree(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd>
         return Err(io::Error::last_os_error());
     }
     Ok(tree)
+}
+
+/// A user namespace whose uid and gid maps are both `map` (`inside outside count`), for an
+/// id-mapped mount: the kernel takes the map from a namespace, and a namespace needs a process
+/// to be made in. That process (a child that does nothing but wait) is gone when this returns;
+/// the descriptor keeps the namespace. The caller must be single-threaded (it forks) and
+/// privileged in the host's user namespace (it writes a map of host ids).
+pub(crate) fn userns_with_map(map: &str) -> io::Result<OwnedFd> {
+    let (hold, release) = nix::unistd::pipe()?;
+    // SAFETY: the caller is single-threaded; the child only reads from a pipe and exits.
+    let pid = unsafe { clone3_fork(libc::CLONE_NEWUSER as u64) }?;
+    if pid == 0 {
+        drop(release);
+        let mut byte = [0u8; 1];
+        // Returns at EOF, once the parent holds the namespace.
+        let _ = nix::unistd::read(&hold, &mut byte);
+        // SAFETY: leaving the forked child without running the parent's destructors.
+        unsafe { libc::_exit(0) };
+    }
+    drop(hold);
+    let made = (|| {
+        std::fs::write(format!("/proc/{pid}/uid_map"), map)?;
+        std::fs::write(format!("/proc/{pid}/gid_map"), map)?;
+        std::fs::File::open(format!("/proc/{pid}/ns/user")).map(OwnedFd::from)
+    })();
+    drop(release);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(pid), None);
+    made
 }
 
 /// `pivot_root(".", ".")`: the caller must have chdir'ed into the new root.

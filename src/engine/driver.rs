@@ -76,6 +76,50 @@ pub struct StartSpec {
     pub user: Option<(u32, u32)>,
 }
 
+/// A filesystem the driver keeps: a sandbox's (`slot` given) or a snapshot's.
+#[derive(Debug, Clone)]
+pub struct FsRef {
+    pub name: String,
+    /// The sandbox's uid slot; `None` for a snapshot.
+    pub slot: Option<u32>,
+}
+
+/// A filesystem's layers as they lie on the host, to compare two without entering either.
+#[derive(Debug, Clone)]
+pub struct FsLayers {
+    /// Per overlay: its target inside the sandbox, its upper directory, its lowers (top first).
+    pub mounts: Vec<(String, PathBuf, Vec<PathBuf>)>,
+    /// As root, the first host id the uppers' files are stored under; `None`: ids as they are.
+    pub id_base: Option<u32>,
+}
+
+/// What [`Driver::clone_fs`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneKind {
+    /// A sandbox snapshot: read-only, kept until deleted.
+    Snapshot,
+    /// A new sandbox's directory, limited to this many bytes.
+    Sandbox { limit_bytes: u64 },
+}
+
+/// How a filesystem was copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloneMethod {
+    /// A copy-on-write snapshot of the store (btrfs): milliseconds whatever the size.
+    Snapshot,
+    /// A file-by-file copy of the sandbox's own changes (no btrfs store).
+    Copy,
+}
+
+impl CloneMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloneMethod::Snapshot => "btrfs",
+            CloneMethod::Copy => "copy",
+        }
+    }
+}
+
 /// What the driver sees of a sandbox's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
@@ -174,6 +218,56 @@ pub trait Driver: Send + Sync + 'static {
             "the {} driver cannot capture a sandbox's filesystem",
             self.name()
         )))
+    }
+
+    /// Copies the filesystem `from` (a sandbox's, stopped or frozen, or a snapshot's) to the new
+    /// name `to`: a read-only snapshot, or the directory of a new sandbox with its disk limit.
+    fn clone_fs(
+        &self,
+        from: &FsRef,
+        to: &str,
+        kind: CloneKind,
+    ) -> Result<CloneMethod, DriverError> {
+        let _ = (from, to, kind);
+        Err(self.no_snapshots())
+    }
+
+    /// Makes the stopped sandbox `id`'s filesystem a copy of `from` in one step: its old files
+    /// are gone only once the new ones are in place.
+    fn replace_fs(
+        &self,
+        id: &str,
+        from: &FsRef,
+        limit_bytes: u64,
+    ) -> Result<CloneMethod, DriverError> {
+        let _ = (id, from, limit_bytes);
+        Err(self.no_snapshots())
+    }
+
+    /// Deletes a snapshot's files.
+    fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
+        let _ = name;
+        Err(self.no_snapshots())
+    }
+
+    /// Bytes written to the filesystem `name` (a sandbox's or a snapshot's) over its template.
+    fn fs_bytes(&self, name: &str) -> u64 {
+        let _ = name;
+        0
+    }
+
+    /// The filesystem `fs` as its layers lie on the host, for a diff.
+    fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
+        let _ = (fs, template);
+        Err(self.no_snapshots())
+    }
+
+    #[doc(hidden)]
+    fn no_snapshots(&self) -> DriverError {
+        DriverError::Unsupported(format!(
+            "the {} driver cannot snapshot or fork a sandbox's filesystem",
+            self.name()
+        ))
     }
 
     fn egress_sockets<'a>(

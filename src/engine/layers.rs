@@ -45,6 +45,9 @@ pub(crate) enum Owners {
     Shift { base: u32, count: u32 },
     /// Unprivileged: everything belongs to the engine's user already; ownership is left alone.
     Keep,
+    /// As root, copying one sandbox tree to another place on the host (a snapshot, a fork):
+    /// every file keeps its host ids.
+    Same,
 }
 
 impl Owners {
@@ -55,6 +58,7 @@ impl Owners {
                 _ => 65534,
             }),
             Owners::Keep => None,
+            Owners::Same => Some(id),
         }
     }
 }
@@ -68,12 +72,7 @@ pub(crate) fn capture(
     owners: Owners,
 ) -> io::Result<u64> {
     fs::DirBuilder::new().mode(0o755).create(dest)?;
-    let mut copier = Copier {
-        owners,
-        bytes: 0,
-        links: HashMap::new(),
-        modes: Vec::new(),
-    };
+    let mut copier = Copier::new(owners, false);
     for (name, upper) in uppers {
         match fs::symlink_metadata(upper) {
             Ok(m) if m.is_dir() => copier.tree(upper, &dest.join(name))?,
@@ -81,6 +80,20 @@ pub(crate) fn capture(
         }
     }
     // Directory modes last: a read-only directory must not stop its own copy.
+    for (path, mode) in copier.modes.iter().rev() {
+        fs::set_permissions(path, fs::Permissions::from_mode(*mode))?;
+    }
+    Ok(copier.bytes)
+}
+
+/// Copies a sandbox's tree `from` (its uppers, stopped or frozen) to `to`, which must not
+/// exist, exactly: modes with setuid and setgid, whiteouts, opaque directories, hard links and
+/// (with [`Owners::Same`]) host ids are kept, so the copy is the same filesystem. Sockets are
+/// not files to copy and are left out. Returns the bytes of file content copied. The copy path
+/// of snapshots and forks where the store cannot snapshot.
+pub(crate) fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u64> {
+    let mut copier = Copier::new(owners, true);
+    copier.tree(from, to)?;
     for (path, mode) in copier.modes.iter().rev() {
         fs::set_permissions(path, fs::Permissions::from_mode(*mode))?;
     }
@@ -114,6 +127,8 @@ impl TooDeep {
 
 struct Copier {
     owners: Owners,
+    /// Keep setuid and setgid bits (a copy of a sandbox for itself, not a template).
+    exact: bool,
     bytes: u64,
     /// Hard-linked files already copied: (device, inode) → the copy.
     links: HashMap<(u64, u64), PathBuf>,
@@ -121,6 +136,16 @@ struct Copier {
 }
 
 impl Copier {
+    fn new(owners: Owners, exact: bool) -> Self {
+        Self {
+            owners,
+            exact,
+            bytes: 0,
+            links: HashMap::new(),
+            modes: Vec::new(),
+        }
+    }
+
     /// Copies the tree at `from` iteratively (a sandbox can make trees deep enough to overflow a
     /// recursive walk's stack).
     fn tree(&mut self, from: &Path, to: &Path) -> io::Result<()> {
@@ -165,7 +190,8 @@ impl Copier {
             mark_opaque(dst)?;
         }
         self.chown(dst, meta)?;
-        self.modes.push((dst.to_path_buf(), meta.mode() & 0o1777));
+        let keep = if self.exact { 0o7777 } else { 0o1777 };
+        self.modes.push((dst.to_path_buf(), meta.mode() & keep));
         Ok(())
     }
 
@@ -188,8 +214,10 @@ impl Copier {
             .open(dst)?;
         self.bytes += io::copy(&mut input, &mut output)?;
         self.chown(dst, meta)?;
-        // setuid and setgid go: a template is never a way to gain ids.
-        output.set_permissions(fs::Permissions::from_mode(meta.mode() & 0o1777))?;
+        // setuid and setgid go from a template: it is never a way to gain ids. (A sandbox's
+        // own copy keeps them: it only ever runs them as ids the sandbox already has.)
+        let keep = if self.exact { 0o7777 } else { 0o1777 };
+        output.set_permissions(fs::Permissions::from_mode(meta.mode() & keep))?;
         Ok(())
     }
 

@@ -68,7 +68,17 @@ struct QgroupLimitArgs {
     rsv_excl: u64,
 }
 
+#[repr(C)]
+struct VolArgsV2 {
+    fd: i64,
+    transid: u64,
+    flags: u64,
+    unused: [u64; 4],
+    name: [u8; 4040],
+}
+
 nix::ioctl_write_ptr!(btrfs_subvol_create, 0x94, 14, VolArgs);
+nix::ioctl_write_ptr!(btrfs_snap_create_v2, 0x94, 23, VolArgsV2);
 nix::ioctl_write_ptr!(btrfs_snap_destroy, 0x94, 15, VolArgs);
 nix::ioctl_readwrite!(btrfs_quota_ctl, 0x94, 40, QuotaCtlArgs);
 nix::ioctl_read!(btrfs_qgroup_limit, 0x94, 43, QgroupLimitArgs);
@@ -76,6 +86,7 @@ nix::ioctl_read!(btrfs_qgroup_limit, 0x94, 43, QgroupLimitArgs);
 const QUOTA_CTL_ENABLE: u64 = 1;
 const QUOTA_CTL_ENABLE_SIMPLE: u64 = 4;
 const QGROUP_LIMIT_MAX_RFER: u64 = 1;
+const SUBVOL_RDONLY: u64 = 1 << 1;
 
 fn vol_args(name: &str) -> io::Result<VolArgs> {
     let bytes = name.as_bytes();
@@ -346,6 +357,94 @@ pub(crate) fn create_dir(
         }
     }
     fs::set_permissions(&path, fs::Permissions::from_mode(0o711))
+}
+
+/// Makes `parent/to` a copy-on-write snapshot of the subvolume `parent/from`: read-only (a
+/// sandbox snapshot, never changed after), or writable with a disk limit (a forked or restored
+/// sandbox). `Ok(false)` when the store cannot (plain, or `from` is a plain directory): the caller
+/// copies instead. A snapshot of a 20,000-file tree takes a few milliseconds whatever its size.
+pub(crate) fn snapshot(
+    store: &Store,
+    parent: &Path,
+    from: &str,
+    to: &str,
+    limit_bytes: Option<u64>,
+) -> io::Result<bool> {
+    let Store::Btrfs = store else {
+        return Ok(false);
+    };
+    let source = open_dir(&parent.join(from))?;
+    let dir = open_dir(parent)?;
+    let name = vol_args(to)?.name;
+    let mut args = VolArgsV2 {
+        fd: source.as_raw_fd().into(),
+        transid: 0,
+        flags: if limit_bytes.is_none() {
+            SUBVOL_RDONLY
+        } else {
+            0
+        },
+        unused: [0; 4],
+        name: [0; 4040],
+    };
+    let len = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    if len >= args.name.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "invalid subvolume name",
+        ));
+    }
+    args.name[..len].copy_from_slice(&name[..len]);
+    // SAFETY: a valid btrfs_ioctl_vol_args_v2 naming an open subvolume, on an open directory of
+    // the same filesystem.
+    match unsafe { btrfs_snap_create_v2(dir.as_raw_fd(), &args) } {
+        Ok(_) => {}
+        // Not a subvolume (a sandbox made before the store was): copy.
+        Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOTTY) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(limit) = limit_bytes {
+        let sub = open_dir(&parent.join(to))?;
+        let mut args = QgroupLimitArgs {
+            qgroupid: 0,
+            flags: QGROUP_LIMIT_MAX_RFER,
+            max_rfer: limit,
+            ..QgroupLimitArgs::default()
+        };
+        // SAFETY: a valid btrfs_ioctl_qgroup_limit_args on the new subvolume's root.
+        if let Err(e) = unsafe { btrfs_qgroup_limit(sub.as_raw_fd(), &mut args) } {
+            drop(sub);
+            let _ = remove_dir(store, parent, to);
+            return Err(io::Error::other(format!("cannot set the disk limit: {e}")));
+        }
+    }
+    Ok(true)
+}
+
+/// Swaps the names `parent/a` and `parent/b` in one step (both exist): a restore or a merge
+/// puts the new tree in place without a moment where the sandbox has none, whenever it crashes.
+pub(crate) fn exchange(parent: &Path, a: &str, b: &str) -> io::Result<()> {
+    let dir = open_dir(parent)?;
+    let (a, b) = (
+        CString::new(a).map_err(io::Error::other)?,
+        CString::new(b).map_err(io::Error::other)?,
+    );
+    // SAFETY: NUL-terminated names relative to an open directory; RENAME_EXCHANGE is atomic.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            dir.as_raw_fd(),
+            a.as_ptr(),
+            dir.as_raw_fd(),
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // The swap is durable before the caller acknowledges it.
+    dir.sync_all()
 }
 
 /// Deletes a sandbox's directory and everything in it.

@@ -16,11 +16,20 @@ use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
 use super::uids::Registry;
-use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
+use crate::engine::driver::{
+    AgentConn, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef, Liveness, StartSpec,
+    TemplateLayout, Usage,
+};
+use crate::engine::layers::TooDeep;
 use crate::engine::network::EgressSockets;
 
 /// How long a launch may take before it is abandoned.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// In a sandbox's directory, as root: the first host id its files are stored under, when that
+/// is not its own range's (see [`NamespacesDriver::disk_ids`]).
+const IDS_FILE: &str = "ids";
+/// Beside a sandbox's directory: the tree a restore or merge is about to swap in.
+const NEW_SUFFIX: &str = ".new";
 /// Most bytes read of the launcher's report and of its stderr (it relays the agent's words).
 const LAUNCHER_OUTPUT: u64 = 64 * 1024;
 
@@ -146,6 +155,63 @@ impl NamespacesDriver {
         &self.layout
     }
 
+    /// As root, the first host id the files of `fs` are stored under: what its `ids` file says
+    /// (a fork's or a restored sandbox's files keep the ids of the sandbox they came from), else
+    /// the sandbox's own range. `None` unprivileged: every file is the engine user's.
+    fn disk_ids(&self, fs: &FsRef) -> Option<u32> {
+        if self.uid != 0 {
+            return None;
+        }
+        match fs::read_to_string(self.dir(&fs.name).join(IDS_FILE)) {
+            Ok(text) => match text.trim().parse() {
+                Ok(ids) => Some(ids),
+                Err(_) => {
+                    tracing::warn!(fs = %fs.name, "unreadable ids file; assuming the sandbox's own range");
+                    fs.slot.map(plan::uid_base)
+                }
+            },
+            Err(_) => fs.slot.map(plan::uid_base),
+        }
+    }
+
+    /// Writes down which host ids a sandbox's files are stored under before they are copied,
+    /// so the copy carries it along.
+    fn ensure_ids(&self, fs: &FsRef) -> io::Result<()> {
+        let path = self.dir(&fs.name).join(IDS_FILE);
+        match (self.disk_ids(fs), path.exists()) {
+            (Some(ids), false) => crate::durable::replace_with(&path, 0o600, |f, _| {
+                use std::io::Write;
+                f.write_all(ids.to_string().as_bytes())
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Copies `from`'s own files (its uppers) into `to`, a new directory.
+    fn copy_fs(&self, from: &FsRef, to: &str) -> io::Result<()> {
+        let (src, dst) = (self.dir(&from.name), self.dir(to));
+        let owners = if self.uid == 0 {
+            crate::engine::layers::Owners::Same
+        } else {
+            crate::engine::layers::Owners::Keep
+        };
+        if src.join("upper").is_dir() {
+            crate::engine::layers::copy_tree(&src.join("upper"), &dst.join("upper"), owners)
+                .map_err(
+                    |e| match e.get_ref().and_then(|i| i.downcast_ref::<TooDeep>()) {
+                        Some(deep) => io::Error::new(io::ErrorKind::InvalidData, deep.to_string()),
+                        None => e,
+                    },
+                )?;
+        }
+        if src.join(IDS_FILE).exists() {
+            fs::copy(src.join(IDS_FILE), dst.join(IDS_FILE))?;
+        }
+        // Acknowledged means on disk: a snapshot of the store commits itself, a copy does not.
+        let dir = fs::File::open(&dst)?;
+        nix::unistd::syncfs(&dir).map_err(io::Error::from)
+    }
+
     /// Creates the sandbox's directories (idempotent; a restart reuses them).
     fn prepare_dirs(&self, spec: &StartSpec) -> io::Result<()> {
         let dir = self.dir(&spec.id);
@@ -155,7 +221,10 @@ impl NamespacesDriver {
             &spec.id,
             spec.shape.disk_mb.saturating_mul(1024 * 1024),
         )?;
-        let owner = (self.uid == 0).then(|| plan::uid_base(spec.uid_slot));
+        let owner = self.disk_ids(&FsRef {
+            name: spec.id.clone(),
+            slot: Some(spec.uid_slot),
+        });
         for mount in &spec.template.mounts {
             let target = &mount.target;
             for index in 0..mount.lowers.len() {
@@ -223,6 +292,10 @@ impl NamespacesDriver {
             pty_max: self.ptys_of(spec.uid_slot),
             workdir: spec.workdir.as_deref(),
             user: spec.user,
+            disk_ids: self.disk_ids(&FsRef {
+                name: spec.id.clone(),
+                slot: Some(spec.uid_slot),
+            }),
         });
         let input = serde_json::to_vec(&plan)
             .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;
@@ -609,13 +682,15 @@ impl Driver for NamespacesDriver {
             .map(|t| (plan::layer_name(t), plan::upper_dir(&dir, t)))
             .collect();
         // As root the upper holds the sandbox's host ids; a layer holds the ids it saw.
-        let owners = if self.uid == 0 {
-            crate::engine::layers::Owners::Shift {
-                base: plan::uid_base(slot),
+        let owners = match self.disk_ids(&FsRef {
+            name: id.to_string(),
+            slot: Some(slot),
+        }) {
+            Some(base) => crate::engine::layers::Owners::Shift {
+                base,
                 count: plan::MAPPED_IDS,
-            }
-        } else {
-            crate::engine::layers::Owners::Keep
+            },
+            None => crate::engine::layers::Owners::Keep,
         };
         crate::engine::layers::capture(&uppers, dest, owners).map_err(|e| {
             match e
@@ -659,8 +734,100 @@ impl Driver for NamespacesDriver {
             }
             last.map_err(DriverError::io("remove the sandbox's cgroups"))?;
         }
+        // A restore or merge cut short by a crash may have left its new tree beside.
+        let _ = disk::remove_dir(
+            &self.store,
+            &self.sandboxes_dir,
+            &format!("{id}{NEW_SUFFIX}"),
+        );
         disk::remove_dir(&self.store, &self.sandboxes_dir, id)
             .map_err(DriverError::io("delete the sandbox's files"))
+    }
+
+    fn clone_fs(
+        &self,
+        from: &FsRef,
+        to: &str,
+        kind: CloneKind,
+    ) -> Result<CloneMethod, DriverError> {
+        self.ensure_ids(from)
+            .map_err(DriverError::io("record the ids of the sandbox's files"))?;
+        let limit = match kind {
+            CloneKind::Snapshot => None,
+            CloneKind::Sandbox { limit_bytes } => Some(limit_bytes),
+        };
+        let parent = &self.sandboxes_dir;
+        if disk::snapshot(&self.store, parent, &from.name, to, limit)
+            .map_err(DriverError::io("snapshot the sandbox's files"))?
+        {
+            if limit.is_some() {
+                // The copy is a new sandbox: nothing of the old one's processes comes with it.
+                let _ = fs::remove_file(self.dir(to).join("agent.pid"));
+                let _ = fs::remove_file(self.dir(to).join("agent.sock"));
+            }
+            return Ok(CloneMethod::Snapshot);
+        }
+        let made = match limit {
+            None => fs::DirBuilder::new().mode(0o700).create(self.dir(to)),
+            Some(limit) => disk::create_dir(&self.store, parent, to, limit),
+        };
+        made.map_err(DriverError::io("create the copy's directory"))?;
+        if let Err(e) = self.copy_fs(from, to) {
+            let _ = disk::remove_dir(&self.store, parent, to);
+            return Err(match e.kind() {
+                io::ErrorKind::InvalidData => DriverError::Unsupported(e.to_string()),
+                _ => DriverError::io("copy the sandbox's files")(e),
+            });
+        }
+        Ok(CloneMethod::Copy)
+    }
+
+    fn replace_fs(
+        &self,
+        id: &str,
+        from: &FsRef,
+        limit_bytes: u64,
+    ) -> Result<CloneMethod, DriverError> {
+        let parent = &self.sandboxes_dir;
+        let new = format!("{id}{NEW_SUFFIX}");
+        let _ = disk::remove_dir(&self.store, parent, &new);
+        let method = self.clone_fs(from, &new, CloneKind::Sandbox { limit_bytes })?;
+        if let Err(e) = disk::exchange(parent, id, &new) {
+            let _ = disk::remove_dir(&self.store, parent, &new);
+            return Err(DriverError::io("put the copied files in place")(e));
+        }
+        // `new` now names the old tree.
+        if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
+            tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
+        }
+        Ok(method)
+    }
+
+    fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
+        disk::remove_dir(&self.store, &self.sandboxes_dir, name)
+            .map_err(DriverError::io("delete the snapshot's files"))
+    }
+
+    fn fs_bytes(&self, name: &str) -> u64 {
+        crate::fs_tree::disk_usage(&self.dir(name).join("upper"), 1_000_000)
+    }
+
+    fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
+        let dir = self.dir(&fs.name);
+        Ok(FsLayers {
+            mounts: template
+                .mounts
+                .iter()
+                .map(|m| {
+                    (
+                        m.target.clone(),
+                        plan::upper_dir(&dir, &m.target),
+                        m.lowers.clone(),
+                    )
+                })
+                .collect(),
+            id_base: self.disk_ids(fs),
+        })
     }
 
     fn usage(&self, id: &str) -> Usage {

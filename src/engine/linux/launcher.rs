@@ -253,6 +253,24 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
             fs::File::open(format!("/proc/{pid}/ns/user")),
             "open child user namespace",
         )?;
+        // A fork's files keep the host ids of the sandbox they came from: its directory is
+        // mounted id-mapped from that range onto this one's (every id of the range, the agent's
+        // too). Ids outside it stay unmapped, so they can be neither used nor forged.
+        let own_dir = match plan.disk_ids {
+            Some(from) => {
+                let map = format!("{from} {} {}", plan.uid_map.outside, super::plan::UID_RANGE);
+                let ns = ctx(
+                    sys::userns_with_map(&map),
+                    "make the id map of the sandbox's files",
+                )?;
+                let dir = sandbox_dir(plan)?.to_string_lossy().into_owned();
+                Some(ctx(
+                    sys::idmapped_tree_rw(&dir, ns.as_raw_fd()),
+                    "id-map the sandbox's directory",
+                )?)
+            }
+            None => None,
+        };
         let lowers: Vec<(&PathBuf, &PathBuf)> = plan
             .layers
             .iter()
@@ -277,6 +295,13 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
             nix::sched::setns(&mntns, nix::sched::CloneFlags::CLONE_NEWNS),
             "enter child mount namespace",
         )?;
+        if let Some(tree) = &own_dir {
+            // First: the lower layers' staging directories are inside it.
+            ctx(
+                sys::move_mount_to(tree, &sandbox_dir(plan)?.to_string_lossy()),
+                "attach the id-mapped sandbox directory",
+            )?;
+        }
         for (tree, (lower, staging)) in trees.iter().zip(&lowers) {
             ctx(
                 sys::move_mount_to(tree, &staging.to_string_lossy()),

@@ -79,6 +79,12 @@ pub struct LaunchPlan {
     /// uid and gid commands run as. Only as root: unprivileged, only root is mapped.
     #[serde(default)]
     pub user: Option<(u32, u32)>,
+    /// As root, when the sandbox's directory stores its files under another range's host ids
+    /// (a forked or merged sandbox keeps those of the one its files came from, so a fork never
+    /// rewrites ownership file by file): the first of those ids. The launcher mounts the
+    /// directory id-mapped from that range to this sandbox's before the overlays use it.
+    #[serde(default)]
+    pub disk_ids: Option<u32>,
 }
 
 /// What the engine knows about a sandbox when it launches it.
@@ -99,6 +105,8 @@ pub struct PlanInput<'a> {
     pub pty_max: u32,
     pub workdir: Option<&'a str>,
     pub user: Option<(u32, u32)>,
+    /// First host id the sandbox directory's files are stored under (see [`LaunchPlan::disk_ids`]).
+    pub disk_ids: Option<u32>,
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
@@ -219,6 +227,9 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         proc_readonly: !privileged,
         workdir: input.workdir.map(str::to_string),
         user: input.user.filter(|_| privileged),
+        disk_ids: input
+            .disk_ids
+            .filter(|&ids| privileged && ids != uid_base(input.uid_slot)),
     }
 }
 
@@ -262,6 +273,7 @@ mod tests {
             pty_max: 30,
             workdir: None,
             user: None,
+            disk_ids: None,
         }
     }
 
