@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod config;
+pub(crate) mod diff;
 pub mod driver;
 pub mod error;
 pub mod ids;

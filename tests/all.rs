@@ -24,6 +24,7 @@ mod engine_hostile;
 mod engine_lifecycle;
 mod escapes;
 mod faults;
+mod forks;
 mod fuzz_replay;
 mod hardening;
 mod http_transport;

@@ -413,6 +413,14 @@ pub async fn sh(client: &McpClient, id: &str, command: &str) -> String {
 
 /// An engine process on `data` (a new port each time), ready to serve.
 pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Child, String) {
+    spawn_engine_process_env(data, &[]).await
+}
+
+/// [`spawn_engine_process`] with more environment variables (settings).
+pub async fn spawn_engine_process_env(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -424,6 +432,7 @@ pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Chil
         .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
         .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
         .env("SANDBOX_MCP_IDLE_PAUSE", "0")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

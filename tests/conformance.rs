@@ -131,6 +131,33 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
     ),
     ("detach_secret", "DELETE", "{s}/secrets/API_KEY", None),
     ("delete_secret", "DELETE", "/v1/secrets/conformance", None),
+    (
+        "create_snapshot",
+        "POST",
+        "{s}/snapshots",
+        Some(r#"{"name": "conformance"}"#),
+    ),
+    ("list_snapshots", "GET", "{s}/snapshots", None),
+    (
+        "diff_sandbox",
+        "POST",
+        "{s}/diff",
+        Some(r#"{"against": "{snap}", "path": "/root"}"#),
+    ),
+    (
+        "restore_snapshot",
+        "POST",
+        "{s}/snapshots/{snap}/restore",
+        None,
+    ),
+    ("fork_sandbox", "POST", "{s}/fork", Some(r#"{"count": 1}"#)),
+    (
+        "merge_sandbox",
+        "POST",
+        "{s}/merge",
+        Some(r#"{"source_id": "{child}"}"#),
+    ),
+    ("delete_snapshot", "DELETE", "{s}/snapshots/{snap}", None),
     ("pause_sandbox", "POST", "{s}/pause", None),
     ("resume_sandbox", "POST", "{s}/resume", None),
     ("kill_sandbox", "DELETE", "{s}", None),
@@ -159,11 +186,18 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
     let engine = TestEngine::start().await;
     let http = engine.http();
     let mut id = String::from("sbx_0000000000000000000000000a");
+    // A snapshot and a forked child, once made.
+    let (mut snap, mut child) = (String::new(), String::new());
     for (op_id, method, template, body) in REQUESTS {
         let op = spec.operation(op_id).unwrap();
         assert_eq!(*method, op.method, "{op_id}");
-        let path = template.replace("{s}", &format!("/v1/sandboxes/{id}"));
-        let body: Option<Value> = body.map(|b| serde_json::from_str(b).unwrap());
+        let fill = |t: &str| {
+            t.replace("{s}", &format!("/v1/sandboxes/{id}"))
+                .replace("{snap}", &snap)
+                .replace("{child}", &child)
+        };
+        let path = fill(template);
+        let body: Option<Value> = body.map(|b| serde_json::from_str(&fill(b)).unwrap());
         let send = |auth: bool, path: String| {
             let mut req = http.request(method.parse().unwrap(), format!("{}{path}", engine.url));
             if auth {
@@ -256,6 +290,8 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
                 assert_eq!(status, 201);
                 id = v["id"].as_str().unwrap().to_string();
             }
+            "create_snapshot" => snap = v["id"].as_str().unwrap().to_string(),
+            "fork_sandbox" => child = v["ids"][0].as_str().unwrap().to_string(),
             "exec_command" => {
                 assert_eq!(v["exit_code"], 3);
                 assert_eq!(v["stdout"], "hi\n");

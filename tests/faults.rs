@@ -43,6 +43,9 @@ fn valid_args(tool: &str) -> Value {
             "env" => json!("API_KEY"),
             "secret" => json!("example"),
             "name" => json!("example"),
+            "snapshot_id" => json!("snap_00000000000000000000000000"),
+            "against" => json!(SANDBOX),
+            "source_id" => json!(SANDBOX),
             other => panic!("{tool}: no test value for required argument `{other}`; add one"),
         };
         args.insert(name.to_string(), value);

@@ -24,6 +24,7 @@ async fn tools_list_carries_annotations_and_schemas() {
         "sandbox_info",
         "sandbox_metrics",
         "sandbox_template_list",
+        "sandbox_snapshot_list",
         "sandbox_files_read",
         "sandbox_files_list",
     ] {
@@ -33,6 +34,17 @@ async fn tools_list_carries_annotations_and_schemas() {
     let kill = get("sandbox_kill").annotations.clone().unwrap();
     assert_eq!(kill.destructive_hint, Some(true));
     assert_eq!(kill.read_only_hint, Some(false));
+    // Forks and merges make or replace sandboxes each time; restores and merges destroy files.
+    for (tool, destructive, idempotent) in [
+        ("sandbox_fork", false, false),
+        ("sandbox_merge_into", true, false),
+        ("sandbox_snapshot_restore", true, true),
+        ("sandbox_snapshot_create", false, false),
+    ] {
+        let a = get(tool).annotations.clone().unwrap();
+        assert_eq!(a.destructive_hint, Some(destructive), "{tool}");
+        assert_eq!(a.idempotent_hint, Some(idempotent), "{tool}");
+    }
     for tool in &tools {
         assert_eq!(
             tool.input_schema.get("type"),

@@ -3,7 +3,7 @@
 //! constraints), and every response is built as the generated type the client will parse.
 //!
 //! Where things are: one module per resource ([`sandboxes`], [`exec`], [`code`], [`jobs`],
-//! [`files`], [`network`], [`previews`], [`secrets`], [`templates`]); what every handler takes
+//! [`files`], [`network`], [`previews`], [`secrets`], [`snapshots`], [`templates`]); what every handler takes
 //! from a request — state, tenant, body, path, checks shared by resources — in [`request`]; the
 //! conversions between the agent's and the manager's types and the API's, as `From`/`TryFrom`
 //! impls, in [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
@@ -22,6 +22,7 @@ mod previews;
 pub mod request;
 mod sandboxes;
 mod secrets;
+mod snapshots;
 mod templates;
 
 use axum::Router;
@@ -67,6 +68,18 @@ pub(crate) fn router(state: AppState) -> Router {
         .route(&at("/network/log"), get(network::log))
         .route(&at("/previews"), post(previews::create).get(previews::list))
         .route(&at("/previews/{port}"), delete(previews::delete))
+        .route(
+            &at("/snapshots"),
+            post(snapshots::create).get(snapshots::list),
+        )
+        .route(&at("/snapshots/{snapshot_id}"), delete(snapshots::delete))
+        .route(
+            &at("/snapshots/{snapshot_id}/restore"),
+            post(snapshots::restore),
+        )
+        .route(&at("/fork"), post(snapshots::fork))
+        .route(&at("/diff"), post(snapshots::diff))
+        .route(&at("/merge"), post(snapshots::merge))
         .route(&at("/secrets"), post(secrets::attach))
         .route(&at("/secrets/{env}"), delete(secrets::detach))
         .route("/v1/secrets", get(secrets::list))

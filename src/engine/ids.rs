@@ -59,6 +59,18 @@ pub fn is_sandbox_id(s: &str) -> bool {
     s.len() == 30 && s.starts_with("sbx_") && s.as_bytes()[4..].iter().all(|b| ALPHABET.contains(b))
 }
 
+/// A new snapshot id: `snap_` and 128 random bits as 26 base32 characters.
+pub(crate) fn snapshot_id() -> String {
+    format!("snap_{}", base32(&random_bytes::<16>()))
+}
+
+/// Whether `s` has the shape of a snapshot id (it may still not exist).
+pub(crate) fn is_snapshot_id(s: &str) -> bool {
+    s.len() == 31
+        && s.starts_with("snap_")
+        && s.as_bytes()[5..].iter().all(|b| ALPHABET.contains(b))
+}
+
 /// A new API key: 256 random bits.
 pub(crate) fn api_key() -> String {
     format!("smk_{}", base32(&random_bytes::<32>()))

@@ -34,9 +34,11 @@ mod import;
 mod pool;
 mod previews;
 mod secrets;
+mod snapshots;
 mod templates;
 pub(crate) use previews::{PreviewError, PreviewView, TOKEN_PARAM};
 pub(crate) use secrets::SecretView;
+pub(crate) use snapshots::{Diffed, MAX_SNAPSHOTS, Restored};
 use secrets::bound_env;
 
 /// Cap on each of stdout and stderr in an exec result.
@@ -379,7 +381,13 @@ impl Manager {
                     let driver = self.driver.clone();
                     let store = self.store.clone();
                     let rid = id.clone();
-                    let cleaned = blocking(move || match driver.destroy(&rid) {
+                    let cleaned = blocking(move || match driver.destroy(&rid).and_then(|()| {
+                        // A killed sandbox's snapshots go with it.
+                        for snap in store.snapshots(Some(&rid)).unwrap_or_default() {
+                            driver.remove_fs(&snap.id)?;
+                        }
+                        Ok(())
+                    }) {
                         Err(e) => {
                             tracing::warn!(sandbox = %rid, "cleanup after restart failed: {e}");
                             false
@@ -436,6 +444,7 @@ impl Manager {
         );
         let driver = self.driver.clone();
         blocking(move || driver.reconcile_slots(&held)).await?;
+        self.recover_snapshots().await?;
         self.recover_previews().await
     }
 
@@ -878,6 +887,12 @@ impl Manager {
         let slot = lock(&entry.record).uid_slot;
         blocking(move || -> Result<(), EngineError> {
             driver.destroy(&sid).map_err(EngineError::KillIncomplete)?;
+            // Its snapshots go with it (their rows with its record, below).
+            for snap in store.snapshots(Some(&sid))? {
+                driver
+                    .remove_fs(&snap.id)
+                    .map_err(EngineError::KillIncomplete)?;
+            }
             store.delete(&sid)?;
             driver.release_slot(slot);
             Ok(())

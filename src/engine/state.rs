@@ -96,6 +96,21 @@ pub struct Preview {
     pub expires_at: Option<i64>,
 }
 
+/// A snapshot of a sandbox's filesystem (see `Manager::snapshot_create`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    pub id: String,
+    pub sandbox_id: String,
+    pub name: Option<String>,
+    /// Its files are complete (false while they are made or deleted).
+    pub ready: bool,
+    /// How its files were made: `btrfs` or `copy`.
+    pub method: String,
+    /// Bytes of the sandbox's own files when it was taken: what it counts against the disk.
+    pub size_bytes: u64,
+    pub created_at: i64,
+}
+
 pub struct Store {
     conn: Mutex<Connection>,
 }
@@ -129,6 +144,15 @@ CREATE TABLE IF NOT EXISTS previews (
     created_at INTEGER NOT NULL,
     expires_at INTEGER,
     PRIMARY KEY (sandbox_id, port)
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL,
+    name TEXT,
+    ready INTEGER NOT NULL,
+    method TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_at INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
 ";
@@ -304,12 +328,13 @@ impl Store {
         })
     }
 
-    /// Deletes the sandbox's record and its previews, in one transaction.
+    /// Deletes the sandbox's record, its previews and its snapshots' records, in one transaction.
     pub fn delete(&self, id: &str) -> rusqlite::Result<()> {
         self.with(|c| {
             let tx =
                 rusqlite::Transaction::new_unchecked(c, rusqlite::TransactionBehavior::Immediate)?;
             tx.execute("DELETE FROM previews WHERE sandbox_id = ?1", params![id])?;
+            tx.execute("DELETE FROM snapshots WHERE sandbox_id = ?1", params![id])?;
             tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![id])?;
             tx.commit()
         })
@@ -364,6 +389,57 @@ impl Store {
         self.with(|c| {
             c.query_row(&format!("{SELECT} WHERE id = ?1"), params![id], row)
                 .optional()
+        })
+    }
+
+    /// Stores a snapshot's record: `ready: false` before its files are made (or while they are
+    /// deleted), so a crash in between leaves a row that recovery cleans up, never one that
+    /// names missing files.
+    pub(crate) fn put_snapshot(&self, s: &Snapshot) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "INSERT OR REPLACE INTO snapshots (id, sandbox_id, name, ready, method, size_bytes, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    s.id,
+                    s.sandbox_id,
+                    s.name,
+                    s.ready,
+                    s.method,
+                    s.size_bytes as i64,
+                    s.created_at
+                ],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub(crate) fn delete_snapshot(&self, id: &str) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute("DELETE FROM snapshots WHERE id = ?1", params![id])
+                .map(|_| ())
+        })
+    }
+
+    /// Every snapshot, or those of one sandbox, oldest first.
+    pub(crate) fn snapshots(&self, sandbox: Option<&str>) -> rusqlite::Result<Vec<Snapshot>> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT id, sandbox_id, name, ready, method, size_bytes, created_at FROM snapshots
+                 WHERE ?1 IS NULL OR sandbox_id = ?1 ORDER BY created_at, id",
+            )?;
+            let rows = stmt.query_map(params![sandbox], |r| {
+                Ok(Snapshot {
+                    id: r.get(0)?,
+                    sandbox_id: r.get(1)?,
+                    name: r.get(2)?,
+                    ready: r.get(3)?,
+                    method: r.get(4)?,
+                    size_bytes: r.get::<_, i64>(5)? as u64,
+                    created_at: r.get(6)?,
+                })
+            })?;
+            rows.collect()
         })
     }
 

@@ -9,14 +9,17 @@ use crate::agent::protocol::{
     CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
 };
 use crate::client::types;
+use crate::engine::diff;
+use crate::engine::driver::CloneMethod;
 use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::manager::{
-    ExecResult, NetworkLogPage, PreviewView, SandboxView, SecretView, ShapeRequest,
+    Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
+    ShapeRequest,
 };
 use crate::engine::network::EgressDefault;
-use crate::engine::state::{NetworkRules, Status};
+use crate::engine::state::{NetworkRules, Snapshot, Status};
 use crate::engine::templates::{BuildFailure, Template, TemplateStatus};
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
@@ -441,4 +444,99 @@ impl TryFrom<SecretView> for types::Secret {
                 .collect::<Result<_, _>>()?,
         })
     }
+}
+
+/// A snapshot id the engine holds, in the API's type.
+pub(super) fn api_snapshot_id(id: &str) -> Result<types::SnapshotId, EngineError> {
+    types::SnapshotId::try_from(id.to_string()).map_err(internal)
+}
+
+impl From<CloneMethod> for types::CopyMethod {
+    fn from(m: CloneMethod) -> Self {
+        match m {
+            CloneMethod::Snapshot => Self::Btrfs,
+            CloneMethod::Copy => Self::Copy,
+        }
+    }
+}
+
+impl TryFrom<Snapshot> for types::Snapshot {
+    type Error = EngineError;
+
+    fn try_from(s: Snapshot) -> Result<Self, EngineError> {
+        Ok(Self {
+            id: api_snapshot_id(&s.id)?,
+            sandbox_id: api_sandbox_id(&s.sandbox_id)?,
+            name: s.name,
+            created_at: ids::time(s.created_at),
+            size_bytes: s.size_bytes,
+            method: s.method.parse().map_err(internal)?,
+        })
+    }
+}
+
+impl TryFrom<Restored> for types::RestoreResult {
+    type Error = EngineError;
+
+    fn try_from(r: Restored) -> Result<Self, EngineError> {
+        let note = format!(
+            "The files are back to snapshot {}. {} process(es) were stopped, {} background job(s) ended and {} REPL context(s) reset; the sandbox restarted on the restored files with its environment, network rules, secrets and preview URLs.",
+            r.snapshot.id, r.stopped_processes, r.ended_jobs, r.lost_contexts
+        );
+        Ok(Self {
+            sandbox_id: api_sandbox_id(&r.snapshot.sandbox_id)?,
+            snapshot_id: api_snapshot_id(&r.snapshot.id)?,
+            method: r.method.into(),
+            stopped_processes: r.stopped_processes,
+            ended_jobs: r.ended_jobs,
+            lost_contexts: r.lost_contexts,
+            note,
+        })
+    }
+}
+
+impl From<diff::Entry> for types::DiffEntry {
+    fn from(e: diff::Entry) -> Self {
+        Self {
+            path: e.path,
+            change: match e.change {
+                diff::Change::Added => types::DiffEntryChange::Added,
+                diff::Change::Removed => types::DiffEntryChange::Removed,
+                diff::Change::Modified => types::DiffEntryChange::Modified,
+            },
+            type_: match e.kind {
+                diff::Kind::File => types::DiffEntryType::File,
+                diff::Kind::Dir => types::DiffEntryType::Dir,
+                diff::Kind::Symlink => types::DiffEntryType::Symlink,
+                diff::Kind::Other => types::DiffEntryType::Other,
+            },
+            size: e.size,
+            what: e.what.iter().filter_map(|w| w.parse().ok()).collect(),
+        }
+    }
+}
+
+/// A diff as the API shows it: the exact counts, the first `limit` changes.
+pub(super) fn diff_result(
+    against: String,
+    diffed: Diffed,
+    limit: usize,
+) -> Result<types::DiffResult, EngineError> {
+    let Diffed { diff, saved_to } = diffed;
+    let total = diff.added + diff.removed + diff.modified;
+    let entries: Vec<types::DiffEntry> = diff
+        .entries
+        .into_iter()
+        .take(limit)
+        .map(Into::into)
+        .collect();
+    Ok(types::DiffResult {
+        against,
+        added: diff.added,
+        removed: diff.removed,
+        modified: diff.modified,
+        truncated: (entries.len() as u64) < total,
+        entries,
+        saved_to,
+    })
 }

@@ -20,14 +20,14 @@ type ApiResult<T> = Result<Json<T>, EngineError>;
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
 /// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
-const MAX_METADATA_PAIRS: usize = 32;
+pub(super) const MAX_METADATA_PAIRS: usize = 32;
 /// Longest metadata filter accepted.
 const MAX_FILTER: usize = 2048;
 /// Longest `timeout_seconds` (30 days).
 const MAX_TIMEOUT_SECONDS: u64 = 2_592_000;
 
 /// Metadata keys: the list filter is written `key=value,…`, so keys cannot hold `,` or `=`.
-fn check_metadata(
+pub(super) fn check_metadata(
     m: &BTreeMap<String, types::MetadataValue>,
 ) -> Result<BTreeMap<String, String>, EngineError> {
     if m.len() > MAX_METADATA_PAIRS {
