@@ -88,7 +88,8 @@ pub(crate) fn capture(
 
 /// Copies a sandbox's tree `from` (its uppers, stopped or frozen) to `to`, which must not
 /// exist, exactly: modes with setuid and setgid, whiteouts, opaque directories, hard links and
-/// (with [`Owners::Same`]) host ids are kept, so the copy is the same filesystem. Sockets are
+/// (with [`Owners::Same`]) host ids are kept, and so are modification times (a diff takes a file
+/// of the same size and time as unchanged without reading it), so the copy is the same filesystem. Sockets are
 /// not files to copy and are left out. Returns the bytes of file content copied. The copy path
 /// of snapshots and forks where the store cannot snapshot.
 pub(crate) fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u64> {
@@ -96,6 +97,10 @@ pub(crate) fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u6
     copier.tree(from, to)?;
     for (path, mode) in copier.modes.iter().rev() {
         fs::set_permissions(path, fs::Permissions::from_mode(*mode))?;
+    }
+    // Directory times last of all: making their entries changed them.
+    for (path, meta) in copier.dir_times.iter().rev() {
+        keep_times(path, meta)?;
     }
     Ok(copier.bytes)
 }
@@ -133,6 +138,8 @@ struct Copier {
     /// Hard-linked files already copied: (device, inode) → the copy.
     links: HashMap<(u64, u64), PathBuf>,
     modes: Vec<(PathBuf, u32)>,
+    /// Directories whose times are set once everything in them is written (exact copies).
+    dir_times: Vec<(PathBuf, fs::Metadata)>,
 }
 
 impl Copier {
@@ -143,6 +150,7 @@ impl Copier {
             bytes: 0,
             links: HashMap::new(),
             modes: Vec::new(),
+            dir_times: Vec::new(),
         }
     }
 
@@ -168,12 +176,18 @@ impl Copier {
                 } else if ft.is_symlink() {
                     std::os::unix::fs::symlink(fs::read_link(&s)?, &d)?;
                     self.chown(&d, &meta)?;
+                    if self.exact {
+                        keep_times(&d, &meta)?;
+                    }
                 } else if ft.is_char_device() && meta.rdev() == 0 {
                     // An overlay whiteout: the file was deleted in the sandbox.
                     whiteout(&d)?;
                 } else if ft.is_fifo() {
                     mknod(&d, libc::S_IFIFO | (meta.mode() & 0o777))?;
                     self.chown(&d, &meta)?;
+                    if self.exact {
+                        keep_times(&d, &meta)?;
+                    }
                 }
                 // Sockets and real device nodes are not part of a filesystem image.
             }
@@ -192,6 +206,9 @@ impl Copier {
         self.chown(dst, meta)?;
         let keep = if self.exact { 0o7777 } else { 0o1777 };
         self.modes.push((dst.to_path_buf(), meta.mode() & keep));
+        if self.exact {
+            self.dir_times.push((dst.to_path_buf(), meta.clone()));
+        }
         Ok(())
     }
 
@@ -218,6 +235,9 @@ impl Copier {
         // own copy keeps them: it only ever runs them as ids the sandbox already has.)
         let keep = if self.exact { 0o7777 } else { 0o1777 };
         output.set_permissions(fs::Permissions::from_mode(meta.mode() & keep))?;
+        if self.exact {
+            keep_times(dst, meta)?;
+        }
         Ok(())
     }
 
@@ -227,6 +247,34 @@ impl Copier {
         }
         Ok(())
     }
+}
+
+/// Gives `path` (never followed) the access and modification times of `meta`.
+fn keep_times(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    let p = cstr(path)?;
+    let times = [
+        libc::timespec {
+            tv_sec: meta.atime(),
+            tv_nsec: meta.atime_nsec(),
+        },
+        libc::timespec {
+            tv_sec: meta.mtime(),
+            tv_nsec: meta.mtime_nsec(),
+        },
+    ];
+    // SAFETY: a NUL-terminated path and an array of two timespecs.
+    let r = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn cstr(path: &Path) -> io::Result<CString> {
@@ -359,6 +407,60 @@ mod tests {
         );
         let gone = fs::symlink_metadata(dest.join("root/gone")).unwrap();
         assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+    }
+
+    #[test]
+    fn an_exact_copy_keeps_setuid_times_links_whiteouts_and_opaque_dirs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path().join("upper");
+        fs::create_dir_all(upper.join("a/b")).unwrap();
+        fs::write(upper.join("a/b/f"), "hello").unwrap();
+        fs::set_permissions(upper.join("a/b/f"), fs::Permissions::from_mode(0o4755)).unwrap();
+        fs::hard_link(upper.join("a/b/f"), upper.join("a/g")).unwrap();
+        std::os::unix::fs::symlink("loop", upper.join("a/loop")).unwrap();
+        mknod(&upper.join("a/fifo"), libc::S_IFIFO | 0o640).unwrap();
+        std::os::unix::net::UnixListener::bind(upper.join("a/sock")).unwrap();
+        whiteout(&upper.join("gone")).unwrap();
+        let opaque = mark_opaque(&upper.join("a/b")).is_ok();
+        // Times from the past, on a file, a link and a directory.
+        for p in ["a/b/f", "a/loop", "a"] {
+            keep_times(&upper.join(p), &fs::symlink_metadata("/").unwrap()).unwrap();
+        }
+        let dest = tmp.path().join("copy");
+        assert_eq!(copy_tree(&upper, &dest, Owners::Keep).unwrap(), 5);
+        let f = fs::metadata(dest.join("a/b/f")).unwrap();
+        assert_eq!(f.mode() & 0o7777, 0o4755, "setuid kept");
+        assert_eq!(f.ino(), fs::metadata(dest.join("a/g")).unwrap().ino());
+        for p in ["a/b/f", "a/loop", "a"] {
+            let (was, is) = (
+                fs::symlink_metadata(upper.join(p)).unwrap(),
+                fs::symlink_metadata(dest.join(p)).unwrap(),
+            );
+            assert_eq!(
+                (is.mtime(), is.mtime_nsec()),
+                (was.mtime(), was.mtime_nsec()),
+                "{p}"
+            );
+        }
+        assert_eq!(
+            fs::read_link(dest.join("a/loop")).unwrap(),
+            Path::new("loop")
+        );
+        assert!(
+            fs::symlink_metadata(dest.join("a/fifo"))
+                .unwrap()
+                .file_type()
+                .is_fifo()
+        );
+        assert!(!dest.join("a/sock").exists(), "sockets are left out");
+        let gone = fs::symlink_metadata(dest.join("gone")).unwrap();
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+        if opaque {
+            assert_eq!(
+                get_xattr(&dest.join("a/b"), OPAQUE).as_deref(),
+                Some(&b"y"[..])
+            );
+        }
     }
 
     #[test]
