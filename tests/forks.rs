@@ -818,3 +818,53 @@ async fn a_crash_during_a_fork_or_a_restore_leaves_nothing_half_made() {
     engine.wait().unwrap();
     crate::common::kill_left_behind(&data);
 }
+
+/// A call whose processes a restore or a kill stops says why, instead of reporting a crash.
+#[tokio::test]
+async fn a_call_cut_short_by_a_restore_or_a_kill_says_why() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id}),
+    )
+    .await;
+    for (what, expected) in [
+        ("restore", "files were replaced"),
+        ("kill", "was killed while this call ran"),
+    ] {
+        let (url, sid) = (engine.url.clone(), id.clone());
+        let running = tokio::spawn(async move {
+            api(
+                &url,
+                "POST",
+                &format!("/v1/sandboxes/{sid}/exec"),
+                Some(json!({"command": "sleep 30", "timeout_ms": 60000})),
+            )
+            .await
+        });
+        // Until the command runs.
+        while sh(&client, &id, "pgrep -c sleep || true").await != "1\n" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if what == "restore" {
+            ok(
+                &client,
+                "sandbox_snapshot_restore",
+                json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+            )
+            .await;
+        } else {
+            ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+        }
+        let (status, body) = running.await.unwrap();
+        assert!(status == 409 || status == 404, "{what}: {status} {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains(expected),
+            "{what}: {body}"
+        );
+    }
+}

@@ -9,7 +9,7 @@
 //! - The in-memory runtime state can always be rebuilt from the database and the driver.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,8 +38,8 @@ mod snapshots;
 mod templates;
 pub(crate) use previews::{PreviewError, PreviewView, TOKEN_PARAM};
 pub(crate) use secrets::SecretView;
-pub(crate) use snapshots::{Diffed, MAX_SNAPSHOTS, Restored};
 use secrets::bound_env;
+pub(crate) use snapshots::{Diffed, MAX_SNAPSHOTS, Restored};
 
 /// Cap on each of stdout and stderr in an exec result.
 pub(crate) const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
@@ -80,6 +80,11 @@ struct Entry {
     net: Arc<SandboxNet>,
     /// Its ports served as preview URLs, by port.
     previews: Mutex<BTreeMap<u16, previews::Live>>,
+    /// Times the engine stopped the sandbox's processes on purpose (a restore, a merge, a kill):
+    /// a call whose agent hangs up across one was interrupted, not crashed.
+    interruptions: AtomicU64,
+    /// Set when a kill begins.
+    killing: AtomicBool,
 }
 
 impl Entry {
@@ -100,6 +105,8 @@ impl Entry {
             inflight: AtomicUsize::new(0),
             net,
             previews: Mutex::new(BTreeMap::new()),
+            interruptions: AtomicU64::new(0),
+            killing: AtomicBool::new(false),
         })
     }
 
@@ -381,20 +388,22 @@ impl Manager {
                     let driver = self.driver.clone();
                     let store = self.store.clone();
                     let rid = id.clone();
-                    let cleaned = blocking(move || match driver.destroy(&rid).and_then(|()| {
-                        // A killed sandbox's snapshots go with it.
-                        for snap in store.snapshots(Some(&rid)).unwrap_or_default() {
-                            driver.remove_fs(&snap.id)?;
-                        }
-                        Ok(())
-                    }) {
-                        Err(e) => {
-                            tracing::warn!(sandbox = %rid, "cleanup after restart failed: {e}");
-                            false
-                        }
-                        Ok(()) => {
-                            let _ = store.delete(&rid);
-                            true
+                    let cleaned = blocking(move || {
+                        match driver.destroy(&rid).and_then(|()| {
+                            // A killed sandbox's snapshots go with it.
+                            for snap in store.snapshots(Some(&rid)).unwrap_or_default() {
+                                driver.remove_fs(&snap.id)?;
+                            }
+                            Ok(())
+                        }) {
+                            Err(e) => {
+                                tracing::warn!(sandbox = %rid, "cleanup after restart failed: {e}");
+                                false
+                            }
+                            Ok(()) => {
+                                let _ = store.delete(&rid);
+                                true
+                            }
                         }
                     })
                     .await?;
@@ -851,6 +860,23 @@ impl Manager {
         Ok(())
     }
 
+    /// After the agent hung up on a call: the error to give when the engine stopped the
+    /// sandbox's processes on purpose since the call began (`since`); `None` for a real agent
+    /// failure, which is noted (see [`Self::note_agent_failure`]).
+    async fn interrupted(&self, id: &str, entry: &Arc<Entry>, since: u64) -> Option<EngineError> {
+        if entry.interruptions.load(Ordering::Acquire) == since {
+            self.note_agent_failure(id, entry).await;
+            return None;
+        }
+        Some(if !entry.killing.load(Ordering::Acquire) {
+            EngineError::Conflict(format!(
+                "sandbox {id}'s files were replaced (a snapshot restore or a merge) while this call ran, which stopped its processes; run it again"
+            ))
+        } else {
+            EngineError::NotFound(format!("sandbox {id} was killed while this call ran"))
+        })
+    }
+
     /// After an agent failure (it hung up, or broke the protocol): an agent that is gone, or that
     /// no longer answers a ping as it should, is not trusted again — its processes are stopped and
     /// the next call starts a fresh one on the sandbox's files.
@@ -881,6 +907,8 @@ impl Manager {
             return Err(EngineError::sandbox_not_found(id));
         }
         self.set_status(id, Status::Killing).await?;
+        entry.killing.store(true, Ordering::Release);
+        entry.interruptions.fetch_add(1, Ordering::AcqRel);
         let driver = self.driver.clone();
         let store = self.store.clone();
         let sid = id.to_string();
@@ -918,13 +946,14 @@ impl Manager {
         let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
         let mut call = call;
         call.add_env(&bound_env(&entry));
+        let since = entry.interruptions.load(Ordering::Acquire);
         let exchange = exchange(&mut conn, call);
         match tokio::time::timeout(deadline, exchange).await {
             Ok(Ok(answer)) => answer.map_err(EngineError::from),
-            Ok(Err(e)) => {
-                self.note_agent_failure(id, &entry).await;
-                Err(e.into())
-            }
+            Ok(Err(e)) => Err(self
+                .interrupted(id, &entry, since)
+                .await
+                .unwrap_or_else(|| e.into())),
             Err(_) => Err(self.timed_out(id, &entry, deadline).await),
         }
     }
@@ -1004,6 +1033,7 @@ impl Manager {
             .await
             .map_err(|e| EngineError::Sandbox(format!("the sandbox's agent hung up: {e}")))?;
         let until = tokio::time::Instant::now() + deadline;
+        let since = entry.interruptions.load(Ordering::Acquire);
         let state = Some((conn, inflight, entry, self.clone(), id.to_string()));
         Ok(futures::stream::unfold(state, move |state| async move {
             let (mut conn, inflight, entry, manager, id) = state?;
@@ -1020,13 +1050,12 @@ impl Manager {
                 Ok(Ok(Some(Frame::Reply(reply)))) => Some((Ok(Event::Reply(reply)), None)),
                 Ok(Ok(Some(Frame::Error(e)))) => Some((Err(EngineError::from(e)), None)),
                 Ok(Ok(None)) | Ok(Err(_)) => {
-                    manager.note_agent_failure(&id, &entry).await;
-                    Some((
-                        Err(EngineError::Sandbox(
+                    let error = manager.interrupted(&id, &entry, since).await.unwrap_or_else(|| {
+                        EngineError::Sandbox(
                             "the sandbox's agent closed the connection (it may have run out of memory)".into(),
-                        )),
-                        None,
-                    ))
+                        )
+                    });
+                    Some((Err(error), None))
                 }
                 Err(_) => Some((Err(manager.timed_out(&id, &entry, deadline).await), None)),
             }

@@ -88,6 +88,7 @@ impl Manager {
         entry: &Entry,
         runtime: &mut Runtime,
     ) -> Result<u64, EngineError> {
+        entry.interruptions.fetch_add(1, Ordering::AcqRel);
         let driver = self.driver.clone();
         let sid = id.to_string();
         let stopped = blocking(move || -> Result<u64, DriverError> {
