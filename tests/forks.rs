@@ -868,3 +868,76 @@ async fn a_call_cut_short_by_a_restore_or_a_kill_says_why() {
         );
     }
 }
+
+/// Unprivileged (every file the engine user's, a plain store), the same tools work by copying.
+#[tokio::test]
+async fn an_unprivileged_engine_forks_snapshots_and_merges_by_copying() {
+    require_sandboxes!();
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the suite already runs unprivileged (the other fork tests cover it)");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("smcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (mut engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
+    let id = create(&client).await;
+    sh(
+        &client,
+        &id,
+        "mkdir /root/p && echo one > /root/p/f && chmod 4755 /root/p/f",
+    )
+    .await;
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id}),
+    )
+    .await;
+    let forked = ok(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": id, "count": 2}),
+    )
+    .await;
+    let kids = ids(&forked);
+    sh(&client, &kids[0], "echo two > /root/p/f").await;
+    let d = ok(
+        &client,
+        "sandbox_diff",
+        json!({"sandbox_id": kids[0], "against": kids[1]}),
+    )
+    .await;
+    let merged = ok(
+        &client,
+        "sandbox_merge_into",
+        json!({"sandbox_id": id, "source_id": kids[0]}),
+    )
+    .await;
+    let after_merge = sh(&client, &id, "cat /root/p/f").await;
+    let restored = ok(
+        &client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+    )
+    .await;
+    let after_restore = sh(&client, &id, "cat /root/p/f; stat -c %a /root/p/f").await;
+    let _ = engine.kill();
+    let _ = engine.wait();
+    for v in [&snap, &forked, &merged, &restored] {
+        assert_eq!(v["method"], "copy", "{v}");
+    }
+    // Writing to a setuid file clears the bit: the mode differs too.
+    assert_eq!(
+        changes(&d),
+        vec![(
+            "/root/p/f".to_string(),
+            "modified".to_string(),
+            json!(["content", "mode"])
+        )],
+        "{d}"
+    );
+    assert_eq!(after_merge, "two\n");
+    assert_eq!(after_restore, "one\n4755\n");
+}
