@@ -250,10 +250,12 @@ pub trait Driver: Send + Sync + 'static {
         Err(self.no_snapshots())
     }
 
-    /// Bytes written to the filesystem `name` (a sandbox's or a snapshot's) over its template.
-    fn fs_bytes(&self, name: &str) -> u64 {
-        let _ = name;
-        0
+    /// Bytes the store charges to sandbox `id`'s disk limit, its snapshots' share included,
+    /// when the store keeps that count itself (btrfs simple quotas): read in constant time.
+    /// `None`: the engine measures the files and adds its snapshots up.
+    fn disk_charge(&self, id: &str) -> Option<u64> {
+        let _ = id;
+        None
     }
 
     /// The filesystem `fs` as its layers lie on the host, for a diff.

@@ -808,8 +808,11 @@ impl Driver for NamespacesDriver {
             .map_err(DriverError::io("delete the snapshot's files"))
     }
 
-    fn fs_bytes(&self, name: &str) -> u64 {
-        crate::fs_tree::disk_usage(&self.dir(name).join("upper"), 1_000_000)
+    fn disk_charge(&self, id: &str) -> Option<u64> {
+        match self.store {
+            Store::Btrfs => disk::simple_quota_bytes(&self.dir(id)),
+            Store::Plain(_) => None,
+        }
     }
 
     fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {

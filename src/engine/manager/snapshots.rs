@@ -136,9 +136,35 @@ impl Manager {
             })
     }
 
-    async fn disk_bytes(&self, id: &str) -> Result<u64, EngineError> {
+    /// What sandbox `id`'s files and `snapshots` take of its disk, and what its files alone
+    /// take: the store's own count where it keeps one (btrfs simple quotas: shared blocks once,
+    /// so both are the same figure), else its files measured, plus each snapshot at its size
+    /// when taken.
+    async fn disk_use(&self, id: &str, snapshots: &[Snapshot]) -> Result<(u64, u64), EngineError> {
         let (driver, sid) = (self.driver.clone(), id.to_string());
-        blocking(move || driver.disk_bytes(&sid)).await
+        let held: u64 = snapshots.iter().map(|s| s.size_bytes).sum();
+        blocking(move || match driver.disk_charge(&sid) {
+            Some(charged) => (charged, charged),
+            None => {
+                let own = driver.disk_bytes(&sid);
+                (own.saturating_add(held), own)
+            }
+        })
+        .await
+    }
+
+    /// Refused when the sandbox's disk is (all but) full: a snapshot could not be kept, a fork
+    /// would start full.
+    fn check_disk(id: &str, record: &Record, used: u64, then: &str) -> Result<(), EngineError> {
+        let limit = Self::disk_limit(record);
+        if used >= limit / 100 * 95 {
+            return Err(EngineError::QuotaExceeded(format!(
+                "sandbox {id} is at its disk limit: its files and snapshots take {} of its {} MiB, so {then}; delete a snapshot (sandbox_snapshot_delete) or files first",
+                used >> 20,
+                record.shape.disk_mb
+            )));
+        }
+        Ok(())
     }
 
     pub(crate) async fn snapshot_create(
@@ -167,25 +193,16 @@ impl Manager {
                 "sandbox {id} already has a snapshot named {name:?}; choose another name or delete that one"
             )));
         }
-        // A snapshot counts against the sandbox's disk at its size when taken.
-        let used = self.disk_bytes(id).await?;
-        let held: u64 = existing.iter().map(|s| s.size_bytes).sum();
-        let limit = Self::disk_limit(&record);
-        if used.saturating_add(held) > limit {
-            return Err(EngineError::QuotaExceeded(format!(
-                "sandbox {id}'s files ({} MiB) and snapshots ({} MiB) would exceed its {} MiB disk; delete a snapshot with sandbox_snapshot_delete or files first",
-                used >> 20,
-                held >> 20,
-                record.shape.disk_mb
-            )));
-        }
+        // A snapshot counts against the sandbox's disk.
+        let (used, own) = self.disk_use(id, &existing).await?;
+        Self::check_disk(id, &record, used, "no snapshot can be kept")?;
         let mut snap = Snapshot {
             id: ids::snapshot_id(),
             sandbox_id: id.to_string(),
             name,
             ready: false,
             method: String::new(),
-            size_bytes: used,
+            size_bytes: own,
             created_at: ids::now_ms(),
         };
         self.put_snapshot(&snap).await?;
@@ -208,6 +225,11 @@ impl Manager {
         };
         snap.ready = true;
         snap.method = method.as_str().to_string();
+        // The store's count is exact once the snapshot has committed what was in flight.
+        let (driver, sid) = (self.driver.clone(), id.to_string());
+        if let Some(charged) = blocking(move || driver.disk_charge(&sid)).await? {
+            snap.size_bytes = charged;
+        }
         self.put_snapshot(&snap).await?;
         Ok(snap)
     }
@@ -337,16 +359,9 @@ impl Manager {
             return Err(EngineError::sandbox_not_found(id));
         }
         let record = lock(&parent.record).clone();
-        let limit = Self::disk_limit(&record);
-        let used = self.disk_bytes(id).await?;
-        // A child of a full parent would start full: refused before anything is made.
-        if used >= limit / 100 * 95 {
-            return Err(EngineError::QuotaExceeded(format!(
-                "sandbox {id} is at its disk limit ({} of {} MiB used), so its forks would start full; free space in it first",
-                used >> 20,
-                record.shape.disk_mb
-            )));
-        }
+        let snapshots = self.snapshots_of(Some(id)).await?;
+        let (used, _) = self.disk_use(id, &snapshots).await?;
+        Self::check_disk(id, &record, used, "its forks would start full")?;
         let mut labels = record.metadata.clone();
         labels.extend(metadata.clone());
         labels.insert(FORKED_FROM.to_string(), id.to_string());
