@@ -179,6 +179,10 @@ pub trait Driver: Send + Sync + 'static {
     /// Kills every process and deletes the sandbox's filesystem and cgroups.
     fn destroy(&self, id: &str) -> Result<(), DriverError>;
     fn usage(&self, id: &str) -> Usage;
+    /// Processes the sandbox has (not threads, not exited ones awaiting their parent).
+    fn processes(&self, id: &str) -> u64 {
+        self.usage(id).pids
+    }
     /// [`Self::usage`]'s `oom_kills` alone, cheap enough to read around every command.
     fn oom_kills(&self, id: &str) -> u64 {
         self.usage(id).oom_kills

@@ -837,6 +837,12 @@ impl Driver for NamespacesDriver {
         self.cgroups(id).usage()
     }
 
+    fn processes(&self, id: &str) -> u64 {
+        // cgroup.procs lists live processes; pids.current also counts threads, and killed
+        // agents until the host's init reaps them.
+        self.cgroups(id).pids().len() as u64
+    }
+
     fn oom_kills(&self, id: &str) -> u64 {
         self.cgroups(id).oom_kills()
     }

@@ -92,7 +92,7 @@ impl Manager {
         let driver = self.driver.clone();
         let sid = id.to_string();
         let stopped = blocking(move || -> Result<u64, DriverError> {
-            let pids = driver.usage(&sid).pids;
+            let pids = driver.processes(&sid);
             driver.stop(&sid)?;
             // A paused sandbox's cgroup stays frozen after its processes die: the next agent
             // must not start frozen.
