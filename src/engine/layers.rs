@@ -376,17 +376,24 @@ pub(crate) fn collect_garbage(store: &Path, used: &std::collections::HashSet<Str
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_capture_keeps_content_links_and_whiteouts_and_drops_setuid() {
-        let tmp = tempfile::tempdir().unwrap();
-        let upper = tmp.path().join("upper");
+    /// An upper as a sandbox leaves it: a setuid file `a/b/f` ("hello") hard-linked as `a/g`,
+    /// and a whiteout `gone`.
+    fn sample_upper(tmp: &Path) -> PathBuf {
+        let upper = tmp.join("upper");
         fs::create_dir_all(upper.join("a/b")).unwrap();
         fs::write(upper.join("a/b/f"), "hello").unwrap();
         fs::set_permissions(upper.join("a/b/f"), fs::Permissions::from_mode(0o4755)).unwrap();
         fs::hard_link(upper.join("a/b/f"), upper.join("a/g")).unwrap();
+        whiteout(&upper.join("gone")).unwrap();
+        upper
+    }
+
+    #[test]
+    fn a_capture_keeps_content_links_and_whiteouts_and_drops_setuid() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = sample_upper(tmp.path());
         std::os::unix::fs::symlink("/etc/passwd", upper.join("a/link")).unwrap();
         fs::set_permissions(upper.join("a"), fs::Permissions::from_mode(0o555)).unwrap();
-        whiteout(&upper.join("gone")).unwrap();
         let dest = tmp.path().join("layer");
         let bytes = capture(&[("root".into(), upper)], &dest, Owners::Keep).unwrap();
         assert_eq!(bytes, 5);
@@ -412,15 +419,10 @@ mod tests {
     #[test]
     fn an_exact_copy_keeps_setuid_times_links_whiteouts_and_opaque_dirs() {
         let tmp = tempfile::tempdir().unwrap();
-        let upper = tmp.path().join("upper");
-        fs::create_dir_all(upper.join("a/b")).unwrap();
-        fs::write(upper.join("a/b/f"), "hello").unwrap();
-        fs::set_permissions(upper.join("a/b/f"), fs::Permissions::from_mode(0o4755)).unwrap();
-        fs::hard_link(upper.join("a/b/f"), upper.join("a/g")).unwrap();
+        let upper = sample_upper(tmp.path());
         std::os::unix::fs::symlink("loop", upper.join("a/loop")).unwrap();
         mknod(&upper.join("a/fifo"), libc::S_IFIFO | 0o640).unwrap();
         std::os::unix::net::UnixListener::bind(upper.join("a/sock")).unwrap();
-        whiteout(&upper.join("gone")).unwrap();
         let opaque = mark_opaque(&upper.join("a/b")).is_ok();
         // Times from the past, on a file, a link and a directory.
         for p in ["a/b/f", "a/loop", "a"] {
