@@ -303,6 +303,8 @@ impl Manager {
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
         }
+        // Again under the lock: a delete may have taken it meanwhile.
+        let snapshot = self.own_snapshot(id, &snapshot.id).await?;
         let stopped_processes = self.stop_for_files(id, &entry, &mut runtime).await?;
         let (driver, sid, from) = (
             self.driver.clone(),
@@ -506,17 +508,31 @@ impl Manager {
             .collect();
         let method = self
             .frozen(id, runtime, move || {
-                let mut method = CloneMethod::Snapshot;
-                for (child, limit_bytes) in &targets {
-                    method = driver.clone_fs(
+                let clone = |(child, limit_bytes): &(String, u64)| {
+                    driver.clone_fs(
                         &from,
                         child,
                         CloneKind::Sandbox {
                             limit_bytes: *limit_bytes,
                         },
-                    )?;
-                }
-                Ok::<_, DriverError>(method)
+                    )
+                };
+                // The first alone (it writes down the ids of the parent's files once), the rest
+                // side by side: btrfs commits snapshots made together in one transaction.
+                let Some((first, rest)) = targets.split_first() else {
+                    return Ok(CloneMethod::Snapshot);
+                };
+                let method = clone(first)?;
+                std::thread::scope(|scope| {
+                    let copies: Vec<_> =
+                        rest.iter().map(|t| scope.spawn(move || clone(t))).collect();
+                    for copy in copies {
+                        copy.join().map_err(|_| {
+                            DriverError::Agent("a copy of the parent's files panicked".into())
+                        })??;
+                    }
+                    Ok::<_, DriverError>(method)
+                })
             })
             .await??;
         let started = futures::future::join_all(children.iter().map(|child| async move {
