@@ -1404,6 +1404,8 @@ fn fork_path(
         "copy path"
     };
     let name = |what: &str| format!("Forks ({path}): {what}");
+    // The issue's targets are for the btrfs store; the copy path's figures stand beside them.
+    let btrfs_target = |t: (f64, &'static str)| (method == "btrfs").then_some(t);
     let note = |what: &str| format!("HTTP API call wall time, {WORKSPACE_NOTE}; {what}");
 
     let fork = |count: u32| -> Result<(f64, Vec<String>), String> {
@@ -1441,7 +1443,7 @@ fn fork_path(
             &name(&format!("fork n={count}, call → children running")),
             "ms",
             samples,
-            Some(if count == 1 {
+            btrfs_target(if count == 1 {
                 (30.0, "≤ 30 ms")
             } else {
                 (100.0, "≤ 100 ms")
@@ -1495,7 +1497,7 @@ fn fork_path(
         &name("snapshot create"),
         "ms",
         created,
-        Some((20.0, "≤ 20 ms")),
+        btrfs_target((20.0, "≤ 20 ms")),
         &note(&format!(
             "POST /v1/sandboxes/{{id}}/snapshots; its size_bytes: {held_mb:.0} MB (the \
              100 MB in 4 KiB blocks); each is deleted after its run, untimed"
@@ -1512,7 +1514,7 @@ fn fork_path(
         &name("restore"),
         "ms",
         restored,
-        Some((30.0, "≤ 30 ms")),
+        btrfs_target((30.0, "≤ 30 ms")),
         &note(
             "POST …/snapshots/{snapshot_id}/restore of the same snapshot each run: the \
              processes stopped, the files put back and the sandbox restarted on them",
@@ -1554,7 +1556,7 @@ fn fork_path(
         &name("diff of two siblings (10 files changed in one)"),
         "ms",
         diffs,
-        Some((100.0, "≤ 100 ms")),
+        btrfs_target((100.0, "≤ 100 ms")),
         &note(&format!(
             "POST /v1/sandboxes/{{a}}/diff `against: b`, two children of one fork; found \
              {} added, {} removed, {} modified",
