@@ -1351,7 +1351,7 @@ fn fork_figures(out: &mut Vec<Figure>) -> String {
          subvolume snapshot, which copies none of the files' bytes; on the copy path (a plain \
          store: no root, no btrfs, or `SANDBOX_MCP_DISK_LIMITS=off`) the sandbox's own files \
          are copied, here all 100 MB of them for each snapshot, restore or child. A fork's \
-         children are copied one after another, then start their agents in parallel, and the \
+         children are copied side by side, then start their agents in parallel, and the \
          call returns once all of them are running. Every figure is the wall time of HTTP API \
          calls, with the issue's workspace (20,000 files of 5,000 bytes, 100 MB) in the sandbox.",
     );
