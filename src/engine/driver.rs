@@ -233,7 +233,7 @@ pub trait Driver: Send + Sync + 'static {
         kind: CloneKind,
     ) -> Result<CloneMethod, DriverError> {
         let _ = (from, to, kind);
-        Err(self.no_snapshots())
+        Err(no_snapshots(self.name()))
     }
 
     /// Makes the stopped sandbox `id`'s filesystem a copy of `from` in one step: its old files
@@ -245,13 +245,13 @@ pub trait Driver: Send + Sync + 'static {
         limit_bytes: u64,
     ) -> Result<CloneMethod, DriverError> {
         let _ = (id, from, limit_bytes);
-        Err(self.no_snapshots())
+        Err(no_snapshots(self.name()))
     }
 
     /// Deletes a snapshot's files.
     fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
         let _ = name;
-        Err(self.no_snapshots())
+        Err(no_snapshots(self.name()))
     }
 
     /// Bytes the store charges to sandbox `id`'s disk limit, its snapshots' share included,
@@ -265,15 +265,7 @@ pub trait Driver: Send + Sync + 'static {
     /// The filesystem `fs` as its layers lie on the host, for a diff.
     fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
         let _ = (fs, template);
-        Err(self.no_snapshots())
-    }
-
-    #[doc(hidden)]
-    fn no_snapshots(&self) -> DriverError {
-        DriverError::Unsupported(format!(
-            "the {} driver cannot snapshot or fork a sandbox's filesystem",
-            self.name()
-        ))
+        Err(no_snapshots(self.name()))
     }
 
     fn egress_sockets<'a>(
@@ -283,4 +275,11 @@ pub trait Driver: Send + Sync + 'static {
         let _ = id;
         Box::pin(async { Ok(None) })
     }
+}
+
+/// What a driver without snapshots answers to a snapshot, fork, restore, merge or diff.
+fn no_snapshots(driver: &str) -> DriverError {
+    DriverError::Unsupported(format!(
+        "the {driver} driver cannot snapshot or fork a sandbox's filesystem"
+    ))
 }

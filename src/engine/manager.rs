@@ -39,7 +39,7 @@ mod templates;
 pub(crate) use previews::{PreviewError, PreviewView, TOKEN_PARAM};
 pub(crate) use secrets::SecretView;
 use secrets::bound_env;
-pub(crate) use snapshots::{Diffed, MAX_SNAPSHOTS, Restored};
+pub(crate) use snapshots::{Diffed, MAX_LABELS, MAX_SNAPSHOTS, Restored};
 
 /// Cap on each of stdout and stderr in an exec result.
 pub(crate) const EXEC_OUTPUT_CAP: u64 = 32 * 1024;

@@ -20,7 +20,7 @@ type ApiResult<T> = Result<Json<T>, EngineError>;
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
 /// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
-pub(super) const MAX_METADATA_PAIRS: usize = 32;
+const MAX_METADATA_PAIRS: usize = crate::engine::manager::MAX_LABELS;
 /// Longest metadata filter accepted.
 const MAX_FILTER: usize = 2048;
 /// Longest `timeout_seconds` (30 days).

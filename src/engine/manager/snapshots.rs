@@ -27,8 +27,8 @@ pub(crate) const MAX_SNAPSHOTS: usize = 16;
 pub(crate) const MAX_FORKS: u32 = 32;
 /// Most changes a diff remembers (the counts are exact beyond it): what `save_to` can write.
 const DIFF_MEMORY: usize = 100_000;
-/// Most metadata labels a sandbox has (the API's limit).
-const MAX_LABELS: usize = 32;
+/// Most metadata labels a sandbox has (the API checks them against it too).
+pub(crate) const MAX_LABELS: usize = 32;
 /// Key of a fork's metadata naming its parent.
 pub(crate) const FORKED_FROM: &str = "forked_from";
 
