@@ -753,11 +753,11 @@ async fn diffs_of_special_files_loops_odd_names_and_modes() {
     assert!(capped["added"].as_u64().unwrap() >= 52, "{capped}");
 }
 
-/// `kill -9` of the engine in the middle of a fork or a restore: after a restart nothing
-/// half-made is listed, the parent's files are whole, and the restored sandbox has one tree or
-/// the other, never a mix.
+/// `kill -9` of the engine in the middle of a fork, a restore, a snapshot or a merge: after a
+/// restart nothing half-made is listed or left on disk, the parent's files are whole, and a
+/// restored or merged sandbox has one tree or the other, never a mix.
 #[tokio::test]
-async fn a_crash_during_a_fork_or_a_restore_leaves_nothing_half_made() {
+async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_made() {
     require_sandboxes!();
     let data = tempfile::Builder::new()
         .prefix("smcp")
@@ -783,7 +783,8 @@ async fn a_crash_during_a_fork_or_a_restore_leaves_nothing_half_made() {
             r
         }
     };
-    run("mkdir -p /root/w && cd /root/w && for i in $(seq 1 4000); do echo $i > f$i; done && echo before > marker").await;
+    // 4,000 files of 4 KiB: each copy takes long enough for the kill to land in the middle.
+    run("mkdir -p /root/w && cd /root/w && python3 -c 'import os\nfor i in range(1, 4001): open(\"f%d\" % i, \"wb\").write(os.urandom(4096))' && echo before > marker").await;
     let (status, snap) = api(
         &url,
         "POST",
@@ -795,24 +796,38 @@ async fn a_crash_during_a_fork_or_a_restore_leaves_nothing_half_made() {
     let snap_id = snap["id"].as_str().unwrap().to_string();
     run("echo after > /root/w/marker").await;
 
-    for (what, path, body) in [
-        (
-            "fork",
-            format!("/v1/sandboxes/{id}/fork"),
-            json!({"count": 8}),
-        ),
-        (
-            "restore",
-            format!("/v1/sandboxes/{id}/snapshots/{snap_id}/restore"),
-            json!({}),
-        ),
-    ] {
+    for what in ["fork", "restore", "snapshot", "merge"] {
+        let (path, body) = match what {
+            "fork" => (format!("/v1/sandboxes/{id}/fork"), json!({"count": 8})),
+            "restore" => (
+                format!("/v1/sandboxes/{id}/snapshots/{snap_id}/restore"),
+                json!({}),
+            ),
+            "snapshot" => (format!("/v1/sandboxes/{id}/snapshots"), json!({})),
+            _ => {
+                // A child to merge back, made before the engine is killed.
+                let (status, forked) = api(
+                    &url,
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/fork"),
+                    Some(json!({})),
+                )
+                .await;
+                assert_eq!(status, 201, "{forked}");
+                let child = forked["ids"][0].as_str().unwrap();
+                (
+                    format!("/v1/sandboxes/{id}/merge"),
+                    json!({"source_id": child}),
+                )
+            }
+        };
         let started = std::time::Instant::now();
         let call = tokio::spawn({
             let url = url.clone();
             async move { api(&url, "POST", &path, Some(body)).await }
         });
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        // Long enough for the request to reach the engine, not for the copy to finish.
+        tokio::time::sleep(Duration::from_millis(60)).await;
         engine.kill().unwrap();
         engine.wait().unwrap();
         let answered = call.await.map(|(s, _)| s).unwrap_or(0);
@@ -858,9 +873,35 @@ async fn a_crash_during_a_fork_or_a_restore_leaves_nothing_half_made() {
                 );
             }
         }
-        // The snapshot is intact whatever happened.
+        // The first snapshot is intact whatever happened; a snapshot cut short is not listed,
+        // and no snapshot's files are left that are not listed.
         let (_, snaps) = api(&url2, "GET", &format!("/v1/sandboxes/{id}/snapshots"), None).await;
-        assert_eq!(snaps["snapshots"].as_array().unwrap().len(), 1, "{snaps}");
+        let snap_ids: Vec<&str> = snaps["snapshots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap())
+            .collect();
+        assert!(snap_ids.contains(&snap_id.as_str()), "{snaps}");
+        let made = usize::from(what == "snapshot" && answered == 201);
+        assert_eq!(snap_ids.len(), 1 + made, "{what}: {snaps}");
+        for entry in std::fs::read_dir(data.join("sandboxes")).unwrap().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            assert!(
+                !name.starts_with("snap_") || snap_ids.contains(&name.as_str()),
+                "{what}: {name} left behind: {snap_ids:?}"
+            );
+        }
+        // Rounds after this one restore the first snapshot only.
+        for extra in snap_ids.iter().filter(|s| **s != snap_id) {
+            api(
+                &url2,
+                "DELETE",
+                &format!("/v1/sandboxes/{id}/snapshots/{extra}"),
+                None,
+            )
+            .await;
+        }
         // Leave one sandbox for the restore round.
         for sbx in listed.iter().filter(|s| **s != id) {
             api(&url2, "DELETE", &format!("/v1/sandboxes/{sbx}"), None).await;
