@@ -484,41 +484,38 @@ async fn bad_forks_restores_and_diffs_are_refused_and_make_nothing() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(count(&engine), 2);
-    let e = err(
-        &client,
-        "sandbox_snapshot_restore",
-        json!({"sandbox_id": b, "snapshot_id": "snap_00000000000000000000000000"}),
-    )
-    .await;
-    assert!(e.contains("not a snapshot"), "{e}");
-    let e = err(
-        &client,
-        "sandbox_diff",
-        json!({"sandbox_id": a, "against": "snap_00000000000000000000000000"}),
-    )
-    .await;
-    assert!(e.contains("not found"), "{e}");
-    let e = err(
-        &client,
-        "sandbox_diff",
-        json!({"sandbox_id": a, "against": "nonsense"}),
-    )
-    .await;
-    assert!(e.contains("against"), "{e}");
-    let e = err(
-        &client,
-        "sandbox_diff",
-        json!({"sandbox_id": a, "against": b, "path": "/root/../etc"}),
-    )
-    .await;
-    assert!(e.contains(".."), "{e}");
-    let e = err(
-        &client,
-        "sandbox_merge_into",
-        json!({"sandbox_id": a, "source_id": a}),
-    )
-    .await;
-    assert!(e.contains("same sandbox"), "{e}");
+    // A made-up snapshot, a malformed `against`, `..`, a self-merge: each refused with the fix.
+    let nothing = "snap_00000000000000000000000000";
+    for (tool, args, expected) in [
+        (
+            "sandbox_snapshot_restore",
+            json!({"sandbox_id": b, "snapshot_id": nothing}),
+            "not a snapshot",
+        ),
+        (
+            "sandbox_diff",
+            json!({"sandbox_id": a, "against": nothing}),
+            "not found",
+        ),
+        (
+            "sandbox_diff",
+            json!({"sandbox_id": a, "against": "nonsense"}),
+            "against",
+        ),
+        (
+            "sandbox_diff",
+            json!({"sandbox_id": a, "against": b, "path": "/root/../etc"}),
+            "..",
+        ),
+        (
+            "sandbox_merge_into",
+            json!({"sandbox_id": a, "source_id": a}),
+            "same sandbox",
+        ),
+    ] {
+        let e = err(&client, tool, args).await;
+        assert!(e.contains(expected), "{tool}: {e}");
+    }
     // Names are unique per sandbox.
     ok(
         &client,
