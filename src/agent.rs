@@ -9,10 +9,15 @@
 //! It runs the same binary as the engine, re-executed by the launcher under a hidden subcommand
 //! after every restriction is in place (namespaces, pivot_root, capabilities, seccomp).
 
+/// A desktop's screen size (stored in sandbox records too).
+pub use protocol::Screen;
+
 pub(crate) mod capture;
+pub(crate) mod desktop;
 pub(crate) mod exec;
 pub mod files;
 pub(crate) mod jobs;
+pub mod keys;
 pub(crate) mod protocol;
 pub(crate) mod reaper;
 pub(crate) mod repl;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Map, Value, json};
 
 use crate::model::{
-    Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Profile, Registry, ToolDef,
+    Annotations, ArgDef, ArgLocation, Cap, Image, InventoryEntry, Profile, Registry, ToolDef,
 };
 use crate::raw::{RawAnnotations, RawFile, RawTool};
 use crate::spec::{Location, Operation, Spec};
@@ -443,7 +443,11 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
     }
 
     let (args, input_schema) = build_args(ctx, f, raw, op);
-    let (caps, output_schema) = build_caps(ctx, f, raw, op);
+    let (caps, mut output_schema) = build_caps(ctx, f, raw, op);
+    let image = raw
+        .image
+        .as_ref()
+        .and_then(|image| build_image(ctx, f, raw, op, image, &mut output_schema));
 
     // A file-wide default message applies to the tools that have every argument it names.
     let mut errors: BTreeMap<String, String> = file
@@ -492,6 +496,7 @@ fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Option<ToolDef
         timeout_arg_ms: raw.timeout_arg_ms.clone(),
         stream_operation: raw.stream_operation.clone(),
         session_arg: None,
+        image,
     })
 }
 
@@ -690,6 +695,62 @@ fn build_caps(ctx: &mut Ctx<'_>, f: &str, raw: &RawTool, op: &Operation) -> (Vec
         );
     }
     (caps, schema)
+}
+
+/// Checks an `image` field (a string, following nested objects) and takes it out of the output
+/// schema: the model gets it as image content, not inside `structuredContent`.
+fn build_image(
+    ctx: &mut Ctx<'_>,
+    f: &str,
+    raw: &RawTool,
+    op: &Operation,
+    image: &crate::raw::RawImage,
+    schema: &mut Value,
+) -> Option<Image> {
+    let t = Some(raw.name.as_str());
+    if !image.mime_type.starts_with("image/") {
+        ctx.fail(f, t, format!("[image] mime_type `{}` is not an image type (image/png, image/jpeg…)", image.mime_type));
+        return None;
+    }
+    let path: Vec<String> = image.field.split('.').map(str::to_string).collect();
+    // Found with shared borrows as a JSON pointer, then changed in one place.
+    let mut pointer = String::new();
+    for (i, part) in path.iter().enumerate() {
+        let node = schema.pointer(&pointer).expect("walked from the root");
+        // A nullable nested object is `allOf: [{…}]` plus `nullable`: look inside.
+        if node.get("properties").is_none() && node.pointer("/allOf/0").is_some() {
+            pointer.push_str("/allOf/0");
+        }
+        let node = schema.pointer(&pointer).expect("checked above");
+        let Some(props) = node.get("properties").and_then(Value::as_object) else {
+            ctx.fail(f, t, format!("[image] `{}` is not an object of the `{}` result", path[..i].join("."), op.id));
+            return None;
+        };
+        let Some(prop) = props.get(part) else {
+            let hint = did_you_mean(part, props.keys().map(String::as_str));
+            ctx.fail(f, t, format!("[image] `{}` names no field of the `{}` result.{hint}", image.field, op.id));
+            return None;
+        };
+        if i + 1 == path.len() && type_of(prop) != "string" {
+            ctx.fail(f, t, format!("[image] `{}` must be a base64 string field", image.field));
+            return None;
+        }
+        if i + 1 < path.len() {
+            pointer.push_str(&format!("/properties/{part}"));
+        }
+    }
+    let last = path.last().expect("split yields at least one part");
+    let node = schema.pointer_mut(&pointer).expect("found above");
+    if let Some(props) = node.get_mut("properties").and_then(Value::as_object_mut) {
+        props.remove(last);
+    }
+    if let Some(required) = node.get_mut("required").and_then(Value::as_array_mut) {
+        required.retain(|r| r != last.as_str());
+    }
+    Some(Image {
+        field: path,
+        mime_type: image.mime_type.clone(),
+    })
 }
 
 fn type_of(schema: &Value) -> String {

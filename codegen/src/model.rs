@@ -69,6 +69,17 @@ pub struct ToolDef {
     /// In a profile: the argument filled from the session (hidden from the model).
     #[serde(default)]
     pub session_arg: Option<String>,
+    /// A base64 field of the result that becomes MCP image content (and leaves the JSON).
+    #[serde(default)]
+    pub image: Option<Image>,
+}
+
+/// A result field the model sees as an image.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Image {
+    /// Path to the field: `png_base64`, or `screenshot.png_base64` inside a nested object.
+    pub field: Vec<String>,
+    pub mime_type: String,
 }
 
 /// MCP tool annotations, resolved: HTTP-method defaults with TOML overrides applied.

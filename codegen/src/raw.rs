@@ -66,6 +66,17 @@ pub struct RawTool {
     pub toolsets: Vec<String>,
     /// An NDJSON variant of `operation`, used when the client asks for progress.
     pub stream_operation: Option<String>,
+    /// A base64 field of the result sent as MCP image content instead of JSON.
+    pub image: Option<RawImage>,
+}
+
+/// `image = { field = "…", mime_type = "image/png" }`: a base64 string field of the result
+/// (a dotted path into nested objects) that the model gets as an image.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawImage {
+    pub field: String,
+    pub mime_type: String,
 }
 
 /// Annotation overrides; unset ones are inferred from the HTTP method.

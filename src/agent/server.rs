@@ -9,12 +9,13 @@ use std::rc::Rc;
 
 use tokio::net::UnixStream;
 
+use super::desktop::Desktop;
 use super::jobs::Jobs;
 use super::protocol::{
     AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done, EgressHandover,
     ErrorKind, ExecSpec, Frame, HandOverEgress, JobStatus, KillAll, KillJob, ListContexts, ListDir,
-    ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, StartJob, WriteFile,
-    ZipDir, read_frame, write_frame,
+    Input, ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, Screenshot,
+    StartDesktop, StartJob, WriteFile, ZipDir, read_frame, write_frame,
 };
 use super::reaper::Reaper;
 use super::repl::Contexts;
@@ -28,6 +29,7 @@ struct State {
     env: Vec<(String, String)>,
     contexts: Contexts,
     jobs: Jobs,
+    desktop: Desktop,
 }
 
 /// Threads for file operations (they block in the kernel; the event loop must not).
@@ -102,6 +104,7 @@ fn serve(
             env,
             contexts: Contexts::default(),
             jobs: Jobs::default(),
+            desktop: Desktop::default(),
         });
         if let Some(mut pipe) = status.take() {
             use std::io::Write;
@@ -217,6 +220,19 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         Request::StartJob(r) => reply::<StartJob>(&mut wr, state.jobs.start(r, env, reaper)).await,
         Request::JobStatus(r) => reply::<JobStatus>(&mut wr, state.jobs.status(r)).await,
         Request::KillJob(r) => reply::<KillJob>(&mut wr, state.jobs.kill(r)).await,
+        Request::StartDesktop(r) => {
+            reply::<StartDesktop>(&mut wr, state.desktop.ensure(r.screen, reaper).await).await
+        }
+        Request::Screenshot(r) => {
+            let shot = state
+                .desktop
+                .screenshot(r.screen, r.scale, r.settle, reaper)
+                .await;
+            reply::<Screenshot>(&mut wr, shot).await
+        }
+        Request::Input(r) => {
+            reply::<Input>(&mut wr, state.desktop.input(r.screen, r.action, reaper).await).await
+        }
         Request::ListJobs(_) => reply::<ListJobs>(&mut wr, Ok(state.jobs.list())).await,
         Request::ReadFile(r) => {
             reply::<ReadFile>(&mut wr, on_file_thread(move || files::read_file(r)).await).await

@@ -3,7 +3,7 @@
 //! constraints), and every response is built as the generated type the client will parse.
 //!
 //! Where things are: one module per resource ([`sandboxes`], [`exec`], [`code`], [`jobs`],
-//! [`files`], [`network`], [`previews`], [`secrets`], [`snapshots`], [`templates`]); what every handler takes
+//! [`files`], [`network`], [`previews`], [`secrets`], [`snapshots`], [`templates`], [`desktop`]); what every handler takes
 //! from a request — state, tenant, body, path, checks shared by resources — in [`request`]; the
 //! conversions between the agent's and the manager's types and the API's, as `From`/`TryFrom`
 //! impls, in [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
@@ -13,6 +13,7 @@
 
 mod code;
 mod convert;
+mod desktop;
 mod exec;
 mod files;
 mod jobs;
@@ -77,6 +78,10 @@ pub(crate) fn router(state: AppState) -> Router {
             &at("/snapshots/{snapshot_id}/restore"),
             post(snapshots::restore),
         )
+        .route("/v1/computers", post(desktop::create))
+        .route(&at("/desktop/screenshot"), get(desktop::screenshot))
+        .route(&at("/desktop/actions"), post(desktop::action))
+        .route(&at("/desktop/stop"), post(desktop::stop))
         .route(&at("/fork"), post(snapshots::fork))
         .route(&at("/diff"), post(snapshots::diff))
         .route(&at("/merge"), post(snapshots::merge))

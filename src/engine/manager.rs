@@ -30,12 +30,14 @@ use crate::engine::templates::Template;
 pub(crate) use import::import;
 pub(crate) use templates::{ShapeRequest, Step, TemplateRequest};
 
+mod desktop;
 mod import;
 mod pool;
 mod previews;
 mod secrets;
 mod snapshots;
 mod templates;
+pub(crate) use desktop::{ActionRequest, DISPLAY, parse_resolution};
 pub(crate) use previews::{PreviewError, PreviewView, TOKEN_PARAM};
 pub(crate) use secrets::SecretView;
 use secrets::bound_env;
@@ -167,6 +169,8 @@ pub struct CreateRequest {
     pub secrets: BTreeMap<String, String>,
     /// Limits asked for, at most the template's.
     pub shape: ShapeRequest,
+    /// A desktop of this size (create_computer); none for a plain sandbox.
+    pub desktop: Option<crate::agent::protocol::Screen>,
 }
 
 /// A sandbox as the API reports it.
@@ -683,6 +687,7 @@ impl Manager {
             tenant: req.tenant.clone(),
             network: req.network.clone(),
             secrets,
+            desktop: req.desktop,
         }
     }
 

@@ -12,6 +12,7 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::agent::protocol::Screen;
 use crate::engine::driver::Shape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +62,8 @@ pub struct Record {
     pub network: NetworkRules,
     /// Secrets bound to environment variables, by variable.
     pub secrets: BTreeMap<String, Binding>,
+    /// The screen of a desktop sandbox (made with create_computer); none for others.
+    pub desktop: Option<Screen>,
 }
 
 /// A secret bound to one of a sandbox's environment variables.
@@ -134,7 +137,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at INTEGER,
     tenant TEXT,
     network TEXT NOT NULL DEFAULT '{}',
-    secrets TEXT NOT NULL DEFAULT '{}'
+    secrets TEXT NOT NULL DEFAULT '{}',
+    desktop TEXT
 );
 CREATE TABLE IF NOT EXISTS previews (
     sandbox_id TEXT NOT NULL,
@@ -167,6 +171,13 @@ fn json_columns(r: &Record) -> rusqlite::Result<[String; 4]> {
     ])
 }
 
+/// The desktop column: JSON, or NULL for a sandbox without one.
+fn desktop_column(r: &Record) -> rusqlite::Result<Option<String>> {
+    r.desktop
+        .map(|d| serde_json::to_string(&d).map_err(db_err))
+        .transpose()
+}
+
 fn db_err(e: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(e.to_string().into())
 }
@@ -190,6 +201,13 @@ impl Store {
                 ))?;
             }
         }
+        // And before desktops: none has one.
+        let has_desktop: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'desktop'")?
+            .exists([])?;
+        if !has_desktop {
+            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN desktop TEXT")?;
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -211,11 +229,14 @@ impl Store {
 
     pub fn insert(&self, r: &Record) -> rusqlite::Result<()> {
         let [metadata, env, network, secrets] = json_columns(r)?;
+        let desktop = desktop_column(r)?;
         self.with(|c| {
             c.execute(
                 "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
-                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets,
+                 desktop)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                 ?18)",
                 params![
                     r.id,
                     r.name,
@@ -234,6 +255,7 @@ impl Store {
                     r.tenant,
                     network,
                     secrets,
+                    desktop,
                 ],
             )
             .map(|_| ())
@@ -280,10 +302,12 @@ impl Store {
     /// network rules, secrets and timestamps.
     pub(crate) fn adopt(&self, r: &Record) -> rusqlite::Result<()> {
         let [metadata, env, network, secrets] = json_columns(r)?;
+        let desktop = desktop_column(r)?;
         self.with(|c| {
             c.execute(
                 "UPDATE sandboxes SET name = ?2, metadata = ?3, env = ?4, created_at = ?5,
-                 last_active_at = ?6, expires_at = ?7, tenant = ?8, network = ?9, secrets = ?10
+                 last_active_at = ?6, expires_at = ?7, tenant = ?8, network = ?9, secrets = ?10,
+                 desktop = ?11
                  WHERE id = ?1",
                 params![
                     r.id,
@@ -295,7 +319,8 @@ impl Store {
                     r.expires_at,
                     r.tenant,
                     network,
-                    secrets
+                    secrets,
+                    desktop
                 ],
             )
             .map(|_| ())
@@ -454,13 +479,14 @@ impl Store {
 
 const SELECT: &str =
     "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
-    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets FROM sandboxes";
+    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets, desktop FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let metadata: String = r.get(4)?;
     let env: String = r.get(5)?;
     let network: String = r.get(15)?;
     let secrets: String = r.get(16)?;
+    let desktop: Option<String> = r.get(17)?;
     Ok(Record {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -481,6 +507,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         tenant: r.get(14)?,
         network: serde_json::from_str(&network).unwrap_or_default(),
         secrets: serde_json::from_str(&secrets).unwrap_or_default(),
+        desktop: desktop.and_then(|d| serde_json::from_str(&d).ok()),
     })
 }
 
@@ -521,6 +548,10 @@ mod tests {
                 },
             )]
             .into(),
+            desktop: Some(Screen {
+                width: 1024,
+                height: 768,
+            }),
         }
     }
 

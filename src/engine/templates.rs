@@ -23,6 +23,56 @@ use crate::engine::driver::{MountLayers, Shape, TemplateLayout};
 
 pub(crate) const BASE: &str = "base";
 const BASE_VERSION: u32 = 1;
+/// The built-in template of desktop sandboxes (computer use): the files of `base` (every template
+/// but an imported image is layered on base's root), with a desktop-sized shape. Built when the
+/// host has Xvfb.
+pub(crate) const DESKTOP: &str = "desktop";
+const DESKTOP_VERSION: u32 = 1;
+
+/// Whether `name` is a template the engine builds itself (and which cannot be replaced or deleted).
+pub(crate) fn is_builtin(name: &str) -> bool {
+    name == BASE || name == DESKTOP
+}
+
+/// A template built from the host's own userland.
+struct Builtin {
+    name: &'static str,
+    version: u32,
+    description: &'static str,
+    shape: Shape,
+}
+
+const BUILTINS: [Builtin; 2] = [
+    Builtin {
+        name: BASE,
+        version: BASE_VERSION,
+        description: "Debian userland of the host, read-only with copy-on-write: sh, bash, coreutils, python3, node and whatever else the host's /usr holds.",
+        shape: Shape {
+            vcpus: 1.0,
+            memory_mb: 1024,
+            disk_mb: 4096,
+            max_pids: 512,
+        },
+    },
+    Builtin {
+        name: DESKTOP,
+        version: DESKTOP_VERSION,
+        description: "For computer_create: the host's userland like base, with room for a desktop (Xvfb, a window manager and GUI apps come from the host's packages).",
+        shape: Shape {
+            vcpus: 2.0,
+            memory_mb: 2048,
+            disk_mb: 4096,
+            max_pids: 1024,
+        },
+    },
+];
+
+/// Whether the host can run desktops: the `desktop` template is built only then.
+fn host_has_xvfb() -> bool {
+    ["/usr/bin/Xvfb", "/usr/local/bin/Xvfb"]
+        .iter()
+        .any(|p| Path::new(p).is_file())
+}
 /// Largest file copied from the host's /etc.
 const MAX_ETC_FILE: u64 = 1 << 20;
 /// Most layers a template may stack (overlayfs allows 500; the mount options must fit a page).
@@ -239,11 +289,20 @@ pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Te
         .recursive(true)
         .mode(0o755)
         .create(templates_dir)?;
-    let base = templates_dir.join(BASE);
-    if !base.join("template.json").exists() {
-        build_base(templates_dir)?;
-    } else {
-        write_resolver_files(&base.join("rootfs/etc"))?;
+    for builtin in &BUILTINS {
+        let dir = templates_dir.join(builtin.name);
+        if dir.join("template.json").exists() {
+            let etc = dir.join("rootfs/etc");
+            write_resolver_files(&etc)?;
+            // Directories added to ETC_DIRS since the template was built (new files only).
+            for name in ETC_DIRS {
+                if !etc.join(name).exists() {
+                    copy_tree(&Path::new("/etc").join(name), &etc.join(name))?;
+                }
+            }
+        } else if builtin.name != DESKTOP || host_has_xvfb() {
+            build_builtin(templates_dir, builtin)?;
+        }
     }
     let mut out = Vec::new();
     for entry in fs::read_dir(templates_dir)?.flatten() {
@@ -275,10 +334,10 @@ pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Te
     Ok(out)
 }
 
-/// Builds `base` in a temporary directory and renames it into place, so a crash never leaves a
-/// half-built template behind.
-fn build_base(templates_dir: &Path) -> io::Result<()> {
-    let tmp = templates_dir.join(format!(".{BASE}.building-{}", std::process::id()));
+/// Builds a built-in template in a temporary directory and renames it into place, so a crash
+/// never leaves a half-built template behind.
+fn build_builtin(templates_dir: &Path, builtin: &Builtin) -> io::Result<()> {
+    let tmp = templates_dir.join(format!(".{}.building-{}", builtin.name, std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     let rootfs = tmp.join("rootfs");
     let mkdir = |p: &Path, mode: u32| -> io::Result<()> {
@@ -324,15 +383,10 @@ fn build_base(templates_dir: &Path) -> io::Result<()> {
     }
     build_etc(&rootfs.join("etc"))?;
     let file = TemplateFile {
-        name: BASE.into(),
-        description: "Debian userland of the host, read-only with copy-on-write: sh, bash, coreutils, python3, node and whatever else the host's /usr holds.".into(),
-        version: BASE_VERSION,
-        shape: Shape {
-            vcpus: 1.0,
-            memory_mb: 1024,
-            disk_mb: 4096,
-            max_pids: 512,
-        },
+        name: builtin.name.into(),
+        description: builtin.description.into(),
+        version: builtin.version,
+        shape: builtin.shape,
         host_dirs,
         layers: Vec::new(),
         foreign: false,
@@ -350,7 +404,7 @@ fn build_base(templates_dir: &Path) -> io::Result<()> {
         tmp.join("template.json"),
         serde_json::to_vec_pretty(&file).map_err(io::Error::other)?,
     )?;
-    let dest = templates_dir.join(BASE);
+    let dest = templates_dir.join(builtin.name);
     match fs::rename(&tmp, &dest) {
         Ok(()) => Ok(()),
         // Another engine built it at the same moment: keep theirs.
@@ -389,7 +443,7 @@ const ETC_FILES: [&str; 23] = [
     "mke2fs.conf",
 ];
 /// Directories of the host's /etc copied whole (regular files and symlinks only).
-const ETC_DIRS: [&str; 9] = [
+const ETC_DIRS: [&str; 11] = [
     "ld.so.conf.d",
     "alternatives",
     "ca-certificates",
@@ -399,6 +453,9 @@ const ETC_DIRS: [&str; 9] = [
     "python3",
     "python3.11",
     "ssl/certs",
+    // Font configuration (fontconfig) and X11's: desktop apps need them.
+    "fonts",
+    "X11",
 ];
 
 fn build_etc(etc: &Path) -> io::Result<()> {

@@ -77,8 +77,15 @@ pub(crate) const TEXT_COPY_MAX_STRING: usize = 2 * 1024 * 1024;
 /// A successful call: the (capped) JSON as `structuredContent`, and the same JSON as text for
 /// clients that only read text — with any string over [`TEXT_COPY_MAX_STRING`] replaced there by
 /// a note of its size (it stays whole in `structuredContent`).
+///
+/// A tool with an `image` field gets that field as image content after the text (so the model
+/// sees a picture, not base64), and it leaves the JSON.
 pub(crate) fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult {
     apply_caps(&tool.caps, &mut value);
+    let image = tool
+        .image
+        .as_ref()
+        .and_then(|image| take_path(&mut value, &image.field).map(|data| (data, image)));
     let text = match elided(&value) {
         Some(copy) => serde_json::to_string(&copy),
         None => serde_json::to_string(&value),
@@ -86,7 +93,27 @@ pub(crate) fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult
     .unwrap_or_default();
     let mut result = CallToolResult::structured(value);
     result.content = vec![Content::text(text)];
+    if let Some((data, image)) = image {
+        result.content.push(Content::image(data, image.mime_type.clone()));
+    }
     result
+}
+
+/// Removes the string at `path` (object keys) from `value` and returns it.
+fn take_path(value: &mut Value, path: &[String]) -> Option<String> {
+    let (last, parents) = path.split_last()?;
+    let mut node = value;
+    for key in parents {
+        node = node.get_mut(key.as_str())?;
+    }
+    match node.as_object_mut()?.remove(last.as_str())? {
+        Value::String(s) => Some(s),
+        other => {
+            // Not a string after all: put it back rather than lose it.
+            node.as_object_mut()?.insert(last.clone(), other);
+            None
+        }
+    }
 }
 
 /// A copy of `value` with its long strings replaced by notes, or `None` when it has none.

@@ -23,7 +23,7 @@ use crate::engine::state::{NetworkRules, Snapshot, Status};
 use crate::engine::templates::{BuildFailure, Template, TemplateStatus};
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
-fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EngineError {
+pub(super) fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EngineError {
     EngineError::Response(e.into())
 }
 
@@ -247,6 +247,11 @@ impl TryFrom<&SandboxView> for types::Sandbox {
             shape: (&r.shape).into(),
             metadata: types::Metadata(metadata),
             env_var_names: r.env.iter().map(|(k, _)| k.clone()).collect(),
+            desktop: r.desktop.map(|d| types::Desktop {
+                width: d.width.into(),
+                height: d.height.into(),
+                display: crate::engine::manager::DISPLAY.into(),
+            }),
             created_at: ids::time(r.created_at),
             last_active_at: ids::time(r.last_active_at),
             expires_at: r.expires_at.map(ids::time),

@@ -96,6 +96,15 @@ pub(super) async fn create(
     tenant: Tenant,
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<types::Sandbox>), EngineError> {
+    let view = state.manager.create(create_request(&body, tenant)?).await?;
+    Ok((StatusCode::CREATED, sandbox(&view)?))
+}
+
+/// The manager's request for a create_sandbox body, every field checked.
+pub(super) fn create_request(
+    body: &types::CreateSandboxRequest,
+    tenant: Tenant,
+) -> Result<CreateRequest, EngineError> {
     let metadata = match &body.metadata {
         Some(m) => check_metadata(&m.0)?,
         None => BTreeMap::new(),
@@ -111,34 +120,31 @@ pub(super) async fn create(
             "timeout_seconds is at most {MAX_TIMEOUT_SECONDS} (30 days)"
         )));
     }
-    let view = state
-        .manager
-        .create(CreateRequest {
-            name: body.name.as_ref().map(|n| n.to_string()),
-            template: body.template.as_ref().map(|t| t.to_string()),
-            metadata,
-            env,
-            timeout_seconds: body.timeout_seconds.map(|t| t.get()),
-            tenant: tenant.0,
-            network: body.network.as_ref().map(Into::into).unwrap_or_default(),
-            shape: body
-                .shape
-                .as_ref()
-                .map(TryInto::try_into)
-                .transpose()?
-                .unwrap_or_default(),
-            secrets: body
-                .secrets
-                .as_ref()
-                .map(|s| {
-                    s.0.iter()
-                        .map(|(k, v)| (k.clone(), v.to_string()))
-                        .collect()
-                })
-                .unwrap_or_default(),
-        })
-        .await?;
-    Ok((StatusCode::CREATED, sandbox(&view)?))
+    Ok(CreateRequest {
+        name: body.name.as_ref().map(|n| n.to_string()),
+        template: body.template.as_ref().map(|t| t.to_string()),
+        metadata,
+        env,
+        timeout_seconds: body.timeout_seconds.map(|t| t.get()),
+        tenant: tenant.0,
+        network: body.network.as_ref().map(Into::into).unwrap_or_default(),
+        shape: body
+            .shape
+            .as_ref()
+            .map(TryInto::try_into)
+            .transpose()?
+            .unwrap_or_default(),
+        secrets: body
+            .secrets
+            .as_ref()
+            .map(|s| {
+                s.0.iter()
+                    .map(|(k, v)| (k.clone(), v.to_string()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        desktop: None,
+    })
 }
 
 #[derive(Deserialize)]

@@ -47,10 +47,10 @@ pub(crate) fn import(
     source: &Path,
 ) -> Result<TemplateFile, EngineError> {
     templates::check_name(name).map_err(EngineError::InvalidArgument)?;
-    if name == BASE {
-        return Err(EngineError::Conflict(
-            "base is the built-in template; choose another name".into(),
-        ));
+    if templates::is_builtin(name) {
+        return Err(EngineError::Conflict(format!(
+            "{name} is a built-in template; choose another name"
+        )));
     }
     if existing
         .iter()

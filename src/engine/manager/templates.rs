@@ -195,10 +195,11 @@ impl Manager {
         tenant: Option<&str>,
     ) -> Result<Arc<Template>, EngineError> {
         templates::check_name(&req.name).map_err(EngineError::InvalidArgument)?;
-        if req.name == BASE {
-            return Err(EngineError::Conflict(
-                "base is the built-in template; choose another name".into(),
-            ));
+        if templates::is_builtin(&req.name) {
+            return Err(EngineError::Conflict(format!(
+                "{} is a built-in template; choose another name",
+                req.name
+            )));
         }
         if req.from_sandbox.is_some() && !req.steps.is_empty() {
             return Err(EngineError::InvalidArgument(
@@ -546,10 +547,10 @@ impl Manager {
     pub(crate) async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
         let _guard = self.template_lock.lock().await;
         let t = self.template(name)?;
-        if name == BASE {
-            return Err(EngineError::Conflict(
-                "base is built in and cannot be deleted".into(),
-            ));
+        if templates::is_builtin(name) {
+            return Err(EngineError::Conflict(format!(
+                "{name} is built in and cannot be deleted"
+            )));
         }
         if name == self.default_template() {
             return Err(EngineError::Conflict(format!(
