@@ -18,6 +18,7 @@ use sandbox_mcp_testkit::{images, netlinks};
 mod code_jobs;
 mod codegen_validator;
 mod conformance;
+mod desktop;
 mod docs;
 mod engine_api;
 mod engine_hostile;

@@ -88,10 +88,26 @@ fn install_host_tools() {
         ("busybox-static", "/bin/busybox"),
         // …and a musl userland (an Alpine-like image): musl's loader and compiler.
         ("musl-tools", "/usr/bin/musl-gcc"),
+        // Desktops (computer use): the virtual display, a window manager, and fonts.
+        ("xvfb", "/usr/bin/Xvfb"),
+        (
+            "matchbox-window-manager",
+            "/usr/bin/matchbox-window-manager",
+        ),
+        ("fonts-dejavu-core", "/usr/share/fonts/truetype/dejavu"),
     ]
     .into_iter()
     .filter(|(_, path)| !std::path::Path::new(path).exists())
     .map(|(pkg, _)| pkg)
+    .chain(
+        // The desktop tests' app is Tk; its module's path names the Python version.
+        (!std::process::Command::new("python3")
+            .args(["-c", "import tkinter"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success()))
+        .then_some("python3-tk"),
+    )
     .collect();
     if missing.is_empty()
         || !nix::unistd::geteuid().is_root()

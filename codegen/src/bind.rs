@@ -709,7 +709,14 @@ fn build_image(
 ) -> Option<Image> {
     let t = Some(raw.name.as_str());
     if !image.mime_type.starts_with("image/") {
-        ctx.fail(f, t, format!("[image] mime_type `{}` is not an image type (image/png, image/jpeg…)", image.mime_type));
+        ctx.fail(
+            f,
+            t,
+            format!(
+                "[image] mime_type `{}` is not an image type (image/png, image/jpeg…)",
+                image.mime_type
+            ),
+        );
         return None;
     }
     let path: Vec<String> = image.field.split('.').map(str::to_string).collect();
@@ -723,16 +730,35 @@ fn build_image(
         }
         let node = schema.pointer(&pointer).expect("checked above");
         let Some(props) = node.get("properties").and_then(Value::as_object) else {
-            ctx.fail(f, t, format!("[image] `{}` is not an object of the `{}` result", path[..i].join("."), op.id));
+            ctx.fail(
+                f,
+                t,
+                format!(
+                    "[image] `{}` is not an object of the `{}` result",
+                    path[..i].join("."),
+                    op.id
+                ),
+            );
             return None;
         };
         let Some(prop) = props.get(part) else {
             let hint = did_you_mean(part, props.keys().map(String::as_str));
-            ctx.fail(f, t, format!("[image] `{}` names no field of the `{}` result.{hint}", image.field, op.id));
+            ctx.fail(
+                f,
+                t,
+                format!(
+                    "[image] `{}` names no field of the `{}` result.{hint}",
+                    image.field, op.id
+                ),
+            );
             return None;
         };
         if i + 1 == path.len() && type_of(prop) != "string" {
-            ctx.fail(f, t, format!("[image] `{}` must be a base64 string field", image.field));
+            ctx.fail(
+                f,
+                t,
+                format!("[image] `{}` must be a base64 string field", image.field),
+            );
             return None;
         }
         if i + 1 < path.len() {

@@ -81,13 +81,20 @@ pub(crate) struct Desktop {
 
 /// Where `program` is installed in the sandbox, on the PATH commands get.
 fn installed(program: &str) -> bool {
-    ["/usr/local/bin", "/usr/bin", "/bin", "/usr/local/sbin", "/usr/sbin", "/sbin"]
-        .iter()
-        .any(|dir| {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(format!("{dir}/{program}"))
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    [
+        "/usr/local/bin",
+        "/usr/bin",
+        "/bin",
+        "/usr/local/sbin",
+        "/usr/sbin",
+        "/sbin",
+    ]
+    .iter()
+    .any(|dir| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(format!("{dir}/{program}"))
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    })
 }
 
 /// Reads a process's output until it closes, keeping the last [`TAIL`] bytes in `tail`.
@@ -147,8 +154,18 @@ impl Desktop {
         // abstract socket at all. -nolock: a lock file left by a killed server names a pid that
         // may be reused; this agent knows whether its server runs.
         let args = [
-            DISPLAY, "-screen", "0", &size, "-nolisten", "tcp", "-nolisten", "local", "-nolock",
-            "-noreset", "-dpi", "96",
+            DISPLAY,
+            "-screen",
+            "0",
+            &size,
+            "-nolisten",
+            "tcp",
+            "-nolisten",
+            "local",
+            "-nolock",
+            "-noreset",
+            "-dpi",
+            "96",
         ];
         let started = spawn::start(
             &Launch {
@@ -170,7 +187,9 @@ impl Desktop {
         let begun = Instant::now();
         loop {
             if !xvfb.running() {
-                let tail = String::from_utf8_lossy(&self.tail.borrow()).trim().to_string();
+                let tail = String::from_utf8_lossy(&self.tail.borrow())
+                    .trim()
+                    .to_string();
                 return Err(error(
                     ErrorKind::Io,
                     format!("the virtual display (Xvfb) exited while starting: {tail}"),
@@ -221,6 +240,8 @@ impl Desktop {
         }
         let window_manager = wm.as_ref().map(|(name, _)| name.clone());
         *self.running.borrow_mut() = Some(Running { screen, xvfb, wm });
+        // Connected now, before any application is: the connection prepares the keymap.
+        self.with_x(screen, |_| Ok(())).await?;
         Ok(DesktopStarted {
             started: true,
             window_manager,
@@ -252,7 +273,10 @@ impl Desktop {
         });
         match tokio::time::timeout(CALL_TIMEOUT, task).await {
             Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(error(ErrorKind::Io, format!("the desktop call failed: {e}"))),
+            Ok(Err(e)) => Err(error(
+                ErrorKind::Io,
+                format!("the desktop call failed: {e}"),
+            )),
             Err(_) => {
                 if let Some(fd) = self.socket.lock().unwrap_or_else(|e| e.into_inner()).take() {
                     let _ = nix::sys::socket::shutdown(
@@ -308,21 +332,58 @@ struct Keymap {
     per: usize,
     syms: Vec<u32>,
     spare: Vec<u8>,
-    next_spare: usize,
+    /// When each spare key was last bound (a counter), for least-recently-bound reuse.
+    bound_at: std::collections::HashMap<u8, u64>,
+    tick: u64,
 }
 
 impl Keymap {
-    /// The key and whether Shift is needed for `sym`, on the first two levels (no AltGr).
-    fn find(&self, sym: u32) -> Option<(u8, bool)> {
+    /// The key and whether Shift is needed for `sym`, on the first two levels (no AltGr);
+    /// spare keys count only when `spares` is set.
+    fn find_in(&self, sym: u32, spares: bool) -> Option<(u8, bool)> {
         for level in 0..self.per.min(2) {
             for (i, syms) in self.syms.chunks(self.per).enumerate() {
-                if syms[level] == sym {
-                    return Some((self.min + i as u8, level == 1));
+                let keycode = self.min + i as u8;
+                if syms[level] == sym && (spares || !self.spare.contains(&keycode)) {
+                    return Some((keycode, level == 1));
                 }
             }
         }
         None
     }
+
+    fn find(&self, sym: u32) -> Option<(u8, bool)> {
+        self.find_in(sym, true)
+    }
+
+    fn bound_at(&self, keycode: u8) -> u64 {
+        self.bound_at.get(&keycode).copied().unwrap_or(0)
+    }
+
+    /// What a spare key's first two levels hold now (0: nothing).
+    fn bound_to(&self, keycode: u8) -> [u32; 2] {
+        let at = usize::from(keycode - self.min) * self.per;
+        [
+            self.syms[at],
+            if self.per > 1 { self.syms[at + 1] } else { 0 },
+        ]
+    }
+}
+
+/// Pause before a spare key is bound to another character while what was typed with it may
+/// still wait, unread, in a client's queue: Xlib applies a new mapping as soon as it *reads* the
+/// notice, so events queued before it would be decoded with the new mapping.
+const REBIND_PAUSE: Duration = Duration::from_millis(200);
+/// Pause between clearing keys and binding them again (see [`X::bind`]).
+const CLEAR_PAUSE: Duration = Duration::from_millis(150);
+
+/// Keys the agent may bind characters to: empty ones, and the multimedia keys (`XF86Audio…`,
+/// `XF86Mail`…) no agent presses, which more than triples the characters outside the keymap
+/// that one batch of typing can hold (36 empty keys in Xvfb's default keymap, about 120 with
+/// these).
+fn spare_key(syms: &[u32]) -> bool {
+    syms.iter()
+        .all(|s| *s == 0 || (0x1008_ff00..=0x1008_ffff).contains(s))
 }
 
 /// The agent's connection to the display.
@@ -334,6 +395,9 @@ pub(crate) struct X {
     lsb: bool,
     keymap: Keymap,
     xfixes: bool,
+    /// When input was last sent (a spare key is rebound [`REBIND_PAUSE`] after it at the
+    /// earliest).
+    last_input: Option<Instant>,
 }
 
 impl X {
@@ -405,10 +469,10 @@ impl X {
             .keysyms
             .chunks(per)
             .enumerate()
-            .filter(|(_, syms)| syms.iter().all(|s| *s == 0))
+            .filter(|(_, syms)| spare_key(syms))
             .map(|(i, _)| min + i as u8)
             .collect();
-        Ok(X {
+        let mut x = X {
             conn,
             screen,
             root: root_window,
@@ -418,10 +482,26 @@ impl X {
                 per,
                 syms: map.keysyms,
                 spare,
-                next_spare: 0,
+                bound_at: Default::default(),
+                tick: 0,
             },
             xfixes,
-        })
+            last_input: None,
+        };
+        // Spare keys that hold multimedia symbols are emptied now, once, so that binding a
+        // character to one later is the change clients always pick up (see `bind`). On a new
+        // display this happens before any application has connected.
+        let held: Vec<u8> = x
+            .keymap
+            .spare
+            .iter()
+            .copied()
+            .filter(|k| x.keymap.bound_to(*k) != [0, 0])
+            .collect();
+        if !held.is_empty() {
+            x.clear(&held)?;
+        }
+        Ok(x)
     }
 
     /// Waits until the server has handled everything sent so far.
@@ -465,34 +545,127 @@ impl X {
         self.fake(kind, keycode, 0, 0)
     }
 
-    /// The key that produces `sym`, binding a spare one to it if the keymap has none. A spare
-    /// key bound earlier in this action is only rebound after the server has delivered what was
-    /// typed with it, and clients had a moment to read the new mapping.
-    fn keycode_for(&mut self, sym: u32, bound: &mut Vec<u8>) -> Result<(u8, bool), AgentError> {
-        if let Some(found) = self.keymap.find(sym) {
-            return Ok(found);
+    /// Binds spare keys to `syms` (characters the keymap lacks), two per key (the second with
+    /// Shift), keeping the ones already bound where they are, so typing the same characters
+    /// again changes no mapping.
+    ///
+    /// Why empty keys first, and rebinding only as a last resort: clients decode keys with their
+    /// own copy of the keymap, which Xlib refreshes from the server when it next decodes a key
+    /// after hearing of a change. A key bound once, while empty, is always decoded right: no
+    /// event before the change used it. A key rebound while events typed with its old character
+    /// still wait in a client's queue gets them decoded with the new one, and a key changed
+    /// twice in quick succession can be left in the first state (the test of 3 000 characters
+    /// caught both). So rebinding (once about 240 characters outside the keymap are bound)
+    /// waits [`REBIND_PAUSE`] after the last input, clears, waits [`CLEAR_PAUSE`], then binds:
+    /// right whenever clients keep up with those pauses.
+    fn bind(&mut self, syms: &[u32]) -> Result<(), AgentError> {
+        let mut wanted: Vec<u32> = Vec::new();
+        for sym in syms {
+            if self.keymap.find(*sym).is_none() && !wanted.contains(sym) {
+                wanted.push(*sym);
+            }
         }
-        if self.keymap.spare.is_empty() {
-            return Err(x_error(
-                "its keymap has no spare key to bind a character to",
-            ));
+        if wanted.is_empty() {
+            return Ok(());
         }
-        let keycode = self.keymap.spare[self.keymap.next_spare % self.keymap.spare.len()];
-        self.keymap.next_spare += 1;
-        if bound.contains(&keycode) {
-            self.sync()?;
-            std::thread::sleep(Duration::from_millis(20));
-            bound.clear();
+        let keys_needed = wanted.len().div_ceil(2);
+        let empty: Vec<u8> = self
+            .keymap
+            .spare
+            .iter()
+            .copied()
+            .filter(|k| self.keymap.bound_to(*k) == [0, 0])
+            .collect();
+        let mut keys: Vec<u8> = empty.into_iter().take(keys_needed).collect();
+        if keys.len() < keys_needed {
+            // Least recently bound first, never one holding a character this call types.
+            let mut taken: Vec<u8> = self
+                .keymap
+                .spare
+                .iter()
+                .copied()
+                .filter(|k| {
+                    let [a, b] = self.keymap.bound_to(*k);
+                    (a, b) != (0, 0) && !syms.contains(&a) && !syms.contains(&b)
+                })
+                .collect();
+            taken.sort_by_key(|k| self.keymap.bound_at(*k));
+            taken.truncate(keys_needed - keys.len());
+            if keys.len() + taken.len() < keys_needed {
+                return Err(x_error("its keymap has too few spare keys for this text"));
+            }
+            if let Some(last) = self.last_input {
+                self.sync()?;
+                std::thread::sleep(REBIND_PAUSE.saturating_sub(last.elapsed()));
+            }
+            self.clear(&taken)?;
+            keys.extend(taken);
         }
         let per = self.keymap.per;
-        let syms = vec![sym; per];
-        self.conn
-            .change_keyboard_mapping(1, keycode, per as u8, &syms)
-            .map_err(x_error)?;
-        let at = usize::from(keycode - self.keymap.min) * per;
-        self.keymap.syms[at..at + per].copy_from_slice(&syms);
-        bound.push(keycode);
-        Ok((keycode, false))
+        for (keycode, pair) in keys.into_iter().zip(wanted.chunks(2)) {
+            let mut row = vec![0; per];
+            row[0] = pair[0];
+            if per > 1 {
+                row[1] = pair.get(1).copied().unwrap_or(0);
+            }
+            self.conn
+                .change_keyboard_mapping(1, keycode, per as u8, &row)
+                .map_err(x_error)?;
+            let at = usize::from(keycode - self.keymap.min) * per;
+            self.keymap.syms[at..at + per].copy_from_slice(&row);
+            self.keymap.tick += 1;
+            self.keymap.bound_at.insert(keycode, self.keymap.tick);
+        }
+        Ok(())
+    }
+
+    /// Empties `keys`, then waits [`CLEAR_PAUSE`] so clients see them empty before they are
+    /// bound again.
+    fn clear(&mut self, keys: &[u8]) -> Result<(), AgentError> {
+        let per = self.keymap.per;
+        for keycode in keys {
+            self.conn
+                .change_keyboard_mapping(1, *keycode, per as u8, &vec![0; per])
+                .map_err(x_error)?;
+            let at = usize::from(keycode - self.keymap.min) * per;
+            self.keymap.syms[at..at + per].fill(0);
+        }
+        self.sync()?;
+        std::thread::sleep(CLEAR_PAUSE);
+        Ok(())
+    }
+
+    /// Types `syms` in batches whose missing characters fit the spare keys, binding each batch's
+    /// before typing it (never a key in the middle of a batch).
+    fn type_syms(&mut self, syms: &[u32]) -> Result<(), AgentError> {
+        let capacity = self.keymap.spare.len() * 2;
+        let mut start = 0;
+        while start < syms.len() {
+            let mut missing: Vec<u32> = Vec::new();
+            let mut end = start;
+            while end < syms.len() {
+                let sym = syms[end];
+                if self.keymap.find_in(sym, false).is_none() && !missing.contains(&sym) {
+                    if missing.len() == capacity {
+                        break;
+                    }
+                    missing.push(sym);
+                }
+                end += 1;
+            }
+            if end == start {
+                return Err(x_error(
+                    "its keymap has no spare key to bind a character to",
+                ));
+            }
+            self.bind(&missing)?;
+            for sym in &syms[start..end] {
+                self.tap(*sym, &[])?;
+            }
+            self.last_input = Some(Instant::now());
+            start = end;
+        }
+        Ok(())
     }
 
     fn shift_keycode(&self) -> Result<u8, AgentError> {
@@ -502,9 +675,12 @@ impl X {
             .ok_or_else(|| x_error("its keymap has no Shift key"))
     }
 
-    /// Presses and releases `sym`, with Shift when its key needs it.
-    fn tap(&mut self, sym: u32, held: &[u8], bound: &mut Vec<u8>) -> Result<(), AgentError> {
-        let (keycode, shift) = self.keycode_for(sym, bound)?;
+    /// Presses and releases `sym` (bound already), with Shift when its key needs it.
+    fn tap(&mut self, sym: u32, held: &[u8]) -> Result<(), AgentError> {
+        let (keycode, shift) = self
+            .keymap
+            .find(sym)
+            .ok_or_else(|| x_error(format!("no key produces keysym {sym:#x}")))?;
         let shift = if shift {
             let s = self.shift_keycode()?;
             (!held.contains(&s)).then_some(s)
@@ -523,7 +699,6 @@ impl X {
     }
 
     fn input(&mut self, action: InputAction) -> Result<InputDone, AgentError> {
-        let mut bound = Vec::new();
         match action {
             InputAction::Move { x, y } => self.move_to((x, y))?,
             InputAction::Click { at, button, count } => {
@@ -560,32 +735,41 @@ impl X {
                 }
             }
             InputAction::Type { text } => {
+                let mut syms = Vec::with_capacity(text.len());
                 let mut chars = text.chars().peekable();
                 while let Some(c) = chars.next() {
                     if c == '\r' && chars.peek() == Some(&'\n') {
                         continue;
                     }
-                    let Some(sym) = keys::keysym_of_char(c) else {
-                        continue;
-                    };
-                    self.tap(sym, &[], &mut bound)?;
+                    syms.extend(keys::keysym_of_char(c));
                 }
+                self.type_syms(&syms)?;
             }
             InputAction::Key { keys } => {
-                let combos = keys::parse(&keys).map_err(|e| error(ErrorKind::InvalidArgument, e))?;
+                let combos =
+                    keys::parse(&keys).map_err(|e| error(ErrorKind::InvalidArgument, e))?;
+                let all: Vec<u32> = combos
+                    .iter()
+                    .flat_map(|c| c.modifiers.iter().copied().chain([c.key]))
+                    .collect();
+                self.bind(&all)?;
                 for combo in combos {
                     let mut held = Vec::new();
                     for m in &combo.modifiers {
-                        let (k, _) = self.keycode_for(*m, &mut bound)?;
+                        let (k, _) = self
+                            .keymap
+                            .find(*m)
+                            .ok_or_else(|| x_error("its keymap lacks a modifier key"))?;
                         self.key(k, true)?;
                         held.push(k);
                     }
-                    let result = self.tap(combo.key, &held, &mut bound);
+                    let result = self.tap(combo.key, &held);
                     for k in held.iter().rev() {
                         self.key(*k, false)?;
                     }
                     result?;
                 }
+                self.last_input = Some(Instant::now());
             }
         }
         self.sync()?;

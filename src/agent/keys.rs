@@ -200,7 +200,11 @@ mod tests {
         assert!(e.contains("unknown key \"foo\" in \"ctrl+foo\""), "{e}");
         assert!(parse("ctrl++s").unwrap_err().contains("empty key"));
         assert!(parse("F25").unwrap_err().contains("\"F25\""));
-        assert!(parse("a+b").unwrap_err().contains("\"a\" is not a modifier"));
+        assert!(
+            parse("a+b")
+                .unwrap_err()
+                .contains("\"a\" is not a modifier")
+        );
         assert!(parse("   ").unwrap_err().contains("empty"));
         assert!(parse(&"a ".repeat(51)).unwrap_err().contains("at most 50"));
     }

@@ -569,15 +569,33 @@ pub(crate) struct Input {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub(crate) enum InputAction {
-    Move { x: u16, y: u16 },
+    Move {
+        x: u16,
+        y: u16,
+    },
     /// `count` presses of `button` (1 left, 2 middle, 3 right), at (x, y) or where the pointer is.
-    Click { at: Option<(u16, u16)>, button: u8, count: u8 },
-    Drag { from: (u16, u16), to: (u16, u16) },
+    Click {
+        at: Option<(u16, u16)>,
+        button: u8,
+        count: u8,
+    },
+    Drag {
+        from: (u16, u16),
+        to: (u16, u16),
+    },
     /// Wheel clicks; `button` 4 up, 5 down, 6 left, 7 right.
-    Scroll { at: Option<(u16, u16)>, button: u8, amount: u8 },
-    Type { text: String },
+    Scroll {
+        at: Option<(u16, u16)>,
+        button: u8,
+        amount: u8,
+    },
+    Type {
+        text: String,
+    },
     /// Key combinations separated by spaces (`ctrl+s`, `Return`, `ctrl+a BackSpace`).
-    Key { keys: String },
+    Key {
+        keys: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -13,8 +13,8 @@ use super::desktop::Desktop;
 use super::jobs::Jobs;
 use super::protocol::{
     AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done, EgressHandover,
-    ErrorKind, ExecSpec, Frame, HandOverEgress, JobStatus, KillAll, KillJob, ListContexts, ListDir,
-    Input, ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, Screenshot,
+    ErrorKind, ExecSpec, Frame, HandOverEgress, Input, JobStatus, KillAll, KillJob, ListContexts,
+    ListDir, ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, Screenshot,
     StartDesktop, StartJob, WriteFile, ZipDir, read_frame, write_frame,
 };
 use super::reaper::Reaper;
@@ -231,7 +231,11 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             reply::<Screenshot>(&mut wr, shot).await
         }
         Request::Input(r) => {
-            reply::<Input>(&mut wr, state.desktop.input(r.screen, r.action, reaper).await).await
+            reply::<Input>(
+                &mut wr,
+                state.desktop.input(r.screen, r.action, reaper).await,
+            )
+            .await
         }
         Request::ListJobs(_) => reply::<ListJobs>(&mut wr, Ok(state.jobs.list())).await,
         Request::ReadFile(r) => {

@@ -94,7 +94,9 @@ pub(crate) fn success_result(tool: &ToolDef, mut value: Value) -> CallToolResult
     let mut result = CallToolResult::structured(value);
     result.content = vec![Content::text(text)];
     if let Some((data, image)) = image {
-        result.content.push(Content::image(data, image.mime_type.clone()));
+        result
+            .content
+            .push(Content::image(data, image.mime_type.clone()));
     }
     result
 }

@@ -25,8 +25,7 @@ pub(super) async fn create(
     if let Some(o) = fields.as_object_mut() {
         o.remove("resolution");
     }
-    let plain: types::CreateSandboxRequest =
-        serde_json::from_value(fields).map_err(internal)?;
+    let plain: types::CreateSandboxRequest = serde_json::from_value(fields).map_err(internal)?;
     let view = state
         .manager
         .create_computer(create_request(&plain, tenant)?, screen)

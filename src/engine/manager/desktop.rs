@@ -44,7 +44,8 @@ pub(crate) fn parse_resolution(s: &str) -> Result<Screen, EngineError> {
         ))
     };
     let (w, h) = s.split_once('x').ok_or_else(bad)?;
-    let (width, height): (u16, u16) = (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
+    let (width, height): (u16, u16) =
+        (w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?);
     if !(MIN_SCREEN.width..=MAX_SCREEN.width).contains(&width)
         || !(MIN_SCREEN.height..=MAX_SCREEN.height).contains(&height)
     {
@@ -159,7 +160,9 @@ impl ActionRequest<'_> {
                 }
             }
             "key" => {
-                let keys = self.keys.ok_or_else(|| need("keys (like ctrl+s or Return)"))?;
+                let keys = self
+                    .keys
+                    .ok_or_else(|| need("keys (like ctrl+s or Return)"))?;
                 keys::parse(keys).map_err(EngineError::InvalidArgument)?;
                 InputAction::Key {
                     keys: keys.to_string(),
@@ -207,7 +210,12 @@ impl Manager {
         let view = self.create(req).await?;
         let id = view.record.id.clone();
         match self
-            .call(&id, tenant.as_deref(), StartDesktop { screen }, START_DEADLINE)
+            .call(
+                &id,
+                tenant.as_deref(),
+                StartDesktop { screen },
+                START_DEADLINE,
+            )
             .await
         {
             Ok(_) => Ok(view),
@@ -295,7 +303,15 @@ mod tests {
     #[test]
     fn resolutions_are_checked() {
         assert_eq!(parse_resolution("1280x800").unwrap(), SCREEN);
-        for bad in ["1280", "x800", "100x100", "4000x2000", "1280x800x24", "-1x5", ""] {
+        for bad in [
+            "1280",
+            "x800",
+            "100x100",
+            "4000x2000",
+            "1280x800x24",
+            "-1x5",
+            "",
+        ] {
             let e = parse_resolution(bad).unwrap_err().to_string();
             assert!(e.contains("320x200 and 2560x1600"), "{bad}: {e}");
         }
