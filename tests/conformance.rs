@@ -158,6 +158,30 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
         Some(r#"{"source_id": "{child}"}"#),
     ),
     ("delete_snapshot", "DELETE", "{s}/snapshots/{snap}", None),
+    (
+        "create_computer",
+        "POST",
+        "/v1/computers",
+        Some(r#"{"resolution": "640x480"}"#),
+    ),
+    (
+        "take_screenshot",
+        "GET",
+        "{d}/desktop/screenshot?scale=0.5",
+        None,
+    ),
+    (
+        "computer_action",
+        "POST",
+        "{d}/desktop/actions",
+        Some(r#"{"action": "click", "x": 10, "y": 10, "screenshot": true}"#),
+    ),
+    (
+        "stop_computer",
+        "POST",
+        "{d}/desktop/stop",
+        Some(r#"{"kill": true}"#),
+    ),
     ("pause_sandbox", "POST", "{s}/pause", None),
     ("resume_sandbox", "POST", "{s}/resume", None),
     ("kill_sandbox", "DELETE", "{s}", None),
@@ -186,13 +210,15 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
     let engine = TestEngine::start().await;
     let http = engine.http();
     let mut id = String::from("sbx_0000000000000000000000000a");
-    // A snapshot and a forked child, once made.
+    // A snapshot, a forked child and a desktop, once made.
     let (mut snap, mut child) = (String::new(), String::new());
+    let mut desktop = String::from("sbx_0000000000000000000000000d");
     for (op_id, method, template, body) in REQUESTS {
         let op = spec.operation(op_id).unwrap();
         assert_eq!(*method, op.method, "{op_id}");
         let fill = |t: &str| {
             t.replace("{s}", &format!("/v1/sandboxes/{id}"))
+                .replace("{d}", &format!("/v1/sandboxes/{desktop}"))
                 .replace("{snap}", &snap)
                 .replace("{child}", &child)
         };
@@ -227,7 +253,9 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
         );
         // An unknown sandbox: 404 in the Error shape.
         if path.contains("/v1/sandboxes/sbx_") {
-            let unknown = path.replace(&id, "sbx_0000000000000000000000000b");
+            let unknown = path
+                .replace(&id, "sbx_0000000000000000000000000b")
+                .replace(&desktop, "sbx_0000000000000000000000000b");
             let resp = send(true, unknown).await.unwrap();
             assert_eq!(resp.status().as_u16(), 404, "{op_id}");
             let v: Value = resp.json().await.unwrap();
@@ -291,6 +319,17 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
                 id = v["id"].as_str().unwrap().to_string();
             }
             "create_snapshot" => snap = v["id"].as_str().unwrap().to_string(),
+            "create_computer" => {
+                assert_eq!(status, 201);
+                assert_eq!(v["desktop"]["width"], 640);
+                desktop = v["id"].as_str().unwrap().to_string();
+            }
+            "take_screenshot" => assert_eq!(
+                (&v["width"], &v["screen_width"]),
+                (&json!(320), &json!(640))
+            ),
+            "computer_action" => assert_eq!(v["screenshot"]["height"], 480),
+            "stop_computer" => assert_eq!(v["status"], "killed"),
             "fork_sandbox" => child = v["ids"][0].as_str().unwrap().to_string(),
             "exec_command" => {
                 assert_eq!(v["exit_code"], 3);

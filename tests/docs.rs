@@ -106,7 +106,7 @@ fn documented_toolset_costs_match_the_snapshot() {
     };
     for (doc, set) in ["README.md", "docs/tool-defs.md"]
         .into_iter()
-        .flat_map(|doc| ["all", "core", "code"].map(|set| (doc, set)))
+        .flat_map(|doc| ["all", "core", "code", "computer"].map(|set| (doc, set)))
     {
         let text = root(doc);
         let row = text

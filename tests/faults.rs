@@ -46,6 +46,7 @@ fn valid_args(tool: &str) -> Value {
             "snapshot_id" => json!("snap_00000000000000000000000000"),
             "against" => json!(SANDBOX),
             "source_id" => json!(SANDBOX),
+            "action" => json!("click"),
             other => panic!("{tool}: no test value for required argument `{other}`; add one"),
         };
         args.insert(name.to_string(), value);

@@ -74,6 +74,7 @@ async fn tools_list_carries_annotations_and_schemas() {
             "secret_list",
             "sandbox_template_create",
             "sandbox_template_delete",
+            "computer_create",
         ]
         .contains(&tool.name.as_ref())
         {
@@ -167,7 +168,7 @@ async fn bad_arguments_name_the_argument_and_the_fix() {
         (
             "sandbox_exec",
             json!({"sandbox_id": "nope", "command": "ls"}),
-            "from sandbox_create or sandbox_list",
+            "From sandbox_create or sandbox_list",
         ),
         (
             "sandbox_exec",

@@ -747,8 +747,10 @@ fn build_image(
                 f,
                 t,
                 format!(
-                    "[image] `{}` names no field of the `{}` result.{hint}",
-                    image.field, op.id
+                    "[image] `{}` names no field of the `{}` result.{hint} Its fields: {}",
+                    image.field,
+                    op.id,
+                    props.keys().cloned().collect::<Vec<_>>().join(", ")
                 ),
             );
             return None;

@@ -280,6 +280,20 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn an_image_field_leaves_the_json_at_any_depth() {
+        let path = |p: &str| p.split('.').map(str::to_string).collect::<Vec<_>>();
+        let mut v = json!({"a": 1, "shot": {"png": "AAA", "w": 2}});
+        assert_eq!(take_path(&mut v, &path("shot.png")), Some("AAA".into()));
+        assert_eq!(v, json!({"a": 1, "shot": {"w": 2}}));
+        // Absent (a result without a screenshot), or not a string: nothing taken, nothing lost.
+        let mut v = json!({"a": 1, "shot": null});
+        assert_eq!(take_path(&mut v, &path("shot.png")), None);
+        let mut v = json!({"png": 5});
+        assert_eq!(take_path(&mut v, &path("png")), None);
+        assert_eq!(v, json!({"png": 5}));
+    }
+
+    #[test]
     fn head_tail_keeps_both_ends_within_budget() {
         let s = format!("{}{}", "a".repeat(50_000), "z".repeat(50_000));
         let out = head_tail(&s, 32 * 1024);
