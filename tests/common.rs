@@ -90,6 +90,7 @@ fn install_host_tools() {
         ("musl-tools", "/usr/bin/musl-gcc"),
         // Desktops (computer use): the virtual display, a window manager, and fonts.
         ("xvfb", "/usr/bin/Xvfb"),
+        ("xfonts-base", "/usr/share/fonts/X11/misc"),
         (
             "matchbox-window-manager",
             "/usr/bin/matchbox-window-manager",

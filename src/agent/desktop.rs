@@ -76,6 +76,8 @@ pub(crate) struct Desktop {
     x: Arc<Mutex<Option<X>>>,
     /// A copy of the X connection's socket, to cut off a call that outlives its deadline.
     socket: Arc<Mutex<Option<OwnedFd>>>,
+    /// The display was just started: the next connection is its first client.
+    fresh: Arc<std::sync::atomic::AtomicBool>,
     tail: Rc<RefCell<Vec<u8>>>,
 }
 
@@ -240,7 +242,10 @@ impl Desktop {
         }
         let window_manager = wm.as_ref().map(|(name, _)| name.clone());
         *self.running.borrow_mut() = Some(Running { screen, xvfb, wm });
-        // Connected now, before any application is: the connection prepares the keymap.
+        // Connected now, before any application is: the connection prepares the keymap, with
+        // no client yet to wait for.
+        self.fresh
+            .store(true, std::sync::atomic::Ordering::Release);
         self.with_x(screen, |_| Ok(())).await?;
         Ok(DesktopStarted {
             started: true,
@@ -257,11 +262,13 @@ impl Desktop {
     ) -> Result<T, AgentError> {
         let slot = self.x.clone();
         let socket = self.socket.clone();
+        let fresh = self.fresh.clone();
         let task = tokio::task::spawn_blocking(move || {
             let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
             if guard.as_ref().is_none_or(|x| x.screen != screen) {
                 *guard = None;
-                *guard = Some(X::connect(screen, &socket)?);
+                let fresh = fresh.swap(false, std::sync::atomic::Ordering::AcqRel);
+                *guard = Some(X::connect(screen, &socket, fresh)?);
             }
             let x = guard.as_mut().expect("connected above");
             let result = f(x);
@@ -401,7 +408,12 @@ pub(crate) struct X {
 }
 
 impl X {
-    fn connect(screen: Screen, socket: &Mutex<Option<OwnedFd>>) -> Result<X, AgentError> {
+    /// Connects to the display; `fresh`: it was just started, so no other client is connected.
+    fn connect(
+        screen: Screen,
+        socket: &Mutex<Option<OwnedFd>>,
+        fresh: bool,
+    ) -> Result<X, AgentError> {
         let stream = std::os::unix::net::UnixStream::connect(SOCKET).map_err(|e| {
             error(
                 ErrorKind::Io,
@@ -499,7 +511,7 @@ impl X {
             .filter(|k| x.keymap.bound_to(*k) != [0, 0])
             .collect();
         if !held.is_empty() {
-            x.clear(&held)?;
+            x.clear(&held, !fresh)?;
         }
         Ok(x)
     }
@@ -598,7 +610,7 @@ impl X {
                 self.sync()?;
                 std::thread::sleep(REBIND_PAUSE.saturating_sub(last.elapsed()));
             }
-            self.clear(&taken)?;
+            self.clear(&taken, true)?;
             keys.extend(taken);
         }
         let per = self.keymap.per;
@@ -619,9 +631,9 @@ impl X {
         Ok(())
     }
 
-    /// Empties `keys`, then waits [`CLEAR_PAUSE`] so clients see them empty before they are
-    /// bound again.
-    fn clear(&mut self, keys: &[u8]) -> Result<(), AgentError> {
+    /// Empties `keys`, then (with `pause`) waits [`CLEAR_PAUSE`] so clients see them empty
+    /// before they are bound again.
+    fn clear(&mut self, keys: &[u8], pause: bool) -> Result<(), AgentError> {
         let per = self.keymap.per;
         for keycode in keys {
             self.conn
@@ -631,7 +643,9 @@ impl X {
             self.keymap.syms[at..at + per].fill(0);
         }
         self.sync()?;
-        std::thread::sleep(CLEAR_PAUSE);
+        if pause {
+            std::thread::sleep(CLEAR_PAUSE);
+        }
         Ok(())
     }
 
