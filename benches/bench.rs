@@ -1064,7 +1064,9 @@ const DESKTOP_APP: &str = include_str!("../tests/fixtures/desktop/app.py");
 fn desktop_figures(out: &mut Vec<Figure>) -> String {
     let heading = "\n## Computer use\n\n";
     if !Path::new("/usr/bin/Xvfb").exists() {
-        return format!("{heading}Not measured: this machine has no Xvfb (apt-get install xvfb).\n");
+        return format!(
+            "{heading}Not measured: this machine has no Xvfb (apt-get install xvfb).\n"
+        );
     }
     let engine = Engine::start();
     match measure_desktop(&engine, out) {
@@ -1094,7 +1096,11 @@ fn measure_desktop(engine: &Engine, out: &mut Vec<Figure>) -> Result<String, Str
         let begun = Instant::now();
         let made = engine.call("POST", "/v1/computers", Some(json!({})))?;
         let id = made["id"].as_str().unwrap().to_string();
-        engine.call("GET", &format!("/v1/sandboxes/{id}/desktop/screenshot"), None)?;
+        engine.call(
+            "GET",
+            &format!("/v1/sandboxes/{id}/desktop/screenshot"),
+            None,
+        )?;
         first.push(ms(begun.elapsed()));
         engine.kill(&id);
     }
@@ -1109,7 +1115,11 @@ fn measure_desktop(engine: &Engine, out: &mut Vec<Figure>) -> Result<String, Str
     // An idle desktop's memory: display server, window manager and agent, nothing else.
     let idle = engine.call("POST", "/v1/computers", Some(json!({})))?;
     let idle_id = idle["id"].as_str().unwrap().to_string();
-    engine.call("GET", &format!("/v1/sandboxes/{idle_id}/desktop/screenshot"), None)?;
+    engine.call(
+        "GET",
+        &format!("/v1/sandboxes/{idle_id}/desktop/screenshot"),
+        None,
+    )?;
     std::thread::sleep(Duration::from_secs(2));
     if let Some(bytes) = cgroup_memory(&idle_id) {
         out.push(figure(
@@ -1240,8 +1250,13 @@ fn measure_desktop(engine: &Engine, out: &mut Vec<Figure>) -> Result<String, Str
         None,
         "the screenshot waits until two grabs 40 ms apart agree",
     ));
-    engine.call("POST", &act, Some(json!({"action": "click", "x": 400, "y": 270})))?;
-    let ascii: String = "The quick brown fox jumps over the lazy dog. ".repeat(23)[..1000].to_string();
+    engine.call(
+        "POST",
+        &act,
+        Some(json!({"action": "click", "x": 400, "y": 270})),
+    )?;
+    let ascii: String =
+        "The quick brown fox jumps over the lazy dog. ".repeat(23)[..1000].to_string();
     let other: String = ('А'..='я').chain('α'..='ω').cycle().take(1000).collect();
     for (label, text) in [("ASCII", &ascii), ("Cyrillic and Greek", &other)] {
         let mut typed = Vec::new();
@@ -1249,7 +1264,11 @@ fn measure_desktop(engine: &Engine, out: &mut Vec<Figure>) -> Result<String, Str
             let begun = Instant::now();
             engine.call("POST", &act, Some(json!({"action": "type", "text": text})))?;
             typed.push(ms(begun.elapsed()));
-            engine.call("POST", &act, Some(json!({"action": "key", "keys": "ctrl+a"})))?;
+            engine.call(
+                "POST",
+                &act,
+                Some(json!({"action": "key", "keys": "ctrl+a"})),
+            )?;
         }
         out.push(figure(
             &format!("Desktop: type 1,000 characters, {label}"),

@@ -723,12 +723,12 @@ fn build_image(
     // Found with shared borrows as a JSON pointer, then changed in one place.
     let mut pointer = String::new();
     for (i, part) in path.iter().enumerate() {
-        let node = schema.pointer(&pointer).expect("walked from the root");
+        let node = schema.pointer(&pointer)?;
         // A nullable nested object is `allOf: [{…}]` plus `nullable`: look inside.
         if node.get("properties").is_none() && node.pointer("/allOf/0").is_some() {
             pointer.push_str("/allOf/0");
         }
-        let node = schema.pointer(&pointer).expect("checked above");
+        let node = schema.pointer(&pointer)?;
         let Some(props) = node.get("properties").and_then(Value::as_object) else {
             ctx.fail(
                 f,
@@ -767,8 +767,9 @@ fn build_image(
             pointer.push_str(&format!("/properties/{part}"));
         }
     }
-    let last = path.last().expect("split yields at least one part");
-    let node = schema.pointer_mut(&pointer).expect("found above");
+    let (Some(last), Some(node)) = (path.last(), schema.pointer_mut(&pointer)) else {
+        return None;
+    };
     if let Some(props) = node.get_mut("properties").and_then(Value::as_object_mut) {
         props.remove(last);
     }

@@ -244,8 +244,7 @@ impl Desktop {
         *self.running.borrow_mut() = Some(Running { screen, xvfb, wm });
         // Connected now, before any application is: the connection prepares the keymap, with
         // no client yet to wait for.
-        self.fresh
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.fresh.store(true, std::sync::atomic::Ordering::Release);
         self.with_x(screen, |_| Ok(())).await?;
         Ok(DesktopStarted {
             started: true,
@@ -265,16 +264,19 @@ impl Desktop {
         let fresh = self.fresh.clone();
         let task = tokio::task::spawn_blocking(move || {
             let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
-            if guard.as_ref().is_none_or(|x| x.screen != screen) {
-                *guard = None;
-                let fresh = fresh.swap(false, std::sync::atomic::Ordering::AcqRel);
-                *guard = Some(X::connect(screen, &socket, fresh)?);
-            }
-            let x = guard.as_mut().expect("connected above");
-            let result = f(x);
-            if result.is_err() {
-                // The next call starts from a fresh connection.
-                *guard = None;
+            // A kept connection must still answer: any client of the display may close it
+            // (KillClient), and the call should not be the one to find out.
+            let mut x = match guard.take() {
+                Some(x) if x.screen == screen && x.sync().is_ok() => x,
+                _ => {
+                    let fresh = fresh.swap(false, std::sync::atomic::Ordering::AcqRel);
+                    X::connect(screen, &socket, fresh)?
+                }
+            };
+            let result = f(&mut x);
+            // After a failure the next call starts from a fresh connection.
+            if result.is_ok() {
+                *guard = Some(x);
             }
             result
         });
@@ -962,6 +964,7 @@ fn encode_png(rgb: &[u8], w: u32, h: u32) -> Result<Vec<u8>, AgentError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

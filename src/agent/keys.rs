@@ -129,7 +129,9 @@ fn parse_combo(combo: &str) -> Result<Combo, String> {
     for part in &parts {
         syms.push(key(part).ok_or_else(|| unknown(part, combo))?);
     }
-    let key = syms.pop().expect("split yields at least one part");
+    let Some(key) = syms.pop() else {
+        return Err(unknown("", combo));
+    };
     if let Some(bad) = syms.iter().position(|s| !MODIFIERS.contains(s)) {
         return Err(format!(
             "in \"{combo}\", \"{}\" is not a modifier: only the last key of a combination may be another key (modifiers: ctrl, shift, alt, super)",
@@ -169,6 +171,7 @@ fn unknown(part: &str, combo: &str) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
