@@ -516,6 +516,15 @@ async fn a_stopped_or_emptied_desktop_comes_back_on_the_next_screenshot() {
     assert_eq!((image.width, image.height), (1280, 800));
     act(&client, &id, json!({"action": "move", "x": 10, "y": 10})).await;
 
+    // A fork is a desktop too: its display starts with its first desktop call.
+    let fork = ok(&client, "sandbox_fork", json!({"sandbox_id": id})).await;
+    let child = fork["ids"][0].as_str().unwrap();
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": child})).await;
+    assert_eq!(info["desktop"]["width"], 1280, "{info}");
+    let image = image_of(&call(&client, "computer_screenshot", json!({"sandbox_id": child})).await);
+    assert_eq!((image.width, image.height), (1280, 800));
+    assert_eq!(sh(&client, child, "echo $DISPLAY").await, ":0\n");
+
     // Kill: gone, and the error says how to get another.
     let killed = ok(
         &client,
