@@ -117,7 +117,18 @@ async fn open_egress_reaches_names_over_http_and_https_and_logs_the_bytes() {
     )
     .await;
     assert_eq!(https, "hello from other.test\n");
-    let entries = log(&client, &id, json!({})).await;
+    // A connection is logged when the engine's relay has seen both sides close, which can be a
+    // moment after curl has exited: wait for it (CI once read the log in between).
+    let mut entries = log(&client, &id, json!({})).await;
+    let begun = std::time::Instant::now();
+    while !entries
+        .iter()
+        .any(|e| e["host"] == "other.test" && e["protocol"] == "tls")
+        && begun.elapsed() < std::time::Duration::from_secs(5)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        entries = log(&client, &id, json!({})).await;
+    }
     let find = |host: &str, protocol: &str| {
         entries
             .iter()
