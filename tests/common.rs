@@ -421,6 +421,17 @@ pub async fn exec(client: &McpClient, id: &str, command: &str) -> Value {
     .await
 }
 
+/// Snapshots a sandbox and restores that snapshot at once (every process stops).
+pub async fn snapshot_and_restore(client: &McpClient, id: &str) {
+    let snap = ok(client, "sandbox_snapshot_create", json!({"sandbox_id": id})).await;
+    ok(
+        client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+    )
+    .await;
+}
+
 /// stdout of a command that must succeed.
 pub async fn sh(client: &McpClient, id: &str, command: &str) -> String {
     let r = exec(client, id, command).await;

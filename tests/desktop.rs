@@ -500,18 +500,7 @@ async fn a_stopped_or_emptied_desktop_comes_back_on_the_next_screenshot() {
     assert_eq!(info["status"], "running");
 
     // A restore stops every process, the display server too: the next call starts it again.
-    let snap = ok(
-        &client,
-        "sandbox_snapshot_create",
-        json!({"sandbox_id": id}),
-    )
-    .await;
-    ok(
-        &client,
-        "sandbox_snapshot_restore",
-        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
-    )
-    .await;
+    snapshot_and_restore(&client, &id).await;
     let image = image_of(&call(&client, "computer_screenshot", json!({"sandbox_id": id})).await);
     assert_eq!((image.width, image.height), (1280, 800));
     act(&client, &id, json!({"action": "move", "x": 10, "y": 10})).await;

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::{TestEngine, api, create, err, ok, sh, spawn_engine_process_env};
+use crate::common::{
+    TestEngine, api, create, err, ok, sh, snapshot_and_restore, spawn_engine_process_env,
+};
 use crate::require_sandboxes;
 use sandbox_mcp::engine::config::DiskLimits;
 
@@ -1098,18 +1100,7 @@ async fn forks_and_restores_keep_rules_secrets_environment_and_previews() {
     );
     assert_ne!(child_env, standin, "a child gets its own stand-in");
 
-    let snap = ok(
-        &client,
-        "sandbox_snapshot_create",
-        json!({"sandbox_id": id}),
-    )
-    .await;
-    ok(
-        &client,
-        "sandbox_snapshot_restore",
-        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
-    )
-    .await;
+    snapshot_and_restore(&client, &id).await;
     let after = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
     assert_eq!(after["network"], parent["network"]);
     assert_eq!(after["secrets"], parent["secrets"]);

@@ -929,6 +929,9 @@ pub(crate) fn scaled(w: usize, h: usize, scale: f64) -> (usize, usize) {
 /// Box filter: each output pixel is the mean of the input pixels it covers (text stays legible
 /// at half size, where dropping pixels would break strokes).
 fn downscale(rgb: &[u8], w: usize, h: usize, dw: usize, dh: usize) -> Vec<u8> {
+    if (w, h) == (dw * 2, dh * 2) {
+        return halve(rgb, w, dw, dh);
+    }
     let mut out = Vec::with_capacity(dw * dh * 3);
     for dy in 0..dh {
         let (y0, y1) = (dy * h / dh, ((dy + 1) * h / dh).max(dy * h / dh + 1));
@@ -945,6 +948,24 @@ fn downscale(rgb: &[u8], w: usize, h: usize, dw: usize, dh: usize) -> Vec<u8> {
             }
             let n = ((y1 - y0) * (x1 - x0)) as u32;
             out.extend(sum.map(|s| (s / n) as u8));
+        }
+    }
+    out
+}
+
+/// [`downscale`] by exactly two each way (scale 0.5, the common case): each output pixel is the
+/// mean of a 2×2 block, without the general loop's bookkeeping.
+fn halve(rgb: &[u8], w: usize, dw: usize, dh: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(dw * dh * 3);
+    for dy in 0..dh {
+        let top = &rgb[(2 * dy) * w * 3..(2 * dy + 1) * w * 3];
+        let bottom = &rgb[(2 * dy + 1) * w * 3..(2 * dy + 2) * w * 3];
+        for (a, b) in top.chunks_exact(6).zip(bottom.chunks_exact(6)) {
+            for i in 0..3 {
+                let sum =
+                    u16::from(a[i]) + u16::from(a[i + 3]) + u16::from(b[i]) + u16::from(b[i + 3]);
+                out.push((sum / 4) as u8);
+            }
         }
     }
     out
@@ -984,6 +1005,30 @@ mod tests {
         // 3x1 → 2x1: boxes of one and two pixels.
         let rgb = [10, 10, 10, 20, 20, 20, 40, 40, 40];
         assert_eq!(downscale(&rgb, 3, 1, 2, 1), vec![10, 10, 10, 30, 30, 30]);
+    }
+
+    #[test]
+    fn halving_matches_the_general_box_filter() {
+        let (w, h) = (64, 40);
+        let rgb: Vec<u8> = (0..w * h * 3).map(|i| ((i * 7919) % 256) as u8).collect();
+        assert_eq!(halve(&rgb, w, w / 2, h / 2), {
+            // The general loop, bypassing the fast path.
+            let (dw, dh) = (w / 2, h / 2);
+            let mut out = Vec::new();
+            for dy in 0..dh {
+                for dx in 0..dw {
+                    for i in 0..3 {
+                        let px = |x: usize, y: usize| u32::from(rgb[(y * w + x) * 3 + i]);
+                        let sum = px(2 * dx, 2 * dy)
+                            + px(2 * dx + 1, 2 * dy)
+                            + px(2 * dx, 2 * dy + 1)
+                            + px(2 * dx + 1, 2 * dy + 1);
+                        out.push((sum / 4) as u8);
+                    }
+                }
+            }
+            out
+        });
     }
 
     #[test]
