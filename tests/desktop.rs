@@ -285,20 +285,23 @@ async fn a_model_sees_the_desktop_clicks_types_and_sees_the_result() {
     );
     assert!(log.iter().filter(|e| e["kind"] == "drag_motion").count() >= 5);
 
-    // Double and right clicks are what they say.
-    act(
-        &model,
-        &id,
-        json!({"action": "double_click", "x": 1000, "y": 700}),
-    )
-    .await;
-    act(
-        &model,
-        &id,
-        json!({"action": "right_click", "x": 1001, "y": 701}),
-    )
-    .await;
-    let log = wait_for(&client, &id, |e| e["kind"] == "click" && e["button"] == 3).await;
+    // Double, right and middle clicks are what they say.
+    for (action, x) in [
+        ("double_click", 1000),
+        ("right_click", 1001),
+        ("middle_click", 1002),
+    ] {
+        act(&model, &id, json!({"action": action, "x": x, "y": 700})).await;
+    }
+    let log = wait_for(&client, &id, |e| e["kind"] == "click" && e["button"] == 2).await;
+    assert!(
+        log.iter()
+            .any(|e| e["kind"] == "click" && e["x"] == 1001 && e["button"] == 3)
+    );
+    assert!(
+        log.iter()
+            .any(|e| e["kind"] == "click" && e["x"] == 1002 && e["button"] == 2)
+    );
     assert_eq!(
         log.iter()
             .filter(|e| e["kind"] == "click" && e["x"] == 1000 && e["button"] == 1)

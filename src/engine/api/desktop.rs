@@ -75,14 +75,6 @@ pub(super) async fn screenshot(
     Ok(Json(api_screenshot(screen, shot)))
 }
 
-/// An enum of the spec as the string it is written as.
-fn wire<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_value(v)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
-}
-
 pub(super) async fn action(
     State(state): State<AppState>,
     tenant: Tenant,
@@ -91,10 +83,11 @@ pub(super) async fn action(
 ) -> Result<Json<types::ComputerActionResult>, EngineError> {
     let id = sandbox_id(&id)?;
     let scale = check_scale(body.scale)?;
+    // The generated enums print as the spec writes them.
     let (action, button, direction) = (
-        wire(&body.action),
-        body.button.as_ref().map(wire),
-        body.direction.as_ref().map(wire),
+        body.action.to_string(),
+        body.button.as_ref().map(ToString::to_string),
+        body.direction.as_ref().map(ToString::to_string),
     );
     let request = ActionRequest {
         action: &action,
