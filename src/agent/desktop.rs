@@ -83,16 +83,7 @@ pub(crate) struct Desktop {
 
 /// Where `program` is installed in the sandbox, on the PATH commands get.
 fn installed(program: &str) -> bool {
-    [
-        "/usr/local/bin",
-        "/usr/bin",
-        "/bin",
-        "/usr/local/sbin",
-        "/usr/sbin",
-        "/sbin",
-    ]
-    .iter()
-    .any(|dir| {
+    spawn::PATH.split(':').any(|dir| {
         use std::os::unix::fs::PermissionsExt;
         std::fs::metadata(format!("{dir}/{program}"))
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)

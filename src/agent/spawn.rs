@@ -83,13 +83,13 @@ pub(crate) fn default_cwd() -> &'static str {
     DEFAULT_CWD.get().map_or(ROOT_HOME, String::as_str)
 }
 
+/// The PATH every process starts with.
+pub(crate) const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// The environment every process starts from (before sandbox and per-call variables).
 pub(crate) fn base_env() -> Vec<(String, String)> {
     [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
+        ("PATH", PATH),
         ("HOME", "/root"),
         ("USER", "root"),
         ("LOGNAME", "root"),

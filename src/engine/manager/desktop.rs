@@ -10,8 +10,8 @@ use crate::agent::protocol::{Input, InputAction, Screen, Screenshot, Shot, Start
 use crate::engine::error::EngineError;
 use crate::engine::templates::DESKTOP;
 
-/// The display every desktop uses (`DISPLAY`, set for every command).
-pub(crate) const DISPLAY: &str = ":0";
+/// The display every desktop uses (`DISPLAY`, set for every command): the agent's.
+pub(crate) use crate::agent::desktop::DISPLAY;
 /// Smallest and largest screens: a PNG of the largest fits the agent's reply frame.
 pub(crate) const MIN_SCREEN: Screen = Screen {
     width: 320,
