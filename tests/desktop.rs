@@ -474,6 +474,22 @@ async fn bad_input_gets_errors_that_say_what_to_do() {
     }
     let e = err(&client, "computer_create", json!({"template": "no-x"})).await;
     assert!(e.contains("has no Xvfb"), "{e}");
+    // Any template with Xvfb can be a desktop: `base` has the host's.
+    let on_base = ok(&client, "computer_create", json!({"template": "base"})).await;
+    assert_eq!(on_base["template"], "base");
+    let shot = call(
+        &client,
+        "computer_screenshot",
+        json!({"sandbox_id": on_base["id"]}),
+    )
+    .await;
+    assert_eq!(image_of(&shot).width, 1280);
+    ok(
+        &client,
+        "sandbox_kill",
+        json!({"sandbox_id": on_base["id"]}),
+    )
+    .await;
     let after = ok(&client, "sandbox_list", json!({})).await["sandboxes"]
         .as_array()
         .unwrap()
