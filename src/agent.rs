@@ -18,6 +18,7 @@ pub(crate) mod exec;
 pub mod files;
 pub(crate) mod jobs;
 pub mod keys;
+pub mod pod;
 pub(crate) mod protocol;
 pub(crate) mod reaper;
 pub(crate) mod repl;

@@ -318,6 +318,99 @@ struct EngineArgs {
     /// File with one accepted key per line (`#` comments allowed); re-read when it changes.
     #[arg(long, env = "SANDBOX_MCP_ENGINE_KEYS_FILE")]
     keys_file: Option<PathBuf>,
+    #[command(flatten)]
+    kubernetes: KubeArgs,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum DriverArg {
+    /// Linux namespaces on this machine.
+    Namespaces,
+    /// Pods in a Kubernetes cluster (credentials from KUBECONFIG or the pod's service account).
+    Kubernetes,
+}
+
+#[derive(Args, Debug)]
+struct KubeArgs {
+    /// Where sandboxes run: `namespaces` (this machine) or `kubernetes` (pods in a cluster).
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_DRIVER",
+        value_enum,
+        default_value = "namespaces"
+    )]
+    driver: DriverArg,
+    /// kubernetes: the namespace sandbox pods are made in.
+    #[arg(long, env = "SANDBOX_MCP_K8S_NAMESPACE", default_value = "default")]
+    namespace: String,
+    /// kubernetes: an image holding the static sandbox-mcp binary at /sandbox-mcp (each pod's
+    /// init container copies it in, so any template image works).
+    #[arg(long, env = "SANDBOX_MCP_AGENT_IMAGE")]
+    agent_image: Option<String>,
+    /// kubernetes: the image of the `base` template.
+    #[arg(long, env = "SANDBOX_MCP_DEFAULT_IMAGE")]
+    default_image: Option<String>,
+    /// kubernetes: another template, as NAME=IMAGE (repeat, or comma-separate).
+    #[arg(long, env = "SANDBOX_MCP_TEMPLATE_IMAGES", value_delimiter = ',')]
+    template_image: Vec<String>,
+    /// kubernetes: a runtimeClassName (gVisor, Kata) for a template, as TEMPLATE=CLASS; `*=CLASS`
+    /// for every template (repeat, or comma-separate).
+    #[arg(long, env = "SANDBOX_MCP_RUNTIME_CLASSES", value_delimiter = ',')]
+    runtime_class: Vec<String>,
+    /// kubernetes: run sandboxes as this uid and gid (non-root when not 0) [default: the image's
+    /// user].
+    #[arg(long, env = "SANDBOX_MCP_RUN_AS_USER")]
+    run_as_user: Option<u32>,
+    /// kubernetes: imagePullPolicy of sandbox pods (`Always`, `IfNotPresent`, `Never`).
+    #[arg(long, env = "SANDBOX_MCP_IMAGE_PULL_POLICY")]
+    image_pull_policy: Option<String>,
+}
+
+impl KubeArgs {
+    /// The kubernetes driver's options, or `None` for the namespaces driver.
+    fn options(&self) -> anyhow::Result<Option<crate::engine::kube::pod::PodOptions>> {
+        if self.driver != DriverArg::Kubernetes {
+            return Ok(None);
+        }
+        let need = |v: &Option<String>, flag: &str| {
+            v.clone().filter(|s| !s.is_empty()).ok_or_else(|| {
+                anyhow::anyhow!("--driver kubernetes needs {flag} IMAGE (see README, Kubernetes)")
+            })
+        };
+        let pairs = |items: &[String],
+                     flag: &str|
+         -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+            items
+                .iter()
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| match s.split_once('=') {
+                    Some((k, v)) if !k.trim().is_empty() && !v.trim().is_empty() => {
+                        Ok((k.trim().to_string(), v.trim().to_string()))
+                    }
+                    _ => anyhow::bail!("{flag} takes NAME=VALUE, not {s:?}"),
+                })
+                .collect()
+        };
+        let images = pairs(&self.template_image, "--template-image")?;
+        for name in images.keys() {
+            crate::engine::templates::check_name(name)
+                .map_err(|e| anyhow::anyhow!("--template-image {name}: {e}"))?;
+        }
+        if let Some(p) = &self.image_pull_policy
+            && !["Always", "IfNotPresent", "Never"].contains(&p.as_str())
+        {
+            anyhow::bail!("--image-pull-policy is Always, IfNotPresent or Never, not {p:?}");
+        }
+        Ok(Some(crate::engine::kube::pod::PodOptions {
+            namespace: self.namespace.clone(),
+            agent_image: need(&self.agent_image, "--agent-image")?,
+            default_image: need(&self.default_image, "--default-image")?,
+            images,
+            runtime_classes: pairs(&self.runtime_class, "--runtime-class")?,
+            run_as_user: self.run_as_user,
+            pull_policy: self.image_pull_policy.clone(),
+        }))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -726,7 +819,8 @@ async fn terminated() {
 async fn engine(args: EngineArgs) -> anyhow::Result<()> {
     use crate::engine::local;
     init_logging("info");
-    let config = args.settings.config();
+    let mut config = args.settings.config();
+    config.kubernetes = args.kubernetes.options()?;
     let keys: Vec<String> = args
         .keys
         .as_deref()

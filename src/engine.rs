@@ -13,6 +13,7 @@ pub(crate) mod diff;
 pub mod driver;
 pub mod error;
 pub mod ids;
+pub mod kube;
 pub(crate) mod layers;
 pub mod linux;
 pub mod local;

@@ -8,7 +8,20 @@ fn main() -> ExitCode {
     match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
         Some("__launch") => sandbox_mcp::engine::linux::launcher::main(),
         Some("__agent") => agent(),
+        Some("__agent-pod") => exit(sandbox_mcp::agent::pod::run_agent()),
+        Some("__agent-mux") => exit(sandbox_mcp::agent::pod::run_mux()),
+        Some("__install") => exit(sandbox_mcp::agent::pod::install(std::env::args_os().nth(2))),
         _ => sandbox_mcp::cli::main(),
+    }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandbox-mcp: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

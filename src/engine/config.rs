@@ -64,6 +64,9 @@ pub struct EngineConfig {
     pub preview: PreviewConfig,
     /// The template `create` uses when the request names none (`base` when `None`).
     pub default_template: Option<String>,
+    /// Run sandboxes as pods with these options (the kubernetes driver) instead of in this
+    /// machine's namespaces.
+    pub kubernetes: Option<crate::engine::kube::pod::PodOptions>,
 }
 
 impl EngineConfig {
@@ -79,6 +82,7 @@ impl EngineConfig {
             network: crate::engine::network::NetworkConfig::default(),
             preview: PreviewConfig::default(),
             default_template: None,
+            kubernetes: None,
         }
     }
 

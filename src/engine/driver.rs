@@ -19,6 +19,10 @@ pub enum DriverError {
     /// The agent could not be reached or broke the protocol.
     #[error("{0}")]
     Agent(String),
+    /// The sandbox no longer exists where the driver keeps it (its pod was deleted or ended):
+    /// why, in words for the caller.
+    #[error("{0}")]
+    Gone(String),
     /// An operation on the host failed (a cgroup, the store, the registry).
     #[error("cannot {what}: {source}")]
     Io {
@@ -74,6 +78,9 @@ pub struct StartSpec {
     pub workdir: Option<String>,
     /// uid and gid commands run as (root when `None`).
     pub user: Option<(u32, u32)>,
+    /// The sandbox's record, for drivers that keep it with the sandbox (see
+    /// [`Driver::shares_records`]).
+    pub record: crate::engine::state::Record,
 }
 
 /// A filesystem the driver keeps: a sandbox's (`slot` given) or a snapshot's.
@@ -129,6 +136,9 @@ pub enum Liveness {
     Frozen,
     /// No agent: the sandbox must be started before use.
     Stopped,
+    /// The sandbox no longer exists where the driver keeps it (a deleted pod): nothing to
+    /// start again.
+    Gone,
 }
 
 /// Resource use of one sandbox.
@@ -266,6 +276,46 @@ pub trait Driver: Send + Sync + 'static {
     fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
         let _ = (fs, template);
         Err(no_snapshots(self.name()))
+    }
+
+    /// Whether sandboxes' records live with the sandboxes (pod annotations) rather than in this
+    /// engine alone, so that other engine replicas create, see and kill the same sandboxes.
+    /// The manager then finds sandboxes it does not know through [`Self::shared_record`] and
+    /// [`Self::shared_records`], and marks each acknowledged with [`Self::acknowledge`].
+    fn shares_records(&self) -> bool {
+        false
+    }
+
+    /// Every acknowledged sandbox record the driver keeps (uid slots are the caller's to give).
+    fn shared_records(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<crate::engine::state::Record>, DriverError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    /// The acknowledged record of sandbox `id`; `None` if it does not exist (or is not
+    /// acknowledged yet).
+    fn shared_record<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::engine::state::Record>, DriverError>> {
+        let _ = id;
+        Box::pin(async { Ok(None) })
+    }
+
+    /// Stores `record` with the sandbox and marks it acknowledged (after create, after update).
+    fn acknowledge<'a>(
+        &'a self,
+        record: &'a crate::engine::state::Record,
+    ) -> BoxFuture<'a, Result<(), DriverError>> {
+        let _ = record;
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The templates this driver serves instead of the engine's own (the kubernetes driver's
+    /// images); `None`: the engine's templates.
+    fn image_templates(&self) -> Option<Vec<(String, String)>> {
+        None
     }
 
     fn egress_sockets<'a>(

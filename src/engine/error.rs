@@ -186,6 +186,7 @@ impl From<DriverError> for EngineError {
         match e {
             DriverError::Unsupported(m) => Self::Conflict(m),
             DriverError::Launch(m) | DriverError::Agent(m) => Self::Sandbox(m),
+            DriverError::Gone(m) => Self::NotFound(m),
             e @ DriverError::Io { .. } => Self::Host(e),
         }
     }

@@ -117,8 +117,12 @@ pub(crate) fn endpoint(config: &EngineConfig) -> Option<Endpoint> {
     serde_json::from_str(&text).ok()
 }
 
-/// Opens the manager for `config` with the namespaces driver.
+/// Opens the manager for `config` with its driver (namespaces unless it names kubernetes).
 pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalError> {
+    if let Some(pods) = &config.kubernetes {
+        let driver = crate::engine::kube::KubernetesDriver::new(pods.clone()).await?;
+        return Ok(Manager::open(config.clone(), Arc::new(driver)).await?);
+    }
     let driver = NamespacesDriver::new(crate::engine::linux::driver::Options {
         sandboxes_dir: config.sandboxes_dir(),
         exe: config.exe.clone(),

@@ -295,10 +295,23 @@ impl Manager {
             config.templates_dir(),
             crate::engine::layers::dir(&config.data_dir),
         );
-        let templates =
-            blocking(move || crate::engine::templates::load(&templates_dir, &layers_dir))
+        let templates = match driver.image_templates() {
+            // The driver's images are its templates: nothing is built on this host.
+            Some(images) => images
+                .into_iter()
+                .map(|(name, image)| {
+                    crate::engine::templates::image_template(
+                        &templates_dir,
+                        &layers_dir,
+                        &name,
+                        &image,
+                    )
+                })
+                .collect(),
+            None => blocking(move || crate::engine::templates::load(&templates_dir, &layers_dir))
                 .await?
-                .map_err(EngineError::Templates)?;
+                .map_err(EngineError::Templates)?,
+        };
         if let Some(name) = &config.default_template {
             match templates.iter().find(|t| &t.name == name) {
                 Some(t) if t.status() == crate::engine::templates::TemplateStatus::Ready => {}
@@ -339,8 +352,10 @@ impl Manager {
                     what: "the egress CA cannot be set up",
                     source: e.into(),
                 })?;
-        crate::engine::templates::trust(&config.templates_dir(), interceptor.ca_pem())
-            .map_err(EngineError::Templates)?;
+        if driver.image_templates().is_none() {
+            crate::engine::templates::trust(&config.templates_dir(), interceptor.ca_pem())
+                .map_err(EngineError::Templates)?;
+        }
         let hub = Hub::new(
             config.network.clone(),
             log,
@@ -417,6 +432,13 @@ impl Manager {
                 }
                 Status::Running | Status::Paused => {
                     let runtime = match self.driver.liveness(&id).await {
+                        Liveness::Gone => {
+                            // Killed by another replica, or deleted behind the engine's back.
+                            let store = self.store.clone();
+                            let rid = id.clone();
+                            blocking(move || store.delete(&rid)).await??;
+                            continue;
+                        }
                         Liveness::Frozen => Runtime::Frozen,
                         Liveness::Stopped => Runtime::Stopped,
                         Liveness::Running => {
@@ -532,6 +554,91 @@ impl Manager {
         }
     }
 
+    /// [`Self::entry`], or, on a driver that shares records, a sandbox another engine replica
+    /// made: found where the driver keeps it and adopted into this replica's cache.
+    async fn lookup(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Entry>, EngineError> {
+        match self.entry(id, tenant) {
+            Err(EngineError::NotFound(_))
+                if self.driver.shares_records() && !lock(&self.sandboxes).contains_key(id) =>
+            {
+                if let Some(record) = self.driver.shared_record(id).await? {
+                    self.adopt(record).await?;
+                }
+                self.entry(id, tenant)
+            }
+            other => other,
+        }
+    }
+
+    /// Takes a sandbox another replica acknowledged into this replica's cache (as running: its
+    /// pod runs). Internal sandboxes (pools, builds) stay their engine's own.
+    async fn adopt(&self, mut record: Record) -> Result<(), EngineError> {
+        if record.tenant.as_deref().is_some_and(pool::internal) {
+            return Ok(());
+        }
+        let _guard = self.create_lock.lock().await;
+        if lock(&self.sandboxes).contains_key(&record.id) {
+            return Ok(());
+        }
+        let taken: Vec<u32> = lock(&self.sandboxes)
+            .values()
+            .map(|e| lock(&e.record).uid_slot)
+            .collect();
+        record.uid_slot = self.driver.claim_slot(&taken)?;
+        record.status = Status::Running;
+        let store = self.store.clone();
+        let r = record.clone();
+        blocking(move || store.insert(&r)).await??;
+        let net = self.sandbox_net(&record);
+        let id = record.id.clone();
+        lock(&self.sandboxes).insert(id, Entry::new(record, Runtime::Running, true, net));
+        Ok(())
+    }
+
+    /// Drops a sandbox that no longer exists where the driver keeps it (killed by another
+    /// replica, or its pod deleted or ended) from this replica's cache.
+    async fn forget(&self, id: &str) {
+        let Some(entry) = lock(&self.sandboxes).remove(id) else {
+            return;
+        };
+        entry.ready.store(false, Ordering::Release);
+        entry.net.close();
+        *entry.lifecycle.lock().await = Runtime::Killed;
+        self.hub.log().forget(id);
+        let store = self.store.clone();
+        let sid = id.to_string();
+        let _ = blocking(move || store.delete(&sid)).await;
+        self.driver.release_slot(lock(&entry.record).uid_slot);
+    }
+
+    /// Brings this replica's cache in line with the sandboxes the driver keeps: adopts those it
+    /// does not know, forgets those that are gone (not those it is still creating).
+    async fn sync_shared(&self) -> Result<(), EngineError> {
+        let records = self.driver.shared_records().await?;
+        let live: std::collections::HashSet<String> =
+            records.iter().map(|r| r.id.clone()).collect();
+        let stale: Vec<String> = lock(&self.sandboxes)
+            .iter()
+            .filter(|(id, e)| e.ready.load(Ordering::Acquire) && !live.contains(*id))
+            .filter(|(_, e)| {
+                !lock(&e.record)
+                    .tenant
+                    .as_deref()
+                    .is_some_and(pool::internal)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            self.forget(&id).await;
+        }
+        for record in records {
+            if !lock(&self.sandboxes).contains_key(&record.id) {
+                self.adopt(record).await?;
+            }
+        }
+        Ok(())
+    }
+
     fn start_spec(&self, record: &Record) -> Result<StartSpec, EngineError> {
         let template = self.template(&record.template)?;
         Ok(StartSpec {
@@ -553,6 +660,7 @@ impl Manager {
                 .collect(),
             workdir: template.file.workdir.clone(),
             user: template.file.user,
+            record: record.clone(),
         })
     }
 
@@ -631,7 +739,14 @@ impl Manager {
         let spec = self.start_spec(&record)?;
         let entry = self.entry_any(&record.id)?;
         let started = match self.driver.start(&spec).await {
-            Ok(()) => self.attach_network(&record.id, &entry).await,
+            Ok(()) => match self.attach_network(&record.id, &entry).await {
+                Ok(()) => {
+                    let mut acked = record.clone();
+                    acked.status = Status::Running;
+                    self.driver.acknowledge(&acked).await
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = started {
@@ -698,6 +813,20 @@ impl Manager {
             .ok_or_else(|| EngineError::sandbox_not_found(id))
     }
 
+    /// [`Self::list`] after taking in what other replicas changed (drivers that share records).
+    pub(crate) async fn list_current(
+        &self,
+        status: Option<Status>,
+        metadata: &[(String, String)],
+        tenant: Option<&str>,
+    ) -> Result<Vec<Record>, EngineError> {
+        if self.driver.shares_records() {
+            self.sync_shared().await?;
+        }
+        Ok(self.list(status, metadata, tenant))
+    }
+
+    /// The sandboxes this engine knows of, newest first.
     pub fn list(
         &self,
         status: Option<Status>,
@@ -727,7 +856,7 @@ impl Manager {
         tenant: Option<&str>,
         with_usage: bool,
     ) -> Result<SandboxView, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         let usage = if with_usage {
             let driver = self.driver.clone();
             let sid = id.to_string();
@@ -750,7 +879,7 @@ impl Manager {
         metadata: Option<BTreeMap<String, String>>,
         network: Option<NetworkRules>,
     ) -> Result<SandboxView, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         let policy = match &network {
             Some(n) => Some(
                 self.hub
@@ -763,15 +892,20 @@ impl Manager {
         let sid = id.to_string();
         let (m, n) = (metadata.clone(), network.clone());
         blocking(move || store.update(&sid, m.as_ref(), n.as_ref())).await??;
-        let mut record = lock(&entry.record);
-        if let Some(m) = metadata {
-            record.metadata = m;
+        {
+            let mut record = lock(&entry.record);
+            if let Some(m) = metadata {
+                record.metadata = m;
+            }
+            if let (Some(n), Some(policy)) = (network, policy) {
+                record.network = n;
+                entry.net.set_policy(policy);
+            }
         }
-        if let (Some(n), Some(policy)) = (network, policy) {
-            record.network = n;
-            entry.net.set_policy(policy);
+        if self.driver.shares_records() {
+            // Other replicas read the change from where the driver keeps the record.
+            self.driver.acknowledge(&entry.record()).await?;
         }
-        drop(record);
         Ok(self.view(&entry))
     }
 
@@ -782,7 +916,7 @@ impl Manager {
         tenant: Option<&str>,
         query: netlog::Query,
     ) -> Result<NetworkLogPage, EngineError> {
-        self.entry(id, tenant)?;
+        self.lookup(id, tenant).await?;
         let limit = query.limit;
         let entries = self.hub.log().read(id, query).await?;
         let next_cursor = if entries.len() == limit {
@@ -808,7 +942,7 @@ impl Manager {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<SandboxView, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         self.pause_entry(id, &entry).await?;
         Ok(self.view(&entry))
     }
@@ -836,7 +970,7 @@ impl Manager {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<SandboxView, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         self.ensure_running(id, &entry).await?;
         Ok(self.view(&entry))
     }
@@ -851,6 +985,14 @@ impl Manager {
                 let driver = self.driver.clone();
                 let sid = id.to_string();
                 blocking(move || driver.thaw(&sid)).await??;
+            }
+            Runtime::Stopped if self.driver.shares_records() => {
+                // Its pod is gone (a wedged agent's is deleted): nothing to restart.
+                drop(rt);
+                self.forget(id).await;
+                return Err(EngineError::NotFound(format!(
+                    "sandbox {id} is gone: its agent stopped answering, so its pod was deleted; create a new sandbox"
+                )));
             }
             Runtime::Stopped => {
                 let spec = self.start_spec(&lock(&entry.record))?;
@@ -886,8 +1028,12 @@ impl Manager {
     /// no longer answers a ping as it should, is not trusted again — its processes are stopped and
     /// the next call starts a fresh one on the sandbox's files.
     async fn note_agent_failure(&self, id: &str, entry: &Arc<Entry>) {
-        let gone = self.driver.liveness(id).await == Liveness::Stopped;
-        if gone || !self.ping(id).await {
+        let liveness = self.driver.liveness(id).await;
+        if liveness == Liveness::Gone {
+            self.forget(id).await;
+            return;
+        }
+        if liveness == Liveness::Stopped || !self.ping(id).await {
             self.stop_agent(id, entry).await;
         }
     }
@@ -906,7 +1052,7 @@ impl Manager {
     }
 
     pub(crate) async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         let mut rt = entry.lifecycle.lock().await;
         if *rt == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -999,13 +1145,17 @@ impl Manager {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<(Arc<Entry>, InFlight, AgentConn), EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         let inflight = InFlight::new(entry.clone());
         self.ensure_running(id, &entry).await?;
         // Nothing has been sent if the agent cannot be reached: when it turns out to be dead
         // (crashed, OOM-killed), restart it and go on, so the caller never sees the crash.
         let conn = match self.driver.connect(id).await {
             Ok(conn) => conn,
+            Err(DriverError::Gone(why)) => {
+                self.forget(id).await;
+                return Err(EngineError::NotFound(why));
+            }
             Err(_) => {
                 self.note_agent_failure(id, &entry).await;
                 self.ensure_running(id, &entry).await?;
@@ -1086,7 +1236,7 @@ impl Manager {
 
     /// Background jobs of a running sandbox (a paused one is not woken up to list them).
     pub(crate) async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
-        let entry = self.entry(id, tenant).ok()?;
+        let entry = self.lookup(id, tenant).await.ok()?;
         if *lock(&entry.visible_status) != Status::Running {
             return None;
         }
@@ -1122,7 +1272,7 @@ impl Manager {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<Metrics, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.lookup(id, tenant).await?;
         let driver = self.driver.clone();
         let sid = id.to_string();
         let (usage, disk_bytes) =
@@ -1149,6 +1299,11 @@ impl Manager {
 
     /// One pass of the timers: kill expired sandboxes, pause idle ones, persist activity.
     pub(crate) async fn tick(&self) {
+        if self.driver.shares_records()
+            && let Err(e) = self.sync_shared().await
+        {
+            tracing::warn!("cannot read the sandboxes other replicas made: {e}");
+        }
         let now = ids::now_ms();
         let entries: Vec<(String, Arc<Entry>)> = lock(&self.sandboxes)
             .iter()

@@ -336,6 +336,40 @@ pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Te
 
 /// Builds a built-in template in a temporary directory and renames it into place, so a crash
 /// never leaves a half-built template behind.
+/// A template that is a container image on a driver that runs images (the kubernetes driver):
+/// no layers on this host, the shape of `base`.
+pub(crate) fn image_template(
+    templates_dir: &Path,
+    layers_dir: &Path,
+    name: &str,
+    image: &str,
+) -> Template {
+    let shape = BUILTINS
+        .iter()
+        .find(|b| b.name == name)
+        .unwrap_or(&BUILTINS[0])
+        .shape;
+    let file = TemplateFile {
+        name: name.to_string(),
+        description: format!("The image {image}, run as a pod."),
+        version: 1,
+        shape,
+        host_dirs: Vec::new(),
+        layers: Vec::new(),
+        foreign: true,
+        parent: None,
+        env: Vec::new(),
+        workdir: None,
+        user: None,
+        status: TemplateStatus::Ready,
+        failure: None,
+        size_bytes: 0,
+        created_at: 0,
+        warm: 0,
+    };
+    Template::new(templates_dir, layers_dir, file)
+}
+
 fn build_builtin(templates_dir: &Path, builtin: &Builtin) -> io::Result<()> {
     let tmp = templates_dir.join(format!(".{}.building-{}", builtin.name, std::process::id()));
     let _ = fs::remove_dir_all(&tmp);

@@ -166,7 +166,8 @@ pub(super) async fn list(
     let network = state.manager.network_info();
     let sandboxes = state
         .manager
-        .list(status, &filter, tenant.as_deref())
+        .list_current(status, &filter, tenant.as_deref())
+        .await?
         .into_iter()
         .map(|record| {
             types::Sandbox::try_from(&SandboxView {

@@ -1,0 +1,494 @@
+//! The `kubernetes` driver: each sandbox is a pod, placed by the cluster's scheduler.
+//!
+//! - **The agent** is the pod's PID 1, copied into the pod by an init container from the agent
+//!   image (a static binary), so any image a template names works.
+//! - **Reaching it**: the engine talks to the API server only. Each replica keeps one exec per
+//!   pod running the bridge (`__agent-mux`) and multiplexes its agent connections over it
+//!   ([`mux`]): a new exec costs 50-90 ms, a new stream nothing.
+//! - **State** lives on the pods ([`pod`]): labels and a record annotation. Replicas keep a
+//!   local cache only, and find sandboxes another replica made through the API server.
+//! - **Not supported**, said as such: pause (a pod cannot be frozen through the API),
+//!   snapshots and forks, capture, egress rules and secrets (no egress path: sandboxes get the
+//!   namespace's NetworkPolicy), desktops.
+
+pub mod mux;
+pub mod pod;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+
+use crate::agent::pod::AGENT_DIR;
+use crate::agent::protocol::{Frame, Ping, Pong, Request, read_frame_limited, write_frame};
+use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
+use crate::engine::state::Record;
+use mux::Mux;
+use pod::{PodOptions, PodRecord, PodState};
+
+/// How long a pod may take to run (an image pull included) before the create fails.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Container waiting reasons that will not resolve by waiting.
+const STUCK: [&str; 7] = [
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// A sandbox's multiplexer, once opened.
+type MuxSlot = Arc<tokio::sync::Mutex<Option<Arc<Mux>>>>;
+
+pub struct KubernetesDriver {
+    pods: Api<Pod>,
+    opts: PodOptions,
+    /// One multiplexed exec per sandbox, opened on first use; the lock per sandbox keeps
+    /// concurrent first calls from opening several.
+    muxes: Mutex<HashMap<String, MuxSlot>>,
+    /// For the trait's synchronous methods, which run on blocking threads.
+    runtime: tokio::runtime::Handle,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A kube error in words, with what to check for the common ones.
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "the API server refused: {} (the engine's service account needs the verbs in deploy/kubernetes/rbac.yaml)",
+            s.message
+        ),
+        kube::Error::Api(s) => format!("the API server answered {}: {}", s.code, s.message),
+        other => format!("cannot reach the API server: {other}"),
+    }
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+fn gone(id: &str) -> DriverError {
+    DriverError::Gone(format!(
+        "sandbox {id} is gone: its pod no longer exists (deleted outside the engine, or by its timeout); create a new sandbox"
+    ))
+}
+
+impl KubernetesDriver {
+    /// Connects with `KUBECONFIG` (or `~/.kube/config`, or in-cluster credentials) and checks
+    /// that the namespace's pods can be listed.
+    pub async fn new(opts: PodOptions) -> Result<Self, DriverError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = kube::Client::try_default().await.map_err(|e| {
+            DriverError::Unsupported(format!(
+                "cannot load Kubernetes credentials ({e}); set KUBECONFIG, or run the engine in a pod with a service account"
+            ))
+        })?;
+        let pods: Api<Pod> = Api::namespaced(client, &opts.namespace);
+        pods.list_metadata(&ListParams::default().limit(1))
+            .await
+            .map_err(|e| {
+                DriverError::Unsupported(format!(
+                    "cannot list pods in namespace {}: {}",
+                    opts.namespace,
+                    describe(&e)
+                ))
+            })?;
+        Ok(KubernetesDriver {
+            pods,
+            opts,
+            muxes: Mutex::new(HashMap::new()),
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    fn selector() -> String {
+        format!("{}={}", pod::MANAGED_BY.0, pod::MANAGED_BY.1)
+    }
+
+    /// Waits until the pod runs, or fails with why it cannot.
+    async fn wait_running(&self, name: &str) -> Result<(), DriverError> {
+        let params = kube::api::WatchParams::default()
+            .fields(&format!("metadata.name={name}"))
+            .timeout(START_TIMEOUT.as_secs() as u32);
+        let check = |p: &Pod| -> Option<Result<(), DriverError>> {
+            if let PodState::Gone(why) = pod::state(p) {
+                return Some(Err(DriverError::Launch(why)));
+            }
+            let status = p.status.as_ref()?;
+            for c in status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .chain(status.container_statuses.iter().flatten())
+            {
+                if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref())
+                    && let Some(reason) = w.reason.as_deref().filter(|r| STUCK.contains(r))
+                {
+                    return Some(Err(DriverError::Launch(format!(
+                        "the sandbox's pod cannot start its {} container: {reason}: {} (check the image names given to the engine)",
+                        c.name,
+                        w.message.as_deref().unwrap_or("")
+                    ))));
+                }
+            }
+            (status.phase.as_deref() == Some("Running")).then_some(Ok(()))
+        };
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            // The pod as it is now (it may already run), then its changes from that version.
+            let current = self.pods.get(name).await.map_err(|e| {
+                DriverError::Launch(format!("cannot read the sandbox's pod: {}", describe(&e)))
+            })?;
+            if let Some(done) = check(&current) {
+                return done;
+            }
+            let version = current.metadata.resource_version.unwrap_or_default();
+            let mut events = self
+                .pods
+                .watch(&params, &version)
+                .await
+                .map_err(|e| DriverError::Launch(describe(&e)))?
+                .boxed();
+            loop {
+                let next = tokio::time::timeout_at(deadline, events.next()).await;
+                match next {
+                    Err(_) => {
+                        return Err(DriverError::Launch(format!(
+                            "the sandbox's pod did not run within {} s (is the cluster short of the resources its shape asks for?)",
+                            START_TIMEOUT.as_secs()
+                        )));
+                    }
+                    Ok(Some(Ok(
+                        kube::api::WatchEvent::Added(p) | kube::api::WatchEvent::Modified(p),
+                    ))) => {
+                        if let Some(done) = check(&p) {
+                            return done;
+                        }
+                    }
+                    Ok(Some(Ok(kube::api::WatchEvent::Deleted(_)))) => {
+                        return Err(DriverError::Launch(
+                            "the sandbox's pod was deleted while it started".into(),
+                        ));
+                    }
+                    // A bookmark, an error event or the watch's end: watch again from a
+                    // fresh read.
+                    Ok(_) => break,
+                }
+            }
+        }
+    }
+
+    /// Opens a new bridge exec in the pod.
+    async fn open_mux(&self, id: &str) -> Result<Arc<Mux>, DriverError> {
+        let name = pod::pod_name(id);
+        let params = AttachParams::default()
+            .container(pod::CONTAINER)
+            .stdin(true)
+            .stdout(true)
+            .stderr(false);
+        let command = [
+            format!("{AGENT_DIR}/sandbox-mcp"),
+            "__agent-mux".to_string(),
+        ];
+        match self.pods.exec(&name, command, &params).await {
+            Ok(mut process) => {
+                let (Some(input), Some(output)) = (process.stdout(), process.stdin()) else {
+                    return Err(DriverError::Agent(
+                        "the exec into the pod has no stdio".into(),
+                    ));
+                };
+                Ok(Mux::start(input, output, process))
+            }
+            Err(e) if not_found(&e) => Err(gone(id)),
+            Err(e) => {
+                // The pod may have ended: say so rather than how the exec failed.
+                match self.pods.get(&name).await {
+                    Err(e) if not_found(&e) => Err(gone(id)),
+                    Ok(p) => match pod::state(&p) {
+                        PodState::Gone(why) => Err(DriverError::Gone(why)),
+                        _ => Err(DriverError::Agent(format!(
+                            "cannot reach the sandbox's agent: {}",
+                            describe(&e)
+                        ))),
+                    },
+                    Err(_) => Err(DriverError::Agent(format!(
+                        "cannot reach the sandbox's agent: {}",
+                        describe(&e)
+                    ))),
+                }
+            }
+        }
+    }
+
+    async fn stream(&self, id: &str) -> Result<AgentConn, DriverError> {
+        let slot = lock(&self.muxes).entry(id.to_string()).or_default().clone();
+        let mut held = slot.lock().await;
+        if let Some(m) = held.as_ref().filter(|m| !m.is_dead())
+            && let Ok(s) = m.open().await
+        {
+            return Ok(Box::new(s));
+        }
+        let m = self.open_mux(id).await?;
+        *held = Some(m.clone());
+        let s = m
+            .open()
+            .await
+            .map_err(|e| DriverError::Agent(format!("the pod's bridge ended at once: {e}")))?;
+        Ok(Box::new(s))
+    }
+
+    /// Whether the agent answers a ping on a new stream.
+    async fn ping(&self, id: &str) -> Result<(), DriverError> {
+        let mut conn = self.stream(id).await?;
+        write_frame(&mut conn, &Request::from(Ping {}))
+            .await
+            .map_err(|e| DriverError::Agent(e.to_string()))?;
+        match read_frame_limited::<_, Frame<Pong>>(&mut conn, 4096).await {
+            Ok(Some(Frame::Reply(_))) => Ok(()),
+            _ => Err(DriverError::Agent("the agent did not answer".into())),
+        }
+    }
+
+    async fn delete(&self, id: &str) -> Result<(), DriverError> {
+        lock(&self.muxes).remove(id);
+        match self
+            .pods
+            .delete(&pod::pod_name(id), &DeleteParams::default().grace_period(0))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(DriverError::Io {
+                what: "delete the sandbox's pod",
+                source: std::io::Error::other(describe(&e)),
+            }),
+        }
+    }
+
+    fn unsupported(what: &str) -> DriverError {
+        DriverError::Unsupported(format!("the kubernetes driver cannot {what}"))
+    }
+}
+
+impl Driver for KubernetesDriver {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    fn limits_enforced(&self) -> bool {
+        true
+    }
+
+    /// `ephemeral-storage` makes the kubelet evict a pod over its disk size: a kill, not a
+    /// full disk, so disk limits are not reported as enforced.
+    fn disk_limits_enforced(&self) -> bool {
+        false
+    }
+
+    /// Slots only number this replica's cache entries (pods need no uid ranges).
+    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
+        Ok((0..).find(|s| !taken.contains(s)).unwrap_or(0))
+    }
+
+    fn release_slot(&self, _slot: u32) {}
+
+    fn reconcile_slots(&self, _held: &[u32]) {}
+
+    fn close(&self) {}
+
+    fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>> {
+        Box::pin(async move {
+            let record = PodRecord::of(&spec.record);
+            let pod = pod::build(
+                &self.opts,
+                &record,
+                &spec.env,
+                spec.workdir.as_deref(),
+                crate::engine::ids::now_ms(),
+            )
+            .map_err(DriverError::Launch)?;
+            let name = pod::pod_name(&spec.id);
+            match self.pods.create(&PostParams::default(), &pod).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    // A pod of that name exists: a sandbox's pod is never made twice, so this is
+                    // a restart of one that ended, which would come back without its files.
+                    return Err(DriverError::Gone(format!(
+                        "sandbox {} cannot be restarted on the kubernetes driver (its processes and files went with its pod); create a new sandbox",
+                        spec.id
+                    )));
+                }
+                Err(e) => {
+                    return Err(DriverError::Launch(format!(
+                        "cannot create the sandbox's pod: {}",
+                        describe(&e)
+                    )));
+                }
+            }
+            let started = async {
+                self.wait_running(&name).await?;
+                // The container runs; its agent listens a moment later.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+                loop {
+                    match self.ping(&spec.id).await {
+                        Ok(()) => return Ok(()),
+                        Err(e @ DriverError::Gone(_)) => return Err(e),
+                        Err(e) if tokio::time::Instant::now() >= deadline => {
+                            return Err(DriverError::Launch(format!(
+                                "the sandbox's agent did not answer: {e}"
+                            )));
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+                    }
+                }
+            };
+            let result = started.await;
+            if result.is_err() {
+                let _ = self.delete(&spec.id).await;
+            }
+            result
+        })
+    }
+
+    fn connect<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<AgentConn, DriverError>> {
+        Box::pin(self.stream(id))
+    }
+
+    fn liveness<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Liveness> {
+        Box::pin(async move {
+            match self.pods.get(&pod::pod_name(id)).await {
+                Err(e) if not_found(&e) => Liveness::Gone,
+                Ok(p) if matches!(pod::state(&p), PodState::Gone(_)) => Liveness::Gone,
+                // Unreachable API server: not known to be gone.
+                _ => Liveness::Running,
+            }
+        })
+    }
+
+    fn freeze(&self, _id: &str) -> Result<(), DriverError> {
+        Err(Self::unsupported(
+            "pause a sandbox: a pod's processes cannot be frozen through the Kubernetes API, and stopping the pod would lose its files; the sandbox keeps running (kill it when done)",
+        ))
+    }
+
+    fn thaw(&self, _id: &str) -> Result<(), DriverError> {
+        Ok(())
+    }
+
+    /// A wedged agent: its pod is deleted (there is no restarting a pod with its files).
+    fn stop(&self, id: &str) -> Result<(), DriverError> {
+        self.runtime.block_on(self.delete(id))
+    }
+
+    fn destroy(&self, id: &str) -> Result<(), DriverError> {
+        self.runtime.block_on(self.delete(id))
+    }
+
+    fn usage(&self, _id: &str) -> Usage {
+        Usage::default()
+    }
+
+    fn disk_bytes(&self, _id: &str) -> u64 {
+        0
+    }
+
+    fn shares_records(&self) -> bool {
+        true
+    }
+
+    fn shared_records(&self) -> BoxFuture<'_, Result<Vec<Record>, DriverError>> {
+        Box::pin(async move {
+            let list = self
+                .pods
+                .list(&ListParams::default().labels(&format!(
+                    "{},{}=ready",
+                    Self::selector(),
+                    pod::STATE_LABEL
+                )))
+                .await
+                .map_err(|e| DriverError::Io {
+                    what: "list the sandboxes' pods",
+                    source: std::io::Error::other(describe(&e)),
+                })?;
+            Ok(list
+                .items
+                .iter()
+                .filter(|p| pod::state(p) == PodState::Ready)
+                .filter_map(pod::record)
+                .map(|r| r.into_record(0))
+                .collect())
+        })
+    }
+
+    fn shared_record<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Record>, DriverError>> {
+        Box::pin(async move {
+            if !crate::engine::ids::is_sandbox_id(id) {
+                return Ok(None);
+            }
+            match self.pods.get(&pod::pod_name(id)).await {
+                Ok(p) if pod::state(&p) == PodState::Ready => Ok(pod::record(&p)
+                    .filter(|r| r.id == id)
+                    .map(|r| r.into_record(0))),
+                Ok(_) => Ok(None),
+                Err(e) if not_found(&e) => Ok(None),
+                Err(e) => Err(DriverError::Io {
+                    what: "read the sandbox's pod",
+                    source: std::io::Error::other(describe(&e)),
+                }),
+            }
+        })
+    }
+
+    fn acknowledge<'a>(&'a self, record: &'a Record) -> BoxFuture<'a, Result<(), DriverError>> {
+        Box::pin(async move {
+            let text = serde_json::to_string(&PodRecord::of(record))
+                .map_err(|e| DriverError::Agent(e.to_string()))?;
+            let patch = serde_json::json!({
+                "metadata": {
+                    "labels": { pod::STATE_LABEL: "ready" },
+                    "annotations": { pod::RECORD_ANNOTATION: text },
+                }
+            });
+            match self
+                .pods
+                .patch(
+                    &pod::pod_name(&record.id),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(e) if not_found(&e) => Err(gone(&record.id)),
+                Err(e) => Err(DriverError::Io {
+                    what: "record the sandbox on its pod",
+                    source: std::io::Error::other(describe(&e)),
+                }),
+            }
+        })
+    }
+
+    fn image_templates(&self) -> Option<Vec<(String, String)>> {
+        Some(
+            std::iter::once((
+                crate::engine::templates::BASE.to_string(),
+                self.opts.default_image.clone(),
+            ))
+            .chain(self.opts.images.clone())
+            .collect(),
+        )
+    }
+}
