@@ -278,6 +278,12 @@ pub trait Driver: Send + Sync + 'static {
         Err(no_snapshots(self.name()))
     }
 
+    /// Whether sandboxes reach a network the engine does not filter (a cluster's pod network):
+    /// egress rules and brokered secrets are then refused rather than ignored.
+    fn network_unfiltered(&self) -> bool {
+        false
+    }
+
     /// Whether sandboxes' records live with the sandboxes (pod annotations) rather than in this
     /// engine alone, so that other engine replicas create, see and kill the same sandboxes.
     /// The manager then finds sandboxes it does not know through [`Self::shared_record`] and

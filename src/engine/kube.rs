@@ -24,9 +24,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 use crate::agent::pod::AGENT_DIR;
-use crate::agent::protocol::{Frame, Ping, Pong, Request, read_frame_limited, write_frame};
+use crate::agent::protocol::Ping;
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
 use crate::engine::state::Record;
+use crate::sys::lock;
 use mux::Mux;
 use pod::{PodOptions, PodRecord, PodState};
 
@@ -55,10 +56,6 @@ pub struct KubernetesDriver {
     muxes: Mutex<HashMap<String, MuxSlot>>,
     /// For the trait's synchronous methods, which run on blocking threads.
     runtime: tokio::runtime::Handle,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A kube error in words, with what to check for the common ones.
@@ -250,13 +247,10 @@ impl KubernetesDriver {
     /// Whether the agent answers a ping on a new stream.
     async fn ping(&self, id: &str) -> Result<(), DriverError> {
         let mut conn = self.stream(id).await?;
-        write_frame(&mut conn, &Request::from(Ping {}))
-            .await
-            .map_err(|e| DriverError::Agent(e.to_string()))?;
-        match read_frame_limited::<_, Frame<Pong>>(&mut conn, 4096).await {
-            Ok(Some(Frame::Reply(_))) => Ok(()),
-            _ => Err(DriverError::Agent("the agent did not answer".into())),
-        }
+        crate::engine::manager::exchange(&mut conn, Ping {})
+            .await?
+            .map(|_| ())
+            .map_err(|e| DriverError::Agent(e.message))
     }
 
     async fn delete(&self, id: &str) -> Result<(), DriverError> {
@@ -403,6 +397,10 @@ impl Driver for KubernetesDriver {
     }
 
     fn shares_records(&self) -> bool {
+        true
+    }
+
+    fn network_unfiltered(&self) -> bool {
         true
     }
 

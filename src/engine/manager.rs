@@ -133,9 +133,7 @@ impl Entry {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sys::lock;
 
 /// Counts an operation in flight for the idle timer, and refreshes activity on both ends.
 struct InFlight(Arc<Entry>);
@@ -255,7 +253,7 @@ async fn blocking<T: Send + 'static>(
 /// One exchange with an agent on `conn`: sends `call` and reads frames until its reply or the
 /// agent's error (output frames are skipped). The outer error is a broken connection or
 /// protocol; deadlines, activity and recovery are the caller's.
-async fn exchange<C: Call>(
+pub(crate) async fn exchange<C: Call>(
     conn: &mut AgentConn,
     call: C,
 ) -> Result<Result<C::Reply, AgentError>, DriverError> {
@@ -483,6 +481,22 @@ impl Manager {
         self.recover_previews().await
     }
 
+    /// The policy of egress rules a caller gave. Rules are refused on a driver whose sandboxes
+    /// reach a network the engine does not filter: they could not be honoured.
+    fn rules(&self, rules: &NetworkRules) -> Result<crate::engine::policy::Policy, EngineError> {
+        if self.driver.network_unfiltered()
+            && !(rules.allow_out.is_empty() && rules.deny_out.is_empty())
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "the {} driver cannot apply egress rules: its sandboxes' egress is the cluster's NetworkPolicy; leave network rules out",
+                self.driver.name()
+            )));
+        }
+        self.hub
+            .policy(&rules.allow_out, &rules.deny_out)
+            .map_err(EngineError::InvalidArgument)
+    }
+
     /// A sandbox's network state from its stored rules. Rules stored by an earlier engine that no
     /// longer parse (a changed default cannot make them, but a hand-edited database could) fall
     /// back to none, with a warning.
@@ -687,10 +701,7 @@ impl Manager {
         template: &Template,
         shape: crate::engine::driver::Shape,
     ) -> Result<SandboxView, EngineError> {
-        let policy = self
-            .hub
-            .policy(&req.network.allow_out, &req.network.deny_out)
-            .map_err(EngineError::InvalidArgument)?;
+        let policy = self.rules(&req.network)?;
         let now = ids::now_ms();
         let record = {
             let _guard = self.create_lock.lock().await;
@@ -880,14 +891,7 @@ impl Manager {
         network: Option<NetworkRules>,
     ) -> Result<SandboxView, EngineError> {
         let entry = self.lookup(id, tenant).await?;
-        let policy = match &network {
-            Some(n) => Some(
-                self.hub
-                    .policy(&n.allow_out, &n.deny_out)
-                    .map_err(EngineError::InvalidArgument)?,
-            ),
-            None => None,
-        };
+        let policy = network.as_ref().map(|n| self.rules(n)).transpose()?;
         let store = self.store.clone();
         let sid = id.to_string();
         let (m, n) = (metadata.clone(), network.clone());

@@ -46,10 +46,7 @@ impl Manager {
             return Ok(None);
         }
         // Everything that can refuse the request is checked before a sandbox leaves the pool.
-        let policy = self
-            .hub
-            .policy(&req.network.allow_out, &req.network.deny_out)
-            .map_err(EngineError::InvalidArgument)?;
+        let policy = self.rules(&req.network)?;
         let secrets = self.bind_new(req.tenant.as_deref(), &req.secrets)?;
         let Some((id, entry)) = lock(&self.pools)
             .get_mut(&template.name)

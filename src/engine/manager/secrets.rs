@@ -90,6 +90,12 @@ impl Manager {
         env: &str,
         secret: &str,
     ) -> Result<Binding, EngineError> {
+        if self.driver().network_unfiltered() {
+            return Err(EngineError::InvalidArgument(format!(
+                "the {} driver cannot broker secrets: its sandboxes' traffic does not pass through the engine; pass the value another way",
+                self.driver().name()
+            )));
+        }
         if !valid_env(env) {
             return Err(EngineError::InvalidArgument(format!(
                 "{env:?} is not an environment variable name: letters, digits and `_`, not starting with a digit (e.g. OPENAI_API_KEY)"
