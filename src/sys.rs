@@ -484,3 +484,9 @@ pub(crate) fn move_mount_to(tree: &OwnedFd, target: &str) -> io::Result<()> {
         Ok(())
     }
 }
+
+/// Locks `m`, taking the data of a poisoned lock as it is: a panic elsewhere must not take
+/// every later caller down with it (the data stays consistent at each unlock).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

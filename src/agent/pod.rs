@@ -81,6 +81,34 @@ pub fn install(dest: Option<std::ffi::OsString>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Sends what `read` yields as data frames of stream `id` until it ends (or fails), or until
+/// nobody takes frames any more.
+pub async fn send_data<R: tokio::io::AsyncRead + Unpin>(
+    read: &mut R,
+    id: u32,
+    tx: &mpsc::Sender<Vec<u8>>,
+) {
+    let mut buf = vec![0u8; MAX_PAYLOAD];
+    while let Ok(n @ 1..) = read.read(&mut buf).await {
+        if tx.send(frame(id, DATA, &buf[..n])).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Writes the frames queued on `rx` to `out`, one whole frame at a time, until the queue closes
+/// or `out` fails.
+pub async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
+    rx: &mut mpsc::Receiver<Vec<u8>>,
+    out: &mut W,
+) {
+    while let Some(bytes) = rx.recv().await {
+        if out.write_all(&bytes).await.is_err() || out.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// PID 1 of a sandbox pod: listens on [`AGENT_SOCKET`] and serves the agent protocol. Its own
 /// environment (the image's and the pod spec's) is the sandbox's.
 pub fn run_agent() -> anyhow::Result<()> {
@@ -133,13 +161,7 @@ async fn mux() -> anyhow::Result<()> {
         };
     // Everything bound for the engine goes through one writer, a frame at a time.
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
-    let writer = tokio::spawn(async move {
-        while let Some(bytes) = rx.recv().await {
-            if output.write_all(&bytes).await.is_err() || output.flush().await.is_err() {
-                break;
-            }
-        }
-    });
+    let writer = tokio::spawn(async move { write_frames(&mut rx, &mut output).await });
     let mut conns: HashMap<u32, tokio::net::unix::OwnedWriteHalf> = HashMap::new();
     while let Some((id, kind, payload)) = read_frame(&mut input).await? {
         match kind {
@@ -149,17 +171,7 @@ async fn mux() -> anyhow::Result<()> {
                     conns.insert(id, write);
                     let tx = tx.clone();
                     tokio::spawn(async move {
-                        let mut buf = vec![0u8; MAX_PAYLOAD];
-                        loop {
-                            match read.read(&mut buf).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => {
-                                    if tx.send(frame(id, DATA, &buf[..n])).await.is_err() {
-                                        return;
-                                    }
-                                }
-                            }
-                        }
+                        send_data(&mut read, id, &tx).await;
                         let _ = tx.send(frame(id, CLOSE, &[])).await;
                     });
                 }

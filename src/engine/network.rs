@@ -343,9 +343,7 @@ impl Drop for SandboxNet {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::sys::lock;
 
 /// Every address of every interface of the host (the engine's namespace).
 fn host_addresses() -> Vec<IpAddr> {

@@ -101,6 +101,31 @@ pub(crate) struct BuildFailure {
     pub message: String,
 }
 
+impl TemplateFile {
+    /// A ready template with nothing but a name, a description and a shape: no layers, no host
+    /// directories, no environment of its own.
+    fn ready(name: &str, description: String, version: u32, shape: Shape) -> Self {
+        TemplateFile {
+            name: name.to_string(),
+            description,
+            version,
+            shape,
+            host_dirs: Vec::new(),
+            layers: Vec::new(),
+            foreign: false,
+            parent: None,
+            env: Vec::new(),
+            workdir: None,
+            user: None,
+            status: TemplateStatus::Ready,
+            failure: None,
+            size_bytes: 0,
+            created_at: 0,
+            warm: 0,
+        }
+    }
+}
+
 impl BuildFailure {
     /// A failure of step `step` (`step_text` as given) with no output to show.
     pub(crate) fn new(step: usize, step_text: &str, message: String) -> Self {
@@ -350,22 +375,8 @@ pub(crate) fn image_template(
         .unwrap_or(&BUILTINS[0])
         .shape;
     let file = TemplateFile {
-        name: name.to_string(),
-        description: format!("The image {image}, run as a pod."),
-        version: 1,
-        shape,
-        host_dirs: Vec::new(),
-        layers: Vec::new(),
         foreign: true,
-        parent: None,
-        env: Vec::new(),
-        workdir: None,
-        user: None,
-        status: TemplateStatus::Ready,
-        failure: None,
-        size_bytes: 0,
-        created_at: 0,
-        warm: 0,
+        ..TemplateFile::ready(name, format!("The image {image}, run as a pod."), 1, shape)
     };
     Template::new(templates_dir, layers_dir, file)
 }
@@ -417,22 +428,13 @@ fn build_builtin(templates_dir: &Path, builtin: &Builtin) -> io::Result<()> {
     }
     build_etc(&rootfs.join("etc"))?;
     let file = TemplateFile {
-        name: builtin.name.into(),
-        description: builtin.description.into(),
-        version: builtin.version,
-        shape: builtin.shape,
         host_dirs,
-        layers: Vec::new(),
-        foreign: false,
-        parent: None,
-        env: Vec::new(),
-        workdir: None,
-        user: None,
-        status: TemplateStatus::Ready,
-        failure: None,
-        size_bytes: 0,
-        created_at: 0,
-        warm: 0,
+        ..TemplateFile::ready(
+            builtin.name,
+            builtin.description.into(),
+            builtin.version,
+            builtin.shape,
+        )
     };
     fs::write(
         tmp.join("template.json"),

@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
-use crate::agent::pod::{CLOSE, DATA, MAX_PAYLOAD, OPEN, frame, read_frame};
+use crate::agent::pod::{CLOSE, DATA, OPEN, frame, read_frame, send_data, write_frames};
+use crate::sys::lock;
 
 /// Bytes buffered between a caller and its stream's pump.
 const STREAM_BUFFER: usize = 256 * 1024;
@@ -52,11 +53,7 @@ impl Mux {
         let writer_dead = dead.clone();
         let writer = tokio::spawn(async move {
             let mut output = output;
-            while let Some(bytes) = rx.recv().await {
-                if output.write_all(&bytes).await.is_err() || output.flush().await.is_err() {
-                    break;
-                }
-            }
+            write_frames(&mut rx, &mut output).await;
             writer_dead.store(true, Ordering::Release);
         });
         tokio::spawn(async move {
@@ -130,19 +127,7 @@ impl Mux {
                 // The pod closed the stream (or the multiplexer died): end of file for the caller.
                 let _ = to_caller.shutdown().await;
             };
-            let outbound = async {
-                let mut buf = vec![0u8; MAX_PAYLOAD];
-                loop {
-                    match from_caller.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if out.send(frame(id, DATA, &buf[..n])).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
-                }
-            };
+            let outbound = send_data(&mut from_caller, id, &out);
             // Whichever side ends first ends the stream: the caller dropping its end, or the pod
             // closing it.
             tokio::select! {
@@ -154,8 +139,4 @@ impl Mux {
         });
         Ok(caller)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -44,7 +44,7 @@ pub struct PodOptions {
     pub runtime_classes: BTreeMap<String, String>,
     /// uid (and gid) sandboxes run as; `None`: the image's user.
     pub run_as_user: Option<u32>,
-    /// `imagePullPolicy` of both containers (`IfNotPresent` unless told).
+    /// `imagePullPolicy` of both containers; `None`: the cluster's default for the image's tag.
     pub pull_policy: Option<String>,
 }
 
