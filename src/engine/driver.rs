@@ -258,10 +258,11 @@ pub trait Driver: Send + Sync + 'static {
         Err(no_snapshots(self.name()))
     }
 
-    /// Deletes a snapshot's files.
+    /// Deletes a snapshot's files. A driver without snapshots never made any: nothing to
+    /// delete (so a failed snapshot's row, and the sandbox it belongs to, can go).
     fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
         let _ = name;
-        Err(no_snapshots(self.name()))
+        Ok(())
     }
 
     /// Bytes the store charges to sandbox `id`'s disk limit, its snapshots' share included,
@@ -276,6 +277,12 @@ pub trait Driver: Send + Sync + 'static {
     fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
         let _ = (fs, template);
         Err(no_snapshots(self.name()))
+    }
+
+    /// Whether the engine can reach a port inside a sandbox (for preview URLs): in its network
+    /// namespace, or by way of the agent ([`Self::connect_port`]).
+    fn serves_ports(&self) -> bool {
+        true
     }
 
     /// Whether sandboxes reach a network the engine does not filter (a cluster's pod network):

@@ -404,6 +404,11 @@ impl Driver for KubernetesDriver {
         true
     }
 
+    /// Pods are reached through exec streams only (no fd passing): no preview connections.
+    fn serves_ports(&self) -> bool {
+        false
+    }
+
     fn shared_records(&self) -> BoxFuture<'_, Result<Vec<Record>, DriverError>> {
         Box::pin(async move {
             let list = self

@@ -196,6 +196,12 @@ impl Manager {
         screen: Screen,
     ) -> Result<SandboxView, EngineError> {
         if req.template.is_none() {
+            if self.template(DESKTOP).is_err() && self.driver().image_templates().is_some() {
+                return Err(EngineError::InvalidArgument(format!(
+                    "there is no `{DESKTOP}` template: on the {} driver templates are images; start the engine with --template-image {DESKTOP}=IMAGE (an image with Xvfb), or name such a template",
+                    self.driver().name()
+                )));
+            }
             if self.template(DESKTOP).is_err() {
                 return Err(EngineError::InvalidArgument(format!(
                     "there is no `{DESKTOP}` template: the engine's host has no Xvfb. Install it there (apt-get install xvfb; matchbox-window-manager for a window manager) and restart the engine, or name a template that has Xvfb"

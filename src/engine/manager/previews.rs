@@ -123,6 +123,12 @@ impl Manager {
         expires_in: Option<u64>,
     ) -> Result<PreviewView, EngineError> {
         let urls = self.urls_or_refuse()?;
+        if !self.driver().serves_ports() {
+            return Err(EngineError::Conflict(format!(
+                "the {} driver cannot serve a sandbox's ports as preview URLs; use sandbox_exec (curl localhost:{port}) to reach the port from inside",
+                self.driver().name()
+            )));
+        }
         let entry = self.entry(id, tenant)?;
         let now = ids::now_ms();
         let preview = {
