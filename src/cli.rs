@@ -364,6 +364,10 @@ struct KubeArgs {
     /// kubernetes: imagePullPolicy of sandbox pods (`Always`, `IfNotPresent`, `Never`).
     #[arg(long, env = "SANDBOX_MCP_IMAGE_PULL_POLICY")]
     image_pull_policy: Option<String>,
+    /// kubernetes: pods request 1/RATIO of their shape's CPU (still limited to all of it), so
+    /// RATIO times more sandboxes fit a node's cores; 1 keeps requests equal to limits.
+    #[arg(long, env = "SANDBOX_MCP_CPU_OVERCOMMIT", default_value_t = 1.0)]
+    cpu_overcommit: f64,
 }
 
 impl KubeArgs {
@@ -401,6 +405,12 @@ impl KubeArgs {
         {
             anyhow::bail!("--image-pull-policy is Always, IfNotPresent or Never, not {p:?}");
         }
+        if !(1.0..=100.0).contains(&self.cpu_overcommit) {
+            anyhow::bail!(
+                "--cpu-overcommit is a ratio from 1 (requests equal limits) to 100, not {}",
+                self.cpu_overcommit
+            );
+        }
         Ok(Some(crate::engine::kube::pod::PodOptions {
             namespace: self.namespace.clone(),
             agent_image: need(&self.agent_image, "--agent-image")?,
@@ -409,6 +419,7 @@ impl KubeArgs {
             runtime_classes: pairs(&self.runtime_class, "--runtime-class")?,
             run_as_user: self.run_as_user,
             pull_policy: self.image_pull_policy.clone(),
+            cpu_overcommit: self.cpu_overcommit,
         }))
     }
 }

@@ -46,6 +46,8 @@ pub struct PodOptions {
     pub run_as_user: Option<u32>,
     /// `imagePullPolicy` of both containers; `None`: the cluster's default for the image's tag.
     pub pull_policy: Option<String>,
+    /// Pods request 1/this of their shape's CPU (limits stay the shape); 1: requests = limits.
+    pub cpu_overcommit: f64,
 }
 
 impl PodOptions {
@@ -190,12 +192,15 @@ pub fn build(
         ]),
         volume_mounts: Some(vec![volume.clone()]),
         security_context: Some(security.clone()),
-        resources: Some(resources(&Shape {
-            vcpus: record.shape.vcpus.min(0.5),
-            memory_mb: record.shape.memory_mb.min(64),
-            disk_mb: 0,
-            max_pids: 0,
-        })),
+        resources: Some(resources(
+            &Shape {
+                vcpus: record.shape.vcpus.min(0.5),
+                memory_mb: record.shape.memory_mb.min(64),
+                disk_mb: 0,
+                max_pids: 0,
+            },
+            opts.cpu_overcommit,
+        )),
         ..Default::default()
     };
     let main = Container {
@@ -215,7 +220,7 @@ pub fn build(
         working_dir: workdir.map(str::to_string),
         volume_mounts: Some(vec![volume]),
         security_context: Some(security),
-        resources: Some(resources(&record.shape)),
+        resources: Some(resources(&record.shape, opts.cpu_overcommit)),
         ..Default::default()
     };
     // `activeDeadlineSeconds` is the kubelet's own kill at the sandbox's timeout: it holds even
@@ -249,8 +254,11 @@ pub fn build(
             // fresh container that lost every process and file.
             restart_policy: Some("Never".into()),
             active_deadline_seconds: deadline,
-            // Nothing in a sandbox needs a graceful stop: deletion is immediate.
-            termination_grace_period_seconds: Some(0),
+            // Nothing in a sandbox needs a graceful stop, but 0 would let a delete from outside
+            // the engine remove the pod object at once while its container runs on (and
+            // answers calls) until the kubelet catches up; with 1 the object goes only once the
+            // container has stopped. The engine's own kills ask for 0 explicitly.
+            termination_grace_period_seconds: Some(1),
             runtime_class_name: opts
                 .runtime_classes
                 .get(&record.template)
@@ -263,30 +271,33 @@ pub fn build(
 }
 
 /// Requests equal limits (the Guaranteed class): a sandbox gets what its shape says, and the
-/// scheduler places it where that fits.
-fn resources(shape: &Shape) -> ResourceRequirements {
-    let mut map = BTreeMap::from([
-        (
-            "cpu".to_string(),
-            Quantity(format!(
-                "{}m",
-                (shape.vcpus * 1000.0).round().max(1.0) as u64
-            )),
-        ),
+/// scheduler places it where that fits. With `cpu_overcommit` above 1 the CPU request is that
+/// much smaller (the Burstable class): more sandboxes share a node's cores, none uses more than
+/// its shape. Memory is never overcommitted: a node short of it evicts pods, files and all.
+fn resources(shape: &Shape, cpu_overcommit: f64) -> ResourceRequirements {
+    let millicores =
+        |vcpus: f64| Quantity(format!("{}m", (vcpus * 1000.0).round().max(1.0) as u64));
+    let mut limits = BTreeMap::from([
+        ("cpu".to_string(), millicores(shape.vcpus)),
         (
             "memory".to_string(),
             Quantity(format!("{}Mi", shape.memory_mb.max(1))),
         ),
     ]);
     if shape.disk_mb > 0 {
-        map.insert(
+        limits.insert(
             "ephemeral-storage".to_string(),
             Quantity(format!("{}Mi", shape.disk_mb)),
         );
     }
+    let mut requests = limits.clone();
+    requests.insert(
+        "cpu".to_string(),
+        millicores(shape.vcpus / cpu_overcommit.max(1.0)),
+    );
     ResourceRequirements {
-        limits: Some(map.clone()),
-        requests: Some(map),
+        limits: Some(limits),
+        requests: Some(requests),
         ..Default::default()
     }
 }
@@ -348,6 +359,34 @@ pub fn state(pod: &Pod) -> PodState {
     }
 }
 
+/// A pod still `creating` this long after it was made has lost the replica making it (a start
+/// gives up, and deletes its pod, well within this).
+pub const ORPHAN_AFTER_SECS: i64 = 300;
+/// An ended pod stays this long, so that calls on its sandbox can say why it ended.
+pub const ENDED_KEPT_SECS: i64 = 600;
+
+/// Whether a replica's sweep deletes this pod, and why: a creation no replica will finish, or a
+/// sandbox that ended a while ago. Every replica sweeps; deleting twice is harmless.
+pub fn sweep(pod: &Pod, now_secs: i64) -> Option<&'static str> {
+    let made = pod.metadata.creation_timestamp.as_ref()?.0.timestamp();
+    match state(pod) {
+        PodState::Creating if now_secs - made > ORPHAN_AFTER_SECS => {
+            Some("its creation was never acknowledged (the engine replica making it died)")
+        }
+        PodState::Gone(_) if pod.metadata.deletion_timestamp.is_none() => {
+            let ended = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.iter().find(|c| c.name == CONTAINER))
+                .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref())
+                .map_or(made, |t| t.0.timestamp());
+            (now_secs - ended > ENDED_KEPT_SECS).then_some("it ended")
+        }
+        _ => None,
+    }
+}
+
 /// The record a pod carries, if it is a sandbox pod with a readable one.
 pub fn record(pod: &Pod) -> Option<PodRecord> {
     let text = pod.metadata.annotations.as_ref()?.get(RECORD_ANNOTATION)?;
@@ -368,6 +407,7 @@ mod tests {
             runtime_classes: BTreeMap::from([("py".into(), "gvisor".into())]),
             run_as_user: Some(1000),
             pull_policy: None,
+            cpu_overcommit: 1.0,
         }
     }
 
@@ -452,6 +492,24 @@ mod tests {
     }
 
     #[test]
+    fn cpu_overcommit_lowers_the_cpu_request_only() {
+        let opts = PodOptions {
+            cpu_overcommit: 10.0,
+            ..options()
+        };
+        let pod = build(&opts, &record("base"), &[], None, 1_000).unwrap();
+        let res = pod.spec.unwrap().containers[0].resources.clone().unwrap();
+        let (limits, requests) = (res.limits.unwrap(), res.requests.unwrap());
+        assert_eq!(limits["cpu"].0, "1500m");
+        assert_eq!(requests["cpu"].0, "150m");
+        assert_eq!(
+            requests["memory"], limits["memory"],
+            "memory is never overcommitted"
+        );
+        assert_eq!(requests["ephemeral-storage"], limits["ephemeral-storage"]);
+    }
+
+    #[test]
     fn templates_map_to_images_and_runtime_classes() {
         let pod = build(&options(), &record("py"), &[], Some("/work"), 0).unwrap();
         let spec = pod.spec.unwrap();
@@ -509,5 +567,52 @@ mod tests {
             PodState::Gone(why) => assert!(why.contains("create a new sandbox"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn sweeps_take_orphaned_creations_and_long_ended_pods_only() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let at = |secs: i64| {
+            Some(Time(
+                k8s_openapi::chrono::DateTime::from_timestamp(secs, 0).unwrap(),
+            ))
+        };
+        let mut pod = build(&options(), &record("base"), &[], None, 1_000).unwrap();
+        pod.metadata.creation_timestamp = at(10_000);
+        // Creating: left alone while a replica may still be starting it.
+        assert_eq!(sweep(&pod, 10_000 + ORPHAN_AFTER_SECS), None);
+        assert!(sweep(&pod, 10_001 + ORPHAN_AFTER_SECS).is_some());
+        // Ready: never, however old.
+        let mut ready = pod.clone();
+        ready
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(STATE_LABEL.into(), "ready".into());
+        assert_eq!(sweep(&ready, 10_000_000), None);
+        // Ended: kept a while after its container finished, for the reason.
+        let mut ended = ready;
+        ended.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            container_statuses: Some(vec![k8s_openapi::api::core::v1::ContainerStatus {
+                name: CONTAINER.into(),
+                state: Some(k8s_openapi::api::core::v1::ContainerState {
+                    terminated: Some(k8s_openapi::api::core::v1::ContainerStateTerminated {
+                        finished_at: at(20_000),
+                        reason: Some("OOMKilled".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        assert_eq!(sweep(&ended, 20_000 + ENDED_KEPT_SECS), None);
+        assert!(sweep(&ended, 20_001 + ENDED_KEPT_SECS).is_some());
+        // Already being deleted: nothing to do.
+        ended.metadata.deletion_timestamp = at(20_002);
+        assert_eq!(sweep(&ended, 30_000), None);
     }
 }
