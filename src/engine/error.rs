@@ -24,6 +24,10 @@ pub enum EngineError {
     PermissionDenied(String),
     #[error("{0}")]
     NotFound(String),
+    /// A sandbox that existed and went outside the engine's control (its pod deleted or
+    /// ended): 404 like any missing sandbox, with its own code so callers can tell.
+    #[error("{0}")]
+    Gone(String),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
@@ -75,6 +79,7 @@ impl EngineError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "invalid_argument"),
             Self::PermissionDenied(_) => (StatusCode::FORBIDDEN, "permission_denied"),
             Self::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            Self::Gone(_) => (StatusCode::NOT_FOUND, "gone"),
             Self::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Self::QuotaExceeded(_) => (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
@@ -186,7 +191,7 @@ impl From<DriverError> for EngineError {
         match e {
             DriverError::Unsupported(m) => Self::Conflict(m),
             DriverError::Launch(m) | DriverError::Agent(m) => Self::Sandbox(m),
-            DriverError::Gone(m) => Self::NotFound(m),
+            DriverError::Gone(m) => Self::Gone(m),
             e @ DriverError::Io { .. } => Self::Host(e),
         }
     }

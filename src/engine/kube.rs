@@ -413,16 +413,21 @@ impl Driver for KubernetesDriver {
         Box::pin(async move {
             let list = self
                 .pods
-                .list(&ListParams::default().labels(&format!(
-                    "{},{}=ready",
-                    Self::selector(),
-                    pod::STATE_LABEL
-                )))
+                .list(&ListParams::default().labels(&Self::selector()))
                 .await
                 .map_err(|e| DriverError::Io {
                     what: "list the sandboxes' pods",
                     source: std::io::Error::other(describe(&e)),
                 })?;
+            // Called on every tick by every replica: the one place that cleans up after a
+            // replica that died mid-create, and after sandboxes that ended.
+            let now = crate::engine::ids::now_ms() / 1000;
+            for p in &list.items {
+                if let (Some(why), Some(name)) = (pod::sweep(p, now), p.metadata.name.as_deref()) {
+                    tracing::info!(pod = name, "deleting a sandbox pod: {why}");
+                    let _ = self.delete(&pod::sandbox_id(name)).await;
+                }
+            }
             Ok(list
                 .items
                 .iter()

@@ -8,7 +8,7 @@
 //!   operations (exec, files) run concurrently, outside it.
 //! - The in-memory runtime state can always be rebuilt from the database and the driver.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -232,6 +232,10 @@ pub struct Manager {
     /// Started, idle sandboxes per template, for `create` to hand out.
     pools: Mutex<HashMap<String, pool::Pool>>,
     sandboxes: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Sandboxes this replica forgot because they went where the driver keeps them (a pod
+    /// deleted or ended): (id, tenant, why), newest last, a few hundred at most. A later call
+    /// on one gets why, not "no such sandbox".
+    gone: Mutex<VecDeque<(String, Option<String>, String)>>,
     create_lock: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
     /// Secrets, sealed at rest, for the egress path to swap in.
@@ -369,6 +373,7 @@ impl Manager {
             builds: AtomicUsize::new(0),
             pools: Mutex::new(HashMap::new()),
             sandboxes: Mutex::new(HashMap::new()),
+            gone: Mutex::new(VecDeque::new()),
             create_lock: tokio::sync::Mutex::new(()),
             hub,
             secrets,
@@ -577,6 +582,8 @@ impl Manager {
             {
                 if let Some(record) = self.driver.shared_record(id).await? {
                     self.adopt(record).await?;
+                } else if let Some(why) = self.gone_reason(id, tenant) {
+                    return Err(EngineError::Gone(why));
                 }
                 self.entry(id, tenant)
             }
@@ -610,11 +617,24 @@ impl Manager {
     }
 
     /// Drops a sandbox that no longer exists where the driver keeps it (killed by another
-    /// replica, or its pod deleted or ended) from this replica's cache.
-    async fn forget(&self, id: &str) {
+    /// replica, or its pod deleted or ended) from this replica's cache, remembering `why` for
+    /// later calls on it (`None`: in general words).
+    async fn forget(&self, id: &str, why: Option<String>) {
         let Some(entry) = lock(&self.sandboxes).remove(id) else {
             return;
         };
+        let why = why.unwrap_or_else(|| {
+            format!(
+                "sandbox {id} is gone: it was deleted outside the engine, killed through another engine replica, or ended by its timeout; create a new sandbox"
+            )
+        });
+        {
+            let mut gone = lock(&self.gone);
+            if gone.len() >= 512 {
+                gone.pop_front();
+            }
+            gone.push_back((id.to_string(), lock(&entry.record).tenant.clone(), why));
+        }
         entry.ready.store(false, Ordering::Release);
         entry.net.close();
         *entry.lifecycle.lock().await = Runtime::Killed;
@@ -623,6 +643,16 @@ impl Manager {
         let sid = id.to_string();
         let _ = blocking(move || store.delete(&sid)).await;
         self.driver.release_slot(lock(&entry.record).uid_slot);
+    }
+
+    /// Why sandbox `id` was forgotten, if it was (and belongs to `tenant`: to another tenant it
+    /// answers like any unknown id).
+    fn gone_reason(&self, id: &str, tenant: Option<&str>) -> Option<String> {
+        lock(&self.gone)
+            .iter()
+            .rev()
+            .find(|(gid, owner, _)| gid == id && (tenant.is_none() || owner.as_deref() == tenant))
+            .map(|(_, _, why)| why.clone())
     }
 
     /// Brings this replica's cache in line with the sandboxes the driver keeps: adopts those it
@@ -643,7 +673,7 @@ impl Manager {
             .map(|(id, _)| id.clone())
             .collect();
         for id in stale {
-            self.forget(&id).await;
+            self.forget(&id, None).await;
         }
         for record in records {
             if !lock(&self.sandboxes).contains_key(&record.id) {
@@ -993,10 +1023,11 @@ impl Manager {
             Runtime::Stopped if self.driver.shares_records() => {
                 // Its pod is gone (a wedged agent's is deleted): nothing to restart.
                 drop(rt);
-                self.forget(id).await;
-                return Err(EngineError::NotFound(format!(
+                let why = format!(
                     "sandbox {id} is gone: its agent stopped answering, so its pod was deleted; create a new sandbox"
-                )));
+                );
+                self.forget(id, Some(why.clone())).await;
+                return Err(EngineError::Gone(why));
             }
             Runtime::Stopped => {
                 let spec = self.start_spec(&lock(&entry.record))?;
@@ -1017,7 +1048,11 @@ impl Manager {
     async fn interrupted(&self, id: &str, entry: &Arc<Entry>, since: u64) -> Option<EngineError> {
         if entry.interruptions.load(Ordering::Acquire) == since {
             self.note_agent_failure(id, entry).await;
-            return None;
+            // Its pod went while the call ran: say so rather than how the connection broke.
+            return self
+                .gone_reason(id, None)
+                .filter(|_| !lock(&self.sandboxes).contains_key(id))
+                .map(EngineError::Gone);
         }
         Some(if !entry.killing.load(Ordering::Acquire) {
             EngineError::Conflict(format!(
@@ -1034,7 +1069,7 @@ impl Manager {
     async fn note_agent_failure(&self, id: &str, entry: &Arc<Entry>) {
         let liveness = self.driver.liveness(id).await;
         if liveness == Liveness::Gone {
-            self.forget(id).await;
+            self.forget(id, None).await;
             return;
         }
         if liveness == Liveness::Stopped || !self.ping(id).await {
@@ -1157,8 +1192,8 @@ impl Manager {
         let conn = match self.driver.connect(id).await {
             Ok(conn) => conn,
             Err(DriverError::Gone(why)) => {
-                self.forget(id).await;
-                return Err(EngineError::NotFound(why));
+                self.forget(id, Some(why.clone())).await;
+                return Err(EngineError::Gone(why));
             }
             Err(_) => {
                 self.note_agent_failure(id, &entry).await;
