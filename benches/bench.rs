@@ -12,8 +12,9 @@
 //!
 //! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
 //! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
-//! `…=desktop` the computer-use section, and prints its table and text instead of writing any
-//! file: for working on it.
+//! `…=desktop` the computer-use section, `…=kubernetes` the kubernetes driver's section, and
+//! prints its table and text instead of writing any file: for working on it. The kubernetes
+//! section needs `SANDBOX_MCP_TEST_K8S_RIG` (as its tests do); without it, it says so.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -26,7 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 // Fixtures shared with the tests.
-use sandbox_mcp_testkit::{images, netlinks};
+use sandbox_mcp_testkit::{images, kubernetes, netlinks};
 
 const THIS_BUILD: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
 
@@ -1076,6 +1077,154 @@ fn desktop_figures(out: &mut Vec<Figure>) -> String {
             format!("{heading}Not (all) measured: {why}\n")
         }
     }
+}
+
+/// The kubernetes driver on the k8s-local cluster (`SANDBOX_MCP_TEST_K8S_RIG`), beside the
+/// namespaces driver on this machine, in the same run.
+fn kubernetes_figures(out: &mut Vec<Figure>) -> String {
+    let heading = "\n## Kubernetes driver\n\n";
+    let target = Path::new(THIS_BUILD).parent().unwrap().parent().unwrap();
+    let rig = match kubernetes::Rig::start(Path::new(env!("CARGO_MANIFEST_DIR")), target, true) {
+        Ok(rig) => rig,
+        Err(why) => return format!("{heading}Not measured: {why}.\n"),
+    };
+    match measure_kubernetes(&rig, out) {
+        Ok(text) => format!("{heading}{text}\n"),
+        Err(why) => {
+            eprintln!("kubernetes figures FAILED: {why}");
+            format!("{heading}Not (all) measured: {why}\n")
+        }
+    }
+}
+
+fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<String, String> {
+    // Small pods: fifty of them share this one node.
+    let shape = json!({"shape": {"vcpus": 0.1, "memory_mb": 64, "disk_mb": 64}});
+    let create = |engine: &Engine| -> Result<String, String> {
+        let made = engine.call("POST", "/v1/sandboxes", Some(shape.clone()))?;
+        Ok(made["id"].as_str().unwrap_or_default().to_string())
+    };
+    let first_exec = |engine: &Engine, runs: usize| -> Result<Vec<f64>, String> {
+        let mut samples = Vec::new();
+        for _ in 0..runs {
+            let (d, id) = time(|| -> Result<String, String> {
+                let id = create(engine)?;
+                let r = engine.call(
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    Some(json!({"command": "true"})),
+                )?;
+                if r["exit_code"] != 0 {
+                    return Err(format!("`true` failed: {r}"));
+                }
+                Ok(id)
+            });
+            let id = id?;
+            samples.push(ms(d));
+            engine.call("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
+        }
+        Ok(samples)
+    };
+    let warm = |engine: &Engine, runs: usize| -> Result<Vec<f64>, String> {
+        let id = create(engine)?;
+        let mut samples = Vec::new();
+        for _ in 0..runs {
+            let (d, r) = time(|| {
+                engine.call(
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    Some(json!({"command": "true"})),
+                )
+            });
+            r?;
+            samples.push(ms(d));
+        }
+        engine.call("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
+        Ok(samples)
+    };
+
+    let ns = kubernetes::Namespace::new(rig);
+    let env = rig.engine_env(&ns.name);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
+    let kube = Engine::start_with(&env);
+    let local = Engine::start();
+
+    let k = first_exec(&kube, 10)?;
+    let n = first_exec(&local, 10)?;
+    let ratio = |a: &[f64], b: &[f64]| median_p95(a).0 / median_p95(b).0;
+    let first_ratio = ratio(&k, &n);
+    out.push(figure(
+        "Kubernetes: create → first exec result (`true`)",
+        "ms",
+        k,
+        None,
+        "HTTP API; a pod scheduled, its init container copying the agent, then the first exec through the API server",
+    ));
+    out.push(figure(
+        "Kubernetes, beside it: the namespaces driver's create → first exec",
+        "ms",
+        n,
+        None,
+        "HTTP API, same run, same shape",
+    ));
+    let k = warm(&kube, 100)?;
+    let n = warm(&local, 100)?;
+    let warm_ratio = ratio(&k, &n);
+    out.push(figure(
+        "Kubernetes: exec round trip in a warm sandbox (`true`)",
+        "ms",
+        k,
+        None,
+        "HTTP API; one stream on the pod's multiplexed exec",
+    ));
+    out.push(figure(
+        "Kubernetes, beside it: the namespaces driver's warm exec round trip",
+        "ms",
+        n,
+        None,
+        "HTTP API, same run",
+    ));
+    drop(local);
+
+    // Fifty creates at once, each on its own connection.
+    let (wall, results) = time(|| {
+        std::thread::scope(|scope| {
+            let tasks: Vec<_> = (0..50).map(|_| scope.spawn(|| create(&kube))).collect();
+            tasks
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err("panicked".into())))
+                .collect::<Vec<_>>()
+        })
+    });
+    let errors: Vec<String> = results.iter().filter_map(|r| r.clone().err()).collect();
+    let made = results.len() - errors.len();
+    out.push(figure(
+        "Kubernetes: 50 sandboxes created concurrently (wall time)",
+        "s",
+        vec![wall.as_secs_f64()],
+        None,
+        &format!("{made} created, {} errors", errors.len()),
+    ));
+    let listed = kube.get("/v1/sandboxes")?;
+    let running = listed["sandboxes"].as_array().map_or(0, Vec::len);
+    drop(kube);
+    drop(ns);
+    let mut text = format!(
+        "The kubernetes driver against a single-node Kubernetes 1.20 on this machine (the \
+         k8s-local rig: containerd and runc, pods reached through the API server's exec), \
+         with the namespaces driver measured beside it in the same run. Pods ask for 0.1 vCPU \
+         (overcommitted 50 times, as the tests do), 64 MiB and 64 MiB of disk. Create → first \
+         exec is {first_ratio:.0}× the namespaces driver's, most of it the kubelet starting two \
+         containers; a warm exec round trip is {warm_ratio:.1}× (one hop through the API \
+         server and the pod's multiplexed exec). Fifty concurrent creates: {made} made, {} \
+         errors, {running} listed running afterwards, in {:.1} s.",
+        errors.len(),
+        wall.as_secs_f64()
+    );
+    if let Some(first) = errors.first() {
+        text.push_str(&format!(" First error: {first}."));
+    }
+    Ok(text)
 }
 
 fn png_bytes(shot: &Value) -> Result<usize, String> {
@@ -3081,11 +3230,12 @@ fn suite(with_peer: bool) -> (Vec<Figure>, String) {
     template_figures(&mut figures);
     let forks_section = fork_figures(&mut figures);
     let desktop_section = desktop_figures(&mut figures);
+    let kubernetes_section = kubernetes_figures(&mut figures);
     // In the table, after the engine's own figures.
     figures.append(&mut network);
     (
         figures,
-        side_by_side + &network_section + &forks_section + &desktop_section,
+        side_by_side + &network_section + &forks_section + &desktop_section + &kubernetes_section,
     )
 }
 
@@ -3265,12 +3415,13 @@ fn main() {
         return;
     }
     let only = std::env::var("SANDBOX_MCP_BENCH_ONLY").unwrap_or_default();
-    if ["network", "templates", "forks", "desktop"].contains(&only.as_str()) {
+    if ["network", "templates", "forks", "desktop", "kubernetes"].contains(&only.as_str()) {
         let mut figures = Vec::new();
         let section = match only.as_str() {
             "network" => network_figures(&mut figures),
             "templates" => template_figures(&mut figures),
             "desktop" => desktop_figures(&mut figures),
+            "kubernetes" => kubernetes_figures(&mut figures),
             _ => fork_figures(&mut figures),
         };
         eprintln!("{}", render(&figures, &section));

@@ -29,6 +29,7 @@ mod forks;
 mod fuzz_replay;
 mod hardening;
 mod http_transport;
+mod kubernetes;
 mod mcp_calls;
 mod network;
 mod previews;

@@ -449,6 +449,15 @@ pub async fn spawn_engine_process_env(
     data: &std::path::Path,
     env: &[(&str, &str)],
 ) -> (std::process::Child, String) {
+    spawn_engine_logged(data, env, std::process::Stdio::null()).await
+}
+
+/// [`spawn_engine_process_env`] with the engine's log going to `stderr`.
+pub async fn spawn_engine_logged(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+    stderr: std::process::Stdio,
+) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -462,7 +471,7 @@ pub async fn spawn_engine_process_env(
         .env("SANDBOX_MCP_IDLE_PAUSE", "0")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");

@@ -2,4 +2,5 @@
 //! their own so that each is compiled once rather than into both.
 
 pub mod images;
+pub mod kubernetes;
 pub mod netlinks;
