@@ -101,8 +101,9 @@ fn install_host_tools() {
     .filter(|(_, path)| !std::path::Path::new(path).exists())
     .map(|(pkg, _)| pkg)
     .chain(
-        // The desktop tests' app is Tk; its module's path names the Python version.
-        (!std::process::Command::new("python3")
+        // The desktop tests' app is Tk; its module's path names the Python version. Debian's
+        // python3 (the one sandboxes see), not whichever python3 comes first on PATH.
+        (!std::process::Command::new("/usr/bin/python3")
             .args(["-c", "import tkinter"])
             .stderr(std::process::Stdio::null())
             .status()
