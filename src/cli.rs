@@ -832,6 +832,11 @@ async fn engine(args: EngineArgs) -> anyhow::Result<()> {
     init_logging("info");
     let mut config = args.settings.config();
     config.kubernetes = args.kubernetes.options()?;
+    if config.kubernetes.is_some() {
+        // Pods cannot be paused (see the driver): idle sandboxes keep running until their
+        // timeout or a kill, rather than failing a pause on every tick.
+        config.idle_pause = None;
+    }
     let keys: Vec<String> = args
         .keys
         .as_deref()

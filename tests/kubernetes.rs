@@ -299,6 +299,21 @@ async fn the_tools_work_on_pods_the_cluster_schedules_and_limits() {
     );
     assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
 
+    // What pods cannot do is refused up front, saying why.
+    let pause = err(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
+    assert!(pause.contains("kubernetes driver cannot pause"), "{pause}");
+    let rules = err(
+        &client,
+        "sandbox_update",
+        json!({"sandbox_id": id, "network": {"allow_out": ["example.com"]}}),
+    )
+    .await;
+    assert!(rules.contains("NetworkPolicy"), "{rules}");
+    assert_eq!(
+        sh(&client, &id, "echo still-running").await,
+        "still-running\n"
+    );
+
     // kill: the pod goes.
     ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
     eventually("the pod is deleted", 30, || pod(rig, &ns, &id).is_none()).await;
@@ -617,4 +632,35 @@ fn token_kubeconfig(rig: &Rig, token: &str, ns: &Namespace) -> tempfile::NamedTe
     )
     .unwrap();
     file
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_expires_with_no_engine_running() {
+    let rig = require_cluster!();
+    let ns = Namespace::new(rig);
+    let engine = KubeEngine::start(rig, &ns, &[]).await;
+    let client = engine.mcp().await;
+    let made = ok(&client, "sandbox_create", json!({"timeout_seconds": 8})).await;
+    let id = made["id"].as_str().unwrap().to_string();
+    assert_eq!(sh(&client, &id, "echo up").await, "up\n");
+    // Every replica goes: the deadline is on the pod, and the kubelet keeps it.
+    drop(client);
+    drop(engine);
+    eventually("the kubelet ends the pod at its deadline", 60, || {
+        pod(rig, &ns, &id).is_none_or(|p| p["status"]["phase"] == "Failed")
+    })
+    .await;
+    // A replica started afterwards says what happened to it.
+    let engine = KubeEngine::start(rig, &ns, &[]).await;
+    let client = engine.mcp().await;
+    let gone = err(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "true"}),
+    )
+    .await;
+    assert!(
+        gone.contains("is gone") && gone.contains("timeout"),
+        "{gone}"
+    );
 }

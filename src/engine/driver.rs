@@ -127,6 +127,15 @@ impl CloneMethod {
     }
 }
 
+/// A sandbox found where a driver that shares records keeps it.
+#[derive(Debug, Clone)]
+pub enum Shared {
+    /// Acknowledged and running.
+    Live(crate::engine::state::Record),
+    /// It ended outside the engine (its record, for its tenant; why, for the caller).
+    Gone(crate::engine::state::Record, String),
+}
+
 /// What the driver sees of a sandbox's processes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Liveness {
@@ -306,12 +315,12 @@ pub trait Driver: Send + Sync + 'static {
         Box::pin(async { Ok(Vec::new()) })
     }
 
-    /// The acknowledged record of sandbox `id`; `None` if it does not exist (or is not
-    /// acknowledged yet).
+    /// Sandbox `id` as the driver keeps it: its acknowledged record, or the record of one that
+    /// ended and why; `None` if it does not exist (or is not acknowledged yet).
     fn shared_record<'a>(
         &'a self,
         id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<crate::engine::state::Record>, DriverError>> {
+    ) -> BoxFuture<'a, Result<Option<Shared>, DriverError>> {
         let _ = id;
         Box::pin(async { Ok(None) })
     }

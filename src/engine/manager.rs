@@ -20,7 +20,7 @@ use crate::agent::protocol::{
     read_frame_limited, write_frame,
 };
 use crate::engine::config::EngineConfig;
-use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, StartSpec, Usage};
+use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage};
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::network::log as netlog;
@@ -580,10 +580,19 @@ impl Manager {
             Err(EngineError::NotFound(_))
                 if self.driver.shares_records() && !lock(&self.sandboxes).contains_key(id) =>
             {
-                if let Some(record) = self.driver.shared_record(id).await? {
-                    self.adopt(record).await?;
-                } else if let Some(why) = self.gone_reason(id, tenant) {
-                    return Err(EngineError::Gone(why));
+                match self.driver.shared_record(id).await? {
+                    Some(Shared::Live(record)) => self.adopt(record).await?,
+                    // To another tenant it answers like any unknown id.
+                    Some(Shared::Gone(record, why))
+                        if tenant.is_none() || record.tenant.as_deref() == tenant =>
+                    {
+                        return Err(EngineError::Gone(why));
+                    }
+                    _ => {
+                        if let Some(why) = self.gone_reason(id, tenant) {
+                            return Err(EngineError::Gone(why));
+                        }
+                    }
                 }
                 self.entry(id, tenant)
             }
