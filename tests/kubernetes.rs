@@ -664,3 +664,44 @@ async fn a_sandbox_expires_with_no_engine_running() {
         "{gone}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_run_as_a_non_root_uid_when_asked() {
+    let rig = require_cluster!();
+    let ns = Namespace::new(rig);
+    let engine = KubeEngine::start(rig, &ns, &[("SANDBOX_MCP_RUN_AS_USER", "65534")]).await;
+    let client = engine.mcp().await;
+    let made = ok(&client, "sandbox_create", json!({})).await;
+    let id = made["id"].as_str().unwrap().to_string();
+    let p = pod(rig, &ns, &id).expect("the sandbox's pod");
+    let sc = &p["spec"]["containers"][0]["securityContext"];
+    assert_eq!(
+        (sc["runAsUser"].as_u64(), sc["runAsNonRoot"].as_bool()),
+        (Some(65534), Some(true))
+    );
+    // The agent and every command run as that uid; what it may write, it writes.
+    assert_eq!(sh(&client, &id, "id -u; id -g").await, "65534\n65534\n");
+    assert_eq!(
+        sh(
+            &client,
+            &id,
+            "tr '\\0' ' ' </proc/1/status | grep -c '^Uid:.65534'"
+        )
+        .await,
+        "1\n"
+    );
+    ok(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": id, "path": "/tmp/mine", "content": "non-root"}),
+    )
+    .await;
+    assert_eq!(sh(&client, &id, "cat /tmp/mine").await, "non-root");
+    let denied = ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "echo x > /etc/passwd"}),
+    )
+    .await;
+    assert_ne!(denied["exit_code"], 0, "{denied}");
+}

@@ -119,14 +119,43 @@ pub fn run_agent() -> anyhow::Result<()> {
     // Only the agent's ids may connect (the mux runs with them too).
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
-    let env: Vec<(String, String)> = std::env::vars()
+    let mut env: Vec<(String, String)> = std::env::vars()
         .filter(|(k, _)| k != "SANDBOX_MCP_POD")
         .collect();
+    // Commands that name no cwd start where the container does (the image's WORKDIR, or the
+    // pod's workingDir). From `/`: root's home as elsewhere, but a non-root uid (`--run-as-user`)
+    // cannot enter /root: its $HOME when it can use it, else /tmp — and that is its HOME too.
+    let start = std::env::current_dir()
+        .ok()
+        .filter(|d| d != Path::new("/"))
+        .map(|d| d.to_string_lossy().into_owned());
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let home = (!root).then(|| {
+        std::env::var("HOME")
+            .ok()
+            .filter(|h| usable(h))
+            .unwrap_or_else(|| "/tmp".to_string())
+    });
+    if let Some(home) = &home {
+        env.retain(|(k, _)| k != "HOME");
+        env.push(("HOME".into(), home.clone()));
+    }
+    super::spawn::set_default_cwd(start.or(home));
     // `server::run` reports readiness on a status descriptor: here nobody waits on one (the
     // engine pings), so it writes to /dev/null.
     let status = OwnedFd::from(std::fs::OpenOptions::new().write(true).open("/dev/null")?);
     let listen: OwnedFd = listener.into();
     super::server::run(into_raw(listen), into_raw(status), env, None)
+}
+
+/// Whether this process may enter and write in directory `dir`.
+fn usable(dir: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(dir) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid C string that outlives the call.
+    Path::new(dir).is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
 }
 
 fn into_raw(fd: OwnedFd) -> RawFd {
