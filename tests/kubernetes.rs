@@ -179,6 +179,10 @@ async fn the_tools_work_on_pods_the_cluster_schedules_and_limits() {
         quantity(&limits["cpu"]) as f64,
         created["shape"]["vcpus"].as_f64().unwrap() * 1000.0
     );
+    // Requests: memory as the limit; CPU a fiftieth (the tests' --cpu-overcommit 50).
+    let requests = &c["resources"]["requests"];
+    assert_eq!(requests["memory"], limits["memory"]);
+    assert_eq!(quantity(&requests["cpu"]) * 50, quantity(&limits["cpu"]));
     assert_eq!(spec["automountServiceAccountToken"], false);
     assert_eq!(spec["enableServiceLinks"], false);
     assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
