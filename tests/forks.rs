@@ -920,6 +920,77 @@ async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_mad
     crate::common::kill_left_behind(&data);
 }
 
+/// On the btrfs store a restore renames the sandbox's tree aside, then snapshots the restored one
+/// under its name. An engine killed between the two leaves the old tree aside and none under
+/// the sandbox's name; the next start puts it back, with every file.
+#[tokio::test]
+async fn a_restore_cut_short_between_its_two_steps_loses_nothing() {
+    require_sandboxes!();
+    let data = tempfile::Builder::new()
+        .prefix("smcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let data = data.path().join("data");
+    let (mut engine, url) = spawn_engine_process_env(&data, &[]).await;
+    let (_, made) = api(&url, "POST", "/v1/sandboxes", Some(json!({}))).await;
+    let id = made["id"].as_str().unwrap().to_string();
+    let exec = |url: String, cmd: &'static str| {
+        let path = format!("/v1/sandboxes/{id}/exec");
+        async move {
+            let (status, r) = api(&url, "POST", &path, Some(json!({"command": cmd}))).await;
+            assert_eq!(status, 200, "{r}");
+            r["stdout"].as_str().unwrap().to_string()
+        }
+    };
+    exec(url.clone(), "echo kept > /root/marker").await;
+    let (status, snap) = api(
+        &url,
+        "POST",
+        &format!("/v1/sandboxes/{id}/snapshots"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 201, "{snap}");
+    if snap["method"] != "btrfs" {
+        engine.kill().unwrap();
+        engine.wait().unwrap();
+        crate::common::kill_left_behind(&data);
+        assert!(
+            std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
+            "a btrfs sandbox store is required (root, btrfs in the kernel, mkfs.btrfs)"
+        );
+        eprintln!("SKIPPED: needs the btrfs sandbox store (root, btrfs, mkfs.btrfs)");
+        return;
+    }
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    // What the kill leaves in that moment.
+    let store = data.join("sandboxes");
+    std::fs::rename(store.join(&id), store.join(format!("{id}.new"))).unwrap();
+    let (again, url) = spawn_engine_process_env(&data, &[]).await;
+    engine = again;
+    assert!(store.join(&id).is_dir());
+    assert!(!store.join(format!("{id}.new")).exists());
+    assert_eq!(exec(url.clone(), "cat /root/marker").await, "kept\n");
+    // And a restore after it works as any other.
+    let (status, r) = api(
+        &url,
+        "POST",
+        &format!(
+            "/v1/sandboxes/{id}/snapshots/{}/restore",
+            snap["id"].as_str().unwrap()
+        ),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["method"], "btrfs", "{r}");
+    assert_eq!(exec(url.clone(), "cat /root/marker").await, "kept\n");
+    engine.kill().unwrap();
+    engine.wait().unwrap();
+    crate::common::kill_left_behind(&data);
+}
+
 /// A call whose processes a restore or a kill stops says why, instead of reporting a crash.
 #[tokio::test]
 async fn a_call_cut_short_by_a_restore_or_a_kill_says_why() {

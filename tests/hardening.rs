@@ -133,13 +133,14 @@ async fn deep_trees_survive_every_delete(disk: DiskLimits) {
     ok(&client, "sandbox_kill", json!({"sandbox_id": a})).await;
     assert!(!sandbox_dir(&engine, &a).exists());
 
-    // Expiry runs the same delete (the tree takes seconds to build: leave it time).
-    let b = ok(&client, "sandbox_create", json!({"timeout_seconds": 30})).await["id"]
+    // Expiry runs the same delete. The tree takes seconds to build, and over 30 s on a machine
+    // busy with other builds: leave it a minute.
+    let b = ok(&client, "sandbox_create", json!({"timeout_seconds": 60})).await["id"]
         .as_str()
         .unwrap()
         .to_string();
     deep_tree(&client, &b).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(90);
     while sandbox_dir(&engine, &b).exists() {
         assert!(
             Instant::now() < deadline,

@@ -174,9 +174,16 @@ pub trait Driver: Send + Sync + 'static {
     fn limits_enforced(&self) -> bool;
     /// Whether each sandbox's disk use is capped at its shape's `disk_mb`.
     fn disk_limits_enforced(&self) -> bool;
-    /// Reserves the identity slot of a new sandbox: unique among every live sandbox the driver
-    /// knows of (host-wide for the namespaces driver). `taken`: this engine's slots.
-    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError>;
+    /// Reserves the identity slots of `count` new sandboxes (all or none): each unique among
+    /// every live sandbox the driver knows of (host-wide for the namespaces driver). `taken`:
+    /// this engine's slots.
+    fn claim_slots(&self, taken: &[u32], count: usize) -> Result<Vec<u32>, DriverError>;
+    /// [`Self::claim_slots`] for one sandbox.
+    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
+        self.claim_slots(taken, 1)?
+            .pop()
+            .ok_or_else(|| DriverError::Launch("no identity slot is free".into()))
+    }
     /// Gives back the slot of a sandbox that is gone.
     fn release_slot(&self, slot: u32);
     /// After a restart: the slots this engine's sandboxes hold, so stale claims are released.

@@ -322,8 +322,8 @@ impl Driver for KubernetesDriver {
     }
 
     /// Slots only number this replica's cache entries (pods need no uid ranges).
-    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
-        Ok((0..).find(|s| !taken.contains(s)).unwrap_or(0))
+    fn claim_slots(&self, taken: &[u32], count: usize) -> Result<Vec<u32>, DriverError> {
+        Ok((0..).filter(|s| !taken.contains(s)).take(count).collect())
     }
 
     fn release_slot(&self, _slot: u32) {}

@@ -161,6 +161,39 @@ CREATE TABLE IF NOT EXISTS snapshots (
 INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
 ";
 
+/// Inserts one record on `c` (a connection or a transaction).
+fn insert_on(c: &Connection, r: &Record) -> rusqlite::Result<()> {
+    let [metadata, env, network, secrets] = json_columns(r)?;
+    let desktop = desktop_column(r)?;
+    c.execute(
+        "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
+         max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets,
+         desktop)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+        params![
+            r.id,
+            r.name,
+            r.template,
+            r.status.as_str(),
+            metadata,
+            env,
+            r.shape.vcpus,
+            r.shape.memory_mb as i64,
+            r.shape.disk_mb as i64,
+            r.shape.max_pids as i64,
+            r.uid_slot,
+            r.created_at,
+            r.last_active_at,
+            r.expires_at,
+            r.tenant,
+            network,
+            secrets,
+            desktop,
+        ],
+    )
+    .map(|_| ())
+}
+
 /// The columns of a record stored as JSON: metadata, env, network, secrets.
 fn json_columns(r: &Record) -> rusqlite::Result<[String; 4]> {
     Ok([
@@ -228,37 +261,31 @@ impl Store {
     }
 
     pub fn insert(&self, r: &Record) -> rusqlite::Result<()> {
-        let [metadata, env, network, secrets] = json_columns(r)?;
-        let desktop = desktop_column(r)?;
+        self.with(|c| insert_on(c, r))
+    }
+
+    /// Inserts every record, in one transaction (one commit to wait for, not one each).
+    pub(crate) fn insert_all(&self, records: &[Record]) -> rusqlite::Result<()> {
         self.with(|c| {
-            c.execute(
-                "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
-                 max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets,
-                 desktop)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                 ?18)",
-                params![
-                    r.id,
-                    r.name,
-                    r.template,
-                    r.status.as_str(),
-                    metadata,
-                    env,
-                    r.shape.vcpus,
-                    r.shape.memory_mb as i64,
-                    r.shape.disk_mb as i64,
-                    r.shape.max_pids as i64,
-                    r.uid_slot,
-                    r.created_at,
-                    r.last_active_at,
-                    r.expires_at,
-                    r.tenant,
-                    network,
-                    secrets,
-                    desktop,
-                ],
-            )
-            .map(|_| ())
+            let tx = c.unchecked_transaction()?;
+            for r in records {
+                insert_on(&tx, r)?;
+            }
+            tx.commit()
+        })
+    }
+
+    /// Sets the status of every sandbox named, in one transaction.
+    pub(crate) fn set_status_all(&self, ids: &[String], status: Status) -> rusqlite::Result<()> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            for id in ids {
+                tx.execute(
+                    "UPDATE sandboxes SET status = ?2 WHERE id = ?1",
+                    params![id, status.as_str()],
+                )?;
+            }
+            tx.commit()
         })
     }
 
@@ -576,6 +603,28 @@ mod tests {
         assert_eq!(all[0].status, Status::Running);
         assert_eq!(all[0].env, vec![("A".to_string(), "1".to_string())]);
         assert_eq!(all[0].network, record("x", 9).network);
+    }
+
+    #[test]
+    fn a_batch_is_stored_whole_or_not_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("state.db")).unwrap();
+        // The second record takes the first's uid slot: the batch fails, and nothing of it stays.
+        assert!(
+            store
+                .insert_all(&[record("sbx_1", 1), record("sbx_2", 1)])
+                .is_err()
+        );
+        assert!(store.all().unwrap().is_empty());
+        store
+            .insert_all(&[record("sbx_1", 1), record("sbx_2", 2)])
+            .unwrap();
+        store
+            .set_status_all(&["sbx_1".into(), "sbx_2".into()], Status::Running)
+            .unwrap();
+        let all = store.all().unwrap();
+        assert_eq!(all.len(), 2);
+        assert!(all.iter().all(|r| r.status == Status::Running));
     }
 
     #[test]

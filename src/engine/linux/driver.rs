@@ -5,7 +5,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -28,7 +28,8 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// In a sandbox's directory, as root: the first host id its files are stored under, when that
 /// is not its own range's (see [`NamespacesDriver::disk_ids`]).
 const IDS_FILE: &str = "ids";
-/// Beside a sandbox's directory: the tree a restore or merge is about to swap in.
+/// Beside a sandbox's directory: the tree a restore or merge is about to swap in, or the old
+/// tree a restore has put aside (see [`NamespacesDriver::replace_fs`]).
 const NEW_SUFFIX: &str = ".new";
 /// Most bytes read of the launcher's report and of its stderr (it relays the agent's words).
 const LAUNCHER_OUTPUT: u64 = 64 * 1024;
@@ -98,6 +99,7 @@ impl NamespacesDriver {
         if let Store::Plain(why) = &store {
             tracing::warn!("sandbox disk use is reported but not enforced: {why}");
         }
+        put_back_aside_trees(&sandboxes_dir);
         let layout = Layout::detect();
         if !layout.enforced() {
             tracing::warn!(
@@ -466,6 +468,26 @@ async fn read_bounded(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8
     kept
 }
 
+/// After a crash in a restore on the btrfs store: a sandbox's old tree put aside (`<id>.new`)
+/// while no tree has its name goes back under it (the restore was never acknowledged).
+fn put_back_aside_trees(sandboxes_dir: &Path) {
+    let Ok(entries) = fs::read_dir(sandboxes_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name.to_str().and_then(|n| n.strip_suffix(NEW_SUFFIX)) else {
+            continue;
+        };
+        let own = sandboxes_dir.join(id);
+        if !own.exists()
+            && let Err(e) = fs::rename(entry.path(), &own)
+        {
+            tracing::warn!(sandbox = %id, "cannot put the sandbox's files back in place: {e}");
+        }
+    }
+}
+
 /// Start time of a process (clock ticks since boot), to tell it from a later one with its pid.
 fn start_time(pid: i32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -567,13 +589,16 @@ impl Driver for NamespacesDriver {
         self.store.enforced()
     }
 
-    fn claim_slot(&self, taken: &[u32]) -> Result<u32, DriverError> {
+    fn claim_slots(&self, taken: &[u32], count: usize) -> Result<Vec<u32>, DriverError> {
         match &self.registry {
             Some(registry) => registry
-                .claim(self.pty_max, self.pty_pool)
+                .claim_many(self.pty_max, self.pty_pool, count)
                 .map_err(DriverError::io("claim a uid range")),
             // One id to map, whatever the slot: slots only tell sandboxes apart.
-            None => Ok((1u32..).find(|s| !taken.contains(s)).unwrap_or(u32::MAX)),
+            None => Ok((1u32..)
+                .filter(|s| !taken.contains(s))
+                .take(count)
+                .collect()),
         }
     }
 
@@ -791,6 +816,35 @@ impl Driver for NamespacesDriver {
         let parent = &self.sandboxes_dir;
         let new = format!("{id}{NEW_SUFFIX}");
         let _ = disk::remove_dir(&self.store, parent, &new);
+        if let Store::Btrfs = self.store {
+            // The old tree is renamed aside and the snapshot made under the sandbox's name: the
+            // snapshot's own transaction commit makes the rename durable with it. Swapping two
+            // names instead needs a second commit (a directory fsync after renaming subvolumes
+            // commits the whole transaction: ~10 ms here). A crash before that commit leaves the
+            // old tree, under its name or aside, which the next engine start puts back.
+            fs::rename(self.dir(id), self.dir(&new))
+                .map_err(DriverError::io("put the sandbox's files aside"))?;
+            let put_back = || fs::rename(self.dir(&new), self.dir(id));
+            match disk::snapshot(&self.store, parent, &from.name, id, Some(limit_bytes)) {
+                Ok(true) => {
+                    // A new tree: nothing of the old processes' comes with it.
+                    let _ = fs::remove_file(self.dir(id).join("agent.pid"));
+                    let _ = fs::remove_file(self.dir(id).join("agent.sock"));
+                    if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
+                        tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
+                    }
+                    return Ok(CloneMethod::Snapshot);
+                }
+                // Not a subvolume (made before the store was): copied below.
+                Ok(false) => {
+                    put_back().map_err(DriverError::io("put the sandbox's files back in place"))?
+                }
+                Err(e) => {
+                    put_back().map_err(DriverError::io("put the sandbox's files back in place"))?;
+                    return Err(DriverError::io("snapshot the sandbox's files")(e));
+                }
+            }
+        }
         let method = self.clone_fs(from, &new, CloneKind::Sandbox { limit_bytes })?;
         if let Err(e) = disk::exchange(parent, id, &new) {
             let _ = disk::remove_dir(&self.store, parent, &new);
@@ -856,6 +910,27 @@ impl Driver for NamespacesDriver {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_put_aside_by_an_interrupted_restore_goes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let make = |name: &str, file: &str| {
+            fs::create_dir(dir.path().join(name)).unwrap();
+            fs::write(dir.path().join(name).join(file), name).unwrap();
+        };
+        // Interrupted between the rename and the snapshot: only the old tree, aside.
+        make("sbx_a.new", "old");
+        // Interrupted after the snapshot: the restored tree stays, the aside one is left for
+        // the next restore or the kill to delete.
+        make("sbx_b", "restored");
+        make("sbx_b.new", "old");
+        put_back_aside_trees(dir.path());
+        let read = |p: &str| fs::read_to_string(dir.path().join(p)).unwrap();
+        assert_eq!(read("sbx_a/old"), "sbx_a.new");
+        assert!(!dir.path().join("sbx_a.new").exists());
+        assert_eq!(read("sbx_b/restored"), "sbx_b");
+        assert_eq!(read("sbx_b.new/old"), "sbx_b.new");
+    }
 
     #[tokio::test]
     async fn launcher_output_is_read_only_up_to_the_bound() {

@@ -54,19 +54,38 @@ impl Registry {
 
     /// Claims the lowest free slot for a new sandbox, with up to `ptys` of the `pool` of ptys
     /// (fewer when other claims hold the rest).
+    #[cfg(test)]
     pub(crate) fn claim(&self, ptys: u32, pool: u32) -> io::Result<u32> {
+        Ok(self.claim_many(ptys, pool, 1)?[0])
+    }
+
+    /// Claims the `count` lowest free slots at once (a fork's children), each as [`Self::claim`]
+    /// would: all or none, under one lock and one write of the file.
+    pub(crate) fn claim_many(&self, ptys: u32, pool: u32, count: usize) -> io::Result<Vec<u32>> {
         self.locked(|claims| {
             reclaim_abandoned(claims);
-            let slot = (1..=MAX_SLOT)
-                .find(|s| !claims.iter().any(|c| c.slot == *s))
-                .ok_or_else(|| io::Error::other("every uid range on this host is in use"))?;
-            let ptys = grant(claims, ptys, pool);
-            claims.push(Claim {
-                slot,
-                ptys: Some(ptys),
-                owner: self.owner.clone(),
-            });
-            Ok(slot)
+            let slots: Vec<u32> = (1..=MAX_SLOT)
+                .filter(|s| !claims.iter().any(|c| c.slot == *s))
+                .take(count)
+                .collect();
+            if slots.is_empty() && count > 0 {
+                return Err(io::Error::other("every uid range on this host is in use"));
+            }
+            if slots.len() < count {
+                return Err(io::Error::other(format!(
+                    "only {} of the {count} uid ranges asked for are free on this host",
+                    slots.len()
+                )));
+            }
+            for &slot in &slots {
+                let ptys = grant(claims, ptys, pool);
+                claims.push(Claim {
+                    slot,
+                    ptys: Some(ptys),
+                    owner: self.owner.clone(),
+                });
+            }
+            Ok(slots)
         })?
     }
 
@@ -245,6 +264,26 @@ mod tests {
         rb.release(s1).unwrap();
         assert_eq!(rb.claim(10, 1000).unwrap(), 2);
         assert_eq!(ra.claim(10, 1000).unwrap(), 4);
+    }
+
+    #[test]
+    fn many_slots_are_claimed_at_once_into_the_gaps_or_none_are() {
+        let (_dir, ra, rb) = two_engines("uid-ranges");
+        assert_eq!(ra.claim_many(10, 1000, 3).unwrap(), vec![1, 2, 3]);
+        ra.release(2).unwrap();
+        assert_eq!(rb.claim_many(10, 1000, 2).unwrap(), vec![2, 4]);
+        // Every grant is counted against the pool, as one claim after another would be.
+        assert_eq!(ra.ptys(3).unwrap(), Some(10));
+        let text = fs::read_to_string(&ra.path).unwrap();
+        let before = parse(&text);
+        let too_many = MAX_SLOT as usize;
+        let err = ra.claim_many(10, 1000, too_many).unwrap_err();
+        assert!(err.to_string().contains("uid ranges asked for"), "{err}");
+        assert_eq!(
+            parse(&fs::read_to_string(&ra.path).unwrap()),
+            before,
+            "a claim that cannot be met in full takes nothing"
+        );
     }
 
     #[test]

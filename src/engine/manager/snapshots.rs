@@ -399,7 +399,7 @@ impl Manager {
         labels: BTreeMap<String, String>,
     ) -> Result<Vec<Record>, EngineError> {
         let _guard = self.create_lock.lock().await;
-        let (existing, mut used_slots): (usize, Vec<u32>) = {
+        let (existing, used_slots): (usize, Vec<u32>) = {
             let map = lock(&self.sandboxes);
             (
                 map.len(),
@@ -418,27 +418,20 @@ impl Manager {
             .map(|(env, b)| (env.clone(), b.secret.clone()))
             .collect();
         let now = ids::now_ms();
+        // One claim and one commit for all of them: each would pay its own fsyncs otherwise.
+        let driver = self.driver.clone();
+        let slots = blocking(move || driver.claim_slots(&used_slots, count as usize)).await??;
+        let release = |slots: &[u32]| slots.iter().for_each(|s| self.driver.release_slot(*s));
         let mut children = Vec::new();
-        for _ in 0..count {
-            let driver = self.driver.clone();
-            let taken = used_slots.clone();
-            let slot = match blocking(move || driver.claim_slot(&taken)).await? {
-                Ok(slot) => slot,
-                Err(e) => {
-                    self.release_children(&children).await;
-                    return Err(e.into());
-                }
-            };
-            used_slots.push(slot);
+        for &slot in &slots {
             let secrets = match self.bind_new(parent.tenant.as_deref(), &wanted) {
                 Ok(s) => s,
                 Err(e) => {
-                    self.driver.release_slot(slot);
-                    self.release_children(&children).await;
+                    release(&slots);
                     return Err(e);
                 }
             };
-            let child = Record {
+            children.push(Record {
                 id: ids::sandbox_id(),
                 name: None,
                 status: Status::Creating,
@@ -448,29 +441,22 @@ impl Manager {
                 last_active_at: now,
                 secrets,
                 ..parent.clone()
-            };
-            let (store, r) = (self.store.clone(), child.clone());
-            if let Err(e) = blocking(move || store.insert(&r)).await? {
-                self.driver.release_slot(slot);
-                self.release_children(&children).await;
-                return Err(e.into());
-            }
+            });
+        }
+        let (store, rs) = (self.store.clone(), children.clone());
+        if let Err(e) = blocking(move || store.insert_all(&rs)).await? {
+            release(&slots);
+            return Err(e.into());
+        }
+        for child in &children {
             // The parent's rules as stored: they are what its policy was made from.
-            let net = self.sandbox_net(&child);
+            let net = self.sandbox_net(child);
             lock(&self.sandboxes).insert(
                 child.id.clone(),
                 Entry::new(child.clone(), Runtime::Stopped, false, net),
             );
-            children.push(child);
         }
         Ok(children)
-    }
-
-    /// Undoes [`Self::reserve_children`] for children that have no files yet.
-    async fn release_children(&self, children: &[Record]) {
-        for child in children {
-            self.discard_child(child).await;
-        }
     }
 
     /// Deletes a child that was never acknowledged: processes, files, record, slot.
@@ -544,10 +530,11 @@ impl Manager {
         }))
         .await;
         started.into_iter().collect::<Result<Vec<()>, _>>()?;
-        for child in children {
-            let (store, cid) = (self.store.clone(), child.id.clone());
-            blocking(move || store.set_status(&cid, Status::Running)).await??;
-        }
+        let (store, ids): (_, Vec<String>) = (
+            self.store.clone(),
+            children.iter().map(|c| c.id.clone()).collect(),
+        );
+        blocking(move || store.set_status_all(&ids, Status::Running)).await??;
         for child in children {
             let entry = self.entry_any(&child.id)?;
             *entry.lifecycle.lock().await = Runtime::Running;
