@@ -227,6 +227,7 @@ async fn fork_family(disk: DiskLimits) {
     );
     // A merge of unrelated sandboxes is refused unless forced.
     let stranger = create(&client).await;
+    sh(&client, &stranger, "echo mine > /root/own").await;
     let e = err(
         &client,
         "sandbox_merge_into",
@@ -243,6 +244,16 @@ async fn fork_family(disk: DiskLimits) {
     assert_eq!(
         sh(&client, &kids[2], "ls /root/app 2>&1 | head -1").await,
         "ls: cannot access '/root/app': No such file or directory\n"
+    );
+    // The stranger's files keep their owner in the target, whose host ids are not theirs.
+    assert_eq!(
+        sh(
+            &client,
+            &kids[2],
+            "stat -c '%u:%g' /root/own && cat /root/own"
+        )
+        .await,
+        "0:0\nmine\n"
     );
 }
 

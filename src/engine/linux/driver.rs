@@ -189,6 +189,26 @@ impl NamespacesDriver {
         }
     }
 
+    /// Makes `to` a btrfs snapshot of `from` (a sandbox's files when `limit` is given, capped at
+    /// it); `false` when the store cannot (not btrfs, or `from` is not a subvolume).
+    fn snapshot_tree(
+        &self,
+        from: &FsRef,
+        to: &str,
+        limit: Option<u64>,
+    ) -> Result<bool, DriverError> {
+        self.ensure_ids(from)
+            .map_err(DriverError::io("record the ids of the sandbox's files"))?;
+        let made = disk::snapshot(&self.store, &self.sandboxes_dir, &from.name, to, limit)
+            .map_err(DriverError::io("snapshot the sandbox's files"))?;
+        if made && limit.is_some() {
+            // The copy is a new sandbox: nothing of the old one's processes comes with it.
+            let _ = fs::remove_file(self.dir(to).join("agent.pid"));
+            let _ = fs::remove_file(self.dir(to).join("agent.sock"));
+        }
+        Ok(made)
+    }
+
     /// Copies `from`'s own files (its uppers) into `to`, a new directory.
     fn copy_fs(&self, from: &FsRef, to: &str) -> io::Result<()> {
         let (src, dst) = (self.dir(&from.name), self.dir(to));
@@ -775,23 +795,14 @@ impl Driver for NamespacesDriver {
         to: &str,
         kind: CloneKind,
     ) -> Result<CloneMethod, DriverError> {
-        self.ensure_ids(from)
-            .map_err(DriverError::io("record the ids of the sandbox's files"))?;
         let limit = match kind {
             CloneKind::Snapshot => None,
             CloneKind::Sandbox { limit_bytes } => Some(limit_bytes),
         };
-        let parent = &self.sandboxes_dir;
-        if disk::snapshot(&self.store, parent, &from.name, to, limit)
-            .map_err(DriverError::io("snapshot the sandbox's files"))?
-        {
-            if limit.is_some() {
-                // The copy is a new sandbox: nothing of the old one's processes comes with it.
-                let _ = fs::remove_file(self.dir(to).join("agent.pid"));
-                let _ = fs::remove_file(self.dir(to).join("agent.sock"));
-            }
+        if self.snapshot_tree(from, to, limit)? {
             return Ok(CloneMethod::Snapshot);
         }
+        let parent = &self.sandboxes_dir;
         let made = match limit {
             None => fs::DirBuilder::new().mode(0o700).create(self.dir(to)),
             Some(limit) => disk::create_dir(&self.store, parent, to, limit),
@@ -825,11 +836,8 @@ impl Driver for NamespacesDriver {
             fs::rename(self.dir(id), self.dir(&new))
                 .map_err(DriverError::io("put the sandbox's files aside"))?;
             let put_back = || fs::rename(self.dir(&new), self.dir(id));
-            match disk::snapshot(&self.store, parent, &from.name, id, Some(limit_bytes)) {
+            match self.snapshot_tree(from, id, Some(limit_bytes)) {
                 Ok(true) => {
-                    // A new tree: nothing of the old processes' comes with it.
-                    let _ = fs::remove_file(self.dir(id).join("agent.pid"));
-                    let _ = fs::remove_file(self.dir(id).join("agent.sock"));
                     if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
                         tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
                     }
@@ -841,7 +849,7 @@ impl Driver for NamespacesDriver {
                 }
                 Err(e) => {
                     put_back().map_err(DriverError::io("put the sandbox's files back in place"))?;
-                    return Err(DriverError::io("snapshot the sandbox's files")(e));
+                    return Err(e);
                 }
             }
         }
