@@ -276,13 +276,17 @@ impl Store {
     }
 
     /// Sets the status of every sandbox named, in one transaction.
-    pub(crate) fn set_status_all(&self, ids: &[String], status: Status) -> rusqlite::Result<()> {
+    pub(crate) fn set_status_all(
+        &self,
+        ids: &[impl AsRef<str>],
+        status: Status,
+    ) -> rusqlite::Result<()> {
         self.with(|c| {
             let tx = c.unchecked_transaction()?;
             for id in ids {
                 tx.execute(
                     "UPDATE sandboxes SET status = ?2 WHERE id = ?1",
-                    params![id, status.as_str()],
+                    params![id.as_ref(), status.as_str()],
                 )?;
             }
             tx.commit()
@@ -290,13 +294,7 @@ impl Store {
     }
 
     pub fn set_status(&self, id: &str, status: Status) -> rusqlite::Result<()> {
-        self.with(|c| {
-            c.execute(
-                "UPDATE sandboxes SET status = ?2 WHERE id = ?1",
-                params![id, status.as_str()],
-            )
-            .map(|_| ())
-        })
+        self.set_status_all(&[id], status)
     }
 
     /// Replaces what is given of the metadata and the network rules, in one statement: an
@@ -620,7 +618,7 @@ mod tests {
             .insert_all(&[record("sbx_1", 1), record("sbx_2", 2)])
             .unwrap();
         store
-            .set_status_all(&["sbx_1".into(), "sbx_2".into()], Status::Running)
+            .set_status_all(&["sbx_1", "sbx_2"], Status::Running)
             .unwrap();
         let all = store.all().unwrap();
         assert_eq!(all.len(), 2);
