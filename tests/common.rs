@@ -554,6 +554,7 @@ pub fn kill_left_behind(data: &std::path::Path) {
             disk_limits: config.disk_limits,
             max_sandboxes: config.max_sandboxes,
             uid_registry: config.uid_registry.clone(),
+            favordynmods: false,
         },
     ) else {
         return;

@@ -497,3 +497,77 @@ async fn a_data_dir_under_a_private_directory_works() {
     );
     ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
 }
+
+/// The host's cgroup2 mount: its mount point, its own options and its hierarchy's options.
+fn cgroup2_mount() -> Option<(String, String, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut right = right.split_whitespace();
+        (right.next()? == "cgroup2").then_some(())?;
+        let mut left = left.split_whitespace();
+        let target = left.nth(4)?.to_string();
+        let own = left.next()?.to_string();
+        Some((target, own, right.nth(1)?.to_string()))
+    })
+}
+
+/// As root, the engine turns on the cgroup2 hierarchy's `favordynmods` (a launcher then joins
+/// its sandbox's cgroups without waiting for an RCU grace period) and keeps every other option
+/// of the mount; with `SANDBOX_MCP_FAVORDYNMODS=off` it leaves the mount alone. (Other tests'
+/// engines may turn the option on meanwhile: the `off` case is judged by its engine's log.)
+#[tokio::test]
+async fn the_engine_turns_on_favordynmods_keeping_the_mounts_other_options() {
+    require_cgroups!();
+    let Some((target, own, hierarchy)) = cgroup2_mount() else {
+        eprintln!("SKIPPED: needs a cgroup2 mount (the kernel's unified hierarchy)");
+        return;
+    };
+    let without = |options: &str| -> Vec<String> {
+        options
+            .split(',')
+            .filter(|o| *o != "favordynmods")
+            .map(str::to_string)
+            .collect()
+    };
+    let (own, hierarchy) = (without(&own), without(&hierarchy));
+    // Off, as a host that never had it.
+    let options = [own.clone(), hierarchy.clone()].concat().join(",");
+    let off = Command::new("mount")
+        .args(["-o", &format!("remount,{options}"), "cgroup2", &target])
+        .status()
+        .unwrap();
+    assert!(off.success(), "cannot remount {target} with {options}");
+
+    let run = |env: &'static [(&'static str, &'static str)]| async move {
+        let data = crate::common::TempData::new();
+        let log = data.data().with_extension("log");
+        let (mut child, _url) = crate::common::spawn_engine_logged(
+            &data.data(),
+            env,
+            std::fs::File::create(&log).unwrap().into(),
+        )
+        .await;
+        child.kill().unwrap();
+        child.wait().unwrap();
+        crate::common::kill_left_behind(&data.data());
+        std::fs::read_to_string(&log).unwrap()
+    };
+    let log = run(&[("RUST_LOG", "info"), ("SANDBOX_MCP_FAVORDYNMODS", "off")]).await;
+    assert!(
+        !log.contains("favordynmods"),
+        "with the option off the engine changed the mount: {log}"
+    );
+    let log = run(&[("RUST_LOG", "info")]).await;
+    let (_, own_after, hierarchy_after) = cgroup2_mount().unwrap();
+    assert!(
+        hierarchy_after.split(',').any(|o| o == "favordynmods"),
+        "favordynmods is not on after an engine start: {hierarchy_after}; log: {log}"
+    );
+    assert_eq!(without(&own_after), own, "the mount's own flags changed");
+    assert_eq!(
+        without(&hierarchy_after),
+        hierarchy,
+        "the hierarchy's other options changed"
+    );
+}

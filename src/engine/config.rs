@@ -67,6 +67,9 @@ pub struct EngineConfig {
     /// Run sandboxes as pods with these options (the kubernetes driver) instead of in this
     /// machine's namespaces.
     pub kubernetes: Option<crate::engine::kube::pod::PodOptions>,
+    /// As root, turn on the kernel's `favordynmods` for the host's cgroup2 hierarchy, so a
+    /// sandbox start does not wait for an RCU grace period to join its cgroups.
+    pub favordynmods: bool,
 }
 
 impl EngineConfig {
@@ -83,6 +86,7 @@ impl EngineConfig {
             preview: PreviewConfig::default(),
             default_template: None,
             kubernetes: None,
+            favordynmods: true,
         }
     }
 

@@ -129,6 +129,7 @@ pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalEr
         disk_limits: config.disk_limits,
         max_sandboxes: config.max_sandboxes,
         uid_registry: config.uid_registry.clone(),
+        favordynmods: config.favordynmods,
     })?;
     Ok(Manager::open(config.clone(), Arc::new(driver)).await?)
 }

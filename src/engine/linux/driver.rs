@@ -46,6 +46,8 @@ pub struct Options {
     pub max_sandboxes: usize,
     /// The host-wide registry of uid ranges (used as root).
     pub uid_registry: PathBuf,
+    /// Turn on the host cgroup2 hierarchy's `favordynmods` (as root).
+    pub favordynmods: bool,
 }
 
 pub struct NamespacesDriver {
@@ -72,6 +74,7 @@ impl NamespacesDriver {
             disk_limits,
             max_sandboxes,
             uid_registry,
+            favordynmods,
         } = options;
         let path = sandboxes_dir.to_string_lossy();
         // Overlay mount options are comma- and colon-separated; such paths cannot be expressed.
@@ -107,6 +110,16 @@ impl NamespacesDriver {
             );
         }
         let uid = nix::unistd::getuid().as_raw();
+        if favordynmods && uid == 0 && layout.enforced() {
+            match super::cgroups::favor_dynamic_moves() {
+                Ok(Some(mount)) => tracing::info!(
+                    "turned on favordynmods for the cgroup2 hierarchy at {} (sandboxes start without waiting for an RCU grace period; --favordynmods off leaves it)",
+                    mount.display()
+                ),
+                Ok(None) => {}
+                Err(e) => tracing::debug!("favordynmods not turned on: {e}"),
+            }
+        }
         let registry = if uid == 0 {
             Some(
                 Registry::new(uid_registry, &sandboxes_dir)
