@@ -226,6 +226,15 @@ impl Drop for Engine {
                     .send();
             }
         }
+        // A clean stop, which also kills the warm pools' sandboxes (no listing shows them):
+        // killed outright, the engine would leave them running for its next start, and with
+        // the data dir deleted no next start comes.
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         sandbox_mcp::engine::linux::disk::release(&self._dir.path().join("data/sandboxes"));

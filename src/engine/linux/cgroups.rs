@@ -235,11 +235,11 @@ impl Layout {
 /// The remount that turns on the kernel's `favordynmods` for the host's cgroup2 hierarchy.
 ///
 /// Why: every sandbox start writes its launcher into the sandbox's `cgroup.procs`, and the
-/// kernel makes that write wait for an RCU grace period (5–9 ms measured here, most of a
-/// fork's agent start) unless `favordynmods` is on. The option keeps the lock that write takes
-/// in the mode where it never waits; the kernel's documented price is slightly dearer forks and
-/// exits host-wide. The lock is shared by every hierarchy, so the cgroup2 mount's option also
-/// speeds up a hybrid host's v1 controllers.
+/// kernel makes that write wait for an RCU grace period (5–9 ms measured here during forks, most
+/// of an agent's start) unless `favordynmods` is on: the option keeps the lock that write takes
+/// in the mode where it never waits (since Linux 6.18, it takes a per-process lock instead); the
+/// kernel's documented price is slightly dearer forks and exits host-wide. The lock is shared by
+/// every hierarchy, so the cgroup2 mount's option also speeds up a hybrid host's v1 controllers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Remount {
     pub target: PathBuf,
@@ -304,6 +304,15 @@ pub(crate) fn favor_dynamic_moves() -> io::Result<Option<PathBuf>> {
         Some(remount.data.as_str()),
     )
     .map_err(|e| io::Error::other(format!("remount {}: {e}", remount.target.display())))?;
+    // Outside the host's cgroup namespace (a container) the remount succeeds and changes
+    // nothing: only the mount table says whether the option is on.
+    let info = fs::read_to_string("/proc/self/mountinfo")?;
+    if favordynmods_remount(&info).is_some() {
+        return Err(io::Error::other(format!(
+            "the kernel did not apply it to {} (not the host's cgroup namespace?)",
+            remount.target.display()
+        )));
+    }
     Ok(Some(remount.target))
 }
 
