@@ -81,6 +81,35 @@ fn read_keyed(path: &Path, key: &str) -> Option<u64> {
     })
 }
 
+/// What this module reads of one /proc/self/mountinfo line.
+struct MountLine<'a> {
+    point: &'a str,
+    /// The mount's own options (`rw,nosuid,…`).
+    options: &'a str,
+    fstype: &'a str,
+    /// The filesystem's options (for cgroups, the controllers or hierarchy options).
+    super_options: &'a str,
+}
+
+/// The lines of `info` (mountinfo) that parse; the optional fields before ` - ` are skipped.
+fn mounts(info: &str) -> impl Iterator<Item = MountLine<'_>> {
+    info.lines().filter_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mut left = left.split_whitespace();
+        let point = left.nth(4)?;
+        let options = left.next().unwrap_or("");
+        let mut right = right.split_whitespace();
+        let fstype = right.next()?;
+        let super_options = right.nth(1).unwrap_or("");
+        Some(MountLine {
+            point,
+            options,
+            fstype,
+            super_options,
+        })
+    })
+}
+
 impl Layout {
     /// Reads the cgroup mounts from /proc/self/mountinfo and checks that sandbox cgroups can be
     /// created under them.
@@ -102,23 +131,13 @@ impl Layout {
         let (mut memory, mut pids, mut cpu, mut cpuacct, mut freezer) =
             (None, None, None, None, None);
         let mut any_v1 = false;
-        for line in info.lines() {
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let mount_point = left.split_whitespace().nth(4).map(PathBuf::from);
-            let mut r = right.split_whitespace();
-            let fstype = r.next().unwrap_or("");
-            let _source = r.next();
-            let options = r.next().unwrap_or("");
-            let Some(mount_point) = mount_point else {
-                continue;
-            };
-            match fstype {
+        for mount in mounts(info) {
+            let mount_point = PathBuf::from(mount.point);
+            match mount.fstype {
                 "cgroup2" => v2 = Some(mount_point),
                 "cgroup" => {
                     any_v1 = true;
-                    for opt in options.split(',') {
+                    for opt in mount.super_options.split(',') {
                         match opt {
                             "memory" => memory = Some(mount_point.clone()),
                             "pids" => pids = Some(mount_point.clone()),
@@ -254,15 +273,12 @@ pub(crate) struct Remount {
 /// Pure, for tests.
 pub(crate) fn favordynmods_remount(info: &str) -> Option<Remount> {
     use nix::mount::MsFlags;
-    let line = info.lines().find(|l| {
-        l.split_once(" - ")
-            .is_some_and(|(_, r)| r.starts_with("cgroup2 "))
-    })?;
-    let (left, right) = line.split_once(" - ")?;
-    let mut fields = left.split_whitespace();
-    let target = fields.nth(4)?;
-    let mount_options = fields.next()?;
-    let super_options = right.split_whitespace().nth(2).unwrap_or("");
+    let MountLine {
+        point: target,
+        options: mount_options,
+        super_options,
+        ..
+    } = mounts(info).find(|m| m.fstype == "cgroup2")?;
     // A mount point with an escaped character (`\040`) would need unescaping: left alone.
     if target.contains('\\') || super_options.split(',').any(|o| o == "favordynmods") {
         return None;
