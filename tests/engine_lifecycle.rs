@@ -501,15 +501,13 @@ async fn a_data_dir_under_a_private_directory_works() {
 /// The host's cgroup2 mount: its mount point, its own options and its hierarchy's options.
 fn cgroup2_mount() -> Option<(String, String, String)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines().find_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let mut right = right.split_whitespace();
-        (right.next()? == "cgroup2").then_some(())?;
-        let mut left = left.split_whitespace();
-        let target = left.nth(4)?.to_string();
-        let own = left.next()?.to_string();
-        Some((target, own, right.nth(1)?.to_string()))
-    })
+    let mount =
+        sandbox_mcp::engine::linux::cgroups::mounts(&info).find(|m| m.fstype == "cgroup2")?;
+    Some((
+        mount.point.to_string(),
+        mount.options.to_string(),
+        mount.super_options.to_string(),
+    ))
 }
 
 /// As root, the engine turns on the cgroup2 hierarchy's `favordynmods` (a launcher then joins

@@ -82,17 +82,17 @@ fn read_keyed(path: &Path, key: &str) -> Option<u64> {
 }
 
 /// What this module reads of one /proc/self/mountinfo line.
-struct MountLine<'a> {
-    point: &'a str,
+pub struct MountLine<'a> {
+    pub point: &'a str,
     /// The mount's own options (`rw,nosuid,…`).
-    options: &'a str,
-    fstype: &'a str,
+    pub options: &'a str,
+    pub fstype: &'a str,
     /// The filesystem's options (for cgroups, the controllers or hierarchy options).
-    super_options: &'a str,
+    pub super_options: &'a str,
 }
 
 /// The lines of `info` (mountinfo) that parse; the optional fields before ` - ` are skipped.
-fn mounts(info: &str) -> impl Iterator<Item = MountLine<'_>> {
+pub fn mounts(info: &str) -> impl Iterator<Item = MountLine<'_>> {
     info.lines().filter_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let mut left = left.split_whitespace();
