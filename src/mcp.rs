@@ -9,7 +9,7 @@ pub mod args;
 pub mod backend;
 pub mod call;
 pub mod http;
-pub(crate) mod jsonrpc;
+pub mod jsonrpc;
 pub mod keys;
 pub(crate) mod local_engine;
 pub(crate) mod progress;

@@ -1131,22 +1131,35 @@ async fn a_dead_session_sandbox_is_reported_once_then_replaced() {
     .await;
 }
 
-/// A POST body that is not a valid JSON-RPC message gets a JSON-RPC error (400, `"id": null`)
-/// rather than a plain-text 415.
+/// A POST body that is not a valid JSON-RPC message gets a JSON-RPC error (400, with the
+/// request's id when one can be read, else `"id": null`) rather than a plain-text 415.
 #[tokio::test]
 async fn malformed_bodies_get_json_rpc_errors() {
     let f = Fixture::start().await;
     let raw = f.raw();
     let token = f.token("alpha");
     let session = raw.open_session(Some(&token)).await;
-    for (body, code) in [
-        (r#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#, -32700),
-        ("garbage", -32700),
-        (r#""\udcff""#, -32700),
-        ("1", -32600),
-        ("[]", -32600),
-        ("{}", -32600),
-        (r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, -32600),
+    for (body, code, id) in [
+        (
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#,
+            -32700,
+            json!(1),
+        ),
+        ("garbage", -32700, Value::Null),
+        (r#""\udcff""#, -32700, Value::Null),
+        (
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"sandbox_list","arguments":{"x":"\udcff"}}}"#,
+            -32700,
+            json!(3),
+        ),
+        ("1", -32600, Value::Null),
+        ("[]", -32600, Value::Null),
+        ("{}", -32600, Value::Null),
+        (
+            r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+            -32600,
+            Value::Null,
+        ),
     ] {
         let request = raw
             .request(reqwest::Method::POST, Some(&token))
@@ -1162,10 +1175,11 @@ async fn malformed_bodies_get_json_rpc_errors() {
         );
         assert_eq!(reply.body["error"]["code"], code, "{body}: {}", reply.body);
         assert!(
-            reply.body.as_object().unwrap().contains_key("id") && reply.body["id"].is_null(),
+            reply.body.as_object().unwrap().contains_key("id"),
             "{body}: {}",
             reply.body
         );
+        assert_eq!(reply.body["id"], id, "{body}: {}", reply.body);
     }
     // The session still works.
     let r = raw

@@ -463,34 +463,53 @@ fn a_malformed_url_fails_at_startup_with_an_example() {
 }
 
 /// JSON-RPC 2.0 wants exactly one answer per request line: a parse error for a line that is not
-/// JSON, Invalid Request for one that is not a request, each with `"id": null`; none for a
-/// notification. Strict clients wait forever otherwise.
+/// JSON, Invalid Request for one that is not a request; none for a notification. Each answer
+/// carries the request's id whenever a valid one can be read (even from a line broken after it:
+/// a lone surrogate escape, invalid UTF-8), else `"id": null`. Clients wait forever otherwise:
+/// they match answers to their requests by id.
 #[test]
-fn every_malformed_line_gets_one_spec_conformant_answer() {
+fn every_malformed_line_gets_one_answer_for_its_id() {
     let mut server = Server::offline();
     server.initialize("2025-06-18");
-    let cases: [(&[u8], i64); 16] = [
-        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#, -32700),
-        (b"garbage", -32700),
-        (br#""\udcff""#, -32700),
+    let cases: [(&[u8], i64, Value); 20] = [
+        (br#"{"jsonrpc":"2.0","id":1,"method":"tools/list""#, -32700, json!(1)),
+        (b"garbage", -32700, Value::Null),
+        (br#""\udcff""#, -32700, Value::Null),
         (
             br#"{"jsonrpc":"2.0","id":2,"method":"ping","x":"\udcff"}"#,
             -32700,
+            json!(2),
         ),
-        (b"\xff\xfe{}", -32700),
-        (b"1", -32600),
-        (br#""a string""#, -32600),
-        (b"[]", -32600),
-        (b"{}", -32600),
-        (br#"{"id":3,"method":"ping"}"#, -32600),
-        (br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, -32600),
-        (br#"{"jsonrpc":"2.0","id":6.5,"method":"ping"}"#, -32600),
-        (br#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, -32600),
-        (br#"{"jsonrpc":"2.0","id":8,"method":5}"#, -32600),
-        (br#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#, -32600),
-        (br#"{"jsonrpc":"2.0","id":5}"#, -32600),
+        (
+            br#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"sandbox_files_read","arguments":{"sandbox_id":"sbx_aaaaaaaaaaaaaaaaaaaaaaaaaa","path":"/root/\udcff"}}}"#,
+            -32700,
+            json!("c"),
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":"d","method":"tools/call","params":{"name":"sandbox_list","arguments":{"\ud800x":1}}}"#,
+            -32700,
+            json!("d"),
+        ),
+        (b"{\"jsonrpc\":\"2.0\",\"id\":11,\"method\":\"ping\",\"x\":\"\xff\"}", -32700, json!(11)),
+        (b"\xff\xfe{}", -32700, Value::Null),
+        (b"1", -32600, Value::Null),
+        (br#""a string""#, -32600, Value::Null),
+        (b"[]", -32600, Value::Null),
+        (b"{}", -32600, Value::Null),
+        (br#"{"id":3,"method":"ping"}"#, -32600, json!(3)),
+        (br#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#, -32600, Value::Null),
+        (br#"{"jsonrpc":"2.0","id":6.5,"method":"ping"}"#, -32600, Value::Null),
+        (br#"{"jsonrpc":"2.0","id":true,"method":"ping"}"#, -32600, Value::Null),
+        (br#"{"jsonrpc":"2.0","id":8,"method":5}"#, -32600, json!(8)),
+        (br#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#, -32600, Value::Null),
+        (br#"{"jsonrpc":"2.0","id":5}"#, -32600, json!(5)),
+        (
+            br#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":5}}"#,
+            -32602,
+            json!(12),
+        ),
     ];
-    for (line, code) in cases {
+    for (line, code, id) in cases {
         let mut bytes = line.to_vec();
         bytes.push(b'\n');
         server.send_raw(&bytes);
@@ -498,10 +517,8 @@ fn every_malformed_line_gets_one_spec_conformant_answer() {
         let shown = String::from_utf8_lossy(line);
         assert_eq!(answer["error"]["code"], code, "{shown}: {answer}");
         let object = answer.as_object().unwrap();
-        assert!(
-            object.contains_key("id") && answer["id"].is_null(),
-            "{shown}: {answer}"
-        );
+        assert!(object.contains_key("id"), "{shown}: {answer}");
+        assert_eq!(answer["id"], id, "{shown}: {answer}");
         assert_eq!(object.len(), 3, "jsonrpc, id and error only: {answer}");
     }
     // Invalid params of a valid request keep its id; a notification, even unknown, gets nothing:

@@ -120,7 +120,7 @@ pub fn paths(data: &[u8]) {
 /// Properties: never panics; on any JSON object with a string or number `id`, serialized
 /// canonically, it finds exactly that id.
 pub fn id_scanner(data: &[u8]) {
-    let mut scanner = sandbox_mcp::mcp::stdio::IdScanner::default();
+    let mut scanner = sandbox_mcp::mcp::jsonrpc::IdScanner::default();
     scanner.feed(data);
     let _ = scanner.id();
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(data) else {
@@ -133,7 +133,7 @@ pub fn id_scanner(data: &[u8]) {
         return; // the scanner keeps ids up to 256 bytes of JSON
     }
     let canonical = serde_json::to_vec(&Value::Object(map.clone())).expect("serializes");
-    let mut scanner = sandbox_mcp::mcp::stdio::IdScanner::default();
+    let mut scanner = sandbox_mcp::mcp::jsonrpc::IdScanner::default();
     scanner.feed(&canonical);
     assert_eq!(
         scanner.id().as_ref(),
