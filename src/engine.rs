@@ -25,5 +25,6 @@ pub(crate) mod preview;
 pub(crate) mod proxy;
 pub(crate) mod secrets;
 pub mod server;
+pub(crate) mod stack;
 pub mod state;
 pub(crate) mod templates;

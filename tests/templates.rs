@@ -787,6 +787,97 @@ async fn a_hostile_or_broken_image_is_refused_and_leaves_nothing() {
     assert_eq!(uploads, 0);
 }
 
+/// The files the engine reads from an image it imports (`/etc/passwd` for its `User`, the CA
+/// bundle it adds the egress CA to) are resolved inside the image, as a sandbox of it would see
+/// them: an image whose symlinks point at host directories or files — absolute, climbing out
+/// with `..`, at the file itself, at its parent directory, in an upper or a lower layer — gets
+/// none of the host's files into its sandboxes, while links inside the image still work.
+#[tokio::test]
+async fn an_image_import_never_reads_host_files_through_the_images_symlinks() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let host = tempfile::tempdir_in("/tmp").unwrap();
+    let hd = host.path().to_str().unwrap().to_string();
+    std::fs::create_dir_all(host.path().join("ssl/certs")).unwrap();
+    std::fs::write(
+        host.path().join("passwd"),
+        "hostuser:x:4242:4242:host:/host-home-secret:/bin/sh\n",
+    )
+    .unwrap();
+    std::fs::write(
+        host.path().join("ssl/certs/ca-certificates.crt"),
+        "HOST-SECRET-CERTIFICATE\n",
+    )
+    .unwrap();
+    let up = "../".repeat(12);
+    let climb = format!("{up}{}", &hd[1..]);
+    let busybox = crate::images::busybox_layer;
+    let links = |links: &[(&str, &str)]| crate::images::layer(&[], links);
+    // A User found only in the host's passwd: the import must not find it.
+    for (name, stack) in [
+        ("abs-dir", vec![busybox(), links(&[("etc", hd.as_str())])]),
+        (
+            "rel-dir",
+            vec![busybox(), links(&[("etc", climb.as_str())])],
+        ),
+        (
+            "abs-file",
+            vec![
+                busybox(),
+                links(&[("etc/passwd", format!("{hd}/passwd").as_str())]),
+            ],
+        ),
+        (
+            "rel-file",
+            vec![links(&[("etc/passwd", format!("{climb}/passwd").as_str())])],
+        ),
+        (
+            "chain",
+            vec![busybox(), links(&[("etc", "/cfg"), ("cfg", hd.as_str())])],
+        ),
+    ] {
+        let image = crate::images::docker_save(&stack, json!({"User": "hostuser"}));
+        let (status, body) = import(&engine, name, image).await;
+        assert_eq!(status, 400, "{name}: {body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.contains("User hostuser is not in its /etc/passwd"),
+            "{name}: {message}"
+        );
+    }
+    // The CA bundle through a link to the host's directory: the sandbox's bundle holds the
+    // egress CA and nothing of the host's.
+    let image = crate::images::docker_save(
+        &[
+            busybox(),
+            links(&[("etc/ssl", format!("{hd}/ssl").as_str())]),
+        ],
+        json!({}),
+    );
+    let (status, body) = import(&engine, "ssl-link", image).await;
+    assert_eq!(status, 201, "{body}");
+    let id = sandbox_from(&client, "ssl-link").await;
+    let bundle = sh(&client, &id, "cat /etc/ssl/certs/ca-certificates.crt").await;
+    assert!(!bundle.contains("HOST-SECRET"), "{bundle}");
+    assert!(bundle.contains("BEGIN CERTIFICATE"), "{bundle}");
+    // Links inside the image resolve against its own root: an absolute link to its own
+    // directory, and one climbing past its root, find its own passwd (and the user's home).
+    let own = crate::images::layer(
+        &[(
+            "real/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nimguser:x:1234:1234::/home/imguser:/bin/sh\n",
+            0o644,
+        )],
+        &[("etc/passwd", "../../../../../../real/passwd")],
+    );
+    let image = crate::images::docker_save(&[busybox(), own], json!({"User": "imguser"}));
+    let (status, body) = import(&engine, "own-link", image).await;
+    assert_eq!(status, 201, "{body}");
+    let id = sandbox_from(&client, "own-link").await;
+    assert_eq!(sh(&client, &id, "echo $HOME").await, "/home/imguser\n");
+}
+
 #[tokio::test]
 async fn the_cli_imports_an_image_with_or_without_a_running_engine() {
     require_sandboxes!();

@@ -308,6 +308,11 @@ pub(crate) fn whiteout(path: &Path) -> io::Result<()> {
     mknod(path, libc::S_IFCHR)
 }
 
+/// Whether `dir` is marked opaque (see [`mark_opaque`]).
+pub(crate) fn is_opaque(dir: &Path) -> bool {
+    get_xattr(dir, OPAQUE).is_some_and(|v| v == b"y")
+}
+
 /// Marks `dir` opaque: it hides everything below it in lower layers (overlayfs mounted with
 /// `userxattr` reads `user.overlay.opaque`).
 pub(crate) fn mark_opaque(dir: &Path) -> io::Result<()> {

@@ -13,10 +13,13 @@ use crate::engine::config::EngineConfig;
 use crate::engine::error::EngineError;
 use crate::engine::layers;
 use crate::engine::oci;
+use crate::engine::stack;
 use crate::engine::templates::{self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus};
 
 /// Where the trust store of most distributions is, inside the image.
 const BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
+/// Largest image file the engine reads (`/etc/passwd`, the CA bundle).
+const MAX_READ: u64 = 8 << 20;
 
 impl Manager {
     /// Imports the image archive at `source` (a file or an OCI layout directory) as template
@@ -144,14 +147,19 @@ fn unpack(
             MAX_LAYERS - 1
         )));
     }
-    let read = |rel: &str| find_file(&image.layers, rel).and_then(|p| fs::read_to_string(p).ok());
-    let user = match image.user.as_deref().filter(|u| !u.is_empty()) {
-        Some(spec) => {
-            Some(resolve_user(spec, &read("etc/passwd").unwrap_or_default()).map_err(refused)?)
+    // Read as a sandbox of the image would see them, never through the image's symlinks to the
+    // host's files.
+    let read = |rel: &str| -> Result<String, EngineError> {
+        match stack::read_file(&image.layers, rel, MAX_READ) {
+            Ok(bytes) => Ok(String::from_utf8_lossy(&bytes.unwrap_or_default()).into_owned()),
+            Err(e) => Err(refused(format!("reading its /{rel}: {e}"))),
         }
+    };
+    let user = match image.user.as_deref().filter(|u| !u.is_empty()) {
+        Some(spec) => Some(resolve_user(spec, &read("etc/passwd")?).map_err(refused)?),
         None => None,
     };
-    let bundle = read(BUNDLE).unwrap_or_default();
+    let bundle = read(BUNDLE)?;
     let nonce = crate::engine::ids::nonce();
     let mut published = Vec::new();
     let moved = (|| -> io::Result<()> {
@@ -216,20 +224,6 @@ fn resolve_user(spec: &str, passwd: &str) -> Result<(u32, u32, Option<String>), 
         ));
     }
     Ok((uid, gid, entry.map(|e| e.2)))
-}
-
-/// The topmost regular file at `rel` in the layers (bottom first), unless a layer above
-/// deleted it (a whiteout).
-fn find_file(layers: &[PathBuf], rel: &str) -> Option<PathBuf> {
-    for layer in layers.iter().rev() {
-        let p = layer.join(rel);
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.is_file() => return Some(p),
-            Ok(_) => return None,
-            Err(_) => continue,
-        }
-    }
-    None
 }
 
 /// `/etc/resolv.conf`, `/etc/hosts`, `/etc/hostname` as the base template has them, and the
