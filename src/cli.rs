@@ -91,11 +91,13 @@ enum SecretsCommand {
         /// A host (or `*.domain`) its value may be sent to; repeat for more.
         #[arg(long = "host", required = true, value_name = "HOST")]
         hosts: Vec<String>,
-        /// Put it only in this request header…
+        /// A request header its value may go in (default: Authorization); repeat for more. A
+        /// stand-in in any other header is refused.
+        #[arg(long = "header", value_name = "HEADER")]
+        headers: Vec<String>,
+        /// The header's whole value, `{value}` replaced (e.g. 'Bearer {value}'); default: the
+        /// stand-in alone is replaced.
         #[arg(long)]
-        header: Option<String>,
-        /// …as this whole value, `{value}` replaced (e.g. 'Bearer {value}').
-        #[arg(long, requires = "header")]
         format: Option<String>,
         /// The tenant it belongs to (as `keys create`); none: the untenanted engine's.
         #[arg(long)]
@@ -737,7 +739,7 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
         SecretsCommand::Set {
             name,
             hosts,
-            header,
+            headers,
             format,
             tenant,
         } => {
@@ -760,14 +762,15 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
             let new = NewSecret {
                 name,
                 hosts,
-                header,
+                headers,
                 format,
             };
             let meta = store.set(tenant.as_deref(), &new, value.as_bytes())?;
             eprintln!(
-                "set {} (hosts: {}); bind it with sandbox_attach_secret or sandbox_create's `secrets`",
+                "set {} (hosts: {}; header: {}); bind it with sandbox_attach_secret or sandbox_create's `secrets`",
                 meta.name,
-                meta.hosts.join(", ")
+                meta.hosts.join(", "),
+                meta.headers.join(", ")
             );
         }
         SecretsCommand::List { tenant } => {
@@ -777,7 +780,7 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
                     "{:<24} {:<40} {:<16} {}",
                     m.name,
                     m.hosts.join(","),
-                    m.header.as_deref().unwrap_or("-"),
+                    m.headers.join(","),
                     crate::engine::ids::time(m.updated_at).to_rfc3339()
                 );
             }

@@ -34,6 +34,7 @@ mod mcp_calls;
 mod network;
 mod previews;
 mod secrets;
+mod secrets_hostile;
 mod snapshots;
 mod stdio;
 mod templates;

@@ -8,9 +8,9 @@ use crate::common::*;
 use crate::require_sandboxes;
 use crate::testnet::TestNet;
 
-const VALUE: &str = "sk-live-0123456789-REAL-VALUE";
+pub const VALUE: &str = "sk-live-0123456789-REAL-VALUE";
 
-async fn engine_for(net: &TestNet) -> TestEngine {
+pub async fn engine_for(net: &TestNet) -> TestEngine {
     let (dns, allow, ca) = (net.dns, format!("{}/32", net.net_ip), net.ca_pem());
     TestEngine::start_with(move |c| {
         c.network.dns_upstream = vec![dns];
@@ -21,12 +21,12 @@ async fn engine_for(net: &TestNet) -> TestEngine {
 }
 
 /// Runs a Python script in the sandbox; returns its stdout (it must succeed).
-async fn py_out(client: &McpClient, id: &str, code: &str) -> String {
+pub async fn py_out(client: &McpClient, id: &str, code: &str) -> String {
     sh(client, id, &format!("python3 - <<'EOF'\n{code}\nEOF")).await
 }
 
 /// Sets a secret through the engine API (what `sandbox-mcp secrets set` does locally).
-async fn set_secret(engine: &TestEngine, name: &str, body: Value) -> reqwest::Response {
+pub async fn set_secret(engine: &TestEngine, name: &str, body: Value) -> reqwest::Response {
     engine
         .http()
         .put(format!("{}/v1/secrets/{name}", engine.url))
@@ -47,13 +47,17 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
     let r = set_secret(
         &engine,
         "example",
-        json!({"hosts": ["api.example.test"], "value": VALUE}),
+        json!({"hosts": ["api.example.test"], "value": VALUE, "headers": ["Authorization", "X-Key"]}),
     )
     .await;
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     let client = engine.mcp().await;
     let listed = ok(&client, "secret_list", json!({})).await;
     assert_eq!(listed["secrets"][0]["name"], "example");
+    assert_eq!(
+        listed["secrets"][0]["headers"],
+        json!(["Authorization", "X-Key"])
+    );
     assert!(!listed.to_string().contains(VALUE));
     let sandbox = ok(
         &client,
@@ -127,7 +131,7 @@ async fn a_bound_secret_reaches_its_host_and_never_the_sandbox() {
     let r = set_secret(
         &engine,
         "other",
-        json!({"hosts": ["other.test"], "value": "other-value", "header": "Authorization", "format": "Token {value}"}),
+        json!({"hosts": ["other.test"], "value": "other-value", "format": "Token {value}"}),
     )
     .await;
     assert!(r.status().is_success());
@@ -290,7 +294,7 @@ print(hits)
     set_secret(
         &engine,
         "example",
-        json!({"hosts": ["api.example.test"], "value": rotated}),
+        json!({"hosts": ["api.example.test"], "value": rotated, "headers": ["X-Key"]}),
     )
     .await;
     sh(
@@ -340,8 +344,20 @@ async fn bad_secrets_and_other_tenants_secrets_are_refused() {
         (json!({"hosts": ["a.test"], "value": big}), "value"),
         (json!({"hosts": ["a.test"], "value": "a\nb"}), "line break"),
         (
-            json!({"hosts": ["a.test"], "value": "v", "format": "{value}"}),
-            "header",
+            json!({"hosts": ["a.test"], "value": "v", "format": "Bearer"}),
+            "{value}",
+        ),
+        (
+            json!({"hosts": ["a.test"], "value": "v", "headers": ["Origin"]}),
+            "cannot carry a secret",
+        ),
+        (
+            json!({"hosts": ["a.test"], "value": "v", "headers": ["Authorization", "Referer"]}),
+            "cannot carry a secret",
+        ),
+        (
+            json!({"hosts": ["a.test"], "value": "v", "headers": []}),
+            "headers",
         ),
     ] {
         let r = set_secret(&engine, "s1", body.clone()).await;
@@ -441,7 +457,7 @@ async fn example_bound(engine: &TestEngine) -> (McpClient, String) {
     set_secret(
         engine,
         "example",
-        json!({"hosts": ["api.example.test"], "value": VALUE}),
+        json!({"hosts": ["api.example.test"], "value": VALUE, "headers": ["Authorization", "X-Key"]}),
     )
     .await;
     let client = engine.mcp().await;

@@ -25,6 +25,50 @@ pub(crate) const MAX_VALUE: usize = 8 * 1024;
 pub(crate) const MAX_HOSTS: usize = 32;
 /// What a stand-in starts with (it must never look like anything but itself).
 pub(crate) const STANDIN_PREFIX: &str = "sbxsecret_";
+/// The header a value goes in when its operator names none: where API keys and tokens go.
+pub(crate) const DEFAULT_HEADER: &str = "Authorization";
+/// Most headers per secret.
+pub(crate) const MAX_HEADERS: usize = 4;
+/// Headers no value may go in: ones servers echo back or route requests by, and ones that
+/// describe the request rather than authenticate it. A value there would come back to the
+/// sandbox (an `Origin` mirrored in CORS headers, a `Referer` on an error page) or go where the
+/// request is routed, not where the secret is for.
+const NOT_FOR_SECRETS: &[&str] = &[
+    "host",
+    "origin",
+    "referer",
+    "user-agent",
+    "via",
+    "forwarded",
+    "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "max-forwards",
+    "range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+    "cache-control",
+    "pragma",
+    "date",
+    "dnt",
+];
+/// Prefixes of such headers.
+const NOT_FOR_SECRETS_PREFIX: &[&str] = &[
+    "x-forwarded-",
+    "content-",
+    "accept",
+    "sec-",
+    "access-control-",
+];
 
 /// A secret's description: everything but its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,9 +77,11 @@ pub(crate) struct SecretMeta {
     pub name: String,
     /// Domain patterns (`api.example.com`, `*.example.org`) the value may be sent to.
     pub hosts: Vec<String>,
-    /// Only in this header; `None`: wherever the stand-in appears in the request's headers.
-    pub header: Option<String>,
-    /// With `header`: the header's whole value, `{value}` replaced (`Bearer {value}`).
+    /// The request headers the value may go in (at least one: [`DEFAULT_HEADER`] unless its
+    /// operator named others). A stand-in in any other header is refused.
+    pub headers: Vec<String>,
+    /// The header's whole value, `{value}` replaced (`Bearer {value}`); none: the stand-in
+    /// alone is replaced.
     pub format: Option<String>,
     pub created_at: i64,
     pub updated_at: i64,
@@ -45,6 +91,11 @@ impl SecretMeta {
     /// Whether the value may go to `host`.
     pub(crate) fn allows(&self, host: &str) -> bool {
         host_matches(&self.hosts, host)
+    }
+
+    /// Whether the value may go in the request header `name`.
+    pub(crate) fn allows_header(&self, name: &str) -> bool {
+        self.headers.iter().any(|h| h.eq_ignore_ascii_case(name))
     }
 }
 
@@ -121,7 +172,8 @@ pub enum KeyError {
 pub(crate) struct NewSecret {
     pub name: String,
     pub hosts: Vec<String>,
-    pub header: Option<String>,
+    /// The headers the value may go in; empty: [`DEFAULT_HEADER`].
+    pub headers: Vec<String>,
     pub format: Option<String>,
 }
 
@@ -186,21 +238,18 @@ fn check(new: &NewSecret, value: &[u8]) -> Result<(), SecretError> {
             ));
         }
     }
-    if let Some(h) = &new.header
-        && axum::http::HeaderName::from_bytes(h.as_bytes()).is_err()
-    {
-        return invalid(format!("{h:?} is not an HTTP header name"));
+    if new.headers.len() > MAX_HEADERS {
+        return invalid(format!("at most {MAX_HEADERS} headers per secret"));
     }
-    match (&new.header, &new.format) {
-        (None, Some(_)) => {
-            return invalid("--format needs --header: the header whose value it writes".into());
-        }
-        (_, Some(f)) if f.matches("{value}").count() != 1 || f.contains(['\r', '\n']) => {
-            return invalid(format!(
-                "{f:?} is not a format: write it with {{value}} once, e.g. 'Bearer {{value}}'"
-            ));
-        }
-        _ => {}
+    for h in &new.headers {
+        check_header(h)?;
+    }
+    if let Some(f) = &new.format
+        && (f.matches("{value}").count() != 1 || f.contains(['\r', '\n']))
+    {
+        return invalid(format!(
+            "{f:?} is not a format: write it with {{value}} once, e.g. 'Bearer {{value}}'"
+        ));
     }
     if value.is_empty() {
         return invalid("the value is empty: pipe it on stdin, e.g. `printenv API_KEY | sandbox-mcp secrets set …`".into());
@@ -218,6 +267,37 @@ fn check(new: &NewSecret, value: &[u8]) -> Result<(), SecretError> {
         );
     }
     Ok(())
+}
+
+/// Checks a header a value may go in: a valid name, and not one servers echo back or route by.
+fn check_header(h: &str) -> Result<(), SecretError> {
+    if axum::http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+        return Err(SecretError::Invalid(format!(
+            "{h:?} is not an HTTP header name"
+        )));
+    }
+    let lower = h.to_ascii_lowercase();
+    if NOT_FOR_SECRETS.contains(&lower.as_str())
+        || NOT_FOR_SECRETS_PREFIX.iter().any(|p| lower.starts_with(p))
+    {
+        return Err(SecretError::Invalid(format!(
+            "{h} cannot carry a secret: servers echo it back or route requests by it; name the header the API reads its key from (Authorization, X-API-Key, …)"
+        )));
+    }
+    Ok(())
+}
+
+/// The headers of a stored secret: a JSON list, or one name as older engines stored it, or none
+/// (older engines' "any header"), which is now [`DEFAULT_HEADER`].
+fn headers_from_column(column: Option<String>) -> Vec<String> {
+    match column {
+        Some(text) if text.starts_with('[') => serde_json::from_str::<Vec<String>>(&text)
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| vec![DEFAULT_HEADER.to_string()]),
+        Some(one) => vec![one],
+        None => vec![DEFAULT_HEADER.to_string()],
+    }
 }
 
 fn aad(tenant: &str, name: &str) -> Vec<u8> {
@@ -268,6 +348,12 @@ impl SecretStore {
             return Err(SecretError::Invalid("cannot seal the value".into()));
         }
         let hosts = serde_json::to_string(&new.hosts).unwrap_or_default();
+        let headers = if new.headers.is_empty() {
+            vec![DEFAULT_HEADER.to_string()]
+        } else {
+            new.headers.clone()
+        };
+        let headers = serde_json::to_string(&headers).unwrap_or_default();
         let now = ids::now_ms();
         self.with(|c| {
             c.execute(
@@ -275,7 +361,7 @@ impl SecretStore {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)
                  ON CONFLICT (tenant, name) DO UPDATE SET hosts = ?3, header = ?4, format = ?5,
                  nonce = ?6, sealed = ?7, updated_at = ?8",
-                params![tenant_key, new.name, hosts, new.header, new.format, &nonce[..], sealed, now],
+                params![tenant_key, new.name, hosts, headers, new.format, &nonce[..], sealed, now],
             )
         })?;
         self.meta(tenant, &new.name)?
@@ -365,7 +451,7 @@ fn meta_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SecretMeta> {
         tenant: (!tenant.is_empty()).then_some(tenant),
         name: r.get(1)?,
         hosts: serde_json::from_str(&hosts).unwrap_or_default(),
-        header: r.get(3)?,
+        headers: headers_from_column(r.get(3)?),
         format: r.get(4)?,
         created_at: r.get(5)?,
         updated_at: r.get(6)?,
@@ -490,7 +576,11 @@ mod tests {
     #[test]
     fn bad_secrets_are_refused_with_what_to_do() {
         let (_dir, s) = store();
-        let cases: [(NewSecret, &[u8], &str); 8] = [
+        let headers = |h: &[&str]| NewSecret {
+            headers: h.iter().map(|h| h.to_string()).collect(),
+            ..new("api", &["a.test"])
+        };
+        let cases: [(NewSecret, &[u8], &str); 16] = [
             (new("api", &[]), b"v", "no hosts"),
             (new("api", &["not a host"]), b"v", "not a host pattern"),
             (new("api", &["10.0.0.1"]), b"v", "not a host pattern"),
@@ -501,11 +591,31 @@ mod tests {
             (
                 NewSecret {
                     format: Some("Bearer".into()),
-                    header: Some("Authorization".into()),
                     ..new("api", &["a.test"])
                 },
                 b"v",
                 "{value}",
+            ),
+            // Headers servers echo back or route by never carry a value.
+            (headers(&["Origin"]), b"v", "cannot carry a secret"),
+            (headers(&["Referer"]), b"v", "cannot carry a secret"),
+            (headers(&["host"]), b"v", "cannot carry a secret"),
+            (
+                headers(&["X-Forwarded-Host"]),
+                b"v",
+                "cannot carry a secret",
+            ),
+            (headers(&["Content-Type"]), b"v", "cannot carry a secret"),
+            (
+                headers(&["Authorization", "User-Agent"]),
+                b"v",
+                "cannot carry a secret",
+            ),
+            (headers(&["bad header"]), b"v", "not an HTTP header name"),
+            (
+                headers(&["a", "b", "c", "d", "e"]),
+                b"v",
+                "at most 4 headers",
             ),
         ];
         for (secret, value, says) in cases {
@@ -513,6 +623,36 @@ mod tests {
             assert!(e.contains(says), "{secret:?}: {e}");
         }
         assert!(s.list(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_value_goes_in_authorization_unless_its_operator_names_its_headers() {
+        let (dir, s) = store();
+        let meta = s.set(None, &new("a", &["a.test"]), b"v").unwrap();
+        assert_eq!(meta.headers, vec!["Authorization"]);
+        assert!(meta.allows_header("authorization") && !meta.allows_header("x-api-key"));
+        let meta = s
+            .set(
+                None,
+                &NewSecret {
+                    headers: vec!["X-Api-Key".into(), "Authorization".into()],
+                    ..new("b", &["a.test"])
+                },
+                b"v",
+            )
+            .unwrap();
+        assert!(meta.allows_header("x-api-key") && meta.allows_header("AUTHORIZATION"));
+        // Rows of older engines: one header name, or none (any header then; Authorization now).
+        let conn = Connection::open(dir.path().join("state.db")).unwrap();
+        conn.execute("UPDATE secrets SET header = 'X-Key' WHERE name = 'a'", [])
+            .unwrap();
+        conn.execute("UPDATE secrets SET header = NULL WHERE name = 'b'", [])
+            .unwrap();
+        assert_eq!(s.meta(None, "a").unwrap().unwrap().headers, vec!["X-Key"]);
+        assert_eq!(
+            s.meta(None, "b").unwrap().unwrap().headers,
+            vec!["Authorization"]
+        );
     }
 
     #[test]

@@ -439,7 +439,7 @@ impl TryFrom<SecretView> for types::Secret {
         Ok(types::Secret {
             name: v.meta.name.parse().map_err(internal)?,
             hosts: v.meta.hosts,
-            header: v.meta.header,
+            headers: v.meta.headers,
             created_at: ids::time(v.meta.created_at),
             updated_at: ids::time(v.meta.updated_at),
             used_by: v

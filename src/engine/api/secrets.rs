@@ -31,10 +31,20 @@ pub(super) async fn set(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<types::SetSecretRequest>,
 ) -> ApiResult<types::Secret> {
+    if body.headers.as_ref().is_some_and(|h| h.is_empty()) {
+        return Err(EngineError::InvalidArgument(
+            "headers is empty: name at least one header its value may go in, or leave it out for Authorization".into(),
+        ));
+    }
     let new = NewSecret {
         name,
         hosts: body.hosts.iter().map(|h| h.to_string()).collect(),
-        header: body.header.map(|h| h.to_string()),
+        headers: body
+            .headers
+            .iter()
+            .flatten()
+            .map(|h| h.to_string())
+            .collect(),
         format: body.format.map(|f| f.to_string()),
     };
     let view = state
