@@ -8,6 +8,7 @@
 //! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
 
 pub mod api;
+pub(crate) mod budget;
 pub mod config;
 pub(crate) mod diff;
 pub mod driver;

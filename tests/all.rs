@@ -21,6 +21,7 @@ mod conformance;
 mod desktop;
 mod docs;
 mod engine_api;
+mod engine_budgets;
 mod engine_hostile;
 mod engine_lifecycle;
 mod escapes;

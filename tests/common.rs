@@ -459,12 +459,24 @@ pub async fn spawn_engine_logged(
     env: &[(&str, &str)],
     stderr: std::process::Stdio,
 ) -> (std::process::Child, String) {
+    spawn_engine_with(data, env, stderr, |_| {}).await
+}
+
+/// [`spawn_engine_logged`], with the command adjusted by `configure` before it runs (limits
+/// set in a `pre_exec`, say).
+pub async fn spawn_engine_with(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+    stderr: std::process::Stdio,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> (std::process::Child, String) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let child = std::process::Command::new(BIN)
+    let mut command = std::process::Command::new(BIN);
+    command
         .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
         .env("SANDBOX_MCP_DATA_DIR", data)
         .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
@@ -472,9 +484,9 @@ pub async fn spawn_engine_logged(
         .env("SANDBOX_MCP_IDLE_PAUSE", "0")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .unwrap();
+        .stderr(stderr);
+    configure(&mut command);
+    let child = command.spawn().unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let http = sandbox_mcp::client::http_builder()
         .no_proxy()

@@ -93,6 +93,10 @@ impl EngineConfig {
     pub fn state_db(&self) -> PathBuf {
         self.data_dir.join("state.db")
     }
+    /// The network log's own database (its writes never wait on, or hold up, the state's).
+    pub(crate) fn network_log_db(&self) -> PathBuf {
+        self.data_dir.join("network-log.db")
+    }
     pub(crate) fn lock_file(&self) -> PathBuf {
         self.data_dir.join("engine.lock")
     }

@@ -335,8 +335,8 @@ impl Manager {
             }
         }
         let templates = templates.into_iter().map(Arc::new).collect();
-        let db = config.state_db();
-        let log = blocking(move || netlog::NetLog::open(&db)).await??;
+        let (db, legacy) = (config.network_log_db(), config.state_db());
+        let log = blocking(move || netlog::NetLog::open(&db, Some(&legacy))).await??;
         let (db, key) = (config.state_db(), config.data_dir.join("secrets.key"));
         let secrets = Arc::new(
             blocking(move || crate::engine::secrets::SecretStore::open(&db, &key))
@@ -358,11 +358,16 @@ impl Manager {
             crate::engine::templates::trust(&config.templates_dir(), interceptor.ca_pem())
                 .map_err(EngineError::Templates)?;
         }
+        // The engine's own budgets: every descriptor the hard limit allows (a share of them for
+        // sandbox traffic), and large buffers that go back to the kernel when freed.
+        let nofile = crate::engine::budget::raise_nofile();
+        crate::engine::budget::tune_allocator();
         let hub = Hub::new(
             config.network.clone(),
             log,
             secrets.clone(),
             Some(Arc::new(interceptor)),
+            crate::engine::budget::Descriptors::new(nofile),
         );
         let manager = Arc::new(Self {
             config,
@@ -393,6 +398,11 @@ impl Manager {
 
     pub fn driver(&self) -> &Arc<dyn Driver> {
         &self.driver
+    }
+
+    /// The engine's descriptors that sandbox traffic (relayed connections, previews) may use.
+    pub(crate) fn descriptors(&self) -> &Arc<crate::engine::budget::Descriptors> {
+        self.hub.fds()
     }
 
     /// After a restart: finish interrupted creates and kills; every other sandbox comes back
@@ -482,6 +492,11 @@ impl Manager {
         );
         let driver = self.driver.clone();
         blocking(move || driver.reconcile_slots(&held)).await?;
+        if !self.driver.shares_records() {
+            // Logs of sandboxes that went while no engine ran (or in a crash mid-kill) go too.
+            let live = lock(&self.sandboxes).keys().cloned().collect();
+            self.hub.log().retain(live);
+        }
         self.recover_snapshots().await?;
         self.recover_previews().await
     }
@@ -1130,6 +1145,12 @@ impl Manager {
         entry.net.close();
         self.hub.log().forget(id);
         lock(&self.sandboxes).remove(id);
+        // What the engine held for the sandbox (relay buffers, decrypted connections) goes back
+        // to the kernel, not only to the allocator. Its connections end as the network closes.
+        tokio::spawn(async {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let _ = blocking(crate::engine::budget::give_back).await;
+        });
         Ok(())
     }
 

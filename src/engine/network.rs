@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::engine::budget::Descriptors;
 pub use crate::engine::policy::EgressDefault;
 use crate::engine::policy::{Cidr, Guard, Policy};
 
@@ -31,6 +32,12 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Names remembered per sandbox (address → the name it was resolved for).
 const MAX_NAMES: usize = 4096;
+/// Large copy buffers one sandbox's connections may hold at once (each 256 KiB, one per
+/// direction that keeps a small buffer full): its fast transfers, 4 MiB of the engine at most.
+pub(crate) const FAST_LANES: usize = 16;
+/// Connections of one sandbox decrypted at once (to a bound secret's host): each holds TLS and
+/// HTTP state on both sides, so they are fewer than plain ones.
+pub(crate) const MAX_DECRYPTED: usize = 32;
 
 /// Engine-wide network settings (flags of `sandbox-mcp` and `sandbox-mcp engine`).
 #[derive(Debug, Clone)]
@@ -121,6 +128,8 @@ pub(crate) struct Hub {
     secrets: Arc<crate::engine::secrets::SecretStore>,
     /// The CA and TLS settings for decrypting connections to bound secrets' hosts.
     interceptor: Option<Arc<intercept::Interceptor>>,
+    /// The engine's descriptors that sandbox traffic may use.
+    fds: Arc<Descriptors>,
 }
 
 impl Hub {
@@ -129,6 +138,7 @@ impl Hub {
         log: log::NetLog,
         secrets: Arc<crate::engine::secrets::SecretStore>,
         interceptor: Option<Arc<intercept::Interceptor>>,
+        fds: Arc<Descriptors>,
     ) -> Arc<Hub> {
         let operator_allowed = config
             .egress_allow
@@ -150,7 +160,21 @@ impl Hub {
             secrets,
             interceptor,
             config,
+            fds,
         })
+    }
+
+    /// The engine's descriptors that sandbox traffic may use.
+    pub(crate) fn fds(&self) -> &Arc<Descriptors> {
+        &self.fds
+    }
+
+    /// The relayed connections one sandbox may hold at once: `--max-connections`, or less when
+    /// the engine's descriptors are fewer.
+    pub(crate) fn max_connections(&self) -> usize {
+        self.config
+            .max_connections
+            .min(self.fds.connections_per_sandbox())
     }
 
     pub(crate) fn config(&self) -> &NetworkConfig {
@@ -216,6 +240,10 @@ pub(crate) struct SandboxNet {
     policy: RwLock<Arc<Policy>>,
     names: Mutex<HashMap<Ipv4Addr, String>>,
     pub(crate) connections: AtomicUsize,
+    /// Large copy buffers its connections may take (see [`FAST_LANES`]).
+    pub(crate) fast_lanes: Arc<tokio::sync::Semaphore>,
+    /// Decrypted connections it may hold (see [`MAX_DECRYPTED`]).
+    pub(crate) decrypted: Arc<tokio::sync::Semaphore>,
     /// The sandbox's network namespace, once attached.
     netns: Mutex<Option<Arc<std::fs::File>>>,
     /// Its secret bindings (read per connection, so an attach or detach applies at once).
@@ -235,6 +263,8 @@ impl SandboxNet {
             policy: RwLock::new(Arc::new(policy)),
             names: Mutex::new(HashMap::new()),
             connections: AtomicUsize::new(0),
+            fast_lanes: Arc::new(tokio::sync::Semaphore::new(FAST_LANES)),
+            decrypted: Arc::new(tokio::sync::Semaphore::new(MAX_DECRYPTED)),
             netns: Mutex::new(None),
             bindings: RwLock::new(Arc::new(Bindings::default())),
             loopback_only: std::sync::atomic::AtomicBool::new(false),

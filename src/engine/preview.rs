@@ -236,9 +236,24 @@ pub(crate) async fn serve(listener: TcpListener, manager: Arc<Manager>, stop: Ca
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        // Each visitor's connection, and the one into the sandbox it leads to, are descriptors
+        // of the engine's budget for sandbox traffic: visitors cannot spend the engine's own.
+        let Some(fds) = manager.descriptors().take(2) else {
+            tokio::spawn(async move {
+                let mut stream = stream;
+                let body = "the engine is at its limit of open connections; try again shortly\n";
+                let page = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, page.as_bytes()).await;
+            });
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let manager = manager.clone();
         tokio::spawn(async move {
+            let _fds = fds;
             let service = hyper::service::service_fn(move |req| {
                 let manager = manager.clone();
                 async move { Ok::<_, std::convert::Infallible>(handle(&manager, req, peer.ip()).await) }

@@ -334,19 +334,24 @@ impl NamespacesDriver {
         });
         let input = serde_json::to_vec(&plan)
             .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;
-        let mut child = tokio::process::Command::new(&self.exe)
+        let mut launcher = tokio::process::Command::new(&self.exe);
+        launcher
             .arg("__launch")
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                DriverError::Launch(format!(
-                    "cannot run the launcher {}: {e}",
-                    self.exe.display()
-                ))
-            })?;
+            .kill_on_drop(true);
+        // SAFETY: `restore` makes system calls only (no allocation, no lock), as is required
+        // between fork and exec in a multi-threaded process.
+        unsafe {
+            launcher.pre_exec(crate::engine::budget::restore);
+        }
+        let mut child = launcher.spawn().map_err(|e| {
+            DriverError::Launch(format!(
+                "cannot run the launcher {}: {e}",
+                self.exe.display()
+            ))
+        })?;
         if let Some(mut stdin) = child.stdin.take() {
             stdin
                 .write_all(&input)

@@ -45,6 +45,15 @@ pub(crate) use swap::{Scanner, standins_in};
 use swap::{Swap, swap};
 
 use super::log::{Row, row};
+
+/// HTTP/2 flow-control windows and send buffer of a decrypted connection, on both sides.
+const H2_STREAM_WINDOW: u32 = 256 * 1024;
+const H2_CONNECTION_WINDOW: u32 = 512 * 1024;
+const H2_SEND_BUFFER: usize = 256 * 1024;
+/// Requests of one decrypted HTTP/2 connection at once.
+const H2_STREAMS: u32 = 32;
+/// HTTP/1.1 read buffer of a decrypted connection (the longest head it accepts).
+const H1_BUFFER: usize = 64 * 1024;
 use super::{Bindings, Hub, SandboxNet};
 
 /// A stream whose first bytes were already read (by the relay's sniffing).
@@ -184,14 +193,23 @@ pub(crate) async fn serve(
         .map_err(|e| format!("TLS to {host} failed (its certificate was not trusted?): {e}"))?;
     let h2_up = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     let io = TokioIo::new(tls);
+    // What either side can make the engine buffer is bounded (a sandbox may hold
+    // `MAX_DECRYPTED` of these): small flow-control windows and send buffers for HTTP/2, a small
+    // read buffer for HTTP/1.1.
     let upstream = if h2_up {
-        let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_send_buf_size(H2_SEND_BUFFER)
+            .handshake(io)
             .await
             .map_err(|e| format!("HTTP/2 to {host}: {e}"))?;
         tokio::spawn(conn);
         Upstream::H2(send)
     } else {
-        let (send, conn) = hyper::client::conn::http1::handshake(io)
+        let (send, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(H1_BUFFER)
+            .handshake(io)
             .await
             .map_err(|e| format!("HTTP/1.1 to {host}: {e}"))?;
         tokio::spawn(conn);
@@ -228,10 +246,15 @@ pub(crate) async fn serve(
     let io = TokioIo::new(accepted);
     let served = if h2_down {
         hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(H2_CONNECTION_WINDOW)
+            .max_send_buf_size(H2_SEND_BUFFER)
+            .max_concurrent_streams(H2_STREAMS)
             .serve_connection(io, service)
             .await
     } else {
         hyper::server::conn::http1::Builder::new()
+            .max_buf_size(H1_BUFFER)
             .serve_connection(io, service)
             .await
     };
@@ -256,7 +279,7 @@ async fn forward(
     let mut row = row(
         Some(host.to_string()),
         Some(target),
-        "https",
+        "tls",
         "allowed",
         String::new(),
     );
@@ -398,7 +421,7 @@ async fn forward(
         let mut cut = super::log::row(
             Some(host.clone()),
             Some(response_row),
-            "https",
+            "tls",
             "blocked",
             format!(
                 "leak attempt: the response from {host} carried the value of secret {secret} in its body (the server reflected it); it was cut before it"

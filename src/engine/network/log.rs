@@ -1,5 +1,5 @@
-//! The network log: one row per connection or DNS query a sandbox made, kept in the engine's
-//! SQLite file beside the sandbox's record, so it survives restarts and is readable while the
+//! The network log: one row per connection or DNS query a sandbox made, kept in a SQLite file
+//! of its own (`<data>/network-log.db`), so it survives restarts and is readable while the
 //! sandbox is paused.
 //!
 //! Rows are written by one thread in batches (a busy sandbox must not wait on the disk), and a
@@ -8,6 +8,14 @@
 //! folded into one with a count and summed bytes; each sandbox keeps its newest [`MAX_ROWS`].
 //! The log is written with `synchronous=NORMAL`: a power loss may drop its last rows, never a
 //! sandbox.
+//!
+//! A sandbox can make rows as fast as it can send packets (a million refused DNS queries in ten
+//! seconds, each for another name), so what it costs is bounded where it is made: each sandbox
+//! may log [`ROWS_PER_SECOND`] rows a second (bursts of [`BURST`]); what it makes beyond that is
+//! counted, not queued, and the count is logged as one row per protocol (`count` is how many were
+//! left out) once the sandbox is under the rate again or its log is read. The log's own file
+//! keeps its writes from ever holding the state database's lock; and with the rate bounded, its
+//! queue stays short, so another sandbox's read waits for little.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -27,6 +35,12 @@ const AGGREGATE_WINDOW_MS: i64 = 60_000;
 const BATCH_DELAY: Duration = Duration::from_millis(250);
 /// Most rows returned by one read.
 pub(crate) const MAX_LIMIT: usize = 200;
+/// Rows a sandbox may log a second, sustained …
+pub(crate) const ROWS_PER_SECOND: f64 = 100.0;
+/// … and at once.
+pub(crate) const BURST: f64 = 1000.0;
+/// The rule of a row that counts what a sandbox's flood left out of the log.
+pub(crate) const FLOOD_RULE: &str = "left out of the log: this sandbox made more than 100 entries a second (a flood); count says how many";
 
 /// One connection or query.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,12 +89,62 @@ enum Msg {
         tokio::sync::oneshot::Sender<rusqlite::Result<Vec<Stored>>>,
     ),
     Forget(String),
+    Retain(Vec<String>),
 }
 
 /// The writer's handle. Cheap to clone; the thread stops when every handle is gone.
 #[derive(Clone)]
 pub(crate) struct NetLog {
     tx: mpsc::Sender<Msg>,
+    rates: std::sync::Arc<std::sync::Mutex<HashMap<String, Bucket>>>,
+    /// Rows a second, and at once, per sandbox.
+    rate: (f64, f64),
+}
+
+/// One sandbox's rate of rows, and what it left out.
+struct Bucket {
+    tokens: f64,
+    at: std::time::Instant,
+    rate: (f64, f64),
+    /// Rows left out, by protocol.
+    dropped: HashMap<&'static str, u64>,
+}
+
+impl Bucket {
+    fn new((per_second, burst): (f64, f64)) -> Bucket {
+        Bucket {
+            tokens: burst,
+            at: std::time::Instant::now(),
+            rate: (per_second, burst),
+            dropped: HashMap::new(),
+        }
+    }
+
+    /// Whether one more row fits now.
+    fn admit(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let earned = now.duration_since(self.at).as_secs_f64() * self.rate.0;
+        self.tokens = (self.tokens + earned).min(self.rate.1);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The rows that say what was left out, and the count reset.
+    fn summaries(&mut self) -> Vec<Row> {
+        self.dropped
+            .drain()
+            .map(|(protocol, n)| {
+                let mut r = row(None, None, protocol, "blocked", FLOOD_RULE.to_string());
+                r.count = n;
+                r
+            })
+            .collect()
+    }
 }
 
 const SCHEMA: &str = "
@@ -104,27 +168,78 @@ CREATE INDEX IF NOT EXISTS network_log_by_sandbox ON network_log (sandbox, id);
 ";
 
 impl NetLog {
-    /// Opens (and creates) the log in the database at `path` and starts its writer.
-    pub(crate) fn open(path: &Path) -> rusqlite::Result<NetLog> {
+    /// Opens (and creates) the log in the database at `path` and starts its writer. Rows an
+    /// older engine kept in the state database `legacy` (a table of the same name) move here
+    /// the first time.
+    pub(crate) fn open(path: &Path, legacy: Option<&Path>) -> rusqlite::Result<NetLog> {
         let conn = Connection::open(path)?;
+        // Host names a sandbox reached are its owner's business only.
+        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        if let Some(old) = legacy.filter(|p| p.exists()) {
+            move_rows(&conn, old)?;
+        }
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("network-log".into())
             .spawn(move || writer(conn, rx))
             .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
-        Ok(NetLog { tx })
+        Ok(NetLog {
+            tx,
+            rates: Default::default(),
+            rate: (ROWS_PER_SECOND, BURST),
+        })
     }
 
+    /// The same log with another rate per sandbox (tests of what the rate does not cover).
+    #[cfg(test)]
+    fn with_rate(mut self, per_second: f64, burst: f64) -> NetLog {
+        self.rate = (per_second, burst);
+        self
+    }
+
+    /// Logs a row, unless the sandbox is over its rate: then it is only counted.
     pub(crate) fn record(&self, sandbox: &str, row: Row) {
+        let summaries = {
+            let mut rates = crate::sys::lock(&self.rates);
+            let bucket = rates
+                .entry(sandbox.to_string())
+                .or_insert_with(|| Bucket::new(self.rate));
+            if !bucket.admit() {
+                *bucket.dropped.entry(row.protocol).or_default() += row.count;
+                return;
+            }
+            bucket.summaries()
+        };
+        for summary in summaries {
+            let _ = self.tx.send(Msg::Row(sandbox.to_string(), summary));
+        }
         let _ = self.tx.send(Msg::Row(sandbox.to_string(), row));
     }
 
-    /// Rows of one sandbox, newest first, after everything recorded so far is written.
+    /// Counts `n` events of the sandbox that were dropped before they could be logged (DNS
+    /// queries over its rate): they show in the log's flood row.
+    pub(crate) fn dropped(&self, sandbox: &str, protocol: &'static str, n: u64) {
+        let mut rates = crate::sys::lock(&self.rates);
+        let bucket = rates
+            .entry(sandbox.to_string())
+            .or_insert_with(|| Bucket::new(self.rate));
+        *bucket.dropped.entry(protocol).or_default() += n;
+    }
+
+    /// Rows of one sandbox, newest first, after everything recorded so far is written (what
+    /// a flood left out included, as its count).
     pub(crate) async fn read(&self, sandbox: &str, query: Query) -> rusqlite::Result<Vec<Stored>> {
+        let summaries = crate::sys::lock(&self.rates)
+            .get_mut(sandbox)
+            .map(Bucket::summaries)
+            .unwrap_or_default();
+        for summary in summaries {
+            let _ = self.tx.send(Msg::Row(sandbox.to_string(), summary));
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx
             .send(Msg::Read(sandbox.to_string(), query, tx))
@@ -134,8 +249,39 @@ impl NetLog {
 
     /// Drops a killed sandbox's rows.
     pub(crate) fn forget(&self, sandbox: &str) {
+        crate::sys::lock(&self.rates).remove(sandbox);
         let _ = self.tx.send(Msg::Forget(sandbox.to_string()));
     }
+
+    /// Drops the rows of every sandbox but `live` (those forgotten while the engine was not
+    /// running to see it, or in a crash between a kill and its log's deletion).
+    pub(crate) fn retain(&self, live: Vec<String>) {
+        let _ = self.tx.send(Msg::Retain(live));
+    }
+}
+
+/// Moves the rows an older engine kept in the state database into the log's own file, and
+/// drops the old table (once: afterwards the table is gone).
+fn move_rows(conn: &Connection, legacy: &Path) -> rusqlite::Result<()> {
+    conn.execute("ATTACH DATABASE ?1 AS legacy", [legacy.to_string_lossy()])?;
+    let has_table: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM legacy.sqlite_master WHERE type = 'table' AND name = 'network_log'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has_table {
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             INSERT INTO main.network_log (sandbox, at, last_at, host, addr, port, protocol,
+               verdict, rule, sent, received, duration_ms, count)
+             SELECT sandbox, at, last_at, host, addr, port, protocol, verdict, rule, sent,
+               received, duration_ms, count FROM legacy.network_log ORDER BY id;
+             DROP TABLE legacy.network_log;
+             COMMIT;",
+        )?;
+    }
+    conn.execute("DETACH DATABASE legacy", [])?;
+    Ok(())
 }
 
 type Key = (
@@ -208,6 +354,17 @@ fn writer(conn: Connection, rx: mpsc::Receiver<Msg>) {
             Some(Msg::Forget(sandbox)) => {
                 pending.retain(|k, _| k.0 != sandbox);
                 let _ = conn.execute("DELETE FROM network_log WHERE sandbox = ?1", [sandbox]);
+            }
+            Some(Msg::Retain(live)) => {
+                let live: std::collections::HashSet<String> = live.into_iter().collect();
+                pending.retain(|k, _| live.contains(&k.0));
+                let logged: Vec<String> = conn
+                    .prepare("SELECT DISTINCT sandbox FROM network_log")
+                    .and_then(|mut s| s.query_map([], |r| r.get::<_, String>(0))?.collect())
+                    .unwrap_or_default();
+                for gone in logged.into_iter().filter(|s| !live.contains(s)) {
+                    let _ = conn.execute("DELETE FROM network_log WHERE sandbox = ?1", [gone]);
+                }
             }
             None => {
                 if let Err(e) = flush(&conn, &mut pending) {
@@ -411,7 +568,9 @@ mod tests {
     #[tokio::test]
     async fn repeats_fold_reads_flush_and_each_sandbox_is_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let log = NetLog::open(&dir.path().join("state.db")).unwrap();
+        let log = NetLog::open(&dir.path().join("state.db"), None)
+            .unwrap()
+            .with_rate(1e9, 1e9);
         for i in 0..3 {
             log.record("sbx_a", row("pypi.test", "allowed", 1_000 + i, 10));
         }
@@ -509,6 +668,116 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_flood_is_counted_not_queued_and_the_count_is_logged() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = NetLog::open(&dir.path().join("network-log.db"), None).unwrap();
+        let n = 20_000u64;
+        for i in 0..n {
+            let mut r = row(&format!("q{i}.tunnel.test"), "blocked", 1_000 + i as i64, 0);
+            r.protocol = "dns";
+            log.record("sbx_flood", r);
+        }
+        log.dropped("sbx_flood", "dns", 5);
+        // Another sandbox is not held to the first one's rate.
+        log.record("sbx_calm", row("pypi.test", "allowed", 1_000, 1));
+        let read = |s: &'static str| {
+            let log = log.clone();
+            async move {
+                let mut all = Vec::new();
+                let mut before = None;
+                loop {
+                    let page = log
+                        .read(
+                            s,
+                            Query {
+                                limit: MAX_LIMIT,
+                                before,
+                                ..Query::default()
+                            },
+                        )
+                        .await
+                        .unwrap();
+                    let Some(last) = page.last() else { break };
+                    before = Some(last.id);
+                    all.extend(page);
+                }
+                all
+            }
+        };
+        let rows = read("sbx_flood").await;
+        let flood: Vec<&Stored> = rows.iter().filter(|r| r.row.rule == FLOOD_RULE).collect();
+        assert_eq!(flood.len(), 1, "{flood:?}");
+        let logged = rows.len() as u64 - 1;
+        assert!(logged <= MAX_ROWS as u64);
+        // What was not logged is counted: all but the burst (and what the rate earned while
+        // the loop ran), plus the 5 dropped before they could be.
+        let count = flood[0].row.count;
+        assert!(count <= n + 5 - BURST as u64, "{:?}", flood[0]);
+        assert!(count >= n + 5 - 2 * BURST as u64, "{:?}", flood[0]);
+        assert_eq!(flood[0].row.protocol, "dns");
+        assert_eq!(read("sbx_calm").await.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn rows_an_older_engine_kept_in_the_state_database_move_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.db");
+        {
+            let old = NetLog::open(&state, None).unwrap();
+            old.record("sbx_old", row("pypi.test", "allowed", 1_000, 7));
+            let _ = old
+                .read(
+                    "sbx_old",
+                    Query {
+                        limit: 10,
+                        ..Query::default()
+                    },
+                )
+                .await
+                .unwrap();
+        }
+        let log = NetLog::open(&dir.path().join("network-log.db"), Some(&state)).unwrap();
+        let rows = log
+            .read(
+                "sbx_old",
+                Query {
+                    limit: 10,
+                    ..Query::default()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].row.sent, 7);
+        let conn = Connection::open(&state).unwrap();
+        let left: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'network_log'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(left, 0, "the old table is gone");
+        // Opening again finds nothing more to move.
+        drop(log);
+        let again = NetLog::open(&dir.path().join("network-log.db"), Some(&state)).unwrap();
+        again.retain(vec![]);
+        assert!(
+            again
+                .read(
+                    "sbx_old",
+                    Query {
+                        limit: 10,
+                        ..Query::default()
+                    }
+                )
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
+
     /// The engine's state connection writes all the time (activity, statuses); a log flush
     /// that read before it wrote used to fail at once with SQLITE_BUSY when such a write came
     /// in between, and a read of the log failed with it.
@@ -516,7 +785,7 @@ mod tests {
     async fn reads_and_writes_hold_up_while_the_state_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("state.db");
-        let log = NetLog::open(&db).unwrap();
+        let log = NetLog::open(&db, None).unwrap();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let other = {
             let (db, stop) = (db.clone(), stop.clone());

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::log::{Row, row};
@@ -22,10 +23,22 @@ use crate::engine::policy::Verdict;
 const SNIFF_WAIT: Duration = Duration::from_millis(300);
 /// Most bytes read before deciding (a ClientHello with post-quantum key shares is ~2 KiB).
 const SNIFF_MAX: usize = 16 * 1024;
-/// Copy buffer per direction: large enough for ≥ 1 GB/s through the relay.
-const COPY_BUFFER: usize = 256 * 1024;
+/// Copy buffer per direction to begin with: what an idle or slow connection costs the engine
+/// (a sandbox holding all its connections with full buffers both ways costs it
+/// `--max-connections` × 32 KiB, plus its fast lanes).
+const SMALL_BUFFER: usize = 16 * 1024;
+/// Copy buffer of a direction that keeps its small one full, while one of its sandbox's fast
+/// lanes ([`super::FAST_LANES`]) is free: large enough for ≥ 1 GB/s through the relay.
+const LARGE_BUFFER: usize = 256 * 1024;
+/// Reads that fill the small buffer before a direction asks for a fast lane.
+const FULL_READS: u32 = 4;
 /// DNS queries of one sandbox answered at once.
 const DNS_CONCURRENCY: usize = 64;
+/// DNS queries one sandbox may send a second, sustained (a flood beyond is dropped unanswered,
+/// and counted in its log) …
+const DNS_PER_SECOND: f64 = 500.0;
+/// … and at once.
+const DNS_BURST: f64 = 1000.0;
 
 pub(crate) fn listeners(
     tcp: std::net::TcpListener,
@@ -36,8 +49,9 @@ pub(crate) fn listeners(
     Ok((TcpListener::from_std(tcp)?, UdpSocket::from_std(dns)?))
 }
 
-/// Holds one of the sandbox's connection slots.
-struct Slot(Arc<SandboxNet>);
+/// Holds one of the sandbox's connection slots (and, once granted, the engine's descriptors
+/// for it).
+struct Slot(Arc<SandboxNet>, Option<crate::engine::budget::Held>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -62,22 +76,32 @@ pub(crate) async fn serve_tcp(
             continue;
         };
         let held = net.connections.fetch_add(1, Ordering::Relaxed);
-        let slot = Slot(net.clone());
-        if held >= hub.config.max_connections {
+        let mut slot = Slot(net.clone(), None);
+        let max = hub.max_connections();
+        // The sandbox's own cap first, then the engine's descriptors (two per connection),
+        // which every sandbox shares.
+        let refused_why = if held >= max {
+            Some(format!(
+                "connection cap: at most {max} connections at once per sandbox (--max-connections, and at most half of the engine's descriptors for sandbox traffic)"
+            ))
+        } else {
+            match hub.fds().take(2) {
+                Some(fds) => {
+                    slot.1 = Some(fds);
+                    None
+                }
+                None => Some(format!(
+                    "the engine's descriptors for sandbox traffic are all in use ({} across its sandboxes); try again shortly",
+                    hub.fds().total()
+                )),
+            }
+        };
+        if let Some(why) = refused_why {
             let dst = original_dst(&client).ok();
             refuse(client);
             hub.log.record(
                 &net.id,
-                row(
-                    None,
-                    dst.map(SocketAddr::V4),
-                    "tcp",
-                    "blocked",
-                    format!(
-                        "connection cap: at most {} connections at once per sandbox (--max-connections)",
-                        hub.config.max_connections
-                    ),
-                ),
+                row(None, dst.map(SocketAddr::V4), "tcp", "blocked", why),
             );
             drop(slot);
             continue;
@@ -210,6 +234,14 @@ async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
     if guarded {
         match &hello {
             Hello::Tls(Some(sni)) if secret_host(hub, &bindings, sni) => {
+                let Ok(_decrypting) = net.decrypted.clone().try_acquire_owned() else {
+                    let why = format!(
+                        "{}; at most {} connections to bound secrets' hosts at once per sandbox",
+                        log.rule,
+                        super::MAX_DECRYPTED
+                    );
+                    return fail(hub, net, client, log, why);
+                };
                 log.rule = format!("{}; decrypted: a bound secret's host", log.rule);
                 log.duration_ms = started.elapsed().as_millis() as u64;
                 let outcome =
@@ -257,7 +289,8 @@ async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
     };
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    let (sent, received, first, leaked) = pipe(client, upstream, first, guarded).await;
+    let (sent, received, first, leaked) =
+        pipe(client, upstream, first, guarded, &net.fast_lanes).await;
     // When the relay started at once, the first bytes name the protocol and host only now.
     let hello = sniff::parse(&first);
     log.protocol = hello.protocol();
@@ -316,71 +349,118 @@ async fn lookup(hub: &Hub, name: &str) -> Result<IpAddr, String> {
         .ok_or_else(|| format!("{name} has no IPv4 address"))
 }
 
+/// A copy buffer that starts small and grows while the connection keeps it full and one of
+/// its sandbox's fast lanes is free; the lane is given back with the buffer.
+struct Copier {
+    buf: Vec<u8>,
+    full: u32,
+    lanes: Arc<Semaphore>,
+    lane: Option<OwnedSemaphorePermit>,
+}
+
+impl Copier {
+    fn new(lanes: &Arc<Semaphore>) -> Copier {
+        Copier {
+            buf: vec![0; SMALL_BUFFER],
+            full: 0,
+            lanes: lanes.clone(),
+            lane: None,
+        }
+    }
+
+    /// The next bytes from `from` (empty at its end or on an error).
+    async fn read(&mut self, from: &mut (impl AsyncRead + Unpin)) -> &[u8] {
+        let n = from.read(&mut self.buf).await.unwrap_or(0);
+        if n == self.buf.len() && self.lane.is_none() {
+            self.full += 1;
+            if self.full >= FULL_READS
+                && let Ok(lane) = self.lanes.clone().try_acquire_owned()
+            {
+                self.lane = Some(lane);
+                let mut larger = vec![0; LARGE_BUFFER];
+                larger[..n].copy_from_slice(&self.buf[..n]);
+                self.buf = larger;
+            }
+        }
+        &self.buf[..n]
+    }
+}
+
 /// Copies both ways until both sides are done: what the client sent first, then the rest.
 /// Returns the bytes sent and received, the client's first bytes (those read before deciding,
 /// or else its first chunk, kept for the log: they name the host on TLS and HTTP), and — when
 /// `scan` is set (the sandbox binds secrets) — a stand-in found in what the client sent, at
-/// which point the connection was cut before those bytes went out.
+/// which point the connection was cut before those bytes went out. Each direction starts with a
+/// small buffer and takes a large one from `lanes` only while it keeps the small one full.
 async fn pipe(
     client: TcpStream,
     upstream: TcpStream,
     first: Vec<u8>,
     scan: bool,
+    lanes: &Arc<Semaphore>,
 ) -> (u64, u64, Vec<u8>, Option<String>) {
-    let (cr, mut cw) = client.into_split();
-    let (ur, mut uw) = upstream.into_split();
+    let (mut cr, mut cw) = client.into_split();
+    let (mut ur, mut uw) = upstream.into_split();
     // A leak cuts the connection both ways, not only the side it was seen on.
     let cut = Arc::new(tokio::sync::Notify::new());
     let cut_down = cut.clone();
+    let (mut up_copier, mut down_copier) = (Copier::new(lanes), Copier::new(lanes));
     let up = async move {
-        let mut cr = BufReader::with_capacity(COPY_BUFFER, cr);
-        let first = if first.is_empty() {
-            let mut chunk = vec![0u8; 4096];
-            let n = cr.read(&mut chunk).await.unwrap_or(0);
-            chunk.truncate(n);
-            chunk
-        } else {
-            first
-        };
+        let mut first = first;
         let mut sent = 0u64;
         let mut leaked = None;
-        if scan {
-            // Clear text of a sandbox that binds secrets: each chunk is checked (with the end
-            // of the one before, so a stand-in split across reads is seen) before it goes out.
-            let mut scanner = intercept::Scanner::default();
-            let mut buf = vec![0u8; COPY_BUFFER];
-            let mut chunk = if first.is_empty() {
-                let n = cr.read(&mut buf).await.unwrap_or(0);
-                buf[..n].to_vec()
+        // Clear text of a sandbox that binds secrets: each chunk is checked (with the end of
+        // the one before, so a stand-in split across reads is seen) before it goes out.
+        let mut scanner = scan.then(intercept::Scanner::default);
+        let mut open = true;
+        if !first.is_empty() {
+            if let Some(s) = scanner.as_mut().and_then(|sc| sc.scan(&first)) {
+                leaked = Some(s);
+                cut_down.notify_one();
+                open = false;
+            } else if uw.write_all(&first).await.is_ok() {
+                sent += first.len() as u64;
             } else {
-                first.clone()
-            };
+                open = false;
+            }
+        }
+        if open {
             loop {
-                if chunk.is_empty() {
+                let data = up_copier.read(&mut cr).await;
+                if data.is_empty() {
                     break;
                 }
-                if let Some(s) = scanner.scan(&chunk) {
+                if first.is_empty() {
+                    first = data[..data.len().min(4096)].to_vec();
+                }
+                if let Some(s) = scanner.as_mut().and_then(|sc| sc.scan(data)) {
                     leaked = Some(s);
                     cut_down.notify_one();
                     break;
                 }
-                if uw.write_all(&chunk).await.is_err() {
+                if uw.write_all(data).await.is_err() {
                     break;
                 }
-                sent += chunk.len() as u64;
-                let n = cr.read(&mut buf).await.unwrap_or(0);
-                chunk = buf[..n].to_vec();
+                sent += data.len() as u64;
             }
-        } else if !first.is_empty() && uw.write_all(&first).await.is_ok() {
-            sent = first.len() as u64 + tokio::io::copy_buf(&mut cr, &mut uw).await.unwrap_or(0);
         }
         let _ = uw.shutdown().await;
         (sent, first, leaked)
     };
     let down = async move {
-        let mut ur = BufReader::with_capacity(COPY_BUFFER, ur);
+        let copy = async {
+            let mut n = 0u64;
+            loop {
+                let data = down_copier.read(&mut ur).await;
+                if data.is_empty() || cw.write_all(data).await.is_err() {
+                    break;
+                }
+                n += data.len() as u64;
+            }
+            n
+        };
         let n = tokio::select! {
-            n = tokio::io::copy_buf(&mut ur, &mut cw) => n.unwrap_or(0),
+            n = copy => n,
             () = cut.notified() => 0,
         };
         let _ = cw.shutdown().await;
@@ -426,21 +506,38 @@ pub(crate) async fn serve_dns(
     let sock = Arc::new(sock);
     let limit = Arc::new(tokio::sync::Semaphore::new(DNS_CONCURRENCY));
     let mut buf = vec![0u8; dns::MAX_MESSAGE];
+    let (mut tokens, mut at) = (DNS_BURST, Instant::now());
     loop {
         let received = tokio::select! {
             () = stop.cancelled() => return,
             r = sock.recv_from(&mut buf) => r,
         };
         let Ok((n, from)) = received else { continue };
+        // A flood costs the flooding sandbox: beyond its rate, queries are dropped before they
+        // are even parsed (the client retries), and only counted.
+        let now = Instant::now();
+        tokens = (tokens + now.duration_since(at).as_secs_f64() * DNS_PER_SECOND).min(DNS_BURST);
+        at = now;
+        if tokens < 1.0 {
+            hub.log.dropped(&net.id, "dns", 1);
+            continue;
+        }
+        tokens -= 1.0;
         let msg = buf[..n].to_vec();
-        // Beyond the concurrency bound, queries are dropped (the client retries), never queued
+        // Beyond the concurrency bound, or the engine's descriptors for sandbox traffic (one
+        // per query sent upstream), queries are dropped (the client retries), never queued
         // without end.
         let Ok(permit) = limit.clone().try_acquire_owned() else {
+            hub.log.dropped(&net.id, "dns", 1);
+            continue;
+        };
+        let Some(fd) = hub.fds().take(1) else {
+            hub.log.dropped(&net.id, "dns", 1);
             continue;
         };
         let (hub, net, sock) = (hub.clone(), net.clone(), sock.clone());
         tokio::spawn(async move {
-            let _permit = permit;
+            let _held = (permit, fd);
             let Some(q) = dns::question(&msg) else { return };
             let policy = net.policy();
             let started = Instant::now();
