@@ -658,7 +658,7 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
             // The egress CA the image's trust store gets (made here if no engine ran yet).
             crate::engine::network::intercept::Interceptor::open(&config.data_dir, &[])?;
             let existing: Vec<_> = templates.iter().collect();
-            let file = crate::engine::manager::import(&config, &existing, &name, &image)?;
+            let file = crate::engine::manager::import(&config, &existing, None, &name, &image)?;
             crate::engine::templates::save(&tdir, &file)?;
             (file.size_bytes, "ready".to_string())
         }

@@ -737,7 +737,7 @@ impl Manager {
             .template
             .clone()
             .unwrap_or_else(|| self.default_template());
-        let template = self.ready_template(&template_name)?;
+        let template = self.ready_template(req.tenant.as_deref(), &template_name)?;
         let shape = req.shape.within(&template)?;
         // A pooled sandbox has the template's shape: only a request for that one takes it.
         if shape == template.shape
@@ -777,7 +777,7 @@ impl Manager {
             let record = Self::record_of(
                 &req,
                 ids::sandbox_id(),
-                &template.name,
+                &template.key,
                 shape,
                 uid_slot,
                 Status::Creating,

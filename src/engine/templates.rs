@@ -11,6 +11,13 @@
 //! Other templates are built from `base` or another template by steps, captured from a sandbox,
 //! or imported from an OCI image; a template from an image is *foreign*: its layers are the whole
 //! root, and nothing of the host's userland shows.
+//!
+//! A template belongs to the tenant that made it (`owner`), and only that tenant can see, use or
+//! delete it; its name is its own, in that tenant's namespace. Templates with no owner — the
+//! built-in ones, and those the engine's operator made or imported (untenanted) — are *shared*:
+//! every tenant can list them and start sandboxes from them, none can delete or shadow them. The
+//! engine knows a template by its [`TemplateFile::key`]: the name of a shared template, and
+//! `name@tenant` for a tenant's (neither part can hold `@`), which is also its directory.
 
 use std::fs;
 use std::io;
@@ -107,6 +114,7 @@ impl TemplateFile {
     fn ready(name: &str, description: String, version: u32, shape: Shape) -> Self {
         TemplateFile {
             name: name.to_string(),
+            owner: None,
             description,
             version,
             shape,
@@ -142,6 +150,9 @@ impl BuildFailure {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub(crate) struct TemplateFile {
     pub name: String,
+    /// The tenant it belongs to; none: shared (built in, or the operator's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     pub description: String,
     pub version: u32,
     pub shape: Shape,
@@ -180,9 +191,32 @@ pub(crate) struct TemplateFile {
     pub warm: u32,
 }
 
+impl TemplateFile {
+    /// How the engine knows the template: its directory, and what a sandbox's record names.
+    pub(crate) fn key(&self) -> String {
+        key_of(self.owner.as_deref(), &self.name)
+    }
+}
+
+/// The key of template `name` of `owner` (see the module's doc).
+pub(crate) fn key_of(owner: Option<&str>, name: &str) -> String {
+    match owner {
+        Some(owner) => format!("{name}@{owner}"),
+        None => name.to_string(),
+    }
+}
+
+/// The name a key shows to its owner (and to everyone, for a shared template).
+pub(crate) fn name_of_key(key: &str) -> &str {
+    key.split_once('@').map_or(key, |(name, _)| name)
+}
+
 #[derive(Debug, Clone)]
 pub struct Template {
+    /// Its name, as its owner gave it.
     pub name: String,
+    /// How the engine knows it (see [`TemplateFile::key`]).
+    pub key: String,
     pub shape: Shape,
     pub layout: TemplateLayout,
     pub(crate) file: TemplateFile,
@@ -193,6 +227,7 @@ impl Template {
         Template {
             layout: layout(templates_dir, layers_dir, &file),
             name: file.name.clone(),
+            key: file.key(),
             shape: file.shape,
             file,
         }
@@ -200,6 +235,17 @@ impl Template {
 
     pub(crate) fn status(&self) -> TemplateStatus {
         self.file.status
+    }
+
+    /// The tenant it belongs to; none: shared.
+    pub(crate) fn owner(&self) -> Option<&str> {
+        self.file.owner.as_deref()
+    }
+
+    /// Whether `tenant` may see and use it: its own, or shared. The operator (no tenant) sees
+    /// the shared ones; the engine's internal tenants reach templates by key, not through this.
+    pub(crate) fn visible_to(&self, tenant: Option<&str>) -> bool {
+        self.owner().is_none() || self.owner() == tenant
     }
 }
 
@@ -233,7 +279,7 @@ fn layout(templates_dir: &Path, layers_dir: &Path, file: &TemplateFile) -> Templ
         }
     }
     TemplateLayout {
-        name: file.name.clone(),
+        name: file.key(),
         mounts,
     }
 }
@@ -256,7 +302,7 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
 
 /// Writes a template's file atomically (its directory is made if missing).
 pub(crate) fn save(templates_dir: &Path, file: &TemplateFile) -> io::Result<()> {
-    let dir = templates_dir.join(&file.name);
+    let dir = templates_dir.join(file.key());
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -265,9 +311,9 @@ pub(crate) fn save(templates_dir: &Path, file: &TemplateFile) -> io::Result<()> 
     crate::durable::write_atomically(&dir.join("template.json"), &bytes, 0o644)
 }
 
-/// Deletes a template's directory (its layers are collected separately).
-pub(crate) fn remove(templates_dir: &Path, name: &str) -> io::Result<()> {
-    crate::fs_tree::remove_tree(&templates_dir.join(name))
+/// Deletes the directory of the template `key` (its layers are collected separately).
+pub(crate) fn remove(templates_dir: &Path, key: &str) -> io::Result<()> {
+    crate::fs_tree::remove_tree(&templates_dir.join(key))
 }
 
 /// Puts the engine's egress CA in the base template's trust store: the host's bundle plus the
@@ -336,7 +382,7 @@ pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Te
             continue;
         };
         match serde_json::from_str::<TemplateFile>(&text) {
-            Ok(mut file) if dir.file_name().is_some_and(|n| n == file.name.as_str()) => {
+            Ok(mut file) if dir.file_name().is_some_and(|n| *n == *file.key()) => {
                 if file.status == TemplateStatus::Building {
                     file.status = TemplateStatus::Failed;
                     file.failure = Some(BuildFailure::new(
@@ -355,7 +401,7 @@ pub(crate) fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Te
             Err(e) => tracing::warn!("{}: invalid template.json: {e}; skipped", dir.display()),
         }
     }
-    out.sort_by(|a, b| (a.name != BASE, &a.name).cmp(&(b.name != BASE, &b.name)));
+    out.sort_by(|a, b| (a.key != BASE, &a.key).cmp(&(b.key != BASE, &b.key)));
     Ok(out)
 }
 

@@ -22,11 +22,14 @@ fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError>
     types::Template::try_from((t, state.manager.default_template().as_str()))
 }
 
-pub(super) async fn list(State(state): State<AppState>) -> ApiResult<types::TemplateList> {
+pub(super) async fn list(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> ApiResult<types::TemplateList> {
     let default = state.manager.default_template();
     let templates = state
         .manager
-        .templates()
+        .templates_of(tenant.as_deref())
         .iter()
         .map(|t| types::Template::try_from((&**t, default.as_str())))
         .collect::<Result<Vec<_>, _>>()?;
@@ -39,15 +42,11 @@ fn name_of(name: &str) -> Result<(), EngineError> {
 
 pub(super) async fn get(
     State(state): State<AppState>,
+    tenant: Tenant,
     Path(name): Path<String>,
 ) -> ApiResult<types::Template> {
     name_of(&name)?;
-    let t = state
-        .manager
-        .templates()
-        .into_iter()
-        .find(|t| t.name == name)
-        .ok_or_else(|| EngineError::NotFound(format!("template {name} does not exist")))?;
+    let t = state.manager.template_for(tenant.as_deref(), &name)?;
     Ok(Json(shown(&state, &t)?))
 }
 
@@ -106,10 +105,14 @@ pub(super) async fn create(
 
 pub(super) async fn delete(
     State(state): State<AppState>,
+    tenant: Tenant,
     Path(name): Path<String>,
 ) -> ApiResult<types::DeleteTemplateResult> {
     name_of(&name)?;
-    state.manager.delete_template(&name).await?;
+    state
+        .manager
+        .delete_template(tenant.as_deref(), &name)
+        .await?;
     Ok(Json(types::DeleteTemplateResult {
         name: types::TemplateName::try_from(name).map_err(|e| EngineError::Response(e.into()))?,
         deleted: true,
@@ -122,6 +125,7 @@ const MAX_ARCHIVE: u64 = 16 << 30;
 /// Streams the archive to a file in the data dir, then imports it.
 pub(super) async fn import(
     State(state): State<AppState>,
+    tenant: Tenant,
     Path(name): Path<String>,
     body: Body,
 ) -> Result<(StatusCode, Json<types::Template>), EngineError> {
@@ -152,7 +156,10 @@ pub(super) async fn import(
                 .map_err(EngineError::Templates)?;
         }
         file.flush().await.map_err(EngineError::Templates)?;
-        state.manager.import_template(&name, path.clone()).await
+        state
+            .manager
+            .import_template(tenant.as_deref(), &name, path.clone())
+            .await
     }
     .await;
     let _ = tokio::fs::remove_file(&path).await;

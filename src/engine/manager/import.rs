@@ -23,29 +23,33 @@ const MAX_READ: u64 = 8 << 20;
 
 impl Manager {
     /// Imports the image archive at `source` (a file or an OCI layout directory) as template
-    /// `name`, ready at once.
+    /// `name` of `tenant` (none: a shared one, the operator's), ready at once.
     pub(crate) async fn import_template(
         &self,
+        tenant: Option<&str>,
         name: &str,
         source: PathBuf,
     ) -> Result<Arc<Template>, EngineError> {
         let _guard = self.template_lock.lock().await;
         let (config, existing, n) = (self.config.clone(), self.templates(), name.to_string());
+        let owner = tenant.map(str::to_string);
         let file = blocking(move || {
             let existing: Vec<&Template> = existing.iter().map(|t| &**t).collect();
-            import(&config, &existing, &n, &source)
+            import(&config, &existing, owner.as_deref(), &n, &source)
         })
         .await??;
         self.put_template(file).await
     }
 }
 
-/// Imports the image archive at `source` into the data dir's layer store as template `name`,
-/// beside the `existing` templates; returns its file, for the caller to save. Blocking. Used by
-/// the engine, and by `sandbox-mcp template import` when no engine serves the data dir.
+/// Imports the image archive at `source` into the data dir's layer store as template `name` of
+/// `owner` (none: shared), beside the `existing` templates; returns its file, for the caller to
+/// save. Blocking. Used by the engine, and by `sandbox-mcp template import` when no engine
+/// serves the data dir.
 pub(crate) fn import(
     config: &EngineConfig,
     existing: &[&Template],
+    owner: Option<&str>,
     name: &str,
     source: &Path,
 ) -> Result<TemplateFile, EngineError> {
@@ -55,9 +59,15 @@ pub(crate) fn import(
             "{name} is a built-in template; choose another name"
         )));
     }
+    if owner.is_some() && existing.iter().any(|t| t.key == name) {
+        return Err(EngineError::Conflict(format!(
+            "{name} is a shared template (the engine's operator's); choose another name"
+        )));
+    }
+    let key = templates::key_of(owner, name);
     if existing
         .iter()
-        .any(|t| t.name == name && t.status() != TemplateStatus::Failed)
+        .any(|t| t.key == key && t.status() != TemplateStatus::Failed)
     {
         return Err(EngineError::Conflict(format!(
             "template {name} already exists; delete it first or choose another name"
@@ -89,6 +99,7 @@ pub(crate) fn import(
     }
     Ok(TemplateFile {
         name: name.to_string(),
+        owner: owner.map(str::to_string),
         description: format!(
             "Imported OCI image (linux/{}, {} layer(s), {} files, {} MB): its own userland, not the host's.",
             image.architecture,

@@ -49,7 +49,7 @@ impl Manager {
         let policy = self.rules(&req.network)?;
         let secrets = self.bind_new(req.tenant.as_deref(), &req.secrets)?;
         let Some((id, entry)) = lock(&self.pools)
-            .get_mut(&template.name)
+            .get_mut(&template.key)
             .and_then(|p| p.idle.pop())
             .and_then(|id| Some((id.clone(), self.entry_any(&id).ok()?)))
         else {
@@ -117,7 +117,7 @@ impl Manager {
         let want = template.file.warm as usize;
         let missing = {
             let mut pools = lock(&self.pools);
-            let pool = pools.entry(template.name.clone()).or_default();
+            let pool = pools.entry(template.key.clone()).or_default();
             let missing = want.saturating_sub(pool.idle.len() + pool.starting);
             pool.starting += missing;
             missing
@@ -147,7 +147,7 @@ impl Manager {
                     this.warm_up(&view.record.id).await;
                 }
                 let mut pools = lock(&this.pools);
-                let pool = pools.entry(template.name.clone()).or_default();
+                let pool = pools.entry(template.key.clone()).or_default();
                 pool.starting = pool.starting.saturating_sub(1);
                 match made {
                     Ok(view) => pool.idle.push(view.record.id),
@@ -159,10 +159,10 @@ impl Manager {
         }
     }
 
-    /// Kills a template's pooled sandboxes (it is being deleted).
-    pub(super) async fn drain_pool(&self, name: &str) {
+    /// Kills the pooled sandboxes of the template `key` (it is being deleted).
+    pub(super) async fn drain_pool(&self, key: &str) {
         let idle = lock(&self.pools)
-            .remove(name)
+            .remove(key)
             .map(|p| p.idle)
             .unwrap_or_default();
         for id in idle {

@@ -138,23 +138,63 @@ impl Manager {
             .unwrap_or_else(|| BASE.to_string())
     }
 
-    pub(super) fn template(&self, name: &str) -> Result<Arc<Template>, EngineError> {
+    /// The template the engine knows by `key` (a record's `template`; see
+    /// [`templates::TemplateFile::key`]).
+    pub(super) fn template(&self, key: &str) -> Result<Arc<Template>, EngineError> {
         // Looked up under the lock: this runs on every sandbox start.
         let all = self.templates.read().unwrap_or_else(|e| e.into_inner());
-        all.iter().find(|t| t.name == name).cloned().ok_or_else(|| {
+        all.iter().find(|t| t.key == key).cloned().ok_or_else(|| {
             EngineError::NotFound(format!(
-                "template {name} does not exist; templates: {}",
-                all.iter()
-                    .map(|t| t.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "template {} does not exist",
+                templates::name_of_key(key)
             ))
         })
     }
 
-    /// A template sandboxes can start from now.
-    pub(super) fn ready_template(&self, name: &str) -> Result<Arc<Template>, EngineError> {
-        let t = self.template(name)?;
+    /// The templates `tenant` may see: its own and the shared ones, `base` first.
+    pub(crate) fn templates_of(&self, tenant: Option<&str>) -> Vec<Arc<Template>> {
+        self.templates()
+            .into_iter()
+            .filter(|t| t.visible_to(tenant))
+            .collect()
+    }
+
+    /// Template `name` as `tenant` names it: its own, else a shared one. Another tenant's
+    /// answers exactly like one that does not exist.
+    pub(crate) fn template_for(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Template>, EngineError> {
+        let visible = self.templates_of(tenant);
+        visible
+            .iter()
+            .find(|t| t.name == name && t.owner().is_some())
+            .or_else(|| {
+                visible
+                    .iter()
+                    .find(|t| t.name == name && t.owner().is_none())
+            })
+            .cloned()
+            .ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "template {name} does not exist; templates: {}",
+                    visible
+                        .iter()
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })
+    }
+
+    /// A template sandboxes of `tenant` can start from now.
+    pub(super) fn ready_template(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<Arc<Template>, EngineError> {
+        let t = self.template_for(tenant, name)?;
         match t.status() {
             TemplateStatus::Ready => Ok(t),
             TemplateStatus::Building => Err(EngineError::Conflict(format!(
@@ -181,9 +221,9 @@ impl Manager {
         .map_err(EngineError::Templates)?;
         let t = Arc::new(t);
         let mut all = self.templates.write().unwrap_or_else(|e| e.into_inner());
-        all.retain(|x| x.name != t.name);
+        all.retain(|x| x.key != t.key);
         all.push(t.clone());
-        all.sort_by(|a, b| (a.name != BASE, &a.name).cmp(&(b.name != BASE, &b.name)));
+        all.sort_by(|a, b| (a.key != BASE, &a.key).cmp(&(b.key != BASE, &b.key)));
         Ok(t)
     }
 
@@ -217,7 +257,19 @@ impl Manager {
             )));
         }
         let _guard = self.template_lock.lock().await;
-        if let Ok(t) = self.template(&req.name)
+        // The template goes in the caller's namespace; a shared name is taken for everyone.
+        let owner = tenant
+            .filter(|t| !super::pool::internal(t))
+            .map(str::to_string);
+        if owner.is_some()
+            && let Ok(shared) = self.template(&req.name)
+        {
+            return Err(EngineError::Conflict(format!(
+                "{} is a shared template (the engine's operator's); choose another name",
+                shared.name
+            )));
+        }
+        if let Ok(t) = self.template(&templates::key_of(owner.as_deref(), &req.name))
             && t.status() != TemplateStatus::Failed
         {
             return Err(EngineError::Conflict(format!(
@@ -228,17 +280,18 @@ impl Manager {
         let (parent, source) = match &req.from_sandbox {
             Some(id) => {
                 let entry = self.entry(id, tenant)?;
-                let name = entry.record().template;
-                (self.template(&name)?, Some((id.clone(), entry)))
+                let key = entry.record().template;
+                (self.template(&key)?, Some((id.clone(), entry)))
             }
             None => (
-                self.ready_template(req.from.as_deref().unwrap_or(BASE))?,
+                self.ready_template(tenant, req.from.as_deref().unwrap_or(BASE))?,
                 None,
             ),
         };
         let shape = req.shape.over(parent.shape);
         let mut file = TemplateFile {
             name: req.name.clone(),
+            owner,
             description: req.description.clone().unwrap_or_else(|| match &source {
                 Some((id, _)) => format!("Captured from sandbox {id} (template {}).", parent.name),
                 None => format!(
@@ -315,8 +368,13 @@ impl Manager {
         timeout: Duration,
     ) -> Result<(), BuildFailure> {
         let started = Instant::now();
-        // The cache key of everything below the first step: the parent's stack.
+        // The cache key of everything below the first step: the parent's stack — and the
+        // owner, for a tenant's build: tenants never share a cached layer (one would learn what
+        // another built, and when).
         let mut key = layers::id_of(&[file.layers.join("/").as_bytes(), &[u8::from(file.foreign)]]);
+        if let Some(owner) = &file.owner {
+            key = layers::id_of(&[key.as_bytes(), b"owner", owner.as_bytes()]);
+        }
         let mut bytes = 0u64;
         for (i, step) in steps.iter().enumerate() {
             let n = i + 1;
@@ -387,7 +445,9 @@ impl Manager {
         key: &str,
     ) -> Result<u64, BuildFailure> {
         let fail = |message: String| BuildFailure::new(n, text, message);
-        let template = self.template(&file.name).map_err(|e| fail(e.to_string()))?;
+        let template = self
+            .template(&file.key())
+            .map_err(|e| fail(e.to_string()))?;
         let view = self
             .create_from(
                 CreateRequest {
@@ -480,7 +540,7 @@ impl Manager {
         blocking(move || driver.stop(&sid)).await??;
         *rt = Runtime::Stopped;
         drop(rt);
-        let template = self.template(&file.name)?;
+        let template = self.template(&file.key())?;
         self.copy_to_layer(id, slot, &template, key.to_string())
             .await
     }
@@ -542,17 +602,28 @@ impl Manager {
         Ok((key, copied?))
     }
 
-    /// Deletes a template: refused for `base`, the default template, one still building, and
-    /// one sandboxes use (the error names them). Its layers go unless another template uses them.
-    pub(crate) async fn delete_template(&self, name: &str) -> Result<(), EngineError> {
+    /// Deletes `tenant`'s template `name`: refused for a shared one (unless the operator asks),
+    /// the default template, one still building, and one sandboxes use (the error names them).
+    /// Its layers go unless another template uses them.
+    pub(crate) async fn delete_template(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<(), EngineError> {
         let _guard = self.template_lock.lock().await;
-        let t = self.template(name)?;
-        if templates::is_builtin(name) {
+        let t = self.template_for(tenant, name)?;
+        if tenant.is_some() && t.owner().is_none() {
+            return Err(EngineError::PermissionDenied(format!(
+                "template {name} is shared (built in or the engine operator's): every tenant may use it, none may delete it"
+            )));
+        }
+        let key = t.key.clone();
+        if templates::is_builtin(&key) {
             return Err(EngineError::Conflict(format!(
                 "{name} is built in and cannot be deleted"
             )));
         }
-        if name == self.default_template() {
+        if key == self.default_template() {
             return Err(EngineError::Conflict(format!(
                 "template {name} is the engine's default template (--default-template); restart the engine with another default first"
             )));
@@ -566,7 +637,7 @@ impl Manager {
             .values()
             .map(|e| e.record())
             .filter(|r| {
-                r.template == name && !r.tenant.as_deref().is_some_and(super::pool::internal)
+                r.template == key && !r.tenant.as_deref().is_some_and(super::pool::internal)
             })
             .map(|r| r.id)
             .collect();
@@ -577,16 +648,16 @@ impl Manager {
                 users.join(", ")
             )));
         }
-        self.drain_pool(name).await;
+        self.drain_pool(&key).await;
         let tdir = self.templates_dir();
-        let n = name.to_string();
-        blocking(move || templates::remove(&tdir, &n))
+        let k = key.clone();
+        blocking(move || templates::remove(&tdir, &k))
             .await?
             .map_err(EngineError::Templates)?;
         self.templates
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|x| x.name != name);
+            .retain(|x| x.key != key);
         self.collect_layers().await;
         Ok(())
     }
