@@ -100,6 +100,66 @@ async fn malformed_requests_get_errors_in_the_spec_shape() {
     assert_eq!(resp.status().as_u16(), 404);
 }
 
+/// Rules of a request the engine checks itself, before anything is looked up, each refused with
+/// what to give instead: an empty update (the spec's `minProperties`, which the generated type
+/// does not check), environment variable names (map keys, which OpenAPI 3.0 cannot constrain),
+/// an `env` build step without variables.
+#[tokio::test]
+async fn bodies_the_spec_refuses_get_errors_that_say_what_to_give() {
+    let engine = TestEngine::start().await;
+    let http = engine.http();
+    let sandbox = format!("{}/v1/sandboxes/sbx_0000000000000000000000000a", engine.url);
+    let nothing = "nothing to update: give `metadata`, `network`, or both";
+    let bad_name = "environment variable name \"1BAD\" is invalid: use letters, digits and `_`, not starting with a digit, at most 128 characters";
+    for (method, url, body, message) in [
+        (reqwest::Method::PATCH, sandbox.clone(), json!({}), nothing),
+        (
+            reqwest::Method::PATCH,
+            sandbox.clone(),
+            json!({"metadata": null, "network": null}),
+            nothing,
+        ),
+        (
+            reqwest::Method::POST,
+            format!("{sandbox}/exec"),
+            json!({"command": "true", "env": {"1BAD": "x"}}),
+            bad_name,
+        ),
+        (
+            reqwest::Method::POST,
+            format!("{}/v1/templates", engine.url),
+            json!({"name": "t", "steps": [{"env": {"1BAD": "x"}}]}),
+            bad_name,
+        ),
+        (
+            reqwest::Method::POST,
+            format!("{}/v1/templates", engine.url),
+            json!({"name": "t", "steps": [{"run": "true"}, {"env": {}}]}),
+            "step 2 sets no variables: give env at least one, or leave the step out",
+        ),
+    ] {
+        let resp = http
+            .request(method, &url)
+            .bearer_auth(KEY)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{url} {body}");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["error_code"], "invalid_argument", "{v}");
+        assert_eq!(v["message"], message, "{body}");
+    }
+    // The spec says the first two are invalid too, in the words 3.0 has.
+    let spec: Value = serde_json::from_str(include_str!("../openapi/sandbox-mcp.json")).unwrap();
+    let schemas = &spec["components"]["schemas"];
+    assert_eq!(schemas["UpdateSandboxRequest"]["minProperties"], 1);
+    assert_eq!(schemas["StepEnvVars"]["minProperties"], 1);
+    for field in ["metadata", "network"] {
+        assert!(schemas["UpdateSandboxRequest"]["properties"][field]["nullable"].is_null());
+    }
+}
+
 #[tokio::test]
 async fn request_bodies_over_16_mib_are_refused() {
     let engine = TestEngine::start().await;

@@ -92,7 +92,7 @@ async fn tools_list_carries_annotations_and_schemas() {
     assert_eq!(exec_schema["properties"]["command"]["maxLength"], 65536);
     assert_eq!(
         exec_schema["properties"]["sandbox_id"]["pattern"],
-        "^sbx_[0-9a-z]{26}$"
+        "^sbx_[0-9a-hjkmnp-tv-z]{26}$"
     );
 }
 
@@ -168,7 +168,7 @@ async fn bad_arguments_name_the_argument_and_the_fix() {
         (
             "sandbox_exec",
             json!({"sandbox_id": "nope", "command": "ls"}),
-            "From sandbox_create or sandbox_list",
+            "From sandbox_list",
         ),
         (
             "sandbox_exec",

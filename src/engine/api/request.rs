@@ -2,6 +2,7 @@
 //! tenant it acts for, a JSON body or query whose rejections are API errors, a checked sandbox id
 //! — and the middleware that authenticates each request and gives it an id.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -224,8 +225,11 @@ pub fn sandbox_id(raw: &str) -> Result<&str, EngineError> {
     }
 }
 
-/// Environment variables: names must be identifiers (OpenAPI 3.0 cannot say so of object keys).
-pub(super) fn check_env(env: &types::EnvVars) -> Result<Vec<(String, String)>, EngineError> {
+/// Environment variables (of a request or of a build step): names must be identifiers (OpenAPI
+/// 3.0 cannot say so of object keys).
+pub(super) fn check_env(
+    env: &BTreeMap<String, types::EnvValue>,
+) -> Result<Vec<(String, String)>, EngineError> {
     if env.len() > MAX_ENV_VARS {
         return Err(EngineError::InvalidArgument(format!(
             "{} environment variables given; at most {MAX_ENV_VARS} are allowed",

@@ -67,6 +67,12 @@ pub(super) async fn create(
     for (i, s) in body.steps.iter().flatten().enumerate() {
         match (&s.run, &s.env, &s.workdir) {
             (Some(run), None, None) => steps.push(Step::Run(run.to_string())),
+            (None, Some(env), None) if env.is_empty() => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "step {} sets no variables: give env at least one, or leave the step out",
+                    i + 1
+                )));
+            }
             // One step per variable: each step's cache key is about one change.
             (None, Some(env), None) => {
                 steps.extend(check_env(env)?.into_iter().map(|(k, v)| Step::Env(k, v)))
