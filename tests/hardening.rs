@@ -687,35 +687,97 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
     .await;
 }
 
-#[tokio::test]
-async fn a_sandbox_started_when_the_pty_pool_is_spent_gets_none() {
-    require_own_ids!();
-    // A registry of its own, where another engine's sandbox (its data dir: `/`, which exists)
-    // holds every pty of the host's pool.
-    let registry = tempfile::tempdir().unwrap();
-    let path = registry.path().join("uid-ranges");
+/// A registry of its own in `dir`, where another engine's live sandbox (its data dir: `/`, which
+/// exists) holds all of the host's ptys but `left`. Slots 1–5000 are taken too, so the test's
+/// sandboxes get ranges far from those the host's registry hands other tests' engines meanwhile.
+fn registry_with_ptys_left(dir: &std::path::Path, left: u32) -> std::path::PathBuf {
+    let path = dir.join("uid-ranges");
     let pool = sandbox_mcp::engine::linux::plan::pty_pool();
-    // Slots 1–5000 are taken too, so this engine's sandbox gets a range far from those the
-    // host's registry hands other tests' engines meanwhile.
-    let mut claims = format!("1 {pool} /\n");
+    let mut claims = format!("1 {} /\n", pool - left);
     for slot in 2..=5000 {
         claims.push_str(&format!("{slot} 0 /\n"));
     }
     std::fs::write(&path, claims).unwrap();
+    path
+}
+
+/// A sandbox that would get no ptys (other engines' live sandboxes hold the host's whole pool)
+/// is not made without them: the create fails, saying why, and takes nothing.
+#[tokio::test]
+async fn a_sandbox_is_not_made_without_ptys_when_the_pool_is_spent() {
+    require_own_ids!();
+    let registry = tempfile::tempdir().unwrap();
+    let path = registry_with_ptys_left(registry.path(), 0);
+    let before = std::fs::read_to_string(&path).unwrap();
     let engine = TestEngine::start_with(|c| c.uid_registry = path.clone()).await;
     let client = engine.mcp().await;
-    let id = create(&client).await;
-    let out = py(
+    let e = err(&client, "sandbox_create", json!({})).await;
+    assert!(e.contains("ptys are all held"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(&path).unwrap(),
+        before,
+        "nothing claimed"
+    );
+    let list = ok(&client, "sandbox_list", json!({})).await;
+    assert_eq!(list["sandboxes"], json!([]), "{list}");
+}
+
+/// An engine whose data dir is deleted while its sandboxes live (here paused, as a clean stop
+/// leaves them) used to leave them running forever, holding their uid ranges and their share of
+/// the host's ptys, until new sandboxes got none. The next engine to claim a range reaps them.
+#[tokio::test]
+async fn sandboxes_whose_data_dir_is_gone_are_reaped_by_the_next_claim() {
+    require_own_ids!();
+    let registry = tempfile::tempdir().unwrap();
+    let share = sandbox_mcp::engine::linux::plan::pty_share(
+        sandbox_mcp::engine::linux::plan::pty_pool(),
+        100,
+    );
+    // Room for exactly one sandbox's ptys: the orphan's.
+    let path = registry_with_ptys_left(registry.path(), share);
+    let first = TestEngine::start_with(|c| c.uid_registry = path.clone()).await;
+    let client = first.mcp().await;
+    let orphan = create(&client).await;
+    ok(
         &client,
-        &id,
-        "import os\ntry:\n    os.openpty(); print('opened')\nexcept OSError as e: print('refused')",
+        "sandbox_exec",
+        json!({"sandbox_id": orphan, "command": "sleep 600", "background": true}),
     )
     .await;
-    assert_eq!(out, "refused\n", "a pty beyond the host's pool");
-    assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
-    let line = std::fs::read_to_string(&path).unwrap();
-    let ours = line.lines().last().unwrap_or_default();
-    assert!(ours.starts_with("5001 0 "), "granted nothing: {ours}");
+    drop(client);
+    let layout = sandbox_mcp::engine::linux::cgroups::Layout::detect();
+    let pids = layout.sandbox(&orphan).pids();
+    assert!(pids.len() >= 2, "the agent and sleep: {pids:?}");
+    // A clean stop leaves the sandbox paused, its processes alive; then the data dir goes.
+    let dir = first.stop().await;
+    let data = dir.path().join("data");
+    let _ = nix::mount::umount2(&data.join("sandboxes"), nix::mount::MntFlags::MNT_DETACH);
+    std::fs::remove_dir_all(&data).unwrap();
+    let alive = |pid: i32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    assert!(
+        pids.iter().all(|p| alive(*p)),
+        "orphans before the next claim"
+    );
+    // The next engine's first create reaps them, and gets the ptys they held.
+    let second = TestEngine::start_with(|c| c.uid_registry = path.clone()).await;
+    let client = second.mcp().await;
+    let id = create(&client).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        pids.iter().all(|p| !alive(*p)),
+        "orphans still alive: {pids:?}"
+    );
+    assert!(layout.sandbox(&orphan).pids().is_empty());
+    let lines = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        !lines.contains(&data.to_string_lossy().to_string()),
+        "the vanished data dir's claim is gone: {lines}"
+    );
+    let out = py(&client, &id, "import os\nos.openpty()\nprint('opened')").await;
+    assert_eq!(out, "opened\n");
 }
 
 #[tokio::test]

@@ -23,6 +23,10 @@ pub enum DriverError {
     /// why, in words for the caller.
     #[error("{0}")]
     Gone(String),
+    /// The host has nothing left of something every sandbox needs (uid ranges, ptys): what
+    /// frees some, in words for the caller.
+    #[error("{0}")]
+    Exhausted(String),
     /// An operation on the host failed (a cgroup, the store, the registry).
     #[error("cannot {what}: {source}")]
     Io {

@@ -192,6 +192,7 @@ impl From<DriverError> for EngineError {
             DriverError::Unsupported(m) => Self::Conflict(m),
             DriverError::Launch(m) | DriverError::Agent(m) => Self::Sandbox(m),
             DriverError::Gone(m) => Self::Gone(m),
+            DriverError::Exhausted(m) => Self::QuotaExceeded(m),
             e @ DriverError::Io { .. } => Self::Host(e),
         }
     }

@@ -15,7 +15,7 @@ use super::cgroups::{Cgroups, Layout, Limits};
 use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
-use super::uids::Registry;
+use super::uids::{self, Registry};
 use crate::engine::driver::{
     AgentConn, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef, Liveness, StartSpec,
     TemplateLayout, Usage,
@@ -631,7 +631,10 @@ impl Driver for NamespacesDriver {
         match &self.registry {
             Some(registry) => registry
                 .claim_many(self.pty_max, self.pty_pool, count)
-                .map_err(DriverError::io("claim a uid range")),
+                .map_err(|e| match e {
+                    uids::ClaimError::Exhausted(why) => DriverError::Exhausted(why),
+                    uids::ClaimError::Io(e) => DriverError::io("claim a uid range")(e),
+                }),
             // One id to map, whatever the slot: slots only tell sandboxes apart.
             None => Ok((1u32..)
                 .filter(|s| !taken.contains(s))

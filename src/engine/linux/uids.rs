@@ -12,8 +12,12 @@
 //! the other claims left: sandboxes of all engines together never hold more than the pool.
 //!
 //! A claim lasts as long as its sandbox exists (its files and, when paused, its frozen processes
-//! keep the ids): across engine restarts and reboots. Claims of a data dir that no longer exists
-//! are reclaimed, but only once no process runs with an id of that range.
+//! keep the ids): across engine restarts and reboots. A claim whose data dir no longer exists
+//! belongs to a sandbox nothing can ever reach again (its engine's state went with the dir), so
+//! the next claim on the host reaps it: every process running with an id of its range is killed
+//! (its cgroups, frozen or not, first), and the claim, its range and its ptys go back to the pool.
+//! A new claim that would get no ptys at all (other engines' live sandboxes hold the whole pool)
+//! is refused with the reason, never granted a sandbox without them.
 
 use std::fs;
 use std::io;
@@ -30,6 +34,16 @@ struct Claim {
     ptys: Option<u32>,
     /// The data dir of the engine whose sandbox holds the slot (canonical path).
     owner: String,
+}
+
+/// Why a claim was not granted.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClaimError {
+    /// The host has no range, or no pty, left for another sandbox: says what frees one.
+    #[error("{0}")]
+    Exhausted(String),
+    #[error(transparent)]
+    Io(#[from] io::Error),
 }
 
 /// The registry, as seen by one engine (one data dir).
@@ -55,24 +69,37 @@ impl Registry {
     /// Claims the lowest free slot for a new sandbox, with up to `ptys` of the `pool` of ptys
     /// (fewer when other claims hold the rest).
     #[cfg(test)]
-    pub(crate) fn claim(&self, ptys: u32, pool: u32) -> io::Result<u32> {
+    pub(crate) fn claim(&self, ptys: u32, pool: u32) -> Result<u32, ClaimError> {
         Ok(self.claim_many(ptys, pool, 1)?[0])
     }
 
     /// Claims the `count` lowest free slots at once (a fork's children), each as [`Self::claim`]
     /// would: all or none, under one lock and one write of the file.
-    pub(crate) fn claim_many(&self, ptys: u32, pool: u32, count: usize) -> io::Result<Vec<u32>> {
+    pub(crate) fn claim_many(
+        &self,
+        ptys: u32,
+        pool: u32,
+        count: usize,
+    ) -> Result<Vec<u32>, ClaimError> {
         self.locked(|claims| {
             reclaim_abandoned(claims);
+            let granted: u32 = claims.iter().filter_map(|c| c.ptys).sum();
+            if ptys > 0 && pool.saturating_sub(granted) == 0 {
+                return Err(ClaimError::Exhausted(format!(
+                    "the host's {pool} ptys are all held by the live sandboxes of the engines on this host; kill sandboxes (of any engine) or give the engines a smaller --max-sandboxes, so each sandbox's share of the ptys is smaller"
+                )));
+            }
             let slots: Vec<u32> = (1..=MAX_SLOT)
                 .filter(|s| !claims.iter().any(|c| c.slot == *s))
                 .take(count)
                 .collect();
             if slots.is_empty() && count > 0 {
-                return Err(io::Error::other("every uid range on this host is in use"));
+                return Err(ClaimError::Exhausted(
+                    "every uid range on this host is in use; kill sandboxes (of any engine) first".into(),
+                ));
             }
             if slots.len() < count {
-                return Err(io::Error::other(format!(
+                return Err(ClaimError::Exhausted(format!(
                     "only {} of the {count} uid ranges asked for are free on this host",
                     slots.len()
                 )));
@@ -160,50 +187,132 @@ fn grant(claims: &[Claim], want: u32, pool: u32) -> u32 {
     want.min(pool.saturating_sub(granted))
 }
 
-/// Drops claims whose data dir is gone, once no process holds an id of their range.
+/// Reaps the claims whose data dir is gone: kills what still runs with their ids, and drops
+/// each claim once nothing does.
 fn reclaim_abandoned(claims: &mut Vec<Claim>) {
-    let gone: Vec<u32> = claims
+    let gone: Vec<std::ops::Range<u32>> = claims
         .iter()
         .filter(|c| !Path::new(&c.owner).is_dir())
-        .map(|c| c.slot)
+        .map(|c| uid_base(c.slot)..uid_base(c.slot) + UID_RANGE)
         .collect();
     if gone.is_empty() {
         return;
     }
-    let live = live_uids();
+    let orphans: Vec<Proc> = processes()
+        .into_iter()
+        .filter(|p| p.uids.iter().any(|u| gone.iter().any(|r| r.contains(u))))
+        .collect();
+    if !orphans.is_empty() {
+        reap(&orphans);
+    }
+    let live: Vec<u32> = processes().into_iter().flat_map(|p| p.uids).collect();
     claims.retain(|c| {
-        if !gone.contains(&c.slot) {
-            return true;
-        }
         let range = uid_base(c.slot)..uid_base(c.slot) + UID_RANGE;
-        live.iter().any(|uid| range.contains(uid))
+        Path::new(&c.owner).is_dir() || live.iter().any(|uid| range.contains(uid))
     });
 }
 
-/// Every uid some process runs with (real, effective, saved or filesystem).
-fn live_uids() -> Vec<u32> {
+/// A process: its pid, the uids it runs with (real, effective, saved, filesystem) and its
+/// sandbox's id, when its cgroup is a sandbox's.
+struct Proc {
+    pid: i32,
+    uids: Vec<u32>,
+    sandbox: Option<String>,
+}
+
+/// Every process on the host.
+fn processes() -> Vec<Proc> {
     let Ok(procs) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut uids = Vec::new();
+    let mut out = Vec::new();
     for entry in procs.flatten() {
-        if !entry.file_name().as_encoded_bytes()[0].is_ascii_digit() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
-        }
+        };
         let Ok(status) = fs::read_to_string(entry.path().join("status")) else {
             continue;
         };
-        if let Some(line) = status.lines().find(|l| l.starts_with("Uid:")) {
-            uids.extend(
+        // A zombie holds nothing but its pid until its parent reaps it.
+        if status
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains("Z (zombie)"))
+        {
+            continue;
+        }
+        let uids = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .map(|line| {
                 line.split_whitespace()
                     .skip(1)
-                    .filter_map(|u| u.parse::<u32>().ok()),
-            );
-        }
+                    .filter_map(|u| u.parse::<u32>().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let sandbox = fs::read_to_string(entry.path().join("cgroup"))
+            .ok()
+            .and_then(|c| sandbox_of_cgroup(&c));
+        out.push(Proc { pid, uids, sandbox });
     }
-    uids.sort_unstable();
-    uids.dedup();
-    uids
+    out
+}
+
+/// The sandbox whose cgroup a `/proc/<pid>/cgroup` names (`…/sandbox-mcp/<id>`), if any.
+fn sandbox_of_cgroup(text: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let path = line.splitn(3, ':').nth(2)?;
+        let (_, rest) = path.split_once(&format!("/{}/", super::cgroups::PARENT))?;
+        let id = rest.split('/').next()?;
+        crate::engine::ids::is_sandbox_id(id).then(|| id.to_string())
+    })
+}
+
+/// Kills orphaned sandboxes: through their cgroups (which thaws a frozen one's processes and
+/// leaves nothing a fork could save), then any process of theirs left outside one; the emptied
+/// cgroups are removed.
+fn reap(orphans: &[Proc]) {
+    let layout = super::cgroups::Layout::detect();
+    let mut sandboxes: Vec<&str> = orphans
+        .iter()
+        .filter_map(|p| p.sandbox.as_deref())
+        .collect();
+    sandboxes.sort_unstable();
+    sandboxes.dedup();
+    for id in &sandboxes {
+        let cg = layout.sandbox(id);
+        // A paused sandbox's processes take no signal until thawed (the v1 freezer).
+        let _ = cg.thaw();
+        if let Err(e) = cg.kill_all() {
+            tracing::warn!(sandbox = %id, "cannot kill an orphaned sandbox: {e}");
+        }
+        let _ = cg.remove();
+    }
+    for p in orphans {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), nix::sys::signal::SIGKILL);
+    }
+    tracing::warn!(
+        sandboxes = ?sandboxes,
+        processes = orphans.len(),
+        "reaped sandboxes whose engine's data dir is gone"
+    );
+    // Their pid namespaces' inits are gone; the kernel ends the rest. Wait a little for the
+    // ids to be free (the claim is kept until they are).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let alive = |pid: i32| {
+        fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            !s.lines()
+                .any(|l| l.starts_with("State:") && l.contains("Z (zombie)"))
+        })
+    };
+    while std::time::Instant::now() < deadline && orphans.iter().any(|p| alive(p.pid)) {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
 
 /// Lines are `slot ptys owner`; the owner is an absolute path, so an older line (`slot owner`)
@@ -298,7 +407,7 @@ mod tests {
     }
 
     #[test]
-    fn claims_of_a_vanished_data_dir_are_reclaimed_unless_a_process_holds_the_range() {
+    fn claims_of_a_vanished_data_dir_are_reaped_with_their_processes() {
         // Slots far above anything a real engine hands out, so the host's own sandboxes (whose
         // processes run in the low ranges) cannot interfere.
         let (free, held) = (MAX_SLOT - 1, MAX_SLOT - 2);
@@ -319,7 +428,8 @@ mod tests {
                 owner: "/".into(),
             },
         ];
-        // A process still running with an id of `held`'s range (as root, start one).
+        // A process still running with an id of `held`'s range (as root, start one): an
+        // orphan of the vanished engine, which no engine can reach any more.
         let mut child = nix::unistd::geteuid().is_root().then(|| {
             use std::os::unix::process::CommandExt;
             std::process::Command::new("sleep")
@@ -330,34 +440,49 @@ mod tests {
         });
         reclaim_abandoned(&mut claims);
         let slots: Vec<u32> = claims.iter().map(|c| c.slot).collect();
+        assert_eq!(
+            slots,
+            vec![7],
+            "both ranges are reclaimed; a live data dir's stays"
+        );
         if let Some(c) = child.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-            assert_eq!(slots, vec![held, 7], "a live process keeps the range");
-        } else {
-            assert_eq!(slots, vec![7]);
+            use std::os::unix::process::ExitStatusExt;
+            let status = c.wait().unwrap();
+            assert_eq!(status.signal(), Some(9), "the orphan was killed");
         }
+    }
+
+    #[test]
+    fn sandbox_ids_are_read_from_cgroup_paths() {
+        let id = crate::engine::ids::sandbox_id();
+        let v1 = format!("12:freezer:/sandbox-mcp/{id}\n11:memory:/sandbox-mcp/{id}\n0::/\n");
+        assert_eq!(sandbox_of_cgroup(&v1).as_deref(), Some(id.as_str()));
+        let v2 = format!("0::/system.slice/x.service/sandbox-mcp/{id}\n");
+        assert_eq!(sandbox_of_cgroup(&v2).as_deref(), Some(id.as_str()));
+        assert_eq!(sandbox_of_cgroup("0::/user.slice\n"), None);
+        assert_eq!(sandbox_of_cgroup("0::/sandbox-mcp/not-an-id\n"), None);
     }
 
     #[test]
     fn ptys_are_granted_from_one_pool_across_data_dirs() {
         let (_dir, ra, rb) = two_engines("uid-ranges");
         // Each engine would give 40 of a pool of 100 (say, two sandboxes each at most): the
-        // third claim gets what is left, the fourth none, so together they never hold more.
+        // third claim gets what is left, so together they never hold more.
         let s1 = ra.claim(40, 100).unwrap();
         let s2 = rb.claim(40, 100).unwrap();
         let s3 = ra.claim(40, 100).unwrap();
-        let s4 = rb.claim(40, 100).unwrap();
-        let got: Vec<_> = [s1, s2, s3, s4]
+        let got: Vec<_> = [(&ra, s1), (&rb, s2), (&ra, s3)]
             .iter()
-            .map(|s| {
-                let r = if *s == s1 || *s == s3 { &ra } else { &rb };
-                r.ptys(*s).unwrap().unwrap()
-            })
+            .map(|(r, s)| r.ptys(*s).unwrap().unwrap())
             .collect();
-        assert_eq!(got, vec![40, 40, 20, 0]);
+        assert_eq!(got, vec![40, 40, 20]);
         // Another data dir's slot is not this one's to look up.
         assert_eq!(ra.ptys(s2).unwrap(), None);
+        // With the pool spent, a new claim is refused with the reason, never granted no ptys.
+        for r in [&ra, &rb] {
+            let e = r.claim(40, 100).unwrap_err().to_string();
+            assert!(e.contains("ptys are all held"), "{e}");
+        }
         // A released grant goes back to the pool.
         ra.release(s1).unwrap();
         let s5 = rb.claim(40, 100).unwrap();
