@@ -24,6 +24,8 @@ pub struct Rig {
     pub kubectl: PathBuf,
     /// The static binary in the agent image, as `cargo build-static` made it (stripped).
     pub agent: PathBuf,
+    /// The rig's directory (its `image.sh`).
+    dir: PathBuf,
 }
 
 impl Rig {
@@ -59,6 +61,25 @@ impl Rig {
             return Err(format!("building the test images failed ({status})"));
         }
         Ok(rig)
+    }
+
+    /// Imports the contents of `root` as the local image `name`, run as `entrypoint`.
+    pub fn image(&self, name: &str, root: &Path, entrypoint: &str) -> Result<(), String> {
+        let out = Command::new(self.dir.join("image.sh"))
+            .arg(name)
+            .arg(root)
+            .arg(entrypoint)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run image.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "image.sh {name} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
     }
 
     /// Runs kubectl against the rig.
@@ -144,6 +165,7 @@ fn up(dir: &Path, agent: &Path) -> Result<Rig, String> {
         kubeconfig,
         kubectl,
         agent: agent.to_path_buf(),
+        dir: dir.to_path_buf(),
     })
 }
 
