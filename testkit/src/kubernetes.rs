@@ -22,7 +22,7 @@ const PAUSE_IMAGE: &str = "localhost/pause:1";
 pub struct Rig {
     pub kubeconfig: PathBuf,
     pub kubectl: PathBuf,
-    /// The static binary in the agent image, as `cargo build-static` made it (stripped).
+    /// The static binary in the agent image, as `cargo build-static` made it.
     pub agent: PathBuf,
     /// The rig's directory (its `image.sh`).
     dir: PathBuf,
@@ -172,19 +172,17 @@ fn up(dir: &Path, agent: &Path) -> Result<Rig, String> {
 /// The agent image needs a binary that runs in any image: a static one, built the one documented
 /// way, `cargo build-static` (an alias in .cargo/config.toml, where its flags and their reasons
 /// are), into `target_dir/kube-agent`. RUSTFLAGS would replace the alias' flags, so it is not
-/// passed on. Stripped: a debug build's debug info alone is larger than the pod volume the init
-/// container copies the binary into (64 MiB), and the image is imported whole.
+/// passed on.
 pub fn static_build(
     manifest_dir: &Path,
     target_dir: &Path,
     release: bool,
 ) -> Result<PathBuf, String> {
-    let dir = target_dir.join("kube-agent");
     let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
         .args(["build-static", "--message-format=json-render-diagnostics"])
         .args(release.then_some("--release"))
         .current_dir(manifest_dir)
-        .env("CARGO_TARGET_DIR", &dir)
+        .env("CARGO_TARGET_DIR", target_dir.join("kube-agent"))
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .stdin(Stdio::null())
@@ -194,25 +192,13 @@ pub fn static_build(
     if !out.status.success() {
         return Err(format!("cargo build-static failed ({})", out.status));
     }
-    // Where cargo put it: the executable of its last artifact message.
-    let built = String::from_utf8_lossy(&out.stdout)
+    // Where cargo put it: the executable its messages name.
+    String::from_utf8_lossy(&out.stdout)
         .lines()
         .rev()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-        .ok_or("cargo build-static named no executable")?;
-    let profile = if release { "release" } else { "debug" };
-    let stripped = dir.join(format!("sandbox-mcp-{profile}"));
-    let status = Command::new("strip")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(&built)
-        .status();
-    if status.is_ok_and(|s| s.success()) {
-        Ok(stripped)
-    } else {
-        Ok(built)
-    }
+        .ok_or_else(|| "cargo build-static named no executable".to_string())
 }
 
 /// A namespace of its own for one test (or benchmark), deleted when dropped (its pods with it).
