@@ -7,6 +7,8 @@
 //!   ([`mux`]): a new exec costs 50-90 ms, a new stream nothing.
 //! - **State** lives on the pods ([`pod`]): labels and a record annotation. Replicas keep a
 //!   local cache only, and find sandboxes another replica made through the API server.
+//! - **Failures** are the pod status's words ([`status`]): the container, its exit code, reason
+//!   and last log lines, so that a pod deleted after a failed start still says why it failed.
 //! - **Not supported**, said as such: pause (a pod cannot be frozen through the API),
 //!   snapshots and forks, capture, egress rules and secrets (no egress path: sandboxes get the
 //!   namespace's NetworkPolicy), desktops.
