@@ -17,6 +17,20 @@ fn main() {
     // shared with the page cache. What it costs: the binary's own code and data are not
     // randomized (libraries, heap, stacks and mappings still are); see docs/security.md.
     if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        // A static build (`+crt-static`) is a static PIE unless the code is built for a fixed
+        // address too, and `-no-pie` on a static PIE's link makes a binary that crashes at start:
+        // refuse the build rather than make that binary.
+        let features = std::env::var("CARGO_CFG_TARGET_FEATURE").unwrap_or_default();
+        let flags = std::env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+        if features.split(',').any(|f| f == "crt-static")
+            && !flags.contains("relocation-model=static")
+        {
+            build_print::error!(
+                "a static build needs `-C relocation-model=static` besides `+crt-static` (alone, \
+                 it links a static PIE that crashes at start); build it with `cargo build-static`"
+            );
+            std::process::exit(1);
+        }
         println!("cargo::rustc-link-arg-bins=-no-pie");
     }
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());

@@ -48,6 +48,9 @@ macro_rules! require_cluster {
     };
 }
 
+// After the macro, which it uses.
+mod starts;
+
 /// An engine process on the kubernetes driver; killed (SIGKILL) when dropped.
 struct KubeEngine {
     child: Child,

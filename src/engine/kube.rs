@@ -7,12 +7,15 @@
 //!   ([`mux`]): a new exec costs 50-90 ms, a new stream nothing.
 //! - **State** lives on the pods ([`pod`]): labels and a record annotation. Replicas keep a
 //!   local cache only, and find sandboxes another replica made through the API server.
+//! - **Failures** are the pod status's words ([`status`]): the container, its exit code, reason
+//!   and last log lines, so that a pod deleted after a failed start still says why it failed.
 //! - **Not supported**, said as such: pause (a pod cannot be frozen through the API),
 //!   snapshots and forks, capture, egress rules and secrets (no egress path: sandboxes get the
 //!   namespace's NetworkPolicy), desktops.
 
 pub mod mux;
 pub mod pod;
+pub mod status;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,17 +36,6 @@ use pod::{PodOptions, PodRecord, PodState};
 
 /// How long a pod may take to run (an image pull included) before the create fails.
 const START_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// Container waiting reasons that will not resolve by waiting.
-const STUCK: [&str; 7] = [
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "ErrImageNeverPull",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-];
 
 /// A sandbox's multiplexer, once opened.
 type MuxSlot = Arc<tokio::sync::Mutex<Option<Arc<Mux>>>>;
@@ -150,27 +142,15 @@ impl KubernetesDriver {
             .fields(&format!("metadata.name={name}"))
             .timeout(START_TIMEOUT.as_secs() as u32);
         let check = |p: &Pod| -> Option<Result<(), DriverError>> {
+            if let Some(why) = status::start_failure(p) {
+                return Some(Err(DriverError::Launch(why)));
+            }
+            // Being deleted (by another replica's sweep, or from outside).
             if let PodState::Gone(why) = pod::state(p) {
                 return Some(Err(DriverError::Launch(why)));
             }
-            let status = p.status.as_ref()?;
-            for c in status
-                .init_container_statuses
-                .iter()
-                .flatten()
-                .chain(status.container_statuses.iter().flatten())
-            {
-                if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref())
-                    && let Some(reason) = w.reason.as_deref().filter(|r| STUCK.contains(r))
-                {
-                    return Some(Err(DriverError::Launch(format!(
-                        "the sandbox's pod cannot start its {} container: {reason}: {} (check the image names given to the engine)",
-                        c.name,
-                        w.message.as_deref().unwrap_or("")
-                    ))));
-                }
-            }
-            (status.phase.as_deref() == Some("Running")).then_some(Ok(()))
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            (phase == Some("Running")).then_some(Ok(()))
         };
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         loop {
@@ -215,6 +195,12 @@ impl KubernetesDriver {
                 }
             }
         }
+    }
+
+    /// Why the pod of a start will not run, when its status says.
+    async fn start_failure(&self, name: &str) -> Option<String> {
+        let pod = self.pods.get(name).await.ok()?;
+        status::start_failure(&pod)
     }
 
     /// Opens a new bridge exec in the pod.
@@ -368,11 +354,19 @@ impl Driver for KubernetesDriver {
                 loop {
                     match self.ping(&spec.id).await {
                         Ok(()) => return Ok(()),
-                        Err(e @ DriverError::Gone(_)) => return Err(e),
+                        // Its container ended as it started (the agent could not run): why, as
+                        // for a pod that never ran.
+                        Err(e @ DriverError::Gone(_)) => {
+                            return Err(self
+                                .start_failure(&name)
+                                .await
+                                .map_or(e, DriverError::Launch));
+                        }
                         Err(e) if tokio::time::Instant::now() >= deadline => {
-                            return Err(DriverError::Launch(format!(
-                                "the sandbox's agent did not answer: {e}"
-                            )));
+                            let why = self.start_failure(&name).await.unwrap_or_else(|| {
+                                format!("the sandbox's agent did not answer: {e}")
+                            });
+                            return Err(DriverError::Launch(why));
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
                     }

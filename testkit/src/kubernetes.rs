@@ -22,6 +22,10 @@ const PAUSE_IMAGE: &str = "localhost/pause:1";
 pub struct Rig {
     pub kubeconfig: PathBuf,
     pub kubectl: PathBuf,
+    /// The static binary in the agent image, as `cargo build-static` made it.
+    pub agent: PathBuf,
+    /// The rig's directory (its `image.sh`).
+    dir: PathBuf,
 }
 
 impl Rig {
@@ -36,15 +40,15 @@ impl Rig {
                 "needs a Kubernetes cluster: set SANDBOX_MCP_TEST_K8S_RIG to the k8s-local rig's \
                  directory (README, Tests)",
             )?;
-        let mut rig = up(&dir)?;
+        let agent = static_build(manifest_dir, target_dir, release)?;
+        let mut rig = up(&dir, &agent)?;
         // The rig's kubelet garbage-collects unused images when the disk fills up, the pause
         // image included, after which no pod starts: a fresh start builds it again.
         if !rig.has_image(PAUSE_IMAGE)? {
             eprintln!("k8s rig: {PAUSE_IMAGE} is gone (image GC on a full disk?); restarting");
             let _ = Command::new(dir.join("down.sh")).status();
-            rig = up(&dir)?;
+            rig = up(&dir, &agent)?;
         }
-        let agent = static_binary(manifest_dir, target_dir, release)?;
         let images = Path::new(manifest_dir).join("tests/fixtures/kubernetes/images.sh");
         let status = Command::new("bash")
             .arg(&images)
@@ -57,6 +61,25 @@ impl Rig {
             return Err(format!("building the test images failed ({status})"));
         }
         Ok(rig)
+    }
+
+    /// Imports the contents of `root` as the local image `name`, run as `entrypoint`.
+    pub fn image(&self, name: &str, root: &Path, entrypoint: &str) -> Result<(), String> {
+        let out = Command::new(self.dir.join("image.sh"))
+            .arg(name)
+            .arg(root)
+            .arg(entrypoint)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run image.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "image.sh {name} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
     }
 
     /// Runs kubectl against the rig.
@@ -117,7 +140,7 @@ impl Rig {
 }
 
 /// `up.sh` is idempotent: it reuses a running rig, and prints `export KUBECONFIG=…`.
-fn up(dir: &Path) -> Result<Rig, String> {
+fn up(dir: &Path, agent: &Path) -> Result<Rig, String> {
     let out = Command::new(dir.join("up.sh"))
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
@@ -141,44 +164,41 @@ fn up(dir: &Path) -> Result<Rig, String> {
     Ok(Rig {
         kubeconfig,
         kubectl,
+        agent: agent.to_path_buf(),
+        dir: dir.to_path_buf(),
     })
 }
 
-/// The agent image needs a binary that runs in any image: a static one. glibc's static-pie
-/// crashes at start, hence a non-PIE static build. Built for the host's target explicitly so
-/// that these flags skip build scripts and proc macros. Stripped: the image is imported whole.
-fn static_binary(manifest_dir: &Path, target_dir: &Path, release: bool) -> Result<PathBuf, String> {
-    let target = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
-    let dir = target_dir.join("kube-agent");
-    let profile = if release { "release" } else { "debug" };
-    let status = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
-        .args(["build", "--bin", "sandbox-mcp", "--target", &target])
+/// The agent image needs a binary that runs in any image: a static one, built the one documented
+/// way, `cargo build-static` (an alias in .cargo/config.toml, where its flags and their reasons
+/// are), into `target_dir/kube-agent`. RUSTFLAGS would replace the alias' flags, so it is not
+/// passed on.
+pub fn static_build(
+    manifest_dir: &Path,
+    target_dir: &Path,
+    release: bool,
+) -> Result<PathBuf, String> {
+    let out = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["build-static", "--message-format=json-render-diagnostics"])
         .args(release.then_some("--release"))
         .current_dir(manifest_dir)
-        .env("CARGO_TARGET_DIR", &dir)
-        .env(
-            "RUSTFLAGS",
-            "-C target-feature=+crt-static -C relocation-model=static",
-        )
+        .env("CARGO_TARGET_DIR", target_dir.join("kube-agent"))
+        .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .stdout(Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run cargo for the static agent: {e}"))?;
-    if !status.success() {
-        return Err(format!("building the static agent failed ({status})"));
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cannot run cargo build-static: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo build-static failed ({})", out.status));
     }
-    let built = dir.join(&target).join(profile).join("sandbox-mcp");
-    let stripped = dir.join(format!("sandbox-mcp-{profile}"));
-    let status = Command::new("strip")
-        .arg("-o")
-        .arg(&stripped)
-        .arg(&built)
-        .status();
-    if status.is_ok_and(|s| s.success()) {
-        Ok(stripped)
-    } else {
-        Ok(built)
-    }
+    // Where cargo put it: the executable its messages name.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo build-static named no executable".to_string())
 }
 
 /// A namespace of its own for one test (or benchmark), deleted when dropped (its pods with it).

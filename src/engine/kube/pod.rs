@@ -29,6 +29,11 @@ pub const STATE_LABEL: &str = "sandbox-mcp.dev/state";
 pub const RECORD_ANNOTATION: &str = "sandbox-mcp.dev/record";
 /// The container that is the sandbox.
 pub const CONTAINER: &str = "sandbox";
+/// The init container that copies the agent into the pod.
+pub const INIT_CONTAINER: &str = "agent";
+/// A failed container's termination message is its last log lines (the kubelet keeps 2 KiB):
+/// how the agent's own words reach an error after its pod was deleted.
+const MESSAGE_POLICY: &str = "FallbackToLogsOnError";
 
 /// What the operator chose for the pods (from `sandbox-mcp engine --driver kubernetes`).
 #[derive(Debug, Clone, Default)]
@@ -182,7 +187,7 @@ pub fn build(
     // The agent reaches any image this way: an init container copies the static binary from the
     // agent image into a volume the sandbox container starts it from.
     let init = Container {
-        name: "agent".into(),
+        name: INIT_CONTAINER.into(),
         image: Some(opts.agent_image.clone()),
         image_pull_policy: pull.clone(),
         command: Some(vec![
@@ -192,6 +197,7 @@ pub fn build(
         ]),
         volume_mounts: Some(vec![volume.clone()]),
         security_context: Some(security.clone()),
+        termination_message_policy: Some(MESSAGE_POLICY.into()),
         resources: Some(resources(
             &Shape {
                 vcpus: record.shape.vcpus.min(0.5),
@@ -220,6 +226,7 @@ pub fn build(
         working_dir: workdir.map(str::to_string),
         volume_mounts: Some(vec![volume]),
         security_context: Some(security),
+        termination_message_policy: Some(MESSAGE_POLICY.into()),
         resources: Some(resources(&record.shape, opts.cpu_overcommit)),
         ..Default::default()
     };
@@ -326,25 +333,9 @@ pub fn state(pod: &Pod) -> PodState {
             "sandbox {id} is gone: its pod is being deleted (by another engine replica, or outside the engine); create a new sandbox"
         ));
     }
-    let status = pod.status.as_ref();
-    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
-    if phase == "Failed" || phase == "Succeeded" {
-        let reason = status
-            .and_then(|s| s.reason.clone())
-            .or_else(|| {
-                status
-                    .and_then(|s| s.container_statuses.as_ref())
-                    .and_then(|c| c.iter().find(|c| c.name == CONTAINER))
-                    .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.reason.clone())
-            })
-            .unwrap_or_else(|| phase.to_string());
-        let why = match reason.as_str() {
-            "DeadlineExceeded" => "its timeout passed (the kubelet ended the pod)".to_string(),
-            "OOMKilled" => "its agent ran out of memory (raise memory_mb)".to_string(),
-            "Evicted" => "the node evicted its pod (the node ran short of resources)".to_string(),
-            other => format!("its pod ended ({other})"),
-        };
-        return PodState::Gone(format!("sandbox {id} is gone: {why}; create a new sandbox"));
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if phase == Some("Failed") || phase == Some("Succeeded") {
+        return PodState::Gone(super::status::gone(pod, &id));
     }
     let labelled_ready = pod
         .metadata
@@ -482,6 +473,11 @@ mod tests {
             assert_eq!(sc.run_as_non_root, Some(true));
             assert_eq!(sc.run_as_user, Some(1000));
             assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+            assert_eq!(
+                c.termination_message_policy.as_deref(),
+                Some("FallbackToLogsOnError"),
+                "a failed start reports the container's last words"
+            );
         }
         let init = &spec.init_containers.as_ref().unwrap()[0];
         assert_eq!(init.image.as_deref(), Some("example/agent:1"));
