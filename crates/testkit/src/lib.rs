@@ -1,5 +1,7 @@
 //! Fixtures the integration tests (`tests/`) and the benchmarks (`benches/`) share, in a crate of
 //! their own so that each is compiled once rather than into both.
+// Fixtures for tests and benchmarks: one that cannot be made fails the test that asked for it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod images;
 pub mod kubernetes;
