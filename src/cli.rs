@@ -652,7 +652,7 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
         Some(_lock) => {
             let (tdir, ldir) = (
                 config.templates_dir(),
-                crate::engine::layers::dir(&config.data_dir),
+                sandbox_mcp_sys::layers::dir(&config.data_dir),
             );
             let templates = crate::engine::templates::load(&tdir, &ldir)?;
             // The egress CA the image's trust store gets (made here if no engine ran yet).

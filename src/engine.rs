@@ -8,14 +8,12 @@
 //! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
 
 pub mod api;
-pub(crate) mod budget;
 pub mod config;
 pub(crate) mod diff;
 pub mod driver;
 pub mod error;
 pub mod ids;
 pub mod kube;
-pub(crate) mod layers;
 pub mod linux;
 pub mod local;
 pub mod manager;
@@ -26,6 +24,5 @@ pub(crate) mod preview;
 pub(crate) mod proxy;
 pub(crate) mod secrets;
 pub mod server;
-pub(crate) mod stack;
 pub mod state;
 pub(crate) mod templates;

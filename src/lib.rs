@@ -9,11 +9,8 @@ pub mod agent;
 pub(crate) mod auth;
 pub mod cli;
 pub mod client;
-pub(crate) mod durable;
 pub mod engine;
-pub(crate) mod fs_tree;
 pub mod mcp;
-pub(crate) mod sys;
 pub mod tooldefs;
 
 /// The validator every tool call's arguments go through (shared with the build).

@@ -501,8 +501,7 @@ async fn a_data_dir_under_a_private_directory_works() {
 /// The host's cgroup2 mount: its mount point, its own options and its hierarchy's options.
 fn cgroup2_mount() -> Option<(String, String, String)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mount =
-        sandbox_mcp::engine::linux::cgroups::mounts(&info).find(|m| m.fstype == "cgroup2")?;
+    let mount = sandbox_mcp_sys::mounts::mounts(&info).find(|m| m.fstype == "cgroup2")?;
     Some((
         mount.point.to_string(),
         mount.options.to_string(),

@@ -319,7 +319,7 @@ pub fn delete(Delete { path, recursive }: Delete) -> Result<Deleted> {
     let result = if meta.is_dir() {
         if recursive {
             // Iterative, never following symlinks: sandbox code may have built it 15 000 deep.
-            crate::fs_tree::remove_tree(&path)
+            sandbox_mcp_sys::fs_tree::remove_tree(&path)
         } else {
             fs::remove_dir(&path)
         }

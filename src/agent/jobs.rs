@@ -20,7 +20,7 @@ use super::protocol::{
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
 use super::spawn::{self, Launch, default_cwd, error};
-use crate::sys::now_ms;
+use sandbox_mcp_sys::now_ms;
 
 pub(crate) const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";
 /// Most jobs running at once in one sandbox.

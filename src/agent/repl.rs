@@ -24,7 +24,7 @@ use super::protocol::{
 };
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, default_cwd, error};
-use crate::sys::now_ms;
+use sandbox_mcp_sys::now_ms;
 
 const PYTHON_DRIVER: &str = include_str!("drivers/python.py");
 const NODE_DRIVER: &str = include_str!("drivers/node.js");

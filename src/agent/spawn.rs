@@ -35,7 +35,7 @@ pub fn confine_commands(confinement: Confinement) {
 /// Becomes the sandbox's root with only the sandbox's capabilities, in the Landlock domain.
 /// Runs between fork and exec: raw system calls only, nothing that allocates or locks.
 fn confine(caps: u64, landlock: Option<RawFd>, user: Option<(u32, u32)>) -> std::io::Result<()> {
-    use crate::sys;
+    use sandbox_mcp_sys::syscalls as sys;
     let check = |ret: libc::c_long| {
         if ret < 0 {
             Err(std::io::Error::last_os_error())

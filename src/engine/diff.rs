@@ -1145,7 +1145,7 @@ fn components_of(target: &[u8]) -> usize {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::engine::layers;
+    use sandbox_mcp_sys::layers;
     use std::ffi::OsStr;
     use std::fs;
     use std::os::unix::ffi::OsStrExt;
@@ -1673,7 +1673,7 @@ mod tests {
         assert!(msg.contains("…") && msg.contains("too deep"), "{msg}");
         assert!(!msg.contains(tmp.path().to_str().unwrap()), "{msg}");
         // std's remove_dir_all recurses with a descriptor per level: too many here.
-        crate::fs_tree::remove_tree(tmp.path()).unwrap();
+        sandbox_mcp_sys::fs_tree::remove_tree(tmp.path()).unwrap();
     }
 
     #[test]

@@ -96,7 +96,7 @@ pub(crate) fn current_request_id() -> String {
     REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
 }
 
-pub(crate) use crate::sys::now_ms;
+pub(crate) use sandbox_mcp_sys::now_ms;
 
 /// A time from milliseconds since the Unix epoch, in whole seconds (as the API reports times).
 pub fn time(unix_ms: i64) -> chrono::DateTime<chrono::Utc> {

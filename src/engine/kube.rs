@@ -30,9 +30,9 @@ use crate::agent::pod::AGENT_DIR;
 use crate::agent::protocol::Ping;
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage};
 use crate::engine::state::Record;
-use crate::sys::lock;
 use mux::Mux;
 use pod::{PodOptions, PodRecord, PodState};
+use sandbox_mcp_sys::lock;
 
 /// How long a pod may take to run (an image pull included) before the create fails.
 const START_TIMEOUT: Duration = Duration::from_secs(180);

@@ -108,7 +108,7 @@ pub(crate) type EngineLock = nix::fcntl::Flock<fs::File>;
 
 /// Takes the data dir's lock without blocking; `None` when another process holds it.
 pub(crate) fn try_lock(config: &EngineConfig) -> std::io::Result<Option<EngineLock>> {
-    crate::durable::try_lock(&config.lock_file())
+    sandbox_mcp_sys::durable::try_lock(&config.lock_file())
 }
 
 /// What the owner of a data dir published, if it did.
@@ -142,7 +142,7 @@ fn publish(config: &EngineConfig, url: &str, key: &str) -> std::io::Result<()> {
         pid: std::process::id(),
     };
     let json = serde_json::to_vec(&endpoint).map_err(std::io::Error::other)?;
-    crate::durable::write_atomically(&config.endpoint_file(), &json, 0o600)
+    sandbox_mcp_sys::durable::write_atomically(&config.endpoint_file(), &json, 0o600)
 }
 
 /// The loopback URL other processes should use for a listen address.

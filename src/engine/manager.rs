@@ -133,7 +133,7 @@ impl Entry {
     }
 }
 
-use crate::sys::lock;
+use sandbox_mcp_sys::lock;
 
 /// Counts an operation in flight for the idle timer, and refreshes activity on both ends.
 struct InFlight(Arc<Entry>);
@@ -295,7 +295,7 @@ impl Manager {
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let (templates_dir, layers_dir) = (
             config.templates_dir(),
-            crate::engine::layers::dir(&config.data_dir),
+            sandbox_mcp_sys::layers::dir(&config.data_dir),
         );
         let templates = match driver.image_templates() {
             // The driver's images are its templates: nothing is built on this host.
@@ -360,14 +360,14 @@ impl Manager {
         }
         // The engine's own budgets: every descriptor the hard limit allows (a share of them for
         // sandbox traffic), and large buffers that go back to the kernel when freed.
-        let nofile = crate::engine::budget::raise_nofile();
-        crate::engine::budget::tune_allocator();
+        let nofile = sandbox_mcp_sys::budget::raise_nofile();
+        sandbox_mcp_sys::budget::tune_allocator();
         let hub = Hub::new(
             config.network.clone(),
             log,
             secrets.clone(),
             Some(Arc::new(interceptor)),
-            crate::engine::budget::Descriptors::new(nofile),
+            sandbox_mcp_sys::budget::Descriptors::new(nofile),
         );
         let manager = Arc::new(Self {
             config,
@@ -401,7 +401,7 @@ impl Manager {
     }
 
     /// The engine's descriptors that sandbox traffic (relayed connections, previews) may use.
-    pub(crate) fn descriptors(&self) -> &Arc<crate::engine::budget::Descriptors> {
+    pub(crate) fn descriptors(&self) -> &Arc<sandbox_mcp_sys::budget::Descriptors> {
         self.hub.fds()
     }
 
@@ -1149,7 +1149,7 @@ impl Manager {
         // to the kernel, not only to the allocator. Its connections end as the network closes.
         tokio::spawn(async {
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            let _ = blocking(crate::engine::budget::give_back).await;
+            let _ = blocking(sandbox_mcp_sys::budget::give_back).await;
         });
         Ok(())
     }

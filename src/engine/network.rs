@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::budget::Descriptors;
 pub use crate::engine::policy::EgressDefault;
 use crate::engine::policy::{Cidr, Guard, Policy};
+use sandbox_mcp_sys::budget::Descriptors;
 
 /// Connections one sandbox may hold open through the relay at once, unless configured.
 /// How long an outbound connect may take.
@@ -373,7 +373,7 @@ impl Drop for SandboxNet {
     }
 }
 
-use crate::sys::lock;
+use sandbox_mcp_sys::lock;
 
 /// Every address of every interface of the host (the engine's namespace).
 fn host_addresses() -> Vec<IpAddr> {

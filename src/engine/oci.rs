@@ -34,7 +34,7 @@ use serde::de::DeserializeOwned;
 use tar::EntryType;
 
 use crate::engine::ids::hex;
-use crate::engine::layers;
+use sandbox_mcp_sys::layers;
 
 /// Largest manifest, index or config read: real ones are a few KiB.
 const MAX_JSON: u64 = 4 << 20;

@@ -1,7 +1,7 @@
 //! Templates: what a sandbox's filesystem starts from.
 //!
 //! A template is `<data>/templates/<name>/template.json`: its name, status, shape, environment and
-//! the stack of read-only layers (`<data>/layers/<id>/`, see [`crate::engine::layers`]) a
+//! the stack of read-only layers (`<data>/layers/<id>/`, see [`sandbox_mcp_sys::layers`]) a
 //! sandbox's own writable layer goes on top of. The built-in `base` template also holds
 //! `rootfs/`, a skeleton root with a curated /etc; the host's /usr (and any /bin, /lib… that are
 //! not symlinks into it) is shown read-only, copy-on-write, at the same path. It never contains
@@ -308,12 +308,12 @@ pub(crate) fn save(templates_dir: &Path, file: &TemplateFile) -> io::Result<()> 
         .mode(0o755)
         .create(&dir)?;
     let bytes = serde_json::to_vec_pretty(file).map_err(io::Error::other)?;
-    crate::durable::write_atomically(&dir.join("template.json"), &bytes, 0o644)
+    sandbox_mcp_sys::durable::write_atomically(&dir.join("template.json"), &bytes, 0o644)
 }
 
 /// Deletes the directory of the template `key` (its layers are collected separately).
 pub(crate) fn remove(templates_dir: &Path, key: &str) -> io::Result<()> {
-    crate::fs_tree::remove_tree(&templates_dir.join(key))
+    sandbox_mcp_sys::fs_tree::remove_tree(&templates_dir.join(key))
 }
 
 /// Puts the engine's egress CA in the base template's trust store: the host's bundle plus the
@@ -337,7 +337,7 @@ pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
         if fs::read_to_string(&path).ok().as_deref() != Some(content) {
             // A symlink copied from the host is replaced by the file, never written through.
             let _ = fs::remove_file(&path);
-            crate::durable::write_atomically(&path, content.as_bytes(), 0o644)?;
+            sandbox_mcp_sys::durable::write_atomically(&path, content.as_bytes(), 0o644)?;
         }
     }
     Ok(())

@@ -4,7 +4,7 @@
 //! when it is created, and cannot be recovered. Checking a token goes through [`crate::auth`]
 //! (constant-time, against every key; the file re-read when it changes, so `keys create` and
 //! `keys revoke` take effect without a restart). Writers take an exclusive lock and replace the
-//! file atomically ([`crate::durable`]), so concurrent commands never lose a key.
+//! file atomically ([`sandbox_mcp_sys::durable`]), so concurrent commands never lose a key.
 
 use std::fs;
 use std::path::Path;
@@ -90,11 +90,11 @@ impl KeyStore {
         if let Some(dir) = self.path().parent() {
             fs::create_dir_all(dir)?;
         }
-        let _lock = crate::durable::lock(&self.path().with_extension("lock"))?;
+        let _lock = sandbox_mcp_sys::durable::lock(&self.path().with_extension("lock"))?;
         let mut records = self.read()?;
         let out = change(&mut records)?;
         let json = serde_json::to_vec_pretty(&records).map_err(std::io::Error::other)?;
-        crate::durable::write_atomically(self.path(), &json, 0o600)?;
+        sandbox_mcp_sys::durable::write_atomically(self.path(), &json, 0o600)?;
         Ok(out)
     }
 

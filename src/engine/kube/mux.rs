@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
 use crate::agent::pod::{CLOSE, DATA, OPEN, frame, read_frame, send_data, write_frames};
-use crate::sys::lock;
+use sandbox_mcp_sys::lock;
 
 /// Bytes buffered between a caller and its stream's pump.
 const STREAM_BUFFER: usize = 256 * 1024;

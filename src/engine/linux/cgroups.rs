@@ -6,6 +6,7 @@
 //! the v1 freezer is the fallback. Killing prefers `cgroup.kill`; without it every process is
 //! killed while frozen, so nothing can fork away in between.
 
+use sandbox_mcp_sys::mounts::{MountLine, mounts};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -78,35 +79,6 @@ fn read_keyed(path: &Path, key: &str) -> Option<u64> {
     fs::read_to_string(path).ok()?.lines().find_map(|line| {
         let mut parts = line.split_whitespace();
         (parts.next() == Some(key)).then(|| parts.next()?.parse().ok())?
-    })
-}
-
-/// What this module reads of one /proc/self/mountinfo line.
-pub struct MountLine<'a> {
-    pub point: &'a str,
-    /// The mount's own options (`rw,nosuid,…`).
-    pub options: &'a str,
-    pub fstype: &'a str,
-    /// The filesystem's options (for cgroups, the controllers or hierarchy options).
-    pub super_options: &'a str,
-}
-
-/// The lines of `info` (mountinfo) that parse; the optional fields before ` - ` are skipped.
-pub fn mounts(info: &str) -> impl Iterator<Item = MountLine<'_>> {
-    info.lines().filter_map(|line| {
-        let (left, right) = line.split_once(" - ")?;
-        let mut left = left.split_whitespace();
-        let point = left.nth(4)?;
-        let options = left.next().unwrap_or("");
-        let mut right = right.split_whitespace();
-        let fstype = right.next()?;
-        let super_options = right.nth(1).unwrap_or("");
-        Some(MountLine {
-            point,
-            options,
-            fstype,
-            super_options,
-        })
     })
 }
 

@@ -150,32 +150,10 @@ fn mounted_at(path: &Path) -> bool {
         return false;
     };
     info.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .is_some_and(|m| unescape_mountinfo(m) == path.as_os_str().as_encoded_bytes())
+        line.split(' ').nth(4).is_some_and(|m| {
+            sandbox_mcp_sys::mounts::unescape(m) == path.as_os_str().as_encoded_bytes()
+        })
     })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, and so on).
-fn unescape_mountinfo(field: &str) -> Vec<u8> {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|s| u8::from_str_radix(s, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    out
 }
 
 fn open_dir(path: &Path) -> io::Result<fs::File> {
@@ -316,7 +294,7 @@ pub fn open(sandboxes_dir: &Path, limits: DiskLimits) -> io::Result<Store> {
     }
     // Build the image aside and rename it into place: a crash never leaves a half-made store
     // that the next start would try to mount.
-    let made = crate::durable::replace_with(&image, 0o644, |f, tmp| {
+    let made = sandbox_mcp_sys::durable::replace_with(&image, 0o644, |f, tmp| {
         f.set_len(size)?;
         f.sync_all()?;
         run(Command::new(&mkfs).arg("-q").arg("-f").arg(tmp))
@@ -539,20 +517,12 @@ pub(crate) fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result
         }
     }
     // Iterative and in constant memory: the tree is the sandbox's, as deep as it liked.
-    crate::fs_tree::remove_tree(&path)
+    sandbox_mcp_sys::fs_tree::remove_tree(&path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape_mountinfo(r"/tmp/a\040b"), b"/tmp/a b");
-        assert_eq!(unescape_mountinfo(r"/x\134y"), b"/x\\y");
-        assert_eq!(unescape_mountinfo(r"/plain"), b"/plain");
-        assert_eq!(unescape_mountinfo(r"/trailing\04"), b"/trailing\\04");
-    }
 
     #[test]
     fn filesystem_ids_are_written_as_sysfs_names_them() {

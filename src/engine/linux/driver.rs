@@ -20,8 +20,8 @@ use crate::engine::driver::{
     AgentConn, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef, Liveness, StartSpec,
     TemplateLayout, Usage,
 };
-use crate::engine::layers::TooDeep;
 use crate::engine::network::EgressSockets;
+use sandbox_mcp_sys::layers::TooDeep;
 
 /// How long a launch may take before it is abandoned.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -194,7 +194,7 @@ impl NamespacesDriver {
     fn ensure_ids(&self, fs: &FsRef) -> io::Result<()> {
         let path = self.dir(&fs.name).join(IDS_FILE);
         match (self.disk_ids(fs), path.exists()) {
-            (Some(ids), false) => crate::durable::replace_with(&path, 0o600, |f, _| {
+            (Some(ids), false) => sandbox_mcp_sys::durable::replace_with(&path, 0o600, |f, _| {
                 use std::io::Write;
                 f.write_all(ids.to_string().as_bytes())
             }),
@@ -226,12 +226,12 @@ impl NamespacesDriver {
     fn copy_fs(&self, from: &FsRef, to: &str) -> io::Result<()> {
         let (src, dst) = (self.dir(&from.name), self.dir(to));
         let owners = if self.uid == 0 {
-            crate::engine::layers::Owners::Same
+            sandbox_mcp_sys::layers::Owners::Same
         } else {
-            crate::engine::layers::Owners::Keep
+            sandbox_mcp_sys::layers::Owners::Keep
         };
         if src.join("upper").is_dir() {
-            crate::engine::layers::copy_tree(&src.join("upper"), &dst.join("upper"), owners)
+            sandbox_mcp_sys::layers::copy_tree(&src.join("upper"), &dst.join("upper"), owners)
                 .map_err(
                     |e| match e.get_ref().and_then(|i| i.downcast_ref::<TooDeep>()) {
                         Some(deep) => io::Error::new(io::ErrorKind::InvalidData, deep.to_string()),
@@ -344,7 +344,7 @@ impl NamespacesDriver {
         // SAFETY: `restore` makes system calls only (no allocation, no lock), as is required
         // between fork and exec in a multi-threaded process.
         unsafe {
-            launcher.pre_exec(crate::engine::budget::restore);
+            launcher.pre_exec(sandbox_mcp_sys::budget::restore);
         }
         let mut child = launcher.spawn().map_err(|e| {
             DriverError::Launch(format!(
@@ -752,16 +752,16 @@ impl Driver for NamespacesDriver {
             name: id.to_string(),
             slot: Some(slot),
         }) {
-            Some(base) => crate::engine::layers::Owners::Shift {
+            Some(base) => sandbox_mcp_sys::layers::Owners::Shift {
                 base,
                 count: plan::MAPPED_IDS,
             },
-            None => crate::engine::layers::Owners::Keep,
+            None => sandbox_mcp_sys::layers::Owners::Keep,
         };
-        crate::engine::layers::capture(&uppers, dest, owners).map_err(|e| {
+        sandbox_mcp_sys::layers::capture(&uppers, dest, owners).map_err(|e| {
             match e
                 .get_ref()
-                .and_then(|inner| inner.downcast_ref::<crate::engine::layers::TooDeep>())
+                .and_then(|inner| inner.downcast_ref::<sandbox_mcp_sys::layers::TooDeep>())
             {
                 // The sandbox's own doing, and the caller can fix it: said in full.
                 Some(deep) => DriverError::Unsupported(deep.to_string()),
@@ -931,7 +931,7 @@ impl Driver for NamespacesDriver {
     }
 
     fn disk_bytes(&self, id: &str) -> u64 {
-        crate::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
+        sandbox_mcp_sys::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
     }
 }
 

@@ -30,7 +30,7 @@ use super::launcher::{AGENT_DIR_FD, AGENT_PLAN_FD, MAX_PLAN};
 use super::plan::LaunchPlan;
 use super::seccomp;
 use super::step::{BuildError, ctx};
-use crate::sys::{self, cap};
+use sandbox_mcp_sys::syscalls::{self as sys, cap};
 
 /// Capabilities sandbox code keeps (inside its user namespace only). Roughly Docker's default set
 /// minus NET_RAW and MKNOD: enough for package managers and chown/chmod, nothing that mounts,

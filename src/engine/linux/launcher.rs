@@ -42,7 +42,7 @@ use serde::Serialize;
 use super::netns;
 use super::plan::{IdMap, LaunchPlan};
 use super::step::{BuildError, ctx};
-use crate::sys;
+use sandbox_mcp_sys::syscalls as sys;
 
 /// The agent's listening socket is always this descriptor in the agent.
 pub const AGENT_LISTEN_FD: RawFd = 3;

@@ -36,7 +36,7 @@ pub(crate) const DNS_PORT: u16 = 15053;
 
 /// Configures the calling thread's (new, empty) network namespace as described above.
 pub(crate) fn configure() -> io::Result<()> {
-    crate::sys::loopback_up()?;
+    sandbox_mcp_sys::syscalls::loopback_up()?;
     std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
     steer()
 }

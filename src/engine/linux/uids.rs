@@ -165,7 +165,7 @@ impl Registry {
                 .mode(0o755)
                 .create(parent)?;
         }
-        let _lock = crate::durable::lock(&self.path.with_extension("lock"))?;
+        let _lock = sandbox_mcp_sys::durable::lock(&self.path.with_extension("lock"))?;
         let text = match fs::read_to_string(&self.path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -175,7 +175,11 @@ impl Registry {
         let mut claims = before.clone();
         let out = f(&mut claims);
         if claims != before {
-            crate::durable::write_atomically(&self.path, render(&claims).as_bytes(), 0o644)?;
+            sandbox_mcp_sys::durable::write_atomically(
+                &self.path,
+                render(&claims).as_bytes(),
+                0o644,
+            )?;
         }
         Ok(out)
     }

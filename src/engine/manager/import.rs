@@ -11,10 +11,10 @@ use std::sync::Arc;
 use super::{Manager, blocking};
 use crate::engine::config::EngineConfig;
 use crate::engine::error::EngineError;
-use crate::engine::layers;
 use crate::engine::oci;
-use crate::engine::stack;
 use crate::engine::templates::{self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus};
+use sandbox_mcp_sys::layers;
+use sandbox_mcp_sys::stack;
 
 /// Where the trust store of most distributions is, inside the image.
 const BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
@@ -85,7 +85,7 @@ pub(crate) fn import(
     fs::create_dir(&work).map_err(EngineError::Templates)?;
     let made = unpack(source, &work, &store, &ca, chown, name);
     // Whatever happened, the scratch directory goes (the layers moved out of it).
-    let _ = crate::fs_tree::remove_tree(&work);
+    let _ = sandbox_mcp_sys::fs_tree::remove_tree(&work);
     let Unpacked {
         layers,
         image,
@@ -193,7 +193,7 @@ fn unpack(
     if let Err(e) = moved {
         // The ids carry this import's nonce: no other template uses them.
         for id in &published {
-            let _ = crate::fs_tree::remove_tree(&store.join(id));
+            let _ = sandbox_mcp_sys::fs_tree::remove_tree(&store.join(id));
         }
         return Err(EngineError::Templates(e));
     }

@@ -19,11 +19,11 @@ use crate::agent::protocol::ExecSpec;
 use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
-use crate::engine::layers;
 use crate::engine::state::NetworkRules;
 use crate::engine::templates::{
     self, BASE, BuildFailure, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
 };
+use sandbox_mcp_sys::layers;
 
 /// The tenant of build sandboxes: no API key can name it (tenant names are checked), and
 /// listings leave its sandboxes out.
@@ -566,7 +566,7 @@ impl Manager {
             let bytes = driver
                 .capture(&sid, slot, &targets, &tmp)
                 .inspect_err(|_| {
-                    let _ = crate::fs_tree::remove_tree(&tmp);
+                    let _ = sandbox_mcp_sys::fs_tree::remove_tree(&tmp);
                 })?;
             layers::publish(&tmp, &store, &key).map_err(EngineError::Templates)?;
             Ok(bytes)

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::sys::now_ms;
+use sandbox_mcp_sys::now_ms;
 
 /// Rows kept per sandbox; older ones are dropped.
 pub(crate) const MAX_ROWS: i64 = 1000;
@@ -204,7 +204,7 @@ impl NetLog {
     /// Logs a row, unless the sandbox is over its rate: then it is only counted.
     pub(crate) fn record(&self, sandbox: &str, row: Row) {
         let summaries = {
-            let mut rates = crate::sys::lock(&self.rates);
+            let mut rates = sandbox_mcp_sys::lock(&self.rates);
             let bucket = rates
                 .entry(sandbox.to_string())
                 .or_insert_with(|| Bucket::new(self.rate));
@@ -223,7 +223,7 @@ impl NetLog {
     /// Counts `n` events of the sandbox that were dropped before they could be logged (DNS
     /// queries over its rate): they show in the log's flood row.
     pub(crate) fn dropped(&self, sandbox: &str, protocol: &'static str, n: u64) {
-        let mut rates = crate::sys::lock(&self.rates);
+        let mut rates = sandbox_mcp_sys::lock(&self.rates);
         let bucket = rates
             .entry(sandbox.to_string())
             .or_insert_with(|| Bucket::new(self.rate));
@@ -233,7 +233,7 @@ impl NetLog {
     /// Rows of one sandbox, newest first, after everything recorded so far is written (what
     /// a flood left out included, as its count).
     pub(crate) async fn read(&self, sandbox: &str, query: Query) -> rusqlite::Result<Vec<Stored>> {
-        let summaries = crate::sys::lock(&self.rates)
+        let summaries = sandbox_mcp_sys::lock(&self.rates)
             .get_mut(sandbox)
             .map(Bucket::summaries)
             .unwrap_or_default();
@@ -249,7 +249,7 @@ impl NetLog {
 
     /// Drops a killed sandbox's rows.
     pub(crate) fn forget(&self, sandbox: &str) {
-        crate::sys::lock(&self.rates).remove(sandbox);
+        sandbox_mcp_sys::lock(&self.rates).remove(sandbox);
         let _ = self.tx.send(Msg::Forget(sandbox.to_string()));
     }
 

@@ -51,7 +51,7 @@ pub(crate) fn listeners(
 
 /// Holds one of the sandbox's connection slots (and, once granted, the engine's descriptors
 /// for it).
-struct Slot(Arc<SandboxNet>, Option<crate::engine::budget::Held>);
+struct Slot(Arc<SandboxNet>, Option<sandbox_mcp_sys::budget::Held>);
 
 impl Drop for Slot {
     fn drop(&mut self) {

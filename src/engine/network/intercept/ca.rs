@@ -103,7 +103,11 @@ impl Interceptor {
                         .open(&key_path)?,
                     key.serialize_pem().as_bytes(),
                 )?;
-                crate::durable::write_atomically(&cert_path, cert.pem().as_bytes(), 0o644)?;
+                sandbox_mcp_sys::durable::write_atomically(
+                    &cert_path,
+                    cert.pem().as_bytes(),
+                    0o644,
+                )?;
                 (cert.pem(), key)
             }
             Err(e) => return Err(e),

@@ -10,14 +10,14 @@ use std::path::Path;
 use nix::fcntl::{Flock, FlockArg};
 
 /// Writes `data` to `path` (mode `mode`) so that a crash leaves the old or the new content.
-pub(crate) fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+pub fn write_atomically(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     replace_with(path, mode, |f, _| f.write_all(data))
 }
 
 /// Makes `path` anew so that a crash leaves the old file or the new one: `fill` writes the new
 /// content into a file beside it (created empty with mode `mode`; given open and by its path,
 /// for content another process writes), which is then synced and renamed over `path`.
-pub(crate) fn replace_with(
+pub fn replace_with(
     path: &Path,
     mode: u32,
     fill: impl FnOnce(&mut fs::File, &Path) -> io::Result<()>,
@@ -46,13 +46,13 @@ pub(crate) fn replace_with(
 
 /// An exclusive lock on `path` (created, mode 0600), held until dropped. Blocks while another
 /// process holds it.
-pub(crate) fn lock(path: &Path) -> io::Result<Flock<fs::File>> {
+pub fn lock(path: &Path) -> io::Result<Flock<fs::File>> {
     let file = open_lock_file(path)?;
     Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| e.into())
 }
 
 /// Like [`lock`], without waiting: `None` when another process holds it.
-pub(crate) fn try_lock(path: &Path) -> io::Result<Option<Flock<fs::File>>> {
+pub fn try_lock(path: &Path) -> io::Result<Option<Flock<fs::File>>> {
     let file = open_lock_file(path)?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(Some(lock)),

@@ -29,7 +29,7 @@ static STARTED_WITH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard one; returns the limit now in force. The soft
 /// limit found first is remembered for [`restore`].
-pub(crate) fn raise_nofile() -> u64 {
+pub fn raise_nofile() -> u64 {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
         return 1024;
@@ -45,7 +45,7 @@ pub(crate) fn raise_nofile() -> u64 {
 /// with: sandbox processes keep what they had before the engine raised its own (programs that
 /// close every descriptor up to the limit, or use `select`, expect a small one). Only a system
 /// call: safe between fork and exec.
-pub(crate) fn restore() -> std::io::Result<()> {
+pub fn restore() -> std::io::Result<()> {
     let Some(&soft) = STARTED_WITH.get() else {
         return Ok(());
     };
@@ -68,7 +68,7 @@ pub(crate) fn restore() -> std::io::Result<()> {
 
 /// The descriptors sandbox-driven work may use, shared by every sandbox of the engine.
 #[derive(Debug)]
-pub(crate) struct Descriptors {
+pub struct Descriptors {
     /// Slots handed out at most.
     total: usize,
     used: AtomicUsize,
@@ -76,7 +76,7 @@ pub(crate) struct Descriptors {
 
 /// Slots held; given back when dropped.
 #[derive(Debug)]
-pub(crate) struct Held {
+pub struct Held {
     of: Arc<Descriptors>,
     n: usize,
 }
@@ -90,7 +90,7 @@ impl Drop for Held {
 impl Descriptors {
     /// Shares out `limit` descriptors (the process's `RLIMIT_NOFILE`), keeping a quarter of
     /// them (at least [`MIN_RESERVE`]) for the engine's own work.
-    pub(crate) fn new(limit: u64) -> Arc<Descriptors> {
+    pub fn new(limit: u64) -> Arc<Descriptors> {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
         let reserve = (limit / 4).max(MIN_RESERVE);
         Arc::new(Descriptors {
@@ -100,7 +100,7 @@ impl Descriptors {
     }
 
     /// Takes `n` slots, or none if that would pass the budget.
-    pub(crate) fn take(self: &Arc<Self>, n: usize) -> Option<Held> {
+    pub fn take(self: &Arc<Self>, n: usize) -> Option<Held> {
         let mut used = self.used.load(Ordering::Acquire);
         loop {
             if used + n > self.total {
@@ -124,21 +124,21 @@ impl Descriptors {
     }
 
     /// Slots handed out at most.
-    pub(crate) fn total(&self) -> usize {
+    pub fn total(&self) -> usize {
         self.total
     }
 
     /// The relayed connections one sandbox may hold at once, whatever `--max-connections`
     /// says: half of what the budget has for connections (two descriptors each), so a sandbox
     /// that takes all it may still leaves the other half to every other sandbox.
-    pub(crate) fn connections_per_sandbox(&self) -> usize {
+    pub fn connections_per_sandbox(&self) -> usize {
         (self.total / 4).max(1)
     }
 }
 
 /// Has glibc map every allocation of 128 KiB or more on its own, so that freeing it gives it
 /// back at once (see the module's doc). Once, at engine start.
-pub(crate) fn tune_allocator() {
+pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets the allocator's parameters.
     unsafe {
@@ -148,7 +148,7 @@ pub(crate) fn tune_allocator() {
 
 /// Returns freed heap memory to the kernel (after a sandbox, and whatever the engine held for
 /// it, is gone). Takes a few milliseconds with a large heap: call it off the async threads.
-pub(crate) fn give_back() {
+pub fn give_back() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of the allocator's own.
     unsafe {

@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// Milliseconds since the Unix epoch (the clock the engine's records and the agent's jobs share).
-pub(crate) fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -39,7 +39,7 @@ struct CloneArgs {
 /// # Safety
 /// Like `fork`: the calling process must be single-threaded, so the child cannot inherit a lock
 /// held by another thread.
-pub(crate) unsafe fn clone3_fork(flags: u64) -> io::Result<i32> {
+pub unsafe fn clone3_fork(flags: u64) -> io::Result<i32> {
     let args = CloneArgs {
         flags,
         exit_signal: libc::SIGCHLD as u64,
@@ -78,14 +78,14 @@ struct MountAttr {
 /// A detached, read-only, nosuid, nodev copy of the mount at `path` whose file ownership is
 /// shifted through `userns_fd`'s id map: host root's files appear owned by the sandbox's root,
 /// so overlay copy-up works inside the sandbox while the host files stay untouched.
-pub(crate) fn idmapped_tree(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
+pub fn idmapped_tree(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
     idmapped(path, userns_fd, MOUNT_ATTR_RDONLY)
 }
 
 /// A detached, writable, nosuid, nodev copy of the mount at `path` whose file ownership is
 /// shifted through `userns_fd`'s id map (a forked sandbox's own directory: see
 /// [`userns_with_map`]).
-pub(crate) fn idmapped_tree_rw(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
+pub fn idmapped_tree_rw(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
     idmapped(path, userns_fd, 0)
 }
 
@@ -134,7 +134,7 @@ fn idmapped(path: &str, userns_fd: RawFd, extra: u64) -> io::Result<OwnedFd> {
 /// to be made in. That process (a child that does nothing but wait) is gone when this returns;
 /// the descriptor keeps the namespace. The caller must be single-threaded (it forks) and
 /// privileged in the host's user namespace (it writes a map of host ids).
-pub(crate) fn userns_with_map(map: &str) -> io::Result<OwnedFd> {
+pub fn userns_with_map(map: &str) -> io::Result<OwnedFd> {
     let (hold, release) = nix::unistd::pipe()?;
     // SAFETY: the caller is single-threaded; the child only reads from a pipe and exits.
     let pid = unsafe { clone3_fork(libc::CLONE_NEWUSER as u64) }?;
@@ -158,7 +158,7 @@ pub(crate) fn userns_with_map(map: &str) -> io::Result<OwnedFd> {
 }
 
 /// `pivot_root(".", ".")`: the caller must have chdir'ed into the new root.
-pub(crate) fn pivot_root_here() -> io::Result<()> {
+pub fn pivot_root_here() -> io::Result<()> {
     let dot = cstr(".")?;
     // SAFETY: valid NUL-terminated paths.
     let ret = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
@@ -170,7 +170,7 @@ pub(crate) fn pivot_root_here() -> io::Result<()> {
 }
 
 /// Marks every descriptor from `first` up close-on-exec.
-pub(crate) fn cloexec_from(first: u32) -> io::Result<()> {
+pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: plain syscall on integer arguments.
     let ret = unsafe { libc::syscall(libc::SYS_close_range, first, u32::MAX, CLOSE_RANGE_CLOEXEC) };
@@ -183,7 +183,7 @@ pub(crate) fn cloexec_from(first: u32) -> io::Result<()> {
 
 /// `execveat(fd, "", argv, envp, AT_EMPTY_PATH)`: runs the program open at `fd`, which need not
 /// be reachable from the current root. Returns only on failure.
-pub(crate) fn exec_fd(fd: RawFd, argv: &[&str], env: &[(String, String)]) -> io::Error {
+pub fn exec_fd(fd: RawFd, argv: &[&str], env: &[(String, String)]) -> io::Error {
     let Ok(argv_c) = argv.iter().map(|a| cstr(a)).collect::<io::Result<Vec<_>>>() else {
         return io::Error::new(io::ErrorKind::InvalidInput, "argument contains a NUL byte");
     };
@@ -217,7 +217,7 @@ pub(crate) fn exec_fd(fd: RawFd, argv: &[&str], env: &[(String, String)]) -> io:
 }
 
 /// Brings the loopback interface up (a new network namespace starts with it down).
-pub(crate) fn loopback_up() -> io::Result<()> {
+pub fn loopback_up() -> io::Result<()> {
     // SAFETY: socket() with constant arguments.
     let sock = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if sock < 0 {
@@ -259,25 +259,25 @@ struct CapData {
 }
 
 /// Capability numbers (linux/capability.h), as far as this crate uses them.
-pub(crate) mod cap {
-    pub(crate) const CHOWN: u32 = 0;
-    pub(crate) const DAC_OVERRIDE: u32 = 1;
-    pub(crate) const DAC_READ_SEARCH: u32 = 2;
-    pub(crate) const FOWNER: u32 = 3;
-    pub(crate) const FSETID: u32 = 4;
-    pub(crate) const KILL: u32 = 5;
-    pub(crate) const SETGID: u32 = 6;
-    pub(crate) const SETUID: u32 = 7;
-    pub(crate) const SETPCAP: u32 = 8;
-    pub(crate) const NET_BIND_SERVICE: u32 = 10;
-    pub(crate) const SYS_CHROOT: u32 = 18;
-    pub(crate) const SYS_PTRACE: u32 = 19;
-    pub(crate) const SETFCAP: u32 = 31;
+pub mod cap {
+    pub const CHOWN: u32 = 0;
+    pub const DAC_OVERRIDE: u32 = 1;
+    pub const DAC_READ_SEARCH: u32 = 2;
+    pub const FOWNER: u32 = 3;
+    pub const FSETID: u32 = 4;
+    pub const KILL: u32 = 5;
+    pub const SETGID: u32 = 6;
+    pub const SETUID: u32 = 7;
+    pub const SETPCAP: u32 = 8;
+    pub const NET_BIND_SERVICE: u32 = 10;
+    pub const SYS_CHROOT: u32 = 18;
+    pub const SYS_PTRACE: u32 = 19;
+    pub const SETFCAP: u32 = 31;
 }
 
 /// A process's three capability sets, one bit per capability.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CapSets {
+pub struct CapSets {
     pub effective: u64,
     pub permitted: u64,
     pub inheritable: u64,
@@ -286,7 +286,7 @@ pub(crate) struct CapSets {
 const CAP_VERSION_3: u32 = 0x2008_0522;
 
 /// The calling thread's capability sets. Allocates nothing (safe between fork and exec).
-pub(crate) fn caps_get() -> io::Result<CapSets> {
+pub fn caps_get() -> io::Result<CapSets> {
     let mut header = CapHeader {
         version: CAP_VERSION_3,
         pid: 0,
@@ -312,7 +312,7 @@ pub(crate) fn caps_get() -> io::Result<CapSets> {
 }
 
 /// Sets the calling thread's capability sets. Allocates nothing (safe between fork and exec).
-pub(crate) fn caps_set(sets: CapSets) -> io::Result<()> {
+pub fn caps_set(sets: CapSets) -> io::Result<()> {
     let mut header = CapHeader {
         version: CAP_VERSION_3,
         pid: 0,
@@ -338,13 +338,13 @@ pub(crate) fn caps_set(sets: CapSets) -> io::Result<()> {
 }
 
 /// Bit mask of a list of capability numbers.
-pub(crate) fn cap_mask(caps: &[u32]) -> u64 {
+pub fn cap_mask(caps: &[u32]) -> u64 {
     caps.iter().fold(0, |m, c| m | (1u64 << c))
 }
 
 /// Empties the inheritable capability set. Together with the bounding set, it decides what an
 /// exec'd root process gets, so it must not carry anything the bounding set dropped.
-pub(crate) fn clear_inheritable_caps() -> io::Result<()> {
+pub fn clear_inheritable_caps() -> io::Result<()> {
     let mut sets = caps_get()?;
     sets.inheritable = 0;
     caps_set(sets)
@@ -352,7 +352,7 @@ pub(crate) fn clear_inheritable_caps() -> io::Result<()> {
 
 /// Drops every capability not in `keep` from the bounding set (so no exec can regain it), and
 /// clears the ambient set. Allocates nothing (safe between fork and exec).
-pub(crate) fn limit_bounding_set(keep: u64) -> io::Result<()> {
+pub fn limit_bounding_set(keep: u64) -> io::Result<()> {
     for cap in 0..64u32 {
         if keep & (1 << cap) != 0 {
             continue;
@@ -383,7 +383,7 @@ pub(crate) fn limit_bounding_set(keep: u64) -> io::Result<()> {
 
 /// Makes every permitted capability ambient, so an exec keeps them although the process is not
 /// root in its user namespace.
-pub(crate) fn keep_caps_across_exec() -> io::Result<()> {
+pub fn keep_caps_across_exec() -> io::Result<()> {
     let mut sets = caps_get()?;
     sets.inheritable = sets.permitted;
     caps_set(sets)?;
@@ -409,7 +409,7 @@ pub(crate) fn keep_caps_across_exec() -> io::Result<()> {
 }
 
 /// Sets real, effective and saved uid *and* gid (gids first, while still privileged).
-pub(crate) fn set_ids(real: u32, effective: u32, saved: u32) -> io::Result<()> {
+pub fn set_ids(real: u32, effective: u32, saved: u32) -> io::Result<()> {
     let check = |ret: libc::c_int| {
         if ret < 0 {
             Err(io::Error::last_os_error())
@@ -433,7 +433,7 @@ pub(crate) fn set_ids(real: u32, effective: u32, saved: u32) -> io::Result<()> {
 
 /// The filesystem uid and gid of the calling thread (and of threads it creates later): the ids
 /// files are created with and permissions are checked against.
-pub(crate) fn set_fs_ids(id: u32) -> io::Result<()> {
+pub fn set_fs_ids(id: u32) -> io::Result<()> {
     // SAFETY: plain id-setting calls; they return the previous id and cannot fail otherwise.
     unsafe {
         libc::setfsgid(id);
@@ -448,7 +448,7 @@ pub(crate) fn set_fs_ids(id: u32) -> io::Result<()> {
 
 /// An anonymous in-memory file holding `data`, positioned at its start (close-on-exec: a child
 /// that should inherit it gets a copy at a fixed number). `name` must end with a NUL.
-pub(crate) fn memfd_with(name: &[u8], data: &[u8]) -> io::Result<OwnedFd> {
+pub fn memfd_with(name: &[u8], data: &[u8]) -> io::Result<OwnedFd> {
     // SAFETY: `name` is NUL-terminated; memfd_create returns a new descriptor or -1.
     let fd = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
     if fd < 0 {
@@ -463,7 +463,7 @@ pub(crate) fn memfd_with(name: &[u8], data: &[u8]) -> io::Result<OwnedFd> {
 }
 
 /// Attaches the detached mount `tree` at `target` (in the caller's current mount namespace).
-pub(crate) fn move_mount_to(tree: &OwnedFd, target: &str) -> io::Result<()> {
+pub fn move_mount_to(tree: &OwnedFd, target: &str) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
     let empty = cstr("")?;
     let target = cstr(target)?;
@@ -487,6 +487,6 @@ pub(crate) fn move_mount_to(tree: &OwnedFd, target: &str) -> io::Result<()> {
 
 /// Locks `m`, taking the data of a poisoned lock as it is: a panic elsewhere must not take
 /// every later caller down with it (the data stays consistent at each unlock).
-pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

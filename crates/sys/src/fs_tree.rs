@@ -30,7 +30,7 @@ fn dir_flags() -> OFlag {
 /// each level are moved up next to `path`'s own entries, so the walk never goes deeper than
 /// two levels (an overlay's lower directories, which cannot move, are recursed into instead).
 /// A missing `path` is not an error.
-pub(crate) fn remove_tree(path: &Path) -> io::Result<()> {
+pub fn remove_tree(path: &Path) -> io::Result<()> {
     let meta = match fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -216,7 +216,7 @@ fn remove_entry(dir: BorrowedFd<'_>, name: &OsStr, is_dir: bool) -> io::Result<(
 /// Bytes allocated under `dir` (st_blocks, so sparse files count what they use), without
 /// following symlinks or recursing. Stops counting after `max_entries` entries; unreadable
 /// parts (too deep for a path, say) are skipped.
-pub(crate) fn disk_usage(dir: &Path, max_entries: usize) -> u64 {
+pub fn disk_usage(dir: &Path, max_entries: usize) -> u64 {
     disk_usage_within(dir, max_entries, MAX_PENDING_PATH_BYTES)
 }
 

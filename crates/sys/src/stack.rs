@@ -26,7 +26,7 @@ const MAX_HOPS: usize = 40;
 /// The regular file at `path` in the stack `layers` (bottom first), as a sandbox would see it,
 /// with its symlinks resolved inside the stack. `None` when there is no such regular file (or
 /// it is hidden, or a symlink loop or a dangling link leads nowhere). Never leaves the layers.
-pub(crate) fn find_file(layers: &[PathBuf], path: &str) -> io::Result<Option<PathBuf>> {
+pub fn find_file(layers: &[PathBuf], path: &str) -> io::Result<Option<PathBuf>> {
     let roots: Vec<PathBuf> = layers.iter().rev().cloned().collect();
     // The directories that make up the current directory, top layer first, and those of each
     // directory above it (for `..`).
@@ -70,7 +70,7 @@ pub(crate) fn find_file(layers: &[PathBuf], path: &str) -> io::Result<Option<Pat
 
 /// Reads the regular file at `path` in the stack (see [`find_file`]), up to `max` bytes (a
 /// longer one is an error naming the limit).
-pub(crate) fn read_file(layers: &[PathBuf], path: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
+pub fn read_file(layers: &[PathBuf], path: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
     let Some(found) = find_file(layers, path)? else {
         return Ok(None);
     };
@@ -119,7 +119,7 @@ fn lookup(dirs: &[PathBuf], name: &OsString) -> io::Result<Found> {
         };
         let kind = meta.file_type();
         if kind.is_dir() {
-            let opaque = crate::engine::layers::is_opaque(&path);
+            let opaque = crate::layers::is_opaque(&path);
             below.push(path);
             if opaque {
                 break;
@@ -290,12 +290,12 @@ mod tests {
         write(&upper.join("etc/passwd"), "upper\n");
         assert_eq!(read(&s, "etc/passwd").unwrap(), "upper\n");
         // A whiteout hides the lower file.
-        crate::engine::layers::whiteout(&upper.join("etc/group")).unwrap();
+        crate::layers::whiteout(&upper.join("etc/group")).unwrap();
         assert_eq!(read(&s, "etc/group"), None);
         // An opaque directory hides the lower directory's files.
         fs::create_dir_all(upper.join("opt/x")).unwrap();
         assert_eq!(read(&s, "opt/x/file").unwrap(), "lower x\n");
-        if crate::engine::layers::mark_opaque(&upper.join("opt/x")).is_ok() {
+        if crate::layers::mark_opaque(&upper.join("opt/x")).is_ok() {
             assert_eq!(read(&s, "opt/x/file"), None);
         }
         // A file of the upper layer hides a lower directory of that name entirely.

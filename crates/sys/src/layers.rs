@@ -23,23 +23,28 @@ const OPAQUE: &str = "user.overlay.opaque";
 const MAX_PATH: usize = 4000;
 
 /// The layer store of a data dir.
-pub(crate) fn dir(data_dir: &Path) -> PathBuf {
+pub fn dir(data_dir: &Path) -> PathBuf {
     data_dir.join("layers")
 }
 
 /// A layer id from what determines its content: 32 hex digits of SHA-256.
-pub(crate) fn id_of(parts: &[&[u8]]) -> String {
+pub fn id_of(parts: &[&[u8]]) -> String {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     for part in parts {
         ctx.update(&(part.len() as u64).to_le_bytes());
         ctx.update(part);
     }
-    crate::engine::ids::hex(&ctx.finish().as_ref()[..16])
+    hex(&ctx.finish().as_ref()[..16])
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How sandbox host ids map back to the ids a layer stores.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Owners {
+pub enum Owners {
     /// As root: host ids `base..base + count` are the sandbox's 0.., others become nobody. The
     /// driver, which maps the ids, says which.
     Shift { base: u32, count: u32 },
@@ -66,11 +71,7 @@ impl Owners {
 /// Copies `uppers` (layer subdirectory name → a sandbox's upper directory) into `dest`, a new
 /// directory, and returns the bytes of file content copied. The sandbox must be stopped or
 /// frozen. Missing or empty uppers are skipped.
-pub(crate) fn capture(
-    uppers: &[(String, PathBuf)],
-    dest: &Path,
-    owners: Owners,
-) -> io::Result<u64> {
+pub fn capture(uppers: &[(String, PathBuf)], dest: &Path, owners: Owners) -> io::Result<u64> {
     fs::DirBuilder::new().mode(0o755).create(dest)?;
     let mut copier = Copier::new(owners, false);
     for (name, upper) in uppers {
@@ -92,7 +93,7 @@ pub(crate) fn capture(
 /// of the same size and time as unchanged without reading it), so the copy is the same filesystem. Sockets are
 /// not files to copy and are left out. Returns the bytes of file content copied. The copy path
 /// of snapshots and forks where the store cannot snapshot.
-pub(crate) fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u64> {
+pub fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u64> {
     let mut copier = Copier::new(owners, true);
     copier.tree(from, to)?;
     for (path, mode) in copier.modes.iter().rev() {
@@ -111,7 +112,7 @@ pub(crate) fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u6
 #[error(
     "{path} is nested too deep to capture (paths over {MAX_PATH} bytes); delete or move that tree in the sandbox first"
 )]
-pub(crate) struct TooDeep {
+pub struct TooDeep {
     path: String,
 }
 
@@ -292,7 +293,7 @@ fn mknod(path: &Path, mode: libc::mode_t) -> io::Result<()> {
 
 /// The value of xattr `name` of `path` (not following a symlink), if it has one of at most
 /// 64 bytes.
-pub(crate) fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+pub fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
     let p = cstr(path).ok()?;
     let n = CString::new(name).ok()?;
     let mut buf = [0u8; 64];
@@ -304,18 +305,18 @@ pub(crate) fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
 
 /// An overlay whiteout at `path`: a 0:0 character device, which hides the name in the layers
 /// below (the kernel lets anyone make one since 5.8).
-pub(crate) fn whiteout(path: &Path) -> io::Result<()> {
+pub fn whiteout(path: &Path) -> io::Result<()> {
     mknod(path, libc::S_IFCHR)
 }
 
 /// Whether `dir` is marked opaque (see [`mark_opaque`]).
-pub(crate) fn is_opaque(dir: &Path) -> bool {
+pub fn is_opaque(dir: &Path) -> bool {
     get_xattr(dir, OPAQUE).is_some_and(|v| v == b"y")
 }
 
 /// Marks `dir` opaque: it hides everything below it in lower layers (overlayfs mounted with
 /// `userxattr` reads `user.overlay.opaque`).
-pub(crate) fn mark_opaque(dir: &Path) -> io::Result<()> {
+pub fn mark_opaque(dir: &Path) -> io::Result<()> {
     set_xattr(dir, OPAQUE, b"y")
 }
 
@@ -340,7 +341,7 @@ fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
 
 /// Moves a finished layer into the store under `id`. Another build may have made the same
 /// layer meanwhile: then theirs is kept and `tmp` deleted.
-pub(crate) fn publish(tmp: &Path, store: &Path, id: &str) -> io::Result<PathBuf> {
+pub fn publish(tmp: &Path, store: &Path, id: &str) -> io::Result<PathBuf> {
     let dest = store.join(id);
     match fs::rename(tmp, &dest) {
         Ok(()) => Ok(dest),
@@ -353,16 +354,18 @@ pub(crate) fn publish(tmp: &Path, store: &Path, id: &str) -> io::Result<PathBuf>
 }
 
 /// A fresh directory in the store for a layer being made (`.tmp-…`, never a layer id).
-pub(crate) fn scratch(store: &Path) -> io::Result<PathBuf> {
+pub fn scratch(store: &Path) -> io::Result<PathBuf> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(store)?;
-    Ok(store.join(format!(".tmp-{}", crate::engine::ids::nonce())))
+    let mut random = [0u8; 12];
+    getrandom::fill(&mut random).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
+    Ok(store.join(format!(".tmp-{}", hex(&random))))
 }
 
 /// Deletes every layer no template uses, and scratch directories left by a crash.
-pub(crate) fn collect_garbage(store: &Path, used: &std::collections::HashSet<String>) {
+pub fn collect_garbage(store: &Path, used: &std::collections::HashSet<String>) {
     let Ok(entries) = fs::read_dir(store) else {
         return;
     };
