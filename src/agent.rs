@@ -10,7 +10,7 @@
 //! after every restriction is in place (namespaces, pivot_root, capabilities, seccomp).
 
 /// A desktop's screen size (stored in sandbox records too).
-pub use protocol::Screen;
+pub use sandbox_mcp_protocol::Screen;
 
 pub(crate) mod capture;
 pub(crate) mod desktop;
@@ -19,7 +19,6 @@ pub mod files;
 pub(crate) mod jobs;
 pub mod keys;
 pub mod pod;
-pub(crate) mod protocol;
 pub(crate) mod reaper;
 pub(crate) mod repl;
 pub(crate) mod safe_open;

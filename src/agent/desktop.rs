@@ -27,11 +27,11 @@ use x11rb::protocol::xtest::ConnectionExt as _;
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
 use super::keys::{self, SHIFT_L};
-use super::protocol::{
-    AgentError, DesktopStarted, ErrorKind, InputAction, InputDone, Screen, Shot,
-};
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, error};
+use sandbox_mcp_protocol::{
+    AgentError, DesktopStarted, ErrorKind, InputAction, InputDone, Screen, Shot,
+};
 
 /// The display every desktop sandbox uses; `DISPLAY` is set to it for every command.
 pub(crate) const DISPLAY: &str = ":0";

@@ -8,9 +8,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::unix::pipe;
 
 use super::capture::Capture;
-use super::protocol::{AgentError, ErrorKind, ExecOutcome, ExecSpec, Stream, write_output};
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, default_cwd, error};
+use sandbox_mcp_protocol::{AgentError, ErrorKind, ExecOutcome, ExecSpec, Stream, write_output};
 
 /// After the shell exits, how long to keep reading output that background children may still
 /// hold open, before answering anyway.

@@ -13,12 +13,12 @@ use std::path::{Component, Path, PathBuf};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
-use super::protocol::{
+use super::safe_open;
+use super::spawn::default_cwd;
+use sandbox_mcp_protocol::{
     AgentError, Delete, Deleted, Dir, DirEntry, ErrorKind, FileData, FileKind, ListDir, Move,
     Moved, ReadFile, WriteFile, Written, Zip, ZipDir,
 };
-use super::safe_open;
-use super::spawn::default_cwd;
 
 const MAX_PATH: usize = 4096;
 /// Most entries read from one directory before giving up on sorting all of them.

@@ -14,12 +14,12 @@ use std::rc::Rc;
 
 use tokio::io::AsyncReadExt;
 
-use super::protocol::{
-    AgentError, ErrorKind, JobInfo, JobList, JobState, JobStatus, KillJob, StartJob,
-};
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
 use super::spawn::{self, Launch, default_cwd, error};
+use sandbox_mcp_protocol::{
+    AgentError, ErrorKind, JobInfo, JobList, JobState, JobStatus, KillJob, StartJob,
+};
 use sandbox_mcp_sys::now_ms;
 
 pub(crate) const JOB_DIR: &str = "/tmp/sandbox-mcp/jobs";

@@ -9,65 +9,19 @@
 //! The engine cannot reach a pod's address (it talks to the API server only), and a new exec
 //! through the API server costs 50-90 ms. So each engine replica keeps one exec per pod running
 //! `__agent-mux`, which multiplexes the engine's many short connections over that exec's
-//! stdin/stdout (see [`crate::engine::kube::mux`] for the frame format) and connects each to the
+//! stdin/stdout (see [`sandbox_mcp_protocol::mux`] for the frame format) and connects each to the
 //! agent's socket.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+
+use sandbox_mcp_protocol::mux::{
+    AGENT_SOCKET, CLOSE, DATA, OPEN, frame, read_frame, send_data, write_frames,
+};
 use tokio::sync::mpsc;
-
-/// Where the agent binary, its socket and nothing else live in the pod (an `emptyDir`).
-pub const AGENT_DIR: &str = "/.sandbox-mcp";
-/// The agent's socket inside [`AGENT_DIR`].
-pub const AGENT_SOCKET: &str = "/.sandbox-mcp/agent.sock";
-
-/// Frame kinds of the multiplexer.
-pub const OPEN: u8 = 1;
-pub const DATA: u8 = 2;
-pub const CLOSE: u8 = 3;
-/// Largest payload of one frame: a peer that sends more is broken or hostile.
-pub const MAX_PAYLOAD: usize = 64 * 1024;
-/// Header: stream id (u32), kind (u8), payload length (u32), all big-endian.
-pub const HEADER: usize = 9;
-
-/// Writes one frame's header into a buffer followed by `payload`.
-pub fn frame(id: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend_from_slice(&id.to_be_bytes());
-    out.push(kind);
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
-/// Reads one frame: `Ok(None)` on a clean end of stream. A payload over [`MAX_PAYLOAD`] or an
-/// unknown kind is an error (the stream cannot be trusted past it).
-pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(
-    r: &mut R,
-) -> std::io::Result<Option<(u32, u8, Vec<u8>)>> {
-    let mut header = [0u8; HEADER];
-    match r.read_exact(&mut header[..1]).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    r.read_exact(&mut header[1..]).await?;
-    let id = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
-    let kind = header[4];
-    let len = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) as usize;
-    if !(OPEN..=CLOSE).contains(&kind) || len > MAX_PAYLOAD || (kind != DATA && len != 0) {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad multiplexer frame (kind {kind}, {len} bytes)"),
-        ));
-    }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload).await?;
-    Ok(Some((id, kind, payload)))
-}
 
 /// The agent image's init container: copies this binary to `dest` (in the pod's shared volume),
 /// since the image holds nothing else to copy it with.
@@ -79,34 +33,6 @@ pub fn install(dest: Option<std::ffi::OsString>) -> anyhow::Result<()> {
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))?;
     std::fs::rename(&tmp, &dest)?;
     Ok(())
-}
-
-/// Sends what `read` yields as data frames of stream `id` until it ends (or fails), or until
-/// nobody takes frames any more.
-pub async fn send_data<R: tokio::io::AsyncRead + Unpin>(
-    read: &mut R,
-    id: u32,
-    tx: &mpsc::Sender<Vec<u8>>,
-) {
-    let mut buf = vec![0u8; MAX_PAYLOAD];
-    while let Ok(n @ 1..) = read.read(&mut buf).await {
-        if tx.send(frame(id, DATA, &buf[..n])).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Writes the frames queued on `rx` to `out`, one whole frame at a time, until the queue closes
-/// or `out` fails.
-pub async fn write_frames<W: tokio::io::AsyncWrite + Unpin>(
-    rx: &mut mpsc::Receiver<Vec<u8>>,
-    out: &mut W,
-) {
-    while let Some(bytes) = rx.recv().await {
-        if out.write_all(&bytes).await.is_err() || out.flush().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// PID 1 of a sandbox pod: listens on [`AGENT_SOCKET`] and serves the agent protocol. Its own

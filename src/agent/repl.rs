@@ -18,12 +18,12 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::net::unix::pipe;
 
 use super::exec::{Pump, hangup, sleep_until_due, wait_exit};
-use super::protocol::{
+use super::reaper::{Exit, Reaper};
+use super::spawn::{self, Launch, default_cwd, error};
+use sandbox_mcp_protocol::{
     AgentError, CodeError, CodeOutcome, ContextDeleted, ContextInfo, ContextList, CreateContext,
     DeleteContext, ErrorKind, Language, RunCodeSpec,
 };
-use super::reaper::{Exit, Reaper};
-use super::spawn::{self, Launch, default_cwd, error};
 use sandbox_mcp_sys::now_ms;
 
 const PYTHON_DRIVER: &str = include_str!("drivers/python.py");

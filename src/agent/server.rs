@@ -11,15 +11,15 @@ use tokio::net::UnixStream;
 
 use super::desktop::Desktop;
 use super::jobs::Jobs;
-use super::protocol::{
+use super::reaper::Reaper;
+use super::repl::Contexts;
+use super::{exec, files};
+use sandbox_mcp_protocol::{
     AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done, EgressHandover,
     ErrorKind, ExecSpec, Frame, HandOverEgress, Input, JobStatus, KillAll, KillJob, ListContexts,
     ListDir, ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, Screenshot,
     StartDesktop, StartJob, WriteFile, ZipDir, read_frame, write_frame,
 };
-use super::reaper::Reaper;
-use super::repl::Contexts;
-use super::{exec, files};
 
 struct State {
     reaper: Reaper,

@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 
 use tokio::net::unix::pipe;
 
-use super::protocol::{AgentError, ErrorKind};
 use super::reaper::{Exit, Reaper};
+use sandbox_mcp_protocol::{AgentError, ErrorKind};
 
 /// What every command is confined to, set once when the agent starts.
 pub struct Confinement {

@@ -5,8 +5,8 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::agent::protocol::{AgentError, ErrorKind};
 use crate::engine::driver::DriverError;
+use sandbox_mcp_protocol::{AgentError, ErrorKind};
 
 /// Every way an API request fails. The variants holding a `String` are messages for the caller
 /// (what to fix, or what happened to the sandbox); the ones holding a source are the engine's own

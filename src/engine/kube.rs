@@ -26,12 +26,12 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-use crate::agent::pod::AGENT_DIR;
-use crate::agent::protocol::Ping;
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage};
 use crate::engine::state::Record;
 use mux::Mux;
 use pod::{PodOptions, PodRecord, PodState};
+use sandbox_mcp_protocol::Ping;
+use sandbox_mcp_protocol::mux::AGENT_DIR;
 use sandbox_mcp_sys::lock;
 
 /// How long a pod may take to run (an image pull included) before the create fails.
@@ -265,8 +265,9 @@ impl KubernetesDriver {
     /// Whether the agent answers a ping on a new stream.
     async fn ping(&self, id: &str) -> Result<(), DriverError> {
         let mut conn = self.stream(id).await?;
-        crate::engine::manager::exchange(&mut conn, Ping {})
-            .await?
+        sandbox_mcp_protocol::exchange(&mut conn, Ping {})
+            .await
+            .map_err(|e| DriverError::Agent(e.to_string()))?
             .map(|_| ())
             .map_err(|e| DriverError::Agent(e.message))
     }

@@ -15,10 +15,6 @@ use std::time::Duration;
 
 use futures::Stream;
 
-use crate::agent::protocol::{
-    AgentError, Call, ExecOutcome, ExecSpec, Frame, JobInfo, KillAll, ListJobs, Output, Ping,
-    read_frame_limited, write_frame,
-};
 use crate::engine::config::EngineConfig;
 use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage};
 use crate::engine::error::EngineError;
@@ -28,6 +24,10 @@ use crate::engine::network::{EgressDefault, Hub, SandboxNet};
 use crate::engine::state::{NetworkRules, Record, Status, Store};
 use crate::engine::templates::Template;
 pub(crate) use import::import;
+use sandbox_mcp_protocol::{
+    AgentError, Call, ExecOutcome, ExecSpec, Frame, JobInfo, KillAll, ListJobs, Output, Ping,
+    read_frame_limited, write_frame,
+};
 pub(crate) use templates::{ShapeRequest, Step, TemplateRequest};
 
 mod desktop;
@@ -168,7 +168,7 @@ pub struct CreateRequest {
     /// Limits asked for, at most the template's.
     pub shape: ShapeRequest,
     /// A desktop of this size (create_computer); none for a plain sandbox.
-    pub desktop: Option<crate::agent::protocol::Screen>,
+    pub desktop: Option<sandbox_mcp_protocol::Screen>,
 }
 
 /// A sandbox as the API reports it.
@@ -254,35 +254,15 @@ async fn blocking<T: Send + 'static>(
     Ok(tokio::task::spawn_blocking(f).await?)
 }
 
-/// One exchange with an agent on `conn`: sends `call` and reads frames until its reply or the
-/// agent's error (output frames are skipped). The outer error is a broken connection or
-/// protocol; deadlines, activity and recovery are the caller's.
+/// One exchange with an agent on `conn` (see [`sandbox_mcp_protocol::exchange`]), its
+/// broken connection or protocol as the driver's error.
 pub(crate) async fn exchange<C: Call>(
     conn: &mut AgentConn,
     call: C,
 ) -> Result<Result<C::Reply, AgentError>, DriverError> {
-    let limit = call.reply_limit();
-    write_frame(conn, &call.into())
+    sandbox_mcp_protocol::exchange(conn, call)
         .await
-        .map_err(|e| DriverError::Agent(format!("the sandbox's agent hung up: {e}")))?;
-    loop {
-        match read_frame_limited::<_, Frame<C::Reply>>(conn, limit).await {
-            Ok(Some(Frame::Output(_))) => continue,
-            Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
-            Ok(Some(Frame::Error(e))) => return Ok(Err(e)),
-            Ok(None) => {
-                return Err(DriverError::Agent(
-                    "the sandbox's agent closed the connection (it may have run out of memory)"
-                        .into(),
-                ));
-            }
-            Err(e) => {
-                return Err(DriverError::Agent(format!(
-                    "the sandbox's agent broke the protocol: {e}"
-                )));
-            }
-        }
-    }
+        .map_err(|e| DriverError::Agent(e.to_string()))
 }
 
 impl Manager {

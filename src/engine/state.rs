@@ -12,8 +12,8 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::agent::protocol::Screen;
 use crate::engine::driver::Shape;
+use sandbox_mcp_protocol::Screen;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {

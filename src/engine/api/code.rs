@@ -9,10 +9,10 @@ use axum::response::Response;
 
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use crate::agent::protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP};
+use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 
 /// Longest `timeout_ms` of a cell.
 const MAX_TIMEOUT_MS: u64 = 600_000;

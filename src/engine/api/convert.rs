@@ -5,9 +5,6 @@
 
 use std::collections::BTreeMap;
 
-use crate::agent::protocol::{
-    CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
-};
 use crate::client::types;
 use crate::engine::diff;
 use crate::engine::driver::CloneMethod;
@@ -21,6 +18,9 @@ use crate::engine::manager::{
 use crate::engine::network::EgressDefault;
 use crate::engine::state::{NetworkRules, Snapshot, Status};
 use crate::engine::templates::{BuildFailure, Template, TemplateStatus};
+use sandbox_mcp_protocol::{
+    CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
+};
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
 pub(super) fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EngineError {

@@ -9,10 +9,10 @@ use serde::Deserialize;
 use super::convert::{api_sandbox_id, internal};
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
 use super::sandboxes::{create_request, sandbox};
-use crate::agent::protocol::{Screen, Shot};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{ActionRequest, parse_resolution};
+use sandbox_mcp_protocol::{Screen, Shot};
 
 pub(super) async fn create(
     State(state): State<AppState>,

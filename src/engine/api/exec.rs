@@ -8,10 +8,10 @@ use axum::response::Response;
 
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
-use crate::agent::protocol::{ExecSpec, StartJob};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
+use sandbox_mcp_protocol::{ExecSpec, StartJob};
 
 /// Longest `timeout_ms` of a command.
 const MAX_TIMEOUT_MS: u64 = 600_000;

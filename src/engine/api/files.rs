@@ -9,10 +9,10 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 
 use super::request::{ApiJson, ApiQuery, AppState, Tenant, sandbox_id};
-use crate::agent::protocol::{Delete, ListDir, Move, ReadFile, WriteFile, ZipDir};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
+use sandbox_mcp_protocol::{Delete, ListDir, Move, ReadFile, WriteFile, ZipDir};
 
 /// Deadline of a file operation.
 const DEADLINE: Duration = Duration::from_secs(60);

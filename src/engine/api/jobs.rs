@@ -7,10 +7,10 @@ use axum::extract::{Path, State};
 use serde::Deserialize;
 
 use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::agent::protocol::{JobStatus, KillJob};
 use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::JOB_PAGE;
+use sandbox_mcp_protocol::{JobStatus, KillJob};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 

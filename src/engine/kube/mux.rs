@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
-use crate::agent::pod::{CLOSE, DATA, OPEN, frame, read_frame, send_data, write_frames};
+use sandbox_mcp_protocol::mux::{CLOSE, DATA, OPEN, frame, read_frame, send_data, write_frames};
 use sandbox_mcp_sys::lock;
 
 /// Bytes buffered between a caller and its stream's pump.

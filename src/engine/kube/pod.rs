@@ -15,9 +15,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::agent::pod::AGENT_DIR;
 use crate::engine::driver::Shape;
 use crate::engine::state::{NetworkRules, Record, Status};
+use sandbox_mcp_protocol::mux::AGENT_DIR;
 
 /// Label every sandbox pod has (and the engine's RBAC and NetworkPolicy select on).
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "sandbox-mcp");

@@ -400,9 +400,9 @@ impl NamespacesDriver {
     /// namespace it cannot enter.
     async fn ask_for_fds<C>(&self, id: &str, call: C) -> io::Result<(Vec<OwnedFd>, C::Reply)>
     where
-        C: crate::agent::protocol::Call,
+        C: sandbox_mcp_protocol::Call,
     {
-        use crate::agent::protocol::{Frame, Request, read_frame_limited, write_frame};
+        use sandbox_mcp_protocol::{Frame, Request, read_frame_limited, write_frame};
         let limit = call.reply_limit();
         let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
         let request: Request = call.into();
@@ -448,7 +448,7 @@ impl NamespacesDriver {
     /// Unprivileged: the sockets the agent made in the sandbox's namespace (which the sandbox's
     /// user namespace owns, so the engine cannot enter it).
     async fn handed_egress_sockets(&self, id: &str) -> Result<Option<EgressSockets>, DriverError> {
-        use crate::agent::protocol::HandOverEgress;
+        use sandbox_mcp_protocol::HandOverEgress;
         let (fds, reply) = tokio::time::timeout(
             Duration::from_secs(5),
             self.ask_for_fds(id, HandOverEgress {}),
@@ -576,7 +576,7 @@ impl Driver for NamespacesDriver {
         port: u16,
     ) -> BoxFuture<'a, io::Result<tokio::net::TcpStream>> {
         Box::pin(async move {
-            use crate::agent::protocol::ConnectPort;
+            use sandbox_mcp_protocol::ConnectPort;
             let (fds, reply) = tokio::time::timeout(
                 Duration::from_secs(10),
                 self.ask_for_fds(id, ConnectPort { port }),

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::{CreateRequest, Manager, SandboxView, lock};
 use crate::agent::keys;
-use crate::agent::protocol::{Input, InputAction, Screen, Screenshot, Shot, StartDesktop};
 use crate::engine::error::EngineError;
 use crate::engine::templates::DESKTOP;
+use sandbox_mcp_protocol::{Input, InputAction, Screen, Screenshot, Shot, StartDesktop};
 
 /// The display every desktop uses (`DISPLAY`, set for every command): the agent's.
 pub(crate) use crate::agent::desktop::DISPLAY;

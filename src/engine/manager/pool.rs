@@ -90,7 +90,7 @@ impl Manager {
     /// first exec against its second, each after the same idle pause). It writes nothing and
     /// leaves no process: the sandbox still holds nothing from before.
     async fn warm_up(&self, id: &str) {
-        let spec = crate::agent::protocol::ExecSpec {
+        let spec = sandbox_mcp_protocol::ExecSpec {
             command: "true".into(),
             cwd: None,
             env: Vec::new(),

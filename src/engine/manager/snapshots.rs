@@ -14,12 +14,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Entry, Manager, Runtime, blocking, exchange, lock};
-use crate::agent::protocol::{JobState, ListContexts, WriteFile};
 use crate::engine::diff::{self, Diff};
 use crate::engine::driver::{CloneKind, CloneMethod, DriverError, FsLayers, FsRef};
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::state::{Record, Snapshot, Status};
+use sandbox_mcp_protocol::{JobState, ListContexts, WriteFile};
 
 /// Most snapshots one sandbox keeps.
 pub(crate) const MAX_SNAPSHOTS: usize = 16;

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{CreateRequest, Manager, Runtime, blocking, lock};
-use crate::agent::protocol::ExecSpec;
 use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
@@ -23,6 +22,7 @@ use crate::engine::state::NetworkRules;
 use crate::engine::templates::{
     self, BASE, BuildFailure, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
 };
+use sandbox_mcp_protocol::ExecSpec;
 use sandbox_mcp_sys::layers;
 
 /// The tenant of build sandboxes: no API key can name it (tenant names are checked), and

@@ -6,12 +6,14 @@
 //! that returned the wrong reply would not compile, and an agent that sent one anyway fails the
 //! engine's decoding with one error. Byte payloads travel base64-encoded.
 
+pub mod mux;
+
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Largest frame either side accepts: an 8 MiB file base64-encoded, or a 10 MiB zip, plus JSON.
-pub(crate) const MAX_FRAME: usize = 24 * 1024 * 1024;
+pub const MAX_FRAME: usize = 24 * 1024 * 1024;
 /// Largest answer to a request whose answer is small (everything but file contents, zips,
 /// listings and command output): the engine never buffers more than this of it.
 const SMALL_REPLY: usize = 256 * 1024;
@@ -20,7 +22,7 @@ const SMALL_REPLY: usize = 256 * 1024;
 const OUTPUT_REPLY: usize = 2 * 1024 * 1024;
 
 /// A request to the agent, and what it answers.
-pub(crate) trait Call: Into<Request> {
+pub trait Call: Into<Request> {
     type Reply: Serialize + DeserializeOwned;
 
     /// The largest frame the engine accepts in answer. The agent runs inside the sandbox:
@@ -44,7 +46,7 @@ fn prepend(into: &mut Vec<(String, String)>, env: &[(String, String)]) {
 /// Every request, as it travels (tagged by `op`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
-pub(crate) enum Request {
+pub enum Request {
     Ping(Ping),
     Exec(ExecSpec),
     ReadFile(ReadFile),
@@ -119,16 +121,16 @@ fn encoded(bytes: u64) -> usize {
 
 /// Is the agent there, and which one is it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Ping {}
+pub struct Ping {}
 
 /// Unprivileged sandboxes: the engine asks for the egress sockets the agent made in the
 /// sandbox's network namespace. Before the reply frame, the agent sends one byte over the
 /// connection, carrying the two descriptors (TCP listener, DNS socket) when it has them.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct HandOverEgress {}
+pub struct HandOverEgress {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct EgressHandover {
+pub struct EgressHandover {
     /// Why the agent has no sockets to hand over (the kernel refused the rules, say).
     pub why_not: Option<String>,
 }
@@ -136,12 +138,12 @@ pub(crate) struct EgressHandover {
 /// Unprivileged sandboxes: a preview's way in. The agent connects to `127.0.0.1:port` in the
 /// sandbox's namespace and passes the connected socket the same way as [`HandOverEgress`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ConnectPort {
+pub struct ConnectPort {
     pub port: u16,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct PortConnected {
+pub struct PortConnected {
     /// Nothing listens on the port.
     pub refused: bool,
     /// Another reason there is no connection.
@@ -149,7 +151,7 @@ pub(crate) struct PortConnected {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Pong {
+pub struct Pong {
     pub pid: u32,
     pub version: String,
 }
@@ -180,13 +182,13 @@ pub struct Written {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ListDir {
+pub struct ListDir {
     pub path: String,
     pub max_entries: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Dir {
+pub struct Dir {
     pub path: String,
     pub entries: Vec<DirEntry>,
     pub truncated: bool,
@@ -216,7 +218,7 @@ pub struct Moved {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ZipDir {
+pub struct ZipDir {
     pub path: String,
     pub max_bytes: u64,
 }
@@ -232,14 +234,14 @@ pub struct Zip {
 
 /// Kill every process in the sandbox except the agent (after an OOM kill, say).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct KillAll {}
+pub struct KillAll {}
 
 /// A request done, with nothing to report.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Done {}
+pub struct Done {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct CreateContext {
+pub struct CreateContext {
     pub language: Language,
     pub cwd: Option<String>,
     /// Variables the interpreter starts with beside the sandbox's (bound secrets' stand-ins).
@@ -248,48 +250,48 @@ pub(crate) struct CreateContext {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ListContexts {}
+pub struct ListContexts {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ContextList {
+pub struct ContextList {
     pub contexts: Vec<ContextInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct DeleteContext {
+pub struct DeleteContext {
     pub context_id: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ContextDeleted {
+pub struct ContextDeleted {
     pub context_id: String,
 }
 
 /// Start a command in the background; answered at once with the job.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct StartJob {
+pub struct StartJob {
     pub command: String,
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct JobStatus {
+pub struct JobStatus {
     pub job_id: String,
     pub since_offset: u64,
     pub max_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct KillJob {
+pub struct KillJob {
     pub job_id: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ListJobs {}
+pub struct ListJobs {}
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct JobList {
+pub struct JobList {
     pub jobs: Vec<JobInfo>,
 }
 
@@ -336,7 +338,7 @@ impl Language {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct RunCodeSpec {
+pub struct RunCodeSpec {
     pub code: String,
     /// A context made with `CreateContext`; `None` uses the language's default context.
     pub context_id: Option<String>,
@@ -352,7 +354,7 @@ pub(crate) struct RunCodeSpec {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct ExecSpec {
+pub struct ExecSpec {
     pub command: String,
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
@@ -374,7 +376,7 @@ pub enum Stream {
 /// an error.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub(crate) enum Frame<R> {
+pub enum Frame<R> {
     Output(Output),
     Reply(R),
     Error(AgentError),
@@ -528,12 +530,12 @@ impl Screen {
 
 /// Start the display server and the window manager (if they are not running already).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct StartDesktop {
+pub struct StartDesktop {
     pub screen: Screen,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct DesktopStarted {
+pub struct DesktopStarted {
     /// False when it was running already.
     pub started: bool,
     /// The window manager running, if the sandbox has one.
@@ -542,7 +544,7 @@ pub(crate) struct DesktopStarted {
 
 /// The screen as a PNG, with the pointer drawn in, scaled by `scale` (0 < scale ≤ 1).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Screenshot {
+pub struct Screenshot {
     pub screen: Screen,
     pub scale: f64,
     /// Wait (up to a second) until the screen stops changing first.
@@ -550,7 +552,7 @@ pub(crate) struct Screenshot {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Shot {
+pub struct Shot {
     /// Size of the PNG (the screen's, times the scale).
     pub width: u32,
     pub height: u32,
@@ -561,14 +563,14 @@ pub(crate) struct Shot {
 
 /// Mouse and keyboard input, in screen pixels.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct Input {
+pub struct Input {
     pub screen: Screen,
     pub action: InputAction,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum InputAction {
+pub enum InputAction {
     Move {
         x: u16,
         y: u16,
@@ -599,7 +601,7 @@ pub(crate) enum InputAction {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub(crate) struct InputDone {
+pub struct InputDone {
     pub cursor_x: i32,
     pub cursor_y: i32,
 }
@@ -620,7 +622,7 @@ pub enum ErrorKind {
 
 /// Reads one frame of at most [`MAX_FRAME`] bytes; `Ok(None)` on a clean EOF before a frame
 /// starts.
-pub(crate) async fn read_frame<R, T>(r: &mut R) -> std::io::Result<Option<T>>
+pub async fn read_frame<R, T>(r: &mut R) -> std::io::Result<Option<T>>
 where
     R: AsyncRead + Unpin,
     T: for<'de> Deserialize<'de>,
@@ -629,7 +631,7 @@ where
 }
 
 /// Reads one frame of at most `limit` bytes (checked before anything is buffered).
-pub(crate) async fn read_frame_limited<R, T>(r: &mut R, limit: usize) -> std::io::Result<Option<T>>
+pub async fn read_frame_limited<R, T>(r: &mut R, limit: usize) -> std::io::Result<Option<T>>
 where
     R: AsyncRead + Unpin,
     T: for<'de> Deserialize<'de>,
@@ -658,7 +660,7 @@ where
 }
 
 /// Writes an `Output` frame (its reply type does not matter: the frame carries none).
-pub(crate) async fn write_output<W: AsyncWrite + Unpin>(
+pub async fn write_output<W: AsyncWrite + Unpin>(
     w: &mut W,
     stream: Stream,
     data: String,
@@ -667,7 +669,7 @@ pub(crate) async fn write_output<W: AsyncWrite + Unpin>(
 }
 
 /// Writes one frame.
-pub(crate) async fn write_frame<W, T>(w: &mut W, value: &T) -> std::io::Result<()>
+pub async fn write_frame<W, T>(w: &mut W, value: &T) -> std::io::Result<()>
 where
     W: AsyncWrite + Unpin,
     T: Serialize,
@@ -685,6 +687,43 @@ where
     frame.extend_from_slice(&body);
     w.write_all(&frame).await?;
     w.flush().await
+}
+
+/// Why an exchange with an agent ended without its reply or its error.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("the sandbox's agent hung up: {0}")]
+    HungUp(#[source] std::io::Error),
+    #[error("the sandbox's agent closed the connection (it may have run out of memory)")]
+    Closed,
+    #[error("the sandbox's agent broke the protocol: {0}")]
+    Broken(#[source] std::io::Error),
+}
+
+/// One exchange with an agent on `conn`: sends `call` and reads frames until its reply or the
+/// agent's error (output frames are skipped). The outer error is a broken connection or
+/// protocol; deadlines, activity and recovery are the caller's.
+pub async fn exchange<S, C>(
+    conn: &mut S,
+    call: C,
+) -> Result<Result<C::Reply, AgentError>, ExchangeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    C: Call,
+{
+    let limit = call.reply_limit();
+    write_frame(conn, &call.into())
+        .await
+        .map_err(ExchangeError::HungUp)?;
+    loop {
+        match read_frame_limited::<_, Frame<C::Reply>>(conn, limit).await {
+            Ok(Some(Frame::Output(_))) => continue,
+            Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
+            Ok(Some(Frame::Error(e))) => return Ok(Err(e)),
+            Ok(None) => return Err(ExchangeError::Closed),
+            Err(e) => return Err(ExchangeError::Broken(e)),
+        }
+    }
 }
 
 #[cfg(test)]
