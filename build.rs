@@ -1,6 +1,7 @@
-//! Generates, into `OUT_DIR`, everything derived from `openapi/` and `tool-defs/` — the typed
-//! control-plane client, the validated tool registry and the dispatch from tool name to client
-//! call — with the `sandbox-mcp-codegen` crate (`codegen/`).
+//! Generates, into `OUT_DIR`, the MCP tool surface derived from `tool-defs/` and `openapi/` — the
+//! validated tool registry and the dispatch from tool name to typed client call (the client
+//! itself is the `sandbox-mcp-api` crate's) — with `sandbox-mcp-codegen` (`crates/codegen/`);
+//! and links the binary at a fixed address.
 
 use std::path::{Path, PathBuf};
 
@@ -34,7 +35,7 @@ fn main() {
         println!("cargo::rustc-link-arg-bins=-no-pie");
     }
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
-    match sandbox_mcp_codegen::generate(Path::new(SPEC), Path::new(TOOL_DEFS), &out_dir) {
+    match sandbox_mcp_codegen::generate_tools(Path::new(SPEC), Path::new(TOOL_DEFS), &out_dir) {
         Ok(generated) => build_print::info!("{generated}"),
         Err(errors) => {
             for e in &errors {

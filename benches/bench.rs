@@ -142,7 +142,7 @@ impl Engine {
         static CLIENT: std::sync::OnceLock<reqwest::blocking::Client> = std::sync::OnceLock::new();
         CLIENT.get_or_init(|| {
             {
-                sandbox_mcp::client::install_tls();
+                sandbox_mcp_api::install_tls();
                 reqwest::blocking::Client::builder()
             }
             .no_proxy()
@@ -787,7 +787,7 @@ fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
                     let barrier = barrier.clone();
                     s.spawn(move || {
                         let client = {
-                sandbox_mcp::client::install_tls();
+                sandbox_mcp_api::install_tls();
                 reqwest::blocking::Client::builder()
             }.no_proxy().build().unwrap();
                         let sid = server.open_session(&client);

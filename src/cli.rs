@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::ApiKey;
 use crate::engine::config::{EngineConfig, default_data_dir};
 use crate::mcp::backend::Backend;
 use crate::mcp::server::{SandboxMcp, ServerSettings};
 use crate::tooldefs::registry;
+use sandbox_mcp_api::ApiKey;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -681,7 +681,7 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
             };
             let file = tokio::fs::File::open(&archive).await?;
             let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-            let response = crate::client::http_builder()
+            let response = sandbox_mcp_api::http_builder()
                 .no_proxy()
                 .build()?
                 .put(format!("{}/v1/templates/{name}/image", endpoint.url))

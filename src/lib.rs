@@ -6,9 +6,7 @@
 //! spec) → HTTP → [`engine`] (the control plane) → the [`agent`] inside each sandbox.
 
 pub mod agent;
-pub(crate) mod auth;
 pub mod cli;
-pub mod client;
 pub mod engine;
 pub mod mcp;
 pub mod tooldefs;

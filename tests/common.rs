@@ -11,7 +11,6 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use sandbox_mcp::client::{ApiKey, Client, connect};
 use sandbox_mcp::engine::config::EngineConfig;
 use sandbox_mcp::engine::local::open_manager;
 use sandbox_mcp::engine::manager::Manager;
@@ -19,6 +18,7 @@ use sandbox_mcp::engine::server::EngineServer;
 use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::server::{SandboxMcp, ServerSettings};
 use sandbox_mcp::tooldefs::registry;
+use sandbox_mcp_api::{ApiKey, Client, connect};
 
 pub const KEY: &str = "test-key-0123456789";
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
@@ -43,7 +43,7 @@ pub fn sandbox_support() -> Result<(), String> {
                     let result = engine
                         .client()
                         .create_sandbox()
-                        .body(sandbox_mcp::client::types::CreateSandboxRequest::default())
+                        .body(sandbox_mcp_api::types::CreateSandboxRequest::default())
                         .send()
                         .await;
                     match result {
@@ -242,10 +242,7 @@ impl TestEngine {
 
     /// A raw HTTP client for requests the typed client cannot make (bad input on purpose).
     pub fn http(&self) -> reqwest::Client {
-        sandbox_mcp::client::http_builder()
-            .no_proxy()
-            .build()
-            .unwrap()
+        sandbox_mcp_api::http_builder().no_proxy().build().unwrap()
     }
 
     /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir.
@@ -488,10 +485,7 @@ pub async fn spawn_engine_with(
     configure(&mut command);
     let child = command.spawn().unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while http
         .get(format!("{url}/v1/health"))
@@ -509,10 +503,7 @@ pub async fn spawn_engine_with(
 /// Calls the engine API at `base` with the test key: the status, and the body as JSON (`Null`
 /// when it is not JSON).
 pub async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let mut req = http
         .request(method.parse().unwrap(), format!("{base}{path}"))
         .bearer_auth(KEY);

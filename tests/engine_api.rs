@@ -203,14 +203,14 @@ async fn quota_is_enforced_with_its_own_code() {
         .send()
         .await
         .unwrap_err();
-    let sandbox_mcp::client::Error::ErrorResponse(rv) = e else {
+    let sandbox_mcp_api::Error::ErrorResponse(rv) = e else {
         panic!("{e:?}")
     };
     assert_eq!(rv.status().as_u16(), 429);
     assert_eq!(rv.into_inner().error_code, "quota_exceeded");
 }
 
-fn json_body() -> sandbox_mcp::client::types::CreateSandboxRequest {
+fn json_body() -> sandbox_mcp_api::types::CreateSandboxRequest {
     serde_json::from_value(json!({})).unwrap()
 }
 
@@ -246,7 +246,7 @@ async fn metadata_filters_and_updates() {
     let a = client
         .create_sandbox()
         .body(
-            serde_json::from_value::<sandbox_mcp::client::types::CreateSandboxRequest>(
+            serde_json::from_value::<sandbox_mcp_api::types::CreateSandboxRequest>(
                 json!({"name": "alpha", "metadata": {"project": "x", "owner": "ann"}}),
             )
             .unwrap(),
@@ -258,7 +258,7 @@ async fn metadata_filters_and_updates() {
     client
         .create_sandbox()
         .body(
-            serde_json::from_value::<sandbox_mcp::client::types::CreateSandboxRequest>(
+            serde_json::from_value::<sandbox_mcp_api::types::CreateSandboxRequest>(
                 json!({"metadata": {"project": "y"}}),
             )
             .unwrap(),
@@ -280,7 +280,7 @@ async fn metadata_filters_and_updates() {
         .update_sandbox()
         .sandbox_id(a.id.to_string())
         .body(
-            serde_json::from_value::<sandbox_mcp::client::types::UpdateSandboxRequest>(
+            serde_json::from_value::<sandbox_mcp_api::types::UpdateSandboxRequest>(
                 json!({"metadata": {"project": "z"}}),
             )
             .unwrap(),

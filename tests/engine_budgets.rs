@@ -67,7 +67,7 @@ impl Engine {
         body: Option<Value>,
         tenant: Option<&str>,
     ) -> (u16, Value) {
-        let http = sandbox_mcp::client::http_builder()
+        let http = sandbox_mcp_api::http_builder()
             .no_proxy()
             .timeout(Duration::from_secs(120))
             .build()

@@ -189,11 +189,9 @@ async fn kill_9_of_the_engine_loses_nothing_acknowledged() {
         .spawn()
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(
-        &url,
-        Some(sandbox_mcp::client::ApiKey::new(KEY)),
-    )
-    .unwrap();
+    let backend =
+        sandbox_mcp::mcp::backend::Backend::remote(&url, Some(sandbox_mcp_api::ApiKey::new(KEY)))
+            .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     while crate::common::call(&client, "sandbox_list", json!({}))
@@ -319,7 +317,7 @@ async fn kill_9_during_a_burst_of_creates_and_writes_loses_nothing_acknowledged(
     require_sandboxes!();
     let dir = crate::common::TempData::new();
     let data = dir.data();
-    let http = sandbox_mcp::client::http_builder()
+    let http = sandbox_mcp_api::http_builder()
         .no_proxy()
         .timeout(Duration::from_secs(30))
         .build()

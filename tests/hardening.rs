@@ -425,7 +425,7 @@ async fn a_hijacked_agent_cannot_flood_the_engine() {
     let (mut engine, url) = crate::common::spawn_engine_process(&dir.data()).await;
     let backend = sandbox_mcp::mcp::backend::Backend::remote(
         &url,
-        Some(sandbox_mcp::client::ApiKey::new(crate::common::KEY)),
+        Some(sandbox_mcp_api::ApiKey::new(crate::common::KEY)),
     )
     .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;
@@ -1126,10 +1126,7 @@ async fn a_store_left_mounted_by_kill_9_is_reused() {
     let dir = crate::common::TempData::new();
     let data = dir.data();
     let (mut first, url) = crate::common::spawn_engine_process(&data).await;
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let create = |url: String| {
         let http = http.clone();
         async move {

@@ -17,12 +17,12 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use sandbox_mcp::client::ApiKey;
 use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::http::{HttpOptions, HttpServer};
 use sandbox_mcp::mcp::keys::KeyStore;
 use sandbox_mcp::mcp::server::ServerSettings;
 use sandbox_mcp::tooldefs::registry;
+use sandbox_mcp_api::ApiKey;
 
 use crate::common::{BIN, KEY, TestEngine, text};
 use crate::require_sandboxes;
@@ -100,10 +100,7 @@ impl Fixture {
 
     fn raw(&self) -> Raw {
         Raw {
-            http: sandbox_mcp::client::http_builder()
-                .no_proxy()
-                .build()
-                .unwrap(),
+            http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
             url: self.url.clone(),
         }
     }
@@ -1018,10 +1015,7 @@ async fn sigterm_finishes_in_flight_calls_then_exits() {
             .to_string();
     let (mut child, url) = spawn_http_server(data.path(), &engine, &[]);
     let raw = Raw {
-        http: sandbox_mcp::client::http_builder()
-            .no_proxy()
-            .build()
-            .unwrap(),
+        http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
         url,
     };
     let session = raw.open_session(Some(&token)).await;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use sandbox_mcp::client::ApiKey;
 use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::server::ServerSettings;
+use sandbox_mcp_api::ApiKey;
 use sandbox_mcp_testkit::kubernetes::{Namespace, Rig};
 
 use crate::common::{BIN, KEY, McpClient, api, err, mcp_for, ok, sh, spawn_engine_logged};
@@ -109,10 +109,7 @@ fn small(memory_mb: u64) -> Value {
 /// An engine API call that may be cut off: the answer of a success, `None` for no answer or an
 /// error (a request the engine did not acknowledge).
 async fn try_api(base: &str, method: &str, path: &str, body: Value) -> Option<Value> {
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .ok()?;
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().ok()?;
     let r = http
         .request(method.parse().ok()?, format!("{base}{path}"))
         .bearer_auth(KEY)

@@ -268,7 +268,7 @@ async fn control_plane_errors_keep_their_code_and_never_leak_the_key() {
     tokio::spawn(async move { axum::serve(listener, app).await });
     let backend = sandbox_mcp::mcp::backend::Backend::remote(
         &url,
-        Some(sandbox_mcp::client::ApiKey::new("super-secret-key")),
+        Some(sandbox_mcp_api::ApiKey::new("super-secret-key")),
     )
     .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;

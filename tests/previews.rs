@@ -648,10 +648,7 @@ async fn preview_settings_on_both_commands() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let base = format!("http://127.0.0.1:{api}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while http.get(format!("{base}/v1/health")).send().await.is_err() {

@@ -298,10 +298,7 @@ async fn mcp_server_attaches_to_the_standalone_engine_of_its_data_dir() {
     .await
     .unwrap();
     // The sandbox lives in the standalone engine, which outlives the MCP server that made it.
-    let http = sandbox_mcp::client::http_builder()
-        .no_proxy()
-        .build()
-        .unwrap();
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let got = http
         .get(format!("{url}/v1/sandboxes/{id}"))
         .bearer_auth(KEY)

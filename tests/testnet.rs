@@ -343,7 +343,7 @@ fn testnet_serves_dns_http_https_ws_tcp_and_an_index() {
     assert!(!queries.iter().any(|q| q.starts_with("never-asked")));
 
     // HTTP, by name (reqwest resolves the test names to the namespace).
-    sandbox_mcp::client::install_tls();
+    sandbox_mcp_api::install_tls();
     let ca = reqwest::Certificate::from_pem(&fs::read(net.ca_pem()).unwrap()).unwrap();
     let mut builder = reqwest::blocking::Client::builder()
         .no_proxy()

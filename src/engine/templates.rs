@@ -212,7 +212,7 @@ pub(crate) fn name_of_key(key: &str) -> &str {
 }
 
 #[derive(Debug, Clone)]
-pub struct Template {
+pub(crate) struct Template {
     /// Its name, as its owner gave it.
     pub name: String,
     /// How the engine knows it (see [`TemplateFile::key`]).

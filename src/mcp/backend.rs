@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::client::{ApiKey, Client, connect_as};
 use crate::engine::config::EngineConfig;
 use crate::mcp::call::CallFailure;
 use crate::mcp::local_engine::{self, LocalEngine};
+use sandbox_mcp_api::{ApiKey, Client, connect_as};
 
 #[derive(Clone)]
 pub struct Backend {

@@ -3,7 +3,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::client::{Error, ResponseValue, types};
+use sandbox_mcp_api::{Error, ResponseValue, types};
 
 /// Every way a tool call can fail after the tool was found.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,7 +120,7 @@ fn describe(e: &reqwest::Error) -> String {
 
 /// A streamed response: NDJSON events (`output`, then a final `result` or `error`).
 pub struct EventStream {
-    inner: crate::client::ByteStream,
+    inner: sandbox_mcp_api::ByteStream,
     buf: Vec<u8>,
 }
 
@@ -176,7 +176,7 @@ impl EventStream {
 
 /// Like [`respond`], for an operation that answers with a stream of events.
 pub fn respond_stream(
-    result: Result<ResponseValue<crate::client::ByteStream>, Error<types::Error>>,
+    result: Result<ResponseValue<sandbox_mcp_api::ByteStream>, Error<types::Error>>,
 ) -> Result<EventStream, CallFailure> {
     match result {
         Ok(response) => Ok(EventStream {

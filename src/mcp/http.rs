@@ -192,15 +192,17 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
     }
     let tenant: Option<String> = match &g.keys {
         None => None, // --dev
-        Some(keys) => match crate::auth::bearer(headers).and_then(|t| keys.tenant_of(t)) {
-            Some(t) => Some(t),
-            None => {
-                return error(
-                    StatusCode::UNAUTHORIZED,
-                    "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
-                );
+        Some(keys) => {
+            match sandbox_mcp_api::auth::bearer(headers).and_then(|t| keys.tenant_of(t)) {
+                Some(t) => Some(t),
+                None => {
+                    return error(
+                        StatusCode::UNAUTHORIZED,
+                        "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
+                    );
+                }
             }
-        },
+        }
     };
     let session = headers
         .get("mcp-session-id")

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::auth::{Digest, KeyFile};
 use crate::engine::ids;
+use sandbox_mcp_api::auth::{Digest, KeyFile};
 
 const FILE: &str = "mcp-keys.json";
 
@@ -100,7 +100,7 @@ impl KeyStore {
 
     /// Creates a key for `tenant`; returns its record and the token (shown only now).
     pub fn create(&self, tenant: &str) -> Result<(KeyRecord, String), KeyError> {
-        if !crate::auth::valid_tenant(tenant) {
+        if !sandbox_mcp_api::auth::valid_tenant(tenant) {
             return Err(KeyError::InvalidTenant(tenant.to_string()));
         }
         let token = format!("smcp_{}", &ids::api_key()[4..]);

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-use crate::client::ApiKey;
 use crate::engine::config::EngineConfig;
 use crate::engine::local::{self, LocalError, Serving};
+use sandbox_mcp_api::ApiKey;
 
 /// How long to wait for another process's engine to answer before giving up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,7 +82,7 @@ pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine
 
 /// Whether the engine at `url` answers its health check with `key`.
 async fn healthy(url: &str, key: &str) -> bool {
-    let Ok(client) = crate::client::http_builder_for(url)
+    let Ok(client) = sandbox_mcp_api::http_builder_for(url)
         .timeout(Duration::from_secs(2))
         .no_proxy()
         .build()

@@ -249,7 +249,7 @@ impl SandboxMcp {
 
     async fn dispatch_once(
         &self,
-        client: &crate::client::Client,
+        client: &sandbox_mcp_api::Client,
         def: &ToolDef,
         args: &Args,
         progress: Option<Progress>,

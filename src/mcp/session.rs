@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::client::types;
 use crate::mcp::backend::Backend;
 use crate::mcp::call::{CallFailure, respond};
+use sandbox_mcp_api::types;
 
 /// Every live session sandbox of a server, so shutdown can kill those whose sessions are still
 /// open.

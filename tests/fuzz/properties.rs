@@ -16,9 +16,8 @@ use sandbox_mcp::tooldefs::registry;
 
 /// A client of a closed port: every request the mapping produces is built in full, then fails
 /// to connect at once.
-fn closed_client() -> &'static (tokio::runtime::Runtime, sandbox_mcp::client::Client) {
-    static CLIENT: OnceLock<(tokio::runtime::Runtime, sandbox_mcp::client::Client)> =
-        OnceLock::new();
+fn closed_client() -> &'static (tokio::runtime::Runtime, sandbox_mcp_api::Client) {
+    static CLIENT: OnceLock<(tokio::runtime::Runtime, sandbox_mcp_api::Client)> = OnceLock::new();
     CLIENT.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -28,8 +27,8 @@ fn closed_client() -> &'static (tokio::runtime::Runtime, sandbox_mcp::client::Cl
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .expect("a free port");
-        let client = sandbox_mcp::client::connect(&format!("http://127.0.0.1:{port}"), None)
-            .expect("client");
+        let client =
+            sandbox_mcp_api::connect(&format!("http://127.0.0.1:{port}"), None).expect("client");
         (rt, client)
     })
 }

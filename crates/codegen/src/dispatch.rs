@@ -66,7 +66,7 @@ fn build_request(tool: &ToolDef, op: &Operation) -> TokenStream {
     }
     let body = op.body_type.as_ref().map(|body| {
         let body = format_ident!("{}", body);
-        quote! { req = req.body(args.body::<crate::client::types::#body>(&[#(#body_fields),*])?); }
+        quote! { req = req.body(args.body::<::sandbox_mcp_api::types::#body>(&[#(#body_fields),*])?); }
     });
     quote! {
         #[allow(unused_mut)]
@@ -92,7 +92,7 @@ pub fn generate(spec: &Spec, registry: &Registry) -> TokenStream {
     quote! {
         /// Calls the operation bound to `tool` with validated arguments.
         pub async fn dispatch(
-            client: &crate::client::Client,
+            client: &::sandbox_mcp_api::Client,
             tool: &str,
             args: &crate::mcp::args::Args,
         ) -> Result<serde_json::Value, crate::mcp::call::CallFailure> {
@@ -105,7 +105,7 @@ pub fn generate(spec: &Spec, registry: &Registry) -> TokenStream {
 
         /// Calls the streaming variant of `tool`'s operation; `None` when it has none.
         pub async fn dispatch_stream(
-            client: &crate::client::Client,
+            client: &::sandbox_mcp_api::Client,
             tool: &str,
             args: &crate::mcp::args::Args,
         ) -> Result<Option<crate::mcp::call::EventStream>, crate::mcp::call::CallFailure> {

@@ -34,7 +34,7 @@ pub struct ToolDefFile {
     pub text: String,
 }
 
-/// What [`generate`] wrote.
+/// What [`generate_tools`] wrote.
 #[derive(Debug)]
 pub struct Generated {
     pub tools: usize,
@@ -61,10 +61,26 @@ fn one(file: &str, message: impl fmt::Display) -> Vec<CodegenError> {
     }]
 }
 
+/// Reads the spec at `spec_path` and writes into `out_dir` the typed client (`client.rs`,
+/// progenitor's). The API crate's build script. Paths in messages are shown as given.
+pub fn generate_client(spec_path: &Path, out_dir: &Path) -> Result<(), Vec<CodegenError>> {
+    let spec_file = spec_path.display().to_string();
+    let spec_text = std::fs::read_to_string(spec_path).map_err(|e| one(&spec_file, e))?;
+    let spec = spec::Spec::parse(&spec_file, &spec_text).map_err(|e| vec![e])?;
+    let mut settings = progenitor::GenerationSettings::default();
+    settings
+        .with_interface(progenitor::InterfaceStyle::Builder)
+        .with_map_type("::std::collections::BTreeMap");
+    let client = progenitor::Generator::new(&settings)
+        .generate_tokens(&spec.api)
+        .map_err(|e| one(&spec_file, format!("the client generator failed: {e}")))?;
+    std::fs::write(out_dir.join("client.rs"), render(client)?).map_err(|e| one("client.rs", e))
+}
+
 /// Reads the spec at `spec_path` and the tool-defs in `tool_defs`, and writes into `out_dir` the
-/// typed client (`client.rs`), the validated registry (`tools.json`) and the dispatch
-/// (`dispatch.rs`). Paths in messages are shown as given.
-pub fn generate(
+/// validated registry (`tools.json`) and the dispatch from tool name to client call
+/// (`dispatch.rs`). The MCP layer's build script. Paths in messages are shown as given.
+pub fn generate_tools(
     spec_path: &Path,
     tool_defs: &Path,
     out_dir: &Path,
@@ -73,18 +89,9 @@ pub fn generate(
     let spec_text = std::fs::read_to_string(spec_path).map_err(|e| one(&spec_file, e))?;
     let files = read_tool_defs(tool_defs)?;
     let (spec, registry) = build_registry(&spec_file, &spec_text, &files)?;
-
-    let mut settings = progenitor::GenerationSettings::default();
-    settings
-        .with_interface(progenitor::InterfaceStyle::Builder)
-        .with_map_type("::std::collections::BTreeMap");
-    let client = progenitor::Generator::new(&settings)
-        .generate_tokens(&spec.api)
-        .map_err(|e| one(&spec_file, format!("the client generator failed: {e}")))?;
     let registry_json =
         serde_json::to_string_pretty(&registry).map_err(|e| one("tools.json", e))?;
     let writes = [
-        ("client.rs", render(client)?),
         ("tools.json", registry_json),
         ("dispatch.rs", render(dispatch::generate(&spec, &registry))?),
     ];

@@ -9,8 +9,9 @@
 //!    OpenAPI schemas into self-contained JSON Schemas (refs inlined, constraints kept).
 //! 2. `raw` parses each `tool-defs/*.toml` into serde structs that reject unknown keys.
 //! 3. `bind` checks every tool against the spec and builds the [`model::Registry`].
-//! 4. `dispatch` emits the Rust `match` from tool name to typed client call, and progenitor the
-//!    typed client itself; `generate` writes both, with the registry, to the build's `OUT_DIR`.
+//! 4. `dispatch` emits the Rust `match` from tool name to typed client call; `generate_tools`
+//!    writes it, with the registry, to the MCP layer's `OUT_DIR`, and `generate_client` writes
+//!    progenitor's typed client to the API crate's.
 //!
 //! Every mistake is reported with the file, the tool and the fix, and all of them at once.
 
@@ -32,5 +33,6 @@ pub mod spec;
 pub(crate) use generate::did_you_mean;
 #[cfg(feature = "generate")]
 pub use generate::{
-    CodegenError, Generated, ToolDefFile, build_registry, generate, read_tool_defs,
+    CodegenError, Generated, ToolDefFile, build_registry, generate_client, generate_tools,
+    read_tool_defs,
 };

@@ -7,11 +7,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use super::convert::{Api, TryApi};
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP};
+use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 
 /// Longest `timeout_ms` of a cell.
@@ -29,7 +30,7 @@ fn code_spec(body: types::RunCodeRequest, stream: bool) -> Result<RunCodeSpec, E
     Ok(RunCodeSpec {
         code: body.code.to_string(),
         context_id: body.context_id.map(|c| c.to_string()),
-        language: body.language.into(),
+        language: body.language.api(),
         timeout_ms,
         max_output_bytes: EXEC_OUTPUT_CAP,
         stream,
@@ -53,7 +54,7 @@ pub(super) async fn run_code(
         .manager
         .call(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
         .await?;
-    Ok(Json(outcome.try_into()?))
+    Ok(Json(outcome.try_api()?))
 }
 
 pub(super) async fn run_code_stream(
@@ -69,7 +70,7 @@ pub(super) async fn run_code_stream(
         .stream(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
         .await?;
     Ok(ndjson::events(events, |outcome| async move {
-        let result = types::RunCodeResult::try_from(outcome)?;
+        let result: types::RunCodeResult = outcome.try_api()?;
         serde_json::to_value(result).map_err(|e| EngineError::Response(e.into()))
     }))
 }
@@ -92,7 +93,7 @@ pub(super) async fn list_contexts(
         contexts: list
             .contexts
             .into_iter()
-            .map(types::CodeContext::try_from)
+            .map(TryApi::try_api)
             .collect::<Result<_, _>>()?,
     }))
 }
@@ -104,7 +105,7 @@ pub(super) async fn create_context(
     ApiJson(body): ApiJson<types::CreateContextRequest>,
 ) -> Result<(StatusCode, Json<types::CodeContext>), EngineError> {
     let create = CreateContext {
-        language: body.language.into(),
+        language: body.language.api(),
         cwd: body.cwd.map(|c| c.to_string()),
         env: Vec::new(),
     };
@@ -118,7 +119,7 @@ pub(super) async fn create_context(
             Duration::from_secs(60),
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(context.try_into()?)))
+    Ok((StatusCode::CREATED, Json(context.try_api()?)))
 }
 
 pub(super) async fn delete_context(

@@ -1,11 +1,10 @@
 //! Conversions into and out of the API's generated types: from what the agent answers and what
-//! the manager keeps, to what the spec says a response is. Each is a `From` (or, where the
-//! generated type checks a constraint, `TryFrom`) impl, so a handler converts with `.into()` or
-//! `.try_into()`.
+//! the manager keeps, to what the spec says a response is. Each is an [`Api`] (or, where the
+//! generated type checks a constraint, [`TryApi`]) impl, so a handler converts with `.api()` or
+//! `.try_api()`.
 
 use std::collections::BTreeMap;
 
-use crate::client::types;
 use crate::engine::diff;
 use crate::engine::driver::CloneMethod;
 use crate::engine::driver::Shape;
@@ -18,6 +17,7 @@ use crate::engine::manager::{
 use crate::engine::network::EgressDefault;
 use crate::engine::state::{NetworkRules, Snapshot, Status};
 use crate::engine::templates::{BuildFailure, Template, TemplateStatus};
+use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{
     CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
 };
@@ -27,32 +27,46 @@ pub(super) fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -
     EngineError::Response(e.into())
 }
 
+/// Into `T`, across the API's edge: an API type from the engine's, the agent's or the model's,
+/// or back. Both sides are mostly other crates' types, so this crate's own trait, not `From`.
+pub(crate) trait Api<T> {
+    fn api(self) -> T;
+}
+
+/// Into the API's type `T`, when that can fail (a value the API's type cannot hold).
+pub(crate) trait TryApi<T> {
+    fn try_api(self) -> Result<T, EngineError>;
+}
+
 /// A sandbox id the engine holds, in the API's type.
 pub(super) fn api_sandbox_id(id: &str) -> Result<types::SandboxId, EngineError> {
     types::SandboxId::try_from(id.to_string()).map_err(internal)
 }
 
-impl From<Status> for types::SandboxStatus {
-    fn from(s: Status) -> Self {
+impl Api<types::SandboxStatus> for Status {
+    fn api(self) -> types::SandboxStatus {
+        let s = self;
         match s {
-            Status::Running => Self::Running,
-            Status::Creating | Status::Paused | Status::Killing => Self::Paused,
+            Status::Running => types::SandboxStatus::Running,
+            Status::Creating | Status::Paused | Status::Killing => types::SandboxStatus::Paused,
         }
     }
 }
 
-impl From<types::SandboxStatus> for Status {
-    fn from(s: types::SandboxStatus) -> Self {
+impl Api<Status> for types::SandboxStatus {
+    fn api(self) -> Status {
+        let s = self;
         match s {
-            types::SandboxStatus::Running => Self::Running,
-            types::SandboxStatus::Paused => Self::Paused,
+            types::SandboxStatus::Running => Status::Running,
+            types::SandboxStatus::Paused => Status::Paused,
         }
     }
 }
 
-impl From<&Shape> for types::Shape {
-    fn from(s: &Shape) -> Self {
-        Self {
+impl Api<types::Shape> for &Shape {
+    fn api(self) -> types::Shape {
+        let s = self;
+        types::Shape {
             vcpus: s.vcpus,
             memory_mb: s.memory_mb,
             disk_mb: s.disk_mb,
@@ -61,58 +75,64 @@ impl From<&Shape> for types::Shape {
     }
 }
 
-impl From<JobState> for types::JobState {
-    fn from(s: JobState) -> Self {
+impl Api<types::JobState> for JobState {
+    fn api(self) -> types::JobState {
+        let s = self;
         match s {
-            JobState::Running => Self::Running,
-            JobState::Exited => Self::Exited,
+            JobState::Running => types::JobState::Running,
+            JobState::Exited => types::JobState::Exited,
         }
     }
 }
 
-impl From<Language> for types::Language {
-    fn from(l: Language) -> Self {
+impl Api<types::Language> for Language {
+    fn api(self) -> types::Language {
+        let l = self;
         match l {
-            Language::Python => Self::Python,
-            Language::Node => Self::Node,
+            Language::Python => types::Language::Python,
+            Language::Node => types::Language::Node,
         }
     }
 }
 
-impl From<types::Language> for Language {
-    fn from(l: types::Language) -> Self {
+impl Api<Language> for types::Language {
+    fn api(self) -> Language {
+        let l = self;
         match l {
-            types::Language::Python => Self::Python,
-            types::Language::Node => Self::Node,
+            types::Language::Python => Language::Python,
+            types::Language::Node => Language::Node,
         }
     }
 }
 
-impl From<FileKind> for types::FileType {
-    fn from(k: FileKind) -> Self {
+impl Api<types::FileType> for FileKind {
+    fn api(self) -> types::FileType {
+        let k = self;
         match k {
-            FileKind::File => Self::File,
-            FileKind::Dir => Self::Dir,
-            FileKind::Symlink => Self::Symlink,
-            FileKind::Other => Self::Other,
+            FileKind::File => types::FileType::File,
+            FileKind::Dir => types::FileType::Dir,
+            FileKind::Symlink => types::FileType::Symlink,
+            FileKind::Other => types::FileType::Other,
         }
     }
 }
 
-impl From<DirEntry> for types::FileEntry {
-    fn from(e: DirEntry) -> Self {
-        Self {
+impl Api<types::FileEntry> for DirEntry {
+    fn api(self) -> types::FileEntry {
+        let e = self;
+        types::FileEntry {
             name: e.name,
-            type_: e.kind.into(),
+            type_: e.kind.api(),
             size: e.size,
             mtime: ids::time(e.mtime * 1000),
         }
     }
 }
 
-impl From<Zip> for types::DirArchive {
-    fn from(z: Zip) -> Self {
-        Self {
+impl Api<types::DirArchive> for Zip {
+    fn api(self) -> types::DirArchive {
+        let z = self;
+        types::DirArchive {
             path: z.path,
             zip_base64: z.zip_b64,
             zip_bytes: z.zip_bytes,
@@ -122,10 +142,11 @@ impl From<Zip> for types::DirArchive {
     }
 }
 
-impl From<ExecResult> for types::ExecResult {
-    fn from(r: ExecResult) -> Self {
+impl Api<types::ExecResult> for ExecResult {
+    fn api(self) -> types::ExecResult {
+        let r = self;
         let o = r.outcome;
-        Self {
+        types::ExecResult {
             exit_code: o.exit_code,
             signal: o.signal,
             stdout: o.stdout,
@@ -143,14 +164,13 @@ impl From<ExecResult> for types::ExecResult {
     }
 }
 
-impl TryFrom<&JobInfo> for types::JobSummary {
-    type Error = EngineError;
-
-    fn try_from(j: &JobInfo) -> Result<Self, EngineError> {
-        Ok(Self {
+impl TryApi<types::JobSummary> for &JobInfo {
+    fn try_api(self) -> Result<types::JobSummary, EngineError> {
+        let j = self;
+        Ok(types::JobSummary {
             job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
             command: j.command.clone(),
-            status: j.status.into(),
+            status: j.status.api(),
             exit_code: j.exit_code,
             signal: j.signal,
             started_at: ids::time(j.started_at),
@@ -161,13 +181,12 @@ impl TryFrom<&JobInfo> for types::JobSummary {
     }
 }
 
-impl TryFrom<JobInfo> for types::JobStatus {
-    type Error = EngineError;
-
-    fn try_from(j: JobInfo) -> Result<Self, EngineError> {
-        Ok(Self {
+impl TryApi<types::JobStatus> for JobInfo {
+    fn try_api(self) -> Result<types::JobStatus, EngineError> {
+        let j = self;
+        Ok(types::JobStatus {
             job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
-            status: j.status.into(),
+            status: j.status.api(),
             exit_code: j.exit_code,
             signal: j.signal,
             started_at: ids::time(j.started_at),
@@ -184,13 +203,12 @@ impl TryFrom<JobInfo> for types::JobStatus {
     }
 }
 
-impl TryFrom<ContextInfo> for types::CodeContext {
-    type Error = EngineError;
-
-    fn try_from(c: ContextInfo) -> Result<Self, EngineError> {
-        Ok(Self {
+impl TryApi<types::CodeContext> for ContextInfo {
+    fn try_api(self) -> Result<types::CodeContext, EngineError> {
+        let c = self;
+        Ok(types::CodeContext {
             context_id: types::ContextId::try_from(c.context_id).map_err(internal)?,
-            language: c.language.into(),
+            language: c.language.api(),
             cwd: c.cwd,
             created_at: ids::time(c.created_at),
             alive: c.alive,
@@ -199,13 +217,12 @@ impl TryFrom<ContextInfo> for types::CodeContext {
     }
 }
 
-impl TryFrom<CodeOutcome> for types::RunCodeResult {
-    type Error = EngineError;
-
-    fn try_from(o: CodeOutcome) -> Result<Self, EngineError> {
-        Ok(Self {
+impl TryApi<types::RunCodeResult> for CodeOutcome {
+    fn try_api(self) -> Result<types::RunCodeResult, EngineError> {
+        let o = self;
+        Ok(types::RunCodeResult {
             context_id: types::ContextId::try_from(o.context_id).map_err(internal)?,
-            language: o.language.into(),
+            language: o.language.api(),
             result: o.result,
             error: o.error.map(|e| types::CodeError {
                 name: e.name,
@@ -227,10 +244,9 @@ impl TryFrom<CodeOutcome> for types::RunCodeResult {
     }
 }
 
-impl TryFrom<&SandboxView> for types::Sandbox {
-    type Error = EngineError;
-
-    fn try_from(view: &SandboxView) -> Result<Self, EngineError> {
+impl TryApi<types::Sandbox> for &SandboxView {
+    fn try_api(self) -> Result<types::Sandbox, EngineError> {
+        let view = self;
         let r = &view.record;
         let mut metadata = BTreeMap::new();
         for (k, v) in &r.metadata {
@@ -239,12 +255,12 @@ impl TryFrom<&SandboxView> for types::Sandbox {
                 types::MetadataValue::try_from(v.clone()).map_err(internal)?,
             );
         }
-        Ok(Self {
+        Ok(types::Sandbox {
             id: api_sandbox_id(&r.id)?,
             name: r.name.clone(),
-            status: r.status.into(),
+            status: r.status.api(),
             template: crate::engine::templates::name_of_key(&r.template).to_string(),
-            shape: (&r.shape).into(),
+            shape: (&r.shape).api(),
             metadata: types::Metadata(metadata),
             env_var_names: r.env.iter().map(|(k, _)| k.clone()).collect(),
             desktop: r.desktop.map(|d| types::Desktop {
@@ -271,7 +287,7 @@ impl TryFrom<&SandboxView> for types::Sandbox {
             jobs: view
                 .jobs
                 .iter()
-                .map(types::JobSummary::try_from)
+                .map(TryApi::try_api)
                 .collect::<Result<_, _>>()?,
             secrets: r
                 .secrets
@@ -293,10 +309,9 @@ impl TryFrom<&SandboxView> for types::Sandbox {
     }
 }
 
-impl TryFrom<NetworkLogPage> for types::NetworkLog {
-    type Error = EngineError;
-
-    fn try_from(page: NetworkLogPage) -> Result<Self, EngineError> {
+impl TryApi<types::NetworkLog> for NetworkLogPage {
+    fn try_api(self) -> Result<types::NetworkLog, EngineError> {
+        let page = self;
         let entries = page
             .entries
             .into_iter()
@@ -327,9 +342,10 @@ impl TryFrom<NetworkLogPage> for types::NetworkLog {
 }
 
 /// Egress rules as given (the manager parses them under the engine's default).
-impl From<&types::NetworkRules> for NetworkRules {
-    fn from(n: &types::NetworkRules) -> Self {
-        Self {
+impl Api<NetworkRules> for &types::NetworkRules {
+    fn api(self) -> NetworkRules {
+        let n = self;
+        NetworkRules {
             allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
             deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
         }
@@ -338,10 +354,9 @@ impl From<&types::NetworkRules> for NetworkRules {
 
 /// A shape asked for (of a template or a sandbox), within the spec's bounds, which the
 /// generated type does not check.
-impl TryFrom<&types::ShapeRequest> for ShapeRequest {
-    type Error = EngineError;
-
-    fn try_from(s: &types::ShapeRequest) -> Result<Self, EngineError> {
+impl TryApi<ShapeRequest> for &types::ShapeRequest {
+    fn try_api(self) -> Result<ShapeRequest, EngineError> {
+        let s = self;
         let bad = |f: &str, lo: f64, hi: f64| {
             EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
         };
@@ -357,7 +372,7 @@ impl TryFrom<&types::ShapeRequest> for ShapeRequest {
         int(s.memory_mb, "memory_mb", 64, 262_144)?;
         int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
         int(s.max_pids, "max_pids", 16, 65_536)?;
-        Ok(Self {
+        Ok(ShapeRequest {
             vcpus: s.vcpus,
             memory_mb: s.memory_mb,
             disk_mb: s.disk_mb,
@@ -366,19 +381,21 @@ impl TryFrom<&types::ShapeRequest> for ShapeRequest {
     }
 }
 
-impl From<TemplateStatus> for types::TemplateStatus {
-    fn from(s: TemplateStatus) -> Self {
+impl Api<types::TemplateStatus> for TemplateStatus {
+    fn api(self) -> types::TemplateStatus {
+        let s = self;
         match s {
-            TemplateStatus::Building => Self::Building,
-            TemplateStatus::Ready => Self::Ready,
-            TemplateStatus::Failed => Self::Failed,
+            TemplateStatus::Building => types::TemplateStatus::Building,
+            TemplateStatus::Ready => types::TemplateStatus::Ready,
+            TemplateStatus::Failed => types::TemplateStatus::Failed,
         }
     }
 }
 
-impl From<&BuildFailure> for types::BuildFailure {
-    fn from(x: &BuildFailure) -> Self {
-        Self {
+impl Api<types::BuildFailure> for &BuildFailure {
+    fn api(self) -> types::BuildFailure {
+        let x = self;
+        types::BuildFailure {
             step: x.step as u64,
             step_text: Some(x.step_text.clone()).filter(|s| !s.is_empty()),
             exit_code: x.exit_code,
@@ -389,30 +406,28 @@ impl From<&BuildFailure> for types::BuildFailure {
 }
 
 /// A template, with the name of the engine's default template (which it may be).
-impl TryFrom<(&Template, &str)> for types::Template {
-    type Error = EngineError;
-
-    fn try_from((t, default): (&Template, &str)) -> Result<Self, EngineError> {
+impl TryApi<types::Template> for (&Template, &str) {
+    fn try_api(self) -> Result<types::Template, EngineError> {
+        let (t, default) = self;
         let f = &t.file;
-        Ok(Self {
+        Ok(types::Template {
             name: types::TemplateName::try_from(t.name.clone()).map_err(internal)?,
             description: f.description.clone(),
-            shape: (&t.shape).into(),
+            shape: (&t.shape).api(),
             default: t.key == default,
             shared: t.owner().is_none(),
-            status: t.status().into(),
+            status: t.status().api(),
             size_bytes: f.size_bytes,
             parent: f.parent.clone(),
             warm: (f.warm > 0).then_some(f.warm),
-            failure: f.failure.as_ref().map(Into::into),
+            failure: f.failure.as_ref().map(Api::api),
         })
     }
 }
 
-impl TryFrom<PreviewView> for types::Preview {
-    type Error = EngineError;
-
-    fn try_from(v: PreviewView) -> Result<Self, EngineError> {
+impl TryApi<types::Preview> for PreviewView {
+    fn try_api(self) -> Result<types::Preview, EngineError> {
+        let v = self;
         let p = &v.preview;
         let port =
             std::num::NonZeroU16::new(p.port).ok_or_else(|| internal("a preview of port 0"))?;
@@ -433,10 +448,9 @@ impl TryFrom<PreviewView> for types::Preview {
     }
 }
 
-impl TryFrom<SecretView> for types::Secret {
-    type Error = EngineError;
-
-    fn try_from(v: SecretView) -> Result<Self, EngineError> {
+impl TryApi<types::Secret> for SecretView {
+    fn try_api(self) -> Result<types::Secret, EngineError> {
+        let v = self;
         Ok(types::Secret {
             name: v.meta.name.parse().map_err(internal)?,
             hosts: v.meta.hosts,
@@ -457,20 +471,20 @@ pub(super) fn api_snapshot_id(id: &str) -> Result<types::SnapshotId, EngineError
     types::SnapshotId::try_from(id.to_string()).map_err(internal)
 }
 
-impl From<CloneMethod> for types::CopyMethod {
-    fn from(m: CloneMethod) -> Self {
+impl Api<types::CopyMethod> for CloneMethod {
+    fn api(self) -> types::CopyMethod {
+        let m = self;
         match m {
-            CloneMethod::Snapshot => Self::Btrfs,
-            CloneMethod::Copy => Self::Copy,
+            CloneMethod::Snapshot => types::CopyMethod::Btrfs,
+            CloneMethod::Copy => types::CopyMethod::Copy,
         }
     }
 }
 
-impl TryFrom<Snapshot> for types::Snapshot {
-    type Error = EngineError;
-
-    fn try_from(s: Snapshot) -> Result<Self, EngineError> {
-        Ok(Self {
+impl TryApi<types::Snapshot> for Snapshot {
+    fn try_api(self) -> Result<types::Snapshot, EngineError> {
+        let s = self;
+        Ok(types::Snapshot {
             id: api_snapshot_id(&s.id)?,
             sandbox_id: api_sandbox_id(&s.sandbox_id)?,
             name: s.name,
@@ -481,18 +495,17 @@ impl TryFrom<Snapshot> for types::Snapshot {
     }
 }
 
-impl TryFrom<Restored> for types::RestoreResult {
-    type Error = EngineError;
-
-    fn try_from(r: Restored) -> Result<Self, EngineError> {
+impl TryApi<types::RestoreResult> for Restored {
+    fn try_api(self) -> Result<types::RestoreResult, EngineError> {
+        let r = self;
         let note = format!(
             "The files are back to snapshot {}. {} process(es) were stopped, {} background job(s) ended and {} REPL context(s) reset; the sandbox restarted on the restored files with its environment, network rules, secrets and preview URLs.",
             r.snapshot.id, r.stopped_processes, r.ended_jobs, r.lost_contexts
         );
-        Ok(Self {
+        Ok(types::RestoreResult {
             sandbox_id: api_sandbox_id(&r.snapshot.sandbox_id)?,
             snapshot_id: api_snapshot_id(&r.snapshot.id)?,
-            method: r.method.into(),
+            method: r.method.api(),
             stopped_processes: r.stopped_processes,
             ended_jobs: r.ended_jobs,
             lost_contexts: r.lost_contexts,
@@ -501,9 +514,10 @@ impl TryFrom<Restored> for types::RestoreResult {
     }
 }
 
-impl From<diff::Entry> for types::DiffEntry {
-    fn from(e: diff::Entry) -> Self {
-        Self {
+impl Api<types::DiffEntry> for diff::Entry {
+    fn api(self) -> types::DiffEntry {
+        let e = self;
+        types::DiffEntry {
             path: e.path,
             change: match e.change {
                 diff::Change::Added => types::DiffEntryChange::Added,
@@ -530,12 +544,8 @@ pub(super) fn diff_result(
 ) -> Result<types::DiffResult, EngineError> {
     let Diffed { diff, saved_to } = diffed;
     let total = diff.added + diff.removed + diff.modified;
-    let entries: Vec<types::DiffEntry> = diff
-        .entries
-        .into_iter()
-        .take(limit)
-        .map(Into::into)
-        .collect();
+    let entries: Vec<types::DiffEntry> =
+        diff.entries.into_iter().take(limit).map(Api::api).collect();
     Ok(types::DiffResult {
         against,
         added: diff.added,

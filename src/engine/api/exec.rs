@@ -6,11 +6,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::Response;
 
+use super::convert::Api;
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
+use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{ExecSpec, StartJob};
 
 /// Longest `timeout_ms` of a command.
@@ -54,7 +55,7 @@ async fn start_job(
         .manager
         .call(id, tenant, start, Duration::from_secs(60))
         .await?;
-    let mut r = types::ExecResult::from(ExecResult {
+    let mut r: types::ExecResult = Api::api(ExecResult {
         outcome: Default::default(),
         oom_killed: false,
     });
@@ -75,7 +76,7 @@ pub(super) async fn exec_command(
         return Ok(Json(start_job(&state, id, tenant.as_deref(), spec).await?));
     }
     let result = state.manager.exec(id, tenant.as_deref(), spec).await?;
-    Ok(Json(result.into()))
+    Ok(Json(result.api()))
 }
 
 pub(super) async fn exec_command_stream(
@@ -105,7 +106,7 @@ pub(super) async fn exec_command_stream(
         let (manager, id, tenant) = (manager.clone(), id.clone(), tenant.clone());
         async move {
             let oom_killed = manager.settle_oom(&id, tenant.as_deref(), before).await;
-            let result = types::ExecResult::from(ExecResult {
+            let result: types::ExecResult = Api::api(ExecResult {
                 outcome,
                 oom_killed,
             });

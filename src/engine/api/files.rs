@@ -8,10 +8,11 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 
+use super::convert::Api;
 use super::request::{ApiJson, ApiQuery, AppState, Tenant, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
+use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{Delete, ListDir, Move, ReadFile, WriteFile, ZipDir};
 
 /// Deadline of a file operation.
@@ -130,7 +131,7 @@ pub(super) async fn list(
     Ok(Json(types::FileList {
         path: dir.path,
         truncated: dir.truncated,
-        entries: dir.entries.into_iter().map(Into::into).collect(),
+        entries: dir.entries.into_iter().map(Api::api).collect(),
     }))
 }
 
@@ -188,5 +189,5 @@ pub(super) async fn download_dir(
         .manager
         .call(sandbox_id(&id)?, tenant.as_deref(), zip, DEADLINE)
         .await?;
-    Ok(Json(archive.into()))
+    Ok(Json(archive.api()))
 }

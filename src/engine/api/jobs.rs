@@ -6,10 +6,11 @@ use axum::Json;
 use axum::extract::{Path, State};
 use serde::Deserialize;
 
+use super::convert::TryApi;
 use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::JOB_PAGE;
+use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{JobStatus, KillJob};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -47,7 +48,7 @@ pub(super) async fn get(
         .manager
         .call(sandbox_id(&id)?, tenant.as_deref(), status, DEADLINE)
         .await?;
-    Ok(Json(job.try_into()?))
+    Ok(Json(job.try_api()?))
 }
 
 pub(super) async fn kill(
@@ -62,5 +63,5 @@ pub(super) async fn kill(
         .manager
         .call(sandbox_id(&id)?, tenant.as_deref(), kill, DEADLINE)
         .await?;
-    Ok(Json(job.try_into()?))
+    Ok(Json(job.try_api()?))
 }

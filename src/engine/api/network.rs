@@ -4,10 +4,11 @@ use axum::Json;
 use axum::extract::{Path, State};
 use serde::Deserialize;
 
+use super::convert::TryApi;
 use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::network::log::{MAX_LIMIT, Query};
+use sandbox_mcp_api::types;
 
 /// Entries returned when no `limit` is given.
 const DEFAULT_LIMIT: usize = 50;
@@ -54,5 +55,5 @@ pub(super) async fn log(
             },
         )
         .await?;
-    Ok(Json(page.try_into()?))
+    Ok(Json(page.try_api()?))
 }

@@ -4,9 +4,10 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
+use super::convert::TryApi;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
+use sandbox_mcp_api::types;
 
 /// Shortest and longest `expires_in`, in seconds (a minute; 30 days).
 const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=2_592_000;
@@ -34,7 +35,7 @@ pub(super) async fn create(
             body.expires_in,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(view.try_into()?)))
+    Ok((StatusCode::CREATED, Json(view.try_api()?)))
 }
 
 pub(super) async fn list(
@@ -46,7 +47,7 @@ pub(super) async fn list(
         .manager
         .previews(sandbox_id(&id)?, tenant.as_deref())?
         .into_iter()
-        .map(types::Preview::try_from)
+        .map(TryApi::try_api)
         .collect::<Result<_, _>>()?;
     Ok(Json(types::PreviewList { previews }))
 }

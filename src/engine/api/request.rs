@@ -14,11 +14,11 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, extract::rejection::QueryRejection};
 use serde::de::DeserializeOwned;
 
-use crate::auth::{Digest, KeyFile, KeyRing, bearer};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::manager::Manager;
+use sandbox_mcp_api::auth::{Digest, KeyFile, KeyRing, bearer};
+use sandbox_mcp_api::types;
 
 /// Largest request body accepted.
 pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;
@@ -129,7 +129,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Tenant {
                 let tenant = value
                     .to_str()
                     .ok()
-                    .filter(|t| crate::auth::valid_tenant(t))
+                    .filter(|t| sandbox_mcp_api::auth::valid_tenant(t))
                     .ok_or_else(|| {
                         EngineError::InvalidArgument("invalid x-sandbox-tenant header".into())
                     })?;

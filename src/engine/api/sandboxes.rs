@@ -9,11 +9,12 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 
 use super::convert::api_sandbox_id;
+use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, check_env, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{CreateRequest, SandboxView};
-use crate::engine::state::{NetworkRules, Status};
+use crate::engine::state::NetworkRules;
+use sandbox_mcp_api::types;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
@@ -80,7 +81,7 @@ fn parse_metadata_filter(s: &str) -> Result<Vec<(String, String)>, EngineError> 
 }
 
 pub(super) fn sandbox(view: &SandboxView) -> ApiResult<types::Sandbox> {
-    Ok(Json(view.try_into()?))
+    Ok(Json(view.try_api()?))
 }
 
 pub(super) async fn health(State(state): State<AppState>) -> ApiResult<types::Health> {
@@ -127,11 +128,11 @@ pub(super) fn create_request(
         env,
         timeout_seconds: body.timeout_seconds.map(|t| t.get()),
         tenant: tenant.0,
-        network: body.network.as_ref().map(Into::into).unwrap_or_default(),
+        network: body.network.as_ref().map(Api::api).unwrap_or_default(),
         shape: body
             .shape
             .as_ref()
-            .map(TryInto::try_into)
+            .map(TryApi::try_api)
             .transpose()?
             .unwrap_or_default(),
         secrets: body
@@ -162,7 +163,7 @@ pub(super) async fn list(
         Some(m) => parse_metadata_filter(m)?,
         None => Vec::new(),
     };
-    let status = query.status.map(Status::from);
+    let status = query.status.map(Api::api);
     let network = state.manager.network_info();
     let sandboxes = state
         .manager
@@ -170,12 +171,13 @@ pub(super) async fn list(
         .await?
         .into_iter()
         .map(|record| {
-            types::Sandbox::try_from(&SandboxView {
+            (&SandboxView {
                 record,
                 network,
                 usage: None,
                 jobs: Vec::new(),
             })
+                .try_api()
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(types::SandboxList { sandboxes }))
@@ -206,7 +208,7 @@ pub(super) async fn update(
         Some(m) => Some(check_metadata(&m.0)?),
         None => None,
     };
-    let network = body.network.as_ref().map(NetworkRules::from);
+    let network: Option<NetworkRules> = body.network.as_ref().map(Api::api);
     if metadata.is_none() && network.is_none() {
         return Err(EngineError::InvalidArgument(
             "nothing to update: give `metadata`, `network`, or both".into(),
@@ -265,7 +267,7 @@ pub(super) async fn metrics(
     let m = state.manager.metrics(id, tenant.as_deref()).await?;
     Ok(Json(types::SandboxMetrics {
         id: api_sandbox_id(id)?,
-        status: m.status.into(),
+        status: m.status.api(),
         cpu_seconds: m.usage.cpu_seconds,
         memory_bytes: m.usage.memory_bytes,
         memory_peak_bytes: m.usage.memory_peak_bytes,

@@ -3,11 +3,12 @@
 use axum::Json;
 use axum::extract::{Path, State};
 
+use super::convert::TryApi;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
 use super::sandboxes::sandbox;
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::secrets::NewSecret;
+use sandbox_mcp_api::types;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
@@ -20,7 +21,7 @@ pub(super) async fn list(
         .secret_list(tenant.as_deref())
         .await?
         .into_iter()
-        .map(types::Secret::try_from)
+        .map(TryApi::try_api)
         .collect::<Result<_, _>>()?;
     Ok(Json(types::SecretList { secrets }))
 }
@@ -51,7 +52,7 @@ pub(super) async fn set(
         .manager
         .secret_set(tenant.as_deref(), new, body.value.to_string())
         .await?;
-    Ok(Json(view.try_into()?))
+    Ok(Json(view.try_api()?))
 }
 
 pub(super) async fn delete(

@@ -5,11 +5,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 
 use super::convert::api_sandbox_id;
+use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, AppState, Tenant, sandbox_id};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::ids;
 use crate::engine::manager::MAX_SNAPSHOTS;
+use sandbox_mcp_api::types;
 
 /// A snapshot id from a path, checked before anything is looked up.
 fn snapshot_id(raw: &str) -> Result<&str, EngineError> {
@@ -33,7 +34,7 @@ pub(super) async fn create(
         .manager
         .snapshot_create(sandbox_id(&id)?, tenant.as_deref(), name)
         .await?;
-    Ok((StatusCode::CREATED, Json(snap.try_into()?)))
+    Ok((StatusCode::CREATED, Json(snap.try_api()?)))
 }
 
 pub(super) async fn list(
@@ -46,7 +47,7 @@ pub(super) async fn list(
         .snapshot_list(sandbox_id(&id)?, tenant.as_deref())
         .await?
         .into_iter()
-        .map(types::Snapshot::try_from)
+        .map(TryApi::try_api)
         .collect::<Result<_, _>>()?;
     Ok(Json(types::SnapshotList {
         snapshots,
@@ -80,7 +81,7 @@ pub(super) async fn restore(
         .manager
         .snapshot_restore(sandbox_id(&id)?, tenant.as_deref(), snap)
         .await?;
-    Ok(Json(restored.try_into()?))
+    Ok(Json(restored.try_api()?))
 }
 
 pub(super) async fn fork(
@@ -107,7 +108,7 @@ pub(super) async fn fork(
                 .iter()
                 .map(|c| api_sandbox_id(c))
                 .collect::<Result<_, _>>()?,
-            method: forked.method.into(),
+            method: forked.method.api(),
         }),
     ))
 }
@@ -155,6 +156,6 @@ pub(super) async fn merge(
         target_id: api_sandbox_id(target)?,
         source_id: api_sandbox_id(&source)?,
         source_killed: true,
-        method: method.into(),
+        method: method.api(),
     }))
 }

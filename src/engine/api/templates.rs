@@ -9,17 +9,18 @@ use axum::http::StatusCode;
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use super::convert::{Api, TryApi};
 use super::request::{ApiJson, AppState, Tenant, check_env};
-use crate::client::types;
 use crate::engine::error::EngineError;
 use crate::engine::manager::{Step, TemplateRequest};
 use crate::engine::templates::{Template, check_name};
+use sandbox_mcp_api::types;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
 /// A template as the API shows it (whether it is the engine's default is part of that).
 fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError> {
-    types::Template::try_from((t, state.manager.default_template().as_str()))
+    (t, state.manager.default_template().as_str()).try_api()
 }
 
 pub(super) async fn list(
@@ -31,7 +32,7 @@ pub(super) async fn list(
         .manager
         .templates_of(tenant.as_deref())
         .iter()
-        .map(|t| types::Template::try_from((&**t, default.as_str())))
+        .map(|t| (&**t, default.as_str()).try_api())
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Json(types::TemplateList { templates }))
 }
@@ -95,10 +96,10 @@ pub(super) async fn create(
         shape: body
             .shape
             .as_ref()
-            .map(TryInto::try_into)
+            .map(TryApi::try_api)
             .transpose()?
             .unwrap_or_default(),
-        network: body.network.as_ref().map(Into::into).unwrap_or_default(),
+        network: body.network.as_ref().map(Api::api).unwrap_or_default(),
         warm: body.warm.unwrap_or(0),
         timeout: body.timeout_seconds.map(|t| Duration::from_secs(t.get())),
     };

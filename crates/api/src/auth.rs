@@ -16,19 +16,19 @@ use subtle::ConstantTimeEq;
 
 /// The SHA-256 digest of a token.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Digest([u8; 32]);
+pub struct Digest([u8; 32]);
 
 impl Digest {
-    pub(crate) fn of(token: &str) -> Self {
+    pub fn of(token: &str) -> Self {
         Self(Sha256::digest(token.as_bytes()).into())
     }
 
     /// Lowercase hex, as key files store it.
-    pub(crate) fn to_hex(self) -> String {
+    pub fn to_hex(self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    pub(crate) fn from_hex(hex: &str) -> Option<Self> {
+    pub fn from_hex(hex: &str) -> Option<Self> {
         if hex.len() != 64 {
             return None;
         }
@@ -47,7 +47,7 @@ impl std::fmt::Debug for Digest {
 }
 
 /// What the first key matching `token` stands for. Every candidate is compared, in constant time.
-pub(crate) fn find<'a, T>(
+pub fn find<'a, T>(
     candidates: impl IntoIterator<Item = (&'a Digest, &'a T)>,
     token: &str,
 ) -> Option<&'a T> {
@@ -63,7 +63,7 @@ pub(crate) fn find<'a, T>(
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
-pub(crate) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme
@@ -74,7 +74,7 @@ pub(crate) fn bearer(headers: &http::HeaderMap) -> Option<&str> {
 
 /// Whether `name` can be a tenant: 1-63 characters from a-z, 0-9, `-` and `_`, starting with a
 /// letter or digit (it appears in headers, logs and key files).
-pub(crate) fn valid_tenant(name: &str) -> bool {
+pub fn valid_tenant(name: &str) -> bool {
     (1..=63).contains(&name.len())
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
         && name
@@ -93,10 +93,10 @@ fn version(path: &Path) -> Option<Version> {
 }
 
 /// Keys, each with what it stands for.
-pub(crate) type Keys<T> = Vec<(Digest, T)>;
+pub type Keys<T> = Vec<(Digest, T)>;
 
 /// Turns a key file's text into keys, or says why it cannot.
-pub(crate) type ParseKeys<T> = fn(&str) -> Result<Keys<T>, String>;
+pub type ParseKeys<T> = fn(&str) -> Result<Keys<T>, String>;
 
 /// Keys read from a file, and read again whenever the file changes.
 pub struct KeyFile<T> {
@@ -108,7 +108,7 @@ pub struct KeyFile<T> {
 
 impl<T: Clone> KeyFile<T> {
     /// `parse` turns the file's text into keys; a missing file has none.
-    pub(crate) fn new(path: PathBuf, parse: ParseKeys<T>) -> Self {
+    pub fn new(path: PathBuf, parse: ParseKeys<T>) -> Self {
         Self {
             path,
             parse,
@@ -116,12 +116,12 @@ impl<T: Clone> KeyFile<T> {
         }
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// What `token` stands for, after re-reading the file if it changed.
-    pub(crate) fn find(&self, token: &str) -> Option<T> {
+    pub fn find(&self, token: &str) -> Option<T> {
         self.refresh();
         let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
         find(cache.1.iter().map(|(d, v)| (d, v)), token).cloned()
