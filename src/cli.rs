@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::engine::config::{EngineConfig, default_data_dir};
 use crate::mcp::backend::Backend;
 use crate::mcp::server::{SandboxMcp, ServerSettings};
 use crate::tooldefs::registry;
 use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_model::config::{EngineConfig, default_data_dir};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -454,8 +454,8 @@ impl EngineSettings {
         config.max_sandboxes = self.max_sandboxes;
         config.idle_pause = (self.idle_pause > 0).then(|| Duration::from_secs(self.idle_pause));
         config.disk_limits = match self.disk_limits {
-            AutoOff::Auto => crate::engine::config::DiskLimits::Auto,
-            AutoOff::Off => crate::engine::config::DiskLimits::Off,
+            AutoOff::Auto => sandbox_mcp_model::config::DiskLimits::Auto,
+            AutoOff::Off => sandbox_mcp_model::config::DiskLimits::Off,
         };
         config.favordynmods = matches!(self.favordynmods, AutoOff::Auto);
         config.network = crate::engine::network::NetworkConfig {
@@ -468,8 +468,8 @@ impl EngineSettings {
             max_connections: self.max_connections.max(1),
             egress_ca: self.egress_ca.clone(),
         };
-        let default = crate::engine::config::PreviewConfig::default();
-        config.preview = crate::engine::config::PreviewConfig {
+        let default = sandbox_mcp_model::config::PreviewConfig::default();
+        config.preview = sandbox_mcp_model::config::PreviewConfig {
             // An address given explicitly is the operator's choice: taken means fail, not move.
             fallback: self.preview_listen.is_none(),
             listen: self.preview_listen.clone().map_or(default.listen, |l| l.0),
@@ -725,7 +725,7 @@ impl Drop for TempFile {
 fn tempfile_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
     Ok(TempFile(dir.join(format!(
         ".image-{}.tar",
-        crate::engine::ids::nonce()
+        sandbox_mcp_model::ids::nonce()
     ))))
 }
 
@@ -781,7 +781,7 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
                     m.name,
                     m.hosts.join(","),
                     m.headers.join(","),
-                    crate::engine::ids::time(m.updated_at).to_rfc3339()
+                    sandbox_mcp_model::ids::time(m.updated_at).to_rfc3339()
                 );
             }
         }

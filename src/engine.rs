@@ -8,11 +8,8 @@
 //! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
 
 pub mod api;
-pub mod config;
 pub(crate) mod diff;
-pub mod driver;
 pub mod error;
-pub mod ids;
 pub mod kube;
 pub mod linux;
 pub mod local;

@@ -11,7 +11,6 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use sandbox_mcp::engine::config::EngineConfig;
 use sandbox_mcp::engine::local::open_manager;
 use sandbox_mcp::engine::manager::Manager;
 use sandbox_mcp::engine::server::EngineServer;
@@ -19,6 +18,7 @@ use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::server::{SandboxMcp, ServerSettings};
 use sandbox_mcp::tooldefs::registry;
 use sandbox_mcp_api::{ApiKey, Client, connect};
+use sandbox_mcp_model::config::EngineConfig;
 
 pub const KEY: &str = "test-key-0123456789";
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-mcp");
@@ -548,7 +548,7 @@ pub fn mounted(path: &std::path::Path) -> bool {
 /// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
 /// lets go of its store.
 pub fn kill_left_behind(data: &std::path::Path) {
-    use sandbox_mcp::engine::driver::Driver;
+    use sandbox_mcp_model::driver::Driver;
     let config = EngineConfig::new(data.to_path_buf());
     let Ok(driver) = sandbox_mcp::engine::linux::NamespacesDriver::new(
         sandbox_mcp::engine::linux::driver::Options {

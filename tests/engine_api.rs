@@ -231,7 +231,7 @@ async fn ids_are_random_and_unguessable() {
         ids.push(s.id.to_string());
     }
     for id in &ids {
-        assert!(sandbox_mcp::engine::ids::is_sandbox_id(id), "{id}");
+        assert!(sandbox_mcp_model::ids::is_sandbox_id(id), "{id}");
     }
     // 26 base32 characters carry 130 bits; consecutive ids share no structure.
     assert_ne!(ids[0][4..12], ids[1][4..12]);

@@ -9,7 +9,7 @@ use crate::common::{
     TestEngine, api, create, err, ok, sh, snapshot_and_restore, spawn_engine_process_env,
 };
 use crate::require_sandboxes;
-use sandbox_mcp::engine::config::DiskLimits;
+use sandbox_mcp_model::config::DiskLimits;
 
 /// The store each test runs on, and the method its copies must report.
 fn method_of(disk: DiskLimits) -> &'static str {

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::common::{McpClient, TestEngine, call, create, err, exec, ok, sh, text};
 use crate::{require_cgroups, require_sandboxes};
-use sandbox_mcp::engine::config::DiskLimits;
+use sandbox_mcp_model::config::DiskLimits;
 
 /// Runs Python in the sandbox; its stdout.
 async fn py(client: &McpClient, id: &str, code: &str) -> String {
@@ -860,7 +860,7 @@ async fn two_engines_on_one_host_get_disjoint_uid_ranges() {
 }
 
 /// The registry's claims of the engine on `data_dir`: the slots, each with its line.
-fn claims_of(config: &sandbox_mcp::engine::config::EngineConfig) -> Vec<String> {
+fn claims_of(config: &sandbox_mcp_model::config::EngineConfig) -> Vec<String> {
     let owner = std::fs::canonicalize(config.data_dir.join("sandboxes")).unwrap();
     std::fs::read_to_string(&config.uid_registry)
         .unwrap_or_default()
@@ -889,7 +889,7 @@ async fn a_sandbox_whose_cleanup_fails_keeps_its_uid_range() {
     drop(client);
     let dir = engine.stop().await;
     let config = TestEngine::config_for(dir.path());
-    let config = sandbox_mcp::engine::config::EngineConfig {
+    let config = sandbox_mcp_model::config::EngineConfig {
         disk_limits: DiskLimits::Off,
         ..config
     };

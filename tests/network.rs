@@ -12,7 +12,7 @@ use crate::testnet::TestNet;
 /// An engine whose sandboxes resolve through `net` and may reach its server.
 async fn engine_for(
     net: &TestNet,
-    adjust: impl FnOnce(&mut sandbox_mcp::engine::config::EngineConfig),
+    adjust: impl FnOnce(&mut sandbox_mcp_model::config::EngineConfig),
 ) -> TestEngine {
     let dns = net.dns;
     let allow = format!("{}/32", net.net_ip);

@@ -5,7 +5,7 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::engine::driver::DriverError;
+use sandbox_mcp_model::driver::DriverError;
 use sandbox_mcp_protocol::{AgentError, ErrorKind};
 
 /// Every way an API request fails. The variants holding a `String` are messages for the caller
@@ -158,7 +158,7 @@ impl EngineError {
 impl IntoResponse for EngineError {
     fn into_response(self) -> Response {
         let (status, _) = self.status_and_code();
-        let request_id = crate::engine::ids::current_request_id();
+        let request_id = sandbox_mcp_model::ids::current_request_id();
         self.log(&request_id);
         let mut response = (status, Json(self.body(&request_id))).into_response();
         if status == StatusCode::UNAUTHORIZED {
@@ -170,21 +170,7 @@ impl IntoResponse for EngineError {
     }
 }
 
-/// Longest message taken from inside a sandbox (an agent's error, a launcher's report): a
-/// sandbox's words reach the client, but never more than this.
-pub(crate) const MAX_SANDBOX_MESSAGE: usize = 2048;
-
-/// `text` cut to [`MAX_SANDBOX_MESSAGE`] bytes on a character boundary, marked when cut.
-pub(crate) fn clip(text: &str) -> String {
-    if text.len() <= MAX_SANDBOX_MESSAGE {
-        return text.to_string();
-    }
-    let mut end = MAX_SANDBOX_MESSAGE;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… [{} more bytes]", &text[..end], text.len() - end)
-}
+pub(crate) use sandbox_mcp_model::clip;
 
 impl From<DriverError> for EngineError {
     fn from(e: DriverError) -> Self {
@@ -244,7 +230,7 @@ mod tests {
         });
         let message = e.body("r")["message"].as_str().unwrap().to_string();
         assert!(
-            message.len() < MAX_SANDBOX_MESSAGE + 64,
+            message.len() < sandbox_mcp_model::MAX_SANDBOX_MESSAGE + 64,
             "{}",
             message.len()
         );

@@ -26,10 +26,12 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage};
 use crate::engine::state::Record;
 use mux::Mux;
 use pod::{PodOptions, PodRecord, PodState};
+use sandbox_mcp_model::driver::{
+    AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage,
+};
 use sandbox_mcp_protocol::Ping;
 use sandbox_mcp_protocol::mux::AGENT_DIR;
 use sandbox_mcp_sys::lock;
@@ -327,7 +329,7 @@ impl Driver for KubernetesDriver {
                 &record,
                 &spec.env,
                 spec.workdir.as_deref(),
-                crate::engine::ids::now_ms(),
+                sandbox_mcp_model::ids::now_ms(),
             )
             .map_err(DriverError::Launch)?;
             let name = pod::pod_name(&spec.id);
@@ -448,7 +450,7 @@ impl Driver for KubernetesDriver {
                 })?;
             // Called on every tick by every replica: the one place that cleans up after a
             // replica that died mid-create, and after sandboxes that ended.
-            let now = crate::engine::ids::now_ms() / 1000;
+            let now = sandbox_mcp_model::ids::now_ms() / 1000;
             for p in &list.items {
                 if let (Some(why), Some(name)) = (pod::sweep(p, now), p.metadata.name.as_deref()) {
                     tracing::info!(pod = name, "deleting a sandbox pod: {why}");
@@ -470,7 +472,7 @@ impl Driver for KubernetesDriver {
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<Shared>, DriverError>> {
         Box::pin(async move {
-            if !crate::engine::ids::is_sandbox_id(id) {
+            if !sandbox_mcp_model::ids::is_sandbox_id(id) {
                 return Ok(None);
             }
             match self.pods.get(&pod::pod_name(id)).await {

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::engine::config::EngineConfig;
-use crate::engine::ids;
 use crate::engine::linux::NamespacesDriver;
 use crate::engine::manager::Manager;
 use crate::engine::server::EngineServer;
+use sandbox_mcp_model::config::EngineConfig;
+use sandbox_mcp_model::ids;
 
 /// Why the local engine could not be started or reached.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +31,7 @@ pub enum LocalError {
         source: std::io::Error,
     },
     #[error("cannot set up the sandbox driver: {0}")]
-    Driver(#[from] crate::engine::driver::DriverError),
+    Driver(#[from] sandbox_mcp_model::driver::DriverError),
     // Not a `#[source]`: the message already carries its whole chain (the operator needs the
     // detail a client is not told), and `{:#}` would print it twice.
     #[error("cannot open the engine's state: {}", crate::engine::error::chain(.0))]

@@ -15,15 +15,17 @@ use std::time::Duration;
 
 use futures::Stream;
 
-use crate::engine::config::EngineConfig;
-use crate::engine::driver::{AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage};
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::network::log as netlog;
 use crate::engine::network::{EgressDefault, Hub, SandboxNet};
 use crate::engine::state::{NetworkRules, Record, Status, Store};
 use crate::engine::templates::Template;
 pub(crate) use import::import;
+use sandbox_mcp_model::config::EngineConfig;
+use sandbox_mcp_model::driver::{
+    AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage,
+};
+use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::{
     AgentError, Call, ExecOutcome, ExecSpec, Frame, JobInfo, KillAll, ListJobs, Output, Ping,
     read_frame_limited, write_frame,
@@ -733,7 +735,7 @@ impl Manager {
         &self,
         req: CreateRequest,
         template: &Template,
-        shape: crate::engine::driver::Shape,
+        shape: sandbox_mcp_model::driver::Shape,
     ) -> Result<SandboxView, EngineError> {
         let policy = self.rules(&req.network)?;
         let now = ids::now_ms();
@@ -826,7 +828,7 @@ impl Manager {
         req: &CreateRequest,
         id: String,
         template: &str,
-        shape: crate::engine::driver::Shape,
+        shape: sandbox_mcp_model::driver::Shape,
         uid_slot: u32,
         status: Status,
         now: i64,

@@ -21,15 +21,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-pub use crate::engine::policy::EgressDefault;
 use crate::engine::policy::{Cidr, Guard, Policy};
+pub use sandbox_mcp_model::config::{DEFAULT_MAX_CONNECTIONS, EgressDefault, NetworkConfig};
+pub use sandbox_mcp_model::driver::EgressSockets;
 use sandbox_mcp_sys::budget::Descriptors;
 
 /// Connections one sandbox may hold open through the relay at once, unless configured.
 /// How long an outbound connect may take.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
 /// Names remembered per sandbox (address → the name it was resolved for).
 const MAX_NAMES: usize = 4096;
 /// Large copy buffers one sandbox's connections may hold at once (each 256 KiB, one per
@@ -38,35 +38,6 @@ pub(crate) const FAST_LANES: usize = 16;
 /// Connections of one sandbox decrypted at once (to a bound secret's host): each holds TLS and
 /// HTTP state on both sides, so they are fewer than plain ones.
 pub(crate) const MAX_DECRYPTED: usize = 32;
-
-/// Engine-wide network settings (flags of `sandbox-mcp` and `sandbox-mcp engine`).
-#[derive(Debug, Clone)]
-pub struct NetworkConfig {
-    /// What no rule of a sandbox decides (`--egress`).
-    pub egress: EgressDefault,
-    /// Ranges the operator opens to sandboxes although the engine forbids them by default
-    /// (`--egress-allow`, CIDRs).
-    pub egress_allow: Vec<String>,
-    /// Resolvers the engine asks (`--dns-upstream`); empty: the host's (/etc/resolv.conf).
-    pub dns_upstream: Vec<SocketAddr>,
-    /// Connections one sandbox may hold open at once (`--max-connections`).
-    pub max_connections: usize,
-    /// CA certificates (PEM files) trusted for upstream hosts whose requests get a secret, on
-    /// top of the system's roots (`--egress-ca`).
-    pub egress_ca: Vec<std::path::PathBuf>,
-}
-
-impl Default for NetworkConfig {
-    fn default() -> Self {
-        Self {
-            egress: EgressDefault::Open,
-            egress_allow: Vec::new(),
-            dns_upstream: Vec::new(),
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            egress_ca: Vec::new(),
-        }
-    }
-}
 
 /// Parses an `--egress-allow` value, or says how to write it.
 pub fn parse_egress_allow(s: &str) -> Result<String, String> {
@@ -83,19 +54,6 @@ pub fn parse_dns_upstream(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| {
             format!("{s:?} is not a resolver address (write 192.0.2.53 or 192.0.2.53:5353)")
         })
-}
-
-/// The two sockets the engine owns inside a sandbox's network namespace.
-#[derive(Debug)]
-pub struct EgressSockets {
-    /// Listening on 127.0.0.1:`EGRESS_PORT`: every TCP connection to a non-local address.
-    pub tcp: std::net::TcpListener,
-    /// Bound to 127.0.0.1:`DNS_PORT`: every DNS query.
-    pub dns: std::net::UdpSocket,
-    /// The namespace itself (`/proc/<agent>/ns/net`), where previews connect to the sandbox's
-    /// ports. Held open, it names this namespace even if the agent's pid is reused. None when
-    /// the engine cannot enter it (unprivileged: the sandbox's user namespace owns it).
-    pub netns: Option<std::fs::File>,
 }
 
 /// A sandbox's secret bindings, as the egress path needs them.

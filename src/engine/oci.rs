@@ -33,7 +33,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tar::EntryType;
 
-use crate::engine::ids::hex;
+use sandbox_mcp_model::ids::hex;
 use sandbox_mcp_sys::layers;
 
 /// Largest manifest, index or config read: real ones are a few KiB.

@@ -12,6 +12,7 @@
 //! 3. an address inside a `deny_out` CIDR is blocked;
 //! 4. otherwise the engine-wide default decides (`--egress open|closed`).
 
+pub(crate) use sandbox_mcp_model::config::EgressDefault;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -231,16 +232,6 @@ pub(crate) fn valid_name(name: &str) -> bool {
             .rsplit('.')
             .next()
             .is_some_and(|tld| tld.bytes().any(|b| b.is_ascii_alphabetic()))
-}
-
-/// The engine-wide default for what no rule decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EgressDefault {
-    /// The public internet is reachable.
-    #[default]
-    Open,
-    /// Nothing is reachable but what `allow_out` names.
-    Closed,
 }
 
 /// A sandbox's rules, parsed.

@@ -26,11 +26,11 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::config::PreviewConfig;
 use crate::engine::error::chain;
-use crate::engine::ids;
 use crate::engine::manager::{Manager, PreviewError, TOKEN_PARAM};
 use crate::engine::proxy::{page, strip_hop_by_hop};
+use sandbox_mcp_model::config::PreviewConfig;
+use sandbox_mcp_model::ids;
 
 /// The header non-browser clients send the token in.
 pub(crate) const TOKEN_HEADER: &str = "x-preview-token";

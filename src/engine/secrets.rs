@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use ring::aead::{Aad, CHACHA20_POLY1305, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::engine::ids;
 use crate::engine::policy::Domain;
+use sandbox_mcp_model::ids;
 
 /// Largest value accepted (API keys and tokens are far smaller; a header must stay small).
 pub(crate) const MAX_VALUE: usize = 8 * 1024;

@@ -12,107 +12,8 @@ use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::engine::driver::Shape;
-use sandbox_mcp_protocol::Screen;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Creating,
-    Running,
-    Paused,
-    Killing,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Creating => "creating",
-            Status::Running => "running",
-            Status::Paused => "paused",
-            Status::Killing => "killing",
-        }
-    }
-
-    fn parse(s: &str) -> Status {
-        match s {
-            "creating" => Status::Creating,
-            "running" => Status::Running,
-            "killing" => Status::Killing,
-            _ => Status::Paused,
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct Record {
-    pub id: String,
-    pub name: Option<String>,
-    pub template: String,
-    pub status: Status,
-    pub metadata: BTreeMap<String, String>,
-    pub env: Vec<(String, String)>,
-    pub shape: Shape,
-    pub uid_slot: u32,
-    pub created_at: i64,
-    pub last_active_at: i64,
-    pub expires_at: Option<i64>,
-    /// Owner of the sandbox when the engine is shared by tenants (None: untenanted).
-    pub tenant: Option<String>,
-    /// The sandbox's egress rules, as given (validated by the API layer).
-    pub network: NetworkRules,
-    /// Secrets bound to environment variables, by variable.
-    pub secrets: BTreeMap<String, Binding>,
-    /// The screen of a desktop sandbox (made with create_computer); none for others.
-    pub desktop: Option<Screen>,
-}
-
-/// A secret bound to one of a sandbox's environment variables.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Binding {
-    pub secret: String,
-    /// What the variable holds instead of the value (unique to this sandbox and binding).
-    pub standin: String,
-    /// The secret's hosts when it was bound: TLS to them is still decrypted if the secret is
-    /// deleted, so that requests fail with the reason rather than pass unseen.
-    #[serde(default)]
-    pub hosts: Vec<String>,
-}
-
-/// A sandbox's egress rules as the caller wrote them (see `engine::network::policy`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct NetworkRules {
-    #[serde(default)]
-    pub allow_out: Vec<String>,
-    #[serde(default)]
-    pub deny_out: Vec<String>,
-}
-
-/// A sandbox port served on the engine's preview listener (see `engine::preview`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Preview {
-    pub port: u16,
-    /// The secret a private preview's visitors present (random, 256 bits).
-    pub token: String,
-    /// Opens without the token.
-    pub public: bool,
-    pub created_at: i64,
-    pub expires_at: Option<i64>,
-}
-
-/// A snapshot of a sandbox's filesystem (see `Manager::snapshot_create`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    pub id: String,
-    pub sandbox_id: String,
-    pub name: Option<String>,
-    /// Its files are complete (false while they are made or deleted).
-    pub ready: bool,
-    /// How its files were made: `btrfs` or `copy`.
-    pub method: String,
-    /// Bytes of the sandbox's own files when it was taken: what it counts against the disk.
-    pub size_bytes: u64,
-    pub created_at: i64,
-}
+use sandbox_mcp_model::driver::Shape;
+pub use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, Status};
 
 pub struct Store {
     conn: Mutex<Connection>,
@@ -573,7 +474,7 @@ mod tests {
                 },
             )]
             .into(),
-            desktop: Some(Screen {
+            desktop: Some(sandbox_mcp_protocol::Screen {
                 width: 1024,
                 height: 768,
             }),

@@ -26,14 +26,14 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::driver::{MountLayers, Shape, TemplateLayout};
+use sandbox_mcp_model::driver::{MountLayers, Shape, TemplateLayout};
 
-pub(crate) const BASE: &str = "base";
+pub(crate) const BASE: &str = sandbox_mcp_model::BASE_TEMPLATE;
 const BASE_VERSION: u32 = 1;
 /// The built-in template of desktop sandboxes (computer use): the files of `base` (every template
 /// but an imported image is layered on base's root), with a desktop-sized shape. Built when the
 /// host has Xvfb.
-pub(crate) const DESKTOP: &str = "desktop";
+pub(crate) const DESKTOP: &str = sandbox_mcp_model::DESKTOP_TEMPLATE;
 const DESKTOP_VERSION: u32 = 1;
 
 /// Whether `name` is a template the engine builds itself (and which cannot be replaced or deleted).

@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::engine::config::EngineConfig;
 use crate::mcp::call::CallFailure;
 use crate::mcp::local_engine::{self, LocalEngine};
 use sandbox_mcp_api::{ApiKey, Client, connect_as};
+use sandbox_mcp_model::config::EngineConfig;
 
 #[derive(Clone)]
 pub struct Backend {

@@ -11,8 +11,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::ids;
 use sandbox_mcp_api::auth::{Digest, KeyFile};
+use sandbox_mcp_model::ids;
 
 const FILE: &str = "mcp-keys.json";
 

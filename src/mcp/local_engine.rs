@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-use crate::engine::config::EngineConfig;
 use crate::engine::local::{self, LocalError, Serving};
 use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_model::config::EngineConfig;
 
 /// How long to wait for another process's engine to answer before giving up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);

@@ -6,10 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::engine::diff;
-use crate::engine::driver::CloneMethod;
-use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::manager::{
     Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
     ShapeRequest,
@@ -18,6 +15,9 @@ use crate::engine::network::EgressDefault;
 use crate::engine::state::{NetworkRules, Snapshot, Status};
 use crate::engine::templates::{BuildFailure, Template, TemplateStatus};
 use sandbox_mcp_api::types;
+use sandbox_mcp_model::driver::CloneMethod;
+use sandbox_mcp_model::driver::Shape;
+use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::{
     CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
 };

@@ -11,8 +11,8 @@ use serde_json::{Value, json};
 
 use super::request::NDJSON;
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::manager::Event;
+use sandbox_mcp_model::ids;
 
 /// An NDJSON response from the agent's events; `finish` turns the reply into the `result`.
 pub(super) fn events<R, F, Fut>(

@@ -15,10 +15,10 @@ use axum::{Json, extract::rejection::QueryRejection};
 use serde::de::DeserializeOwned;
 
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::manager::Manager;
 use sandbox_mcp_api::auth::{Digest, KeyFile, KeyRing, bearer};
 use sandbox_mcp_api::types;
+use sandbox_mcp_model::ids;
 
 /// Largest request body accepted.
 pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;

@@ -8,9 +8,9 @@ use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, AppState, Tenant, sandbox_id};
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::manager::MAX_SNAPSHOTS;
 use sandbox_mcp_api::types;
+use sandbox_mcp_model::ids;
 
 /// A snapshot id from a path, checked before anything is looked up.
 fn snapshot_id(raw: &str) -> Result<&str, EngineError> {

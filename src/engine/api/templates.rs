@@ -141,7 +141,7 @@ pub(super) async fn import(
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(EngineError::Templates)?;
-    let path = dir.join(format!("{name}.{}.tar", crate::engine::ids::nonce()));
+    let path = dir.join(format!("{name}.{}.tar", sandbox_mcp_model::ids::nonce()));
     let result = async {
         let mut file = tokio::fs::File::create(&path)
             .await

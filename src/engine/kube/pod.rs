@@ -15,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::driver::Shape;
 use crate::engine::state::{NetworkRules, Record, Status};
+use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_protocol::mux::AGENT_DIR;
 
 /// Label every sandbox pod has (and the engine's RBAC and NetworkPolicy select on).
@@ -35,39 +35,7 @@ pub const INIT_CONTAINER: &str = "agent";
 /// how the agent's own words reach an error after its pod was deleted.
 const MESSAGE_POLICY: &str = "FallbackToLogsOnError";
 
-/// What the operator chose for the pods (from `sandbox-mcp engine --driver kubernetes`).
-#[derive(Debug, Clone, Default)]
-pub struct PodOptions {
-    pub namespace: String,
-    /// Image holding the static binary at `/sandbox-mcp` (copied into each pod).
-    pub agent_image: String,
-    /// Image of the `base` template.
-    pub default_image: String,
-    /// Images of other templates, by template name.
-    pub images: BTreeMap<String, String>,
-    /// `runtimeClassName` per template (gVisor, Kata); `*` applies to every template.
-    pub runtime_classes: BTreeMap<String, String>,
-    /// uid (and gid) sandboxes run as; `None`: the image's user.
-    pub run_as_user: Option<u32>,
-    /// `imagePullPolicy` of both containers; `None`: the cluster's default for the image's tag.
-    pub pull_policy: Option<String>,
-    /// Pods request 1/this of their shape's CPU (limits stay the shape); 1: requests = limits.
-    pub cpu_overcommit: f64,
-}
-
-impl PodOptions {
-    /// The image of `template`, or why there is none.
-    pub fn image(&self, template: &str) -> Result<&str, String> {
-        if template == crate::engine::templates::BASE {
-            return Ok(&self.default_image);
-        }
-        self.images.get(template).map(String::as_str).ok_or_else(|| {
-            format!(
-                "template {template} has no image on the kubernetes driver; start the engine with --template-image {template}=IMAGE"
-            )
-        })
-    }
-}
+pub use sandbox_mcp_model::config::PodOptions;
 
 /// A sandbox's record as the pod annotation holds it. The uid slot is not kept: each replica
 /// numbers its sandboxes itself (a cache key, meaningless in a pod).

@@ -12,7 +12,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::engine::driver::Usage;
+use sandbox_mcp_model::driver::Usage;
 
 /// Name of the parent cgroup every sandbox cgroup lives under.
 pub(crate) const PARENT: &str = "sandbox-mcp";

@@ -22,7 +22,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-pub use crate::engine::config::DiskLimits;
+pub use sandbox_mcp_model::config::DiskLimits;
 
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683E;
 /// Smallest image worth making; below this the store stays plain.

@@ -16,11 +16,11 @@ use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
 use super::uids::{self, Registry};
-use crate::engine::driver::{
+use crate::engine::network::EgressSockets;
+use sandbox_mcp_model::driver::{
     AgentConn, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef, Liveness, StartSpec,
     TemplateLayout, Usage,
 };
-use crate::engine::network::EgressSockets;
 use sandbox_mcp_sys::layers::TooDeep;
 
 /// How long a launch may take before it is abandoned.

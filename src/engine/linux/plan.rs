@@ -92,7 +92,7 @@ pub struct PlanInput<'a> {
     pub sandbox_id: &'a str,
     pub sandbox_dir: &'a Path,
     /// The template's overlays, the root's first.
-    pub mounts: &'a [crate::engine::driver::MountLayers],
+    pub mounts: &'a [sandbox_mcp_model::driver::MountLayers],
     /// Slot of the sandbox's uid range (privileged mode).
     pub uid_slot: u32,
     /// Real uid/gid of the engine.
@@ -238,7 +238,7 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
 mod tests {
     use super::*;
 
-    use crate::engine::driver::MountLayers;
+    use sandbox_mcp_model::driver::MountLayers;
 
     fn mounts(host_dirs: &[&str]) -> Vec<MountLayers> {
         let mut out = vec![MountLayers {

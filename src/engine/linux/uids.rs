@@ -272,7 +272,7 @@ fn sandbox_of_cgroup(text: &str) -> Option<String> {
         let path = line.splitn(3, ':').nth(2)?;
         let (_, rest) = path.split_once(&format!("/{}/", super::cgroups::PARENT))?;
         let id = rest.split('/').next()?;
-        crate::engine::ids::is_sandbox_id(id).then(|| id.to_string())
+        sandbox_mcp_model::ids::is_sandbox_id(id).then(|| id.to_string())
     })
 }
 
@@ -458,7 +458,7 @@ mod tests {
 
     #[test]
     fn sandbox_ids_are_read_from_cgroup_paths() {
-        let id = crate::engine::ids::sandbox_id();
+        let id = sandbox_mcp_model::ids::sandbox_id();
         let v1 = format!("12:freezer:/sandbox-mcp/{id}\n11:memory:/sandbox-mcp/{id}\n0::/\n");
         assert_eq!(sandbox_of_cgroup(&v1).as_deref(), Some(id.as_str()));
         let v2 = format!("0::/system.slice/x.service/sandbox-mcp/{id}\n");

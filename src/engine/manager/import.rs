@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Manager, blocking};
-use crate::engine::config::EngineConfig;
 use crate::engine::error::EngineError;
 use crate::engine::oci;
 use crate::engine::templates::{self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus};
+use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_sys::layers;
 use sandbox_mcp_sys::stack;
 
@@ -119,7 +119,7 @@ pub(crate) fn import(
         status: TemplateStatus::Ready,
         failure: None,
         size_bytes: image.bytes,
-        created_at: crate::engine::ids::now_ms(),
+        created_at: sandbox_mcp_model::ids::now_ms(),
         warm: 0,
     })
 }
@@ -171,7 +171,7 @@ fn unpack(
         None => None,
     };
     let bundle = read(BUNDLE)?;
-    let nonce = crate::engine::ids::nonce();
+    let nonce = sandbox_mcp_model::ids::nonce();
     let mut published = Vec::new();
     let moved = (|| -> io::Result<()> {
         for (i, dir) in image.layers.iter().enumerate() {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use super::{CreateRequest, Manager, SandboxView, blocking, lock};
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::templates::{Template, TemplateStatus};
+use sandbox_mcp_model::ids;
 
 /// How long after a handover its replacement starts.
 const REFILL_DELAY: Duration = Duration::from_millis(200);

@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Entry, InFlight, Manager, blocking, lock};
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::state::Preview;
+use sandbox_mcp_model::ids;
 
 /// The query parameter a private preview's URL carries its token in (the proxy trades it for a
 /// cookie).

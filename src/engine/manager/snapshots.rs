@@ -15,10 +15,10 @@ use std::time::Duration;
 
 use super::{Entry, Manager, Runtime, blocking, exchange, lock};
 use crate::engine::diff::{self, Diff};
-use crate::engine::driver::{CloneKind, CloneMethod, DriverError, FsLayers, FsRef};
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::state::{Record, Snapshot, Status};
+use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsLayers, FsRef};
+use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::{JobState, ListContexts, WriteFile};
 
 /// Most snapshots one sandbox keeps.

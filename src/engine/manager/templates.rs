@@ -15,13 +15,13 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{CreateRequest, Manager, Runtime, blocking, lock};
-use crate::engine::driver::Shape;
 use crate::engine::error::EngineError;
-use crate::engine::ids;
 use crate::engine::state::NetworkRules;
 use crate::engine::templates::{
     self, BASE, BuildFailure, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
 };
+use sandbox_mcp_model::driver::Shape;
+use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::ExecSpec;
 use sandbox_mcp_sys::layers;
 
@@ -592,7 +592,7 @@ impl Manager {
             let (driver, sid) = (self.driver.clone(), id.to_string());
             blocking(move || driver.freeze(&sid)).await??;
         }
-        let key = layers::id_of(&[id.as_bytes(), crate::engine::ids::nonce().as_bytes()]);
+        let key = layers::id_of(&[id.as_bytes(), sandbox_mcp_model::ids::nonce().as_bytes()]);
         let copied = self.copy_to_layer(id, slot, parent, key.clone()).await;
         if frozen_here {
             let (driver, sid) = (self.driver.clone(), id.to_string());

@@ -11,7 +11,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
-use crate::engine::ids;
+use sandbox_mcp_model::ids;
 
 /// Leaf certificates are valid from this long ago (a sandbox clock a little behind still
 /// accepts them) …

@@ -1,5 +1,6 @@
 //! Engine settings, with the defaults users expect.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -39,7 +40,7 @@ impl Default for PreviewConfig {
 }
 
 /// Where the host-wide registry of sandbox uid ranges lives unless configured otherwise.
-pub(crate) const DEFAULT_UID_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
+pub const DEFAULT_UID_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -59,14 +60,14 @@ pub struct EngineConfig {
     /// host so that no two live sandboxes ever share host ids.
     pub uid_registry: PathBuf,
     /// Egress default, operator-opened ranges, resolvers, connection cap.
-    pub network: crate::engine::network::NetworkConfig,
+    pub network: NetworkConfig,
     /// Where and under which domain sandbox ports are served as preview URLs.
     pub preview: PreviewConfig,
     /// The template `create` uses when the request names none (`base` when `None`).
     pub default_template: Option<String>,
     /// Run sandboxes as pods with these options (the kubernetes driver) instead of in this
     /// machine's namespaces.
-    pub kubernetes: Option<crate::engine::kube::pod::PodOptions>,
+    pub kubernetes: Option<PodOptions>,
     /// As root, turn on the kernel's `favordynmods` for the host's cgroup2 hierarchy, so a
     /// sandbox start does not wait for an RCU grace period to join its cgroups.
     pub favordynmods: bool,
@@ -82,7 +83,7 @@ impl EngineConfig {
             exe: PathBuf::from("/proc/self/exe"),
             disk_limits: DiskLimits::Auto,
             uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),
-            network: crate::engine::network::NetworkConfig::default(),
+            network: NetworkConfig::default(),
             preview: PreviewConfig::default(),
             default_template: None,
             kubernetes: None,
@@ -94,16 +95,16 @@ impl EngineConfig {
         self.data_dir.join("state.db")
     }
     /// The network log's own database (its writes never wait on, or hold up, the state's).
-    pub(crate) fn network_log_db(&self) -> PathBuf {
+    pub fn network_log_db(&self) -> PathBuf {
         self.data_dir.join("network-log.db")
     }
-    pub(crate) fn lock_file(&self) -> PathBuf {
+    pub fn lock_file(&self) -> PathBuf {
         self.data_dir.join("engine.lock")
     }
-    pub(crate) fn endpoint_file(&self) -> PathBuf {
+    pub fn endpoint_file(&self) -> PathBuf {
         self.data_dir.join("engine.json")
     }
-    pub(crate) fn templates_dir(&self) -> PathBuf {
+    pub fn templates_dir(&self) -> PathBuf {
         self.data_dir.join("templates")
     }
     pub fn sandboxes_dir(&self) -> PathBuf {
@@ -113,7 +114,7 @@ impl EngineConfig {
 
 /// `SANDBOX_MCP_DATA_DIR`, else `$XDG_DATA_HOME/sandbox-mcp` (or `~/.local/share/sandbox-mcp`),
 /// or `/var/lib/sandbox-mcp` for root.
-pub(crate) fn default_data_dir() -> PathBuf {
+pub fn default_data_dir() -> PathBuf {
     if nix::unistd::geteuid().is_root() {
         return PathBuf::from("/var/lib/sandbox-mcp");
     }
@@ -124,4 +125,80 @@ pub(crate) fn default_data_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".local/share/sandbox-mcp")
+}
+
+/// The engine-wide default for what no rule decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EgressDefault {
+    /// The public internet is reachable.
+    #[default]
+    Open,
+    /// Nothing is reachable but what `allow_out` names.
+    Closed,
+}
+
+/// Connections one sandbox may hold open through the relay at once, unless configured.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 512;
+
+/// Engine-wide network settings (flags of `sandbox-mcp` and `sandbox-mcp engine`).
+#[derive(Debug, Clone)]
+pub struct NetworkConfig {
+    /// What no rule of a sandbox decides (`--egress`).
+    pub egress: EgressDefault,
+    /// Ranges the operator opens to sandboxes although the engine forbids them by default
+    /// (`--egress-allow`, CIDRs).
+    pub egress_allow: Vec<String>,
+    /// Resolvers the engine asks (`--dns-upstream`); empty: the host's (/etc/resolv.conf).
+    pub dns_upstream: Vec<SocketAddr>,
+    /// Connections one sandbox may hold open at once (`--max-connections`).
+    pub max_connections: usize,
+    /// CA certificates (PEM files) trusted for upstream hosts whose requests get a secret, on
+    /// top of the system's roots (`--egress-ca`).
+    pub egress_ca: Vec<std::path::PathBuf>,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        Self {
+            egress: EgressDefault::Open,
+            egress_allow: Vec::new(),
+            dns_upstream: Vec::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            egress_ca: Vec::new(),
+        }
+    }
+}
+
+/// What the operator chose for the pods (from `sandbox-mcp engine --driver kubernetes`).
+#[derive(Debug, Clone, Default)]
+pub struct PodOptions {
+    pub namespace: String,
+    /// Image holding the static binary at `/sandbox-mcp` (copied into each pod).
+    pub agent_image: String,
+    /// Image of the `base` template.
+    pub default_image: String,
+    /// Images of other templates, by template name.
+    pub images: BTreeMap<String, String>,
+    /// `runtimeClassName` per template (gVisor, Kata); `*` applies to every template.
+    pub runtime_classes: BTreeMap<String, String>,
+    /// uid (and gid) sandboxes run as; `None`: the image's user.
+    pub run_as_user: Option<u32>,
+    /// `imagePullPolicy` of both containers; `None`: the cluster's default for the image's tag.
+    pub pull_policy: Option<String>,
+    /// Pods request 1/this of their shape's CPU (limits stay the shape); 1: requests = limits.
+    pub cpu_overcommit: f64,
+}
+
+impl PodOptions {
+    /// The image of `template`, or why there is none.
+    pub fn image(&self, template: &str) -> Result<&str, String> {
+        if template == crate::BASE_TEMPLATE {
+            return Ok(&self.default_image);
+        }
+        self.images.get(template).map(String::as_str).ok_or_else(|| {
+            format!(
+                "template {template} has no image on the kubernetes driver; start the engine with --template-image {template}=IMAGE"
+            )
+        })
+    }
 }

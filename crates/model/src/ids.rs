@@ -45,7 +45,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// 128 random bits as 26 base32 characters: names that must not collide (scratch directories,
 /// layers of one import or capture).
-pub(crate) fn nonce() -> String {
+pub fn nonce() -> String {
     base32(&random_bytes::<16>())
 }
 
@@ -60,24 +60,24 @@ pub fn is_sandbox_id(s: &str) -> bool {
 }
 
 /// A new snapshot id: `snap_` and 128 random bits as 26 base32 characters.
-pub(crate) fn snapshot_id() -> String {
+pub fn snapshot_id() -> String {
     format!("snap_{}", base32(&random_bytes::<16>()))
 }
 
 /// Whether `s` has the shape of a snapshot id (it may still not exist).
-pub(crate) fn is_snapshot_id(s: &str) -> bool {
+pub fn is_snapshot_id(s: &str) -> bool {
     s.len() == 31
         && s.starts_with("snap_")
         && s.as_bytes()[5..].iter().all(|b| ALPHABET.contains(b))
 }
 
 /// A new API key: 256 random bits.
-pub(crate) fn api_key() -> String {
+pub fn api_key() -> String {
     format!("smk_{}", base32(&random_bytes::<32>()))
 }
 
 /// A preview's token: 160 random bits, safe in a URL's query.
-pub(crate) fn preview_token() -> String {
+pub fn preview_token() -> String {
     base32(&random_bytes::<20>())
 }
 
@@ -88,15 +88,15 @@ pub fn request_id() -> String {
 
 tokio::task_local! {
     /// The id of the API request being handled, for everything that reports on it.
-    pub(crate) static REQUEST_ID: String;
+    pub static REQUEST_ID: String;
 }
 
 /// The id of the API request being handled (empty outside one).
-pub(crate) fn current_request_id() -> String {
+pub fn current_request_id() -> String {
     REQUEST_ID.try_with(Clone::clone).unwrap_or_default()
 }
 
-pub(crate) use sandbox_mcp_sys::now_ms;
+pub use sandbox_mcp_sys::now_ms;
 
 /// A time from milliseconds since the Unix epoch, in whole seconds (as the API reports times).
 pub fn time(unix_ms: i64) -> chrono::DateTime<chrono::Utc> {
@@ -104,7 +104,7 @@ pub fn time(unix_ms: i64) -> chrono::DateTime<chrono::Utc> {
 }
 
 /// [`time`] as RFC 3339 text (`2026-11-22T17:33:52Z`), for files that keep times as strings.
-pub(crate) fn rfc3339(unix_ms: i64) -> String {
+pub fn rfc3339(unix_ms: i64) -> String {
     time(unix_ms).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 

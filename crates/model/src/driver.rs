@@ -84,7 +84,7 @@ pub struct StartSpec {
     pub user: Option<(u32, u32)>,
     /// The sandbox's record, for drivers that keep it with the sandbox (see
     /// [`Driver::shares_records`]).
-    pub record: crate::engine::state::Record,
+    pub record: crate::record::Record,
 }
 
 /// A filesystem the driver keeps: a sandbox's (`slot` given) or a snapshot's.
@@ -135,9 +135,9 @@ impl CloneMethod {
 #[derive(Debug, Clone)]
 pub enum Shared {
     /// Acknowledged and running.
-    Live(crate::engine::state::Record),
+    Live(crate::record::Record),
     /// It ended outside the engine (its record, for its tenant; why, for the caller).
-    Gone(crate::engine::state::Record, String),
+    Gone(crate::record::Record, String),
 }
 
 /// What the driver sees of a sandbox's processes.
@@ -169,7 +169,7 @@ pub struct Usage {
 /// A connection to a sandbox's agent.
 pub trait AgentStream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> AgentStream for T {}
-pub(crate) type AgentConn = Box<dyn AgentStream>;
+pub type AgentConn = Box<dyn AgentStream>;
 
 pub trait Driver: Send + Sync + 'static {
     /// Short name reported by the health endpoint.
@@ -320,9 +320,7 @@ pub trait Driver: Send + Sync + 'static {
     }
 
     /// Every acknowledged sandbox record the driver keeps (uid slots are the caller's to give).
-    fn shared_records(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<crate::engine::state::Record>, DriverError>> {
+    fn shared_records(&self) -> BoxFuture<'_, Result<Vec<crate::record::Record>, DriverError>> {
         Box::pin(async { Ok(Vec::new()) })
     }
 
@@ -339,7 +337,7 @@ pub trait Driver: Send + Sync + 'static {
     /// Stores `record` with the sandbox and marks it acknowledged (after create, after update).
     fn acknowledge<'a>(
         &'a self,
-        record: &'a crate::engine::state::Record,
+        record: &'a crate::record::Record,
     ) -> BoxFuture<'a, Result<(), DriverError>> {
         let _ = record;
         Box::pin(async { Ok(()) })
@@ -354,7 +352,7 @@ pub trait Driver: Send + Sync + 'static {
     fn egress_sockets<'a>(
         &'a self,
         id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<crate::engine::network::EgressSockets>, DriverError>> {
+    ) -> BoxFuture<'a, Result<Option<EgressSockets>, DriverError>> {
         let _ = id;
         Box::pin(async { Ok(None) })
     }
@@ -365,4 +363,17 @@ fn no_snapshots(driver: &str) -> DriverError {
     DriverError::Unsupported(format!(
         "the {driver} driver cannot snapshot or fork a sandbox's filesystem"
     ))
+}
+
+/// The two sockets the engine owns inside a sandbox's network namespace.
+#[derive(Debug)]
+pub struct EgressSockets {
+    /// Listening on 127.0.0.1:`EGRESS_PORT`: every TCP connection to a non-local address.
+    pub tcp: std::net::TcpListener,
+    /// Bound to 127.0.0.1:`DNS_PORT`: every DNS query.
+    pub dns: std::net::UdpSocket,
+    /// The namespace itself (`/proc/<agent>/ns/net`), where previews connect to the sandbox's
+    /// ports. Held open, it names this namespace even if the agent's pid is reused. None when
+    /// the engine cannot enter it (unprivileged: the sandbox's user namespace owns it).
+    pub netns: Option<std::fs::File>,
 }
