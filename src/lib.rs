@@ -5,7 +5,6 @@
 //! time by `build.rs` with the `sandbox-mcp-codegen` crate) → [`client`] (generated from the
 //! spec) → HTTP → [`engine`] (the control plane) → the [`agent`] inside each sandbox.
 
-pub mod agent;
 pub mod cli;
 pub mod engine;
 pub mod mcp;

@@ -8,9 +8,9 @@ fn main() -> ExitCode {
     match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
         Some("__launch") => sandbox_mcp::engine::linux::launcher::main(),
         Some("__agent") => agent(),
-        Some("__agent-pod") => exit(sandbox_mcp::agent::pod::run_agent()),
-        Some("__agent-mux") => exit(sandbox_mcp::agent::pod::run_mux()),
-        Some("__install") => exit(sandbox_mcp::agent::pod::install(std::env::args_os().nth(2))),
+        Some("__agent-pod") => exit(sandbox_mcp_agent::pod::run_agent()),
+        Some("__agent-mux") => exit(sandbox_mcp_agent::pod::run_mux()),
+        Some("__install") => exit(sandbox_mcp_agent::pod::install(std::env::args_os().nth(2))),
         _ => sandbox_mcp::cli::main(),
     }
 }
@@ -27,8 +27,8 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 
 /// The sandbox's init: build the sandbox around this process, then serve as its agent.
 fn agent() -> ExitCode {
-    use sandbox_mcp::agent::{server, spawn};
     use sandbox_mcp::engine::linux::{inside, launcher};
+    use sandbox_mcp_agent::{server, spawn};
     let entered = match inside::enter() {
         Ok(entered) => entered,
         Err(e) => {

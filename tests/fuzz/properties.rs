@@ -98,7 +98,7 @@ pub fn paths(data: &[u8]) {
     let Ok(path) = std::str::from_utf8(data) else {
         return;
     };
-    let Ok(resolved) = sandbox_mcp::agent::files::resolve(path) else {
+    let Ok(resolved) = sandbox_mcp_agent::files::resolve(path) else {
         return;
     };
     assert!(resolved.is_absolute(), "{path:?} → {resolved:?}");

@@ -6,7 +6,11 @@
 //! that returned the wrong reply would not compile, and an agent that sent one anyway fails the
 //! engine's decoding with one error. Byte payloads travel base64-encoded.
 
+pub mod keys;
 pub mod mux;
+
+/// The display every desktop sandbox uses; `DISPLAY` is set to it for every command.
+pub const DISPLAY: &str = ":0";
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //!
 //! Frames (both directions): stream id (u32), kind (u8: open, data, close), payload length (u32),
 //! payload (data only, at most 64 KiB). The engine opens streams; the bridge in the pod
-//! (`__agent-mux`, see [`crate::agent::pod`]) connects each to the agent's socket. Closing is
+//! (`__agent-mux`, the agent crate's `pod` module) connects each to the agent's socket. Closing is
 //! whole-stream: either side's close ends it.
 //!
 //! The pod is untrusted: a frame over the size limit, an unknown kind or a broken exec ends the

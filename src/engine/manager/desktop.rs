@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use super::{CreateRequest, Manager, SandboxView, lock};
-use crate::agent::keys;
 use crate::engine::error::EngineError;
 use crate::engine::templates::DESKTOP;
+use sandbox_mcp_protocol::keys;
 use sandbox_mcp_protocol::{Input, InputAction, Screen, Screenshot, Shot, StartDesktop};
 
 /// The display every desktop uses (`DISPLAY`, set for every command): the agent's.
-pub(crate) use crate::agent::desktop::DISPLAY;
+pub(crate) use sandbox_mcp_protocol::DISPLAY;
 /// Smallest and largest screens: a PNG of the largest fits the agent's reply frame.
 pub(crate) const MIN_SCREEN: Screen = Screen {
     width: 320,

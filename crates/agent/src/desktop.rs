@@ -26,15 +26,14 @@ use x11rb::protocol::xproto::{self, ConnectionExt as _};
 use x11rb::protocol::xtest::ConnectionExt as _;
 use x11rb::rust_connection::{DefaultStream, RustConnection};
 
-use super::keys::{self, SHIFT_L};
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, error};
+use sandbox_mcp_protocol::keys::{self, SHIFT_L};
 use sandbox_mcp_protocol::{
     AgentError, DesktopStarted, ErrorKind, InputAction, InputDone, Screen, Shot,
 };
 
-/// The display every desktop sandbox uses; `DISPLAY` is set to it for every command.
-pub(crate) const DISPLAY: &str = ":0";
+use sandbox_mcp_protocol::DISPLAY;
 const SOCKET: &str = "/tmp/.X11-unix/X0";
 /// How long the display server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(10);

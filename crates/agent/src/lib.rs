@@ -17,7 +17,6 @@ pub(crate) mod desktop;
 pub(crate) mod exec;
 pub mod files;
 pub(crate) mod jobs;
-pub mod keys;
 pub mod pod;
 pub(crate) mod reaper;
 pub(crate) mod repl;
