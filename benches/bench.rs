@@ -237,7 +237,7 @@ impl Drop for Engine {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-        sandbox_mcp::engine::linux::disk::release(&self._dir.path().join("data/sandboxes"));
+        sandbox_mcp_linux::disk::release(&self._dir.path().join("data/sandboxes"));
     }
 }
 

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     match std::env::args_os().nth(1).as_ref().and_then(|a| a.to_str()) {
-        Some("__launch") => sandbox_mcp::engine::linux::launcher::main(),
+        Some("__launch") => sandbox_mcp_linux::launcher::main(),
         Some("__agent") => agent(),
         Some("__agent-pod") => exit(sandbox_mcp_agent::pod::run_agent()),
         Some("__agent-mux") => exit(sandbox_mcp_agent::pod::run_mux()),
@@ -27,8 +27,8 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 
 /// The sandbox's init: build the sandbox around this process, then serve as its agent.
 fn agent() -> ExitCode {
-    use sandbox_mcp::engine::linux::{inside, launcher};
     use sandbox_mcp_agent::{server, spawn};
+    use sandbox_mcp_linux::{inside, launcher};
     let entered = match inside::enter() {
         Ok(entered) => entered,
         Err(e) => {

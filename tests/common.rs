@@ -156,8 +156,8 @@ macro_rules! require_sandboxes {
 /// Whether cgroup limits are enforced here (root with cgroups).
 pub fn cgroups_enforced() -> bool {
     !matches!(
-        sandbox_mcp::engine::linux::cgroups::Layout::detect(),
-        sandbox_mcp::engine::linux::cgroups::Layout::None
+        sandbox_mcp_linux::cgroups::Layout::detect(),
+        sandbox_mcp_linux::cgroups::Layout::None
     )
 }
 
@@ -298,7 +298,7 @@ impl Drop for TestEngine {
                 let _ = driver.destroy(&e.file_name().to_string_lossy());
             }
         }
-        sandbox_mcp::engine::linux::disk::release(&self.data_dir().join("sandboxes"));
+        sandbox_mcp_linux::disk::release(&self.data_dir().join("sandboxes"));
     }
 }
 
@@ -326,7 +326,7 @@ impl TempData {
 
 impl Drop for TempData {
     fn drop(&mut self) {
-        sandbox_mcp::engine::linux::disk::release(&self.data().join("sandboxes"));
+        sandbox_mcp_linux::disk::release(&self.data().join("sandboxes"));
     }
 }
 
@@ -550,16 +550,14 @@ pub fn mounted(path: &std::path::Path) -> bool {
 pub fn kill_left_behind(data: &std::path::Path) {
     use sandbox_mcp_model::driver::Driver;
     let config = EngineConfig::new(data.to_path_buf());
-    let Ok(driver) = sandbox_mcp::engine::linux::NamespacesDriver::new(
-        sandbox_mcp::engine::linux::driver::Options {
-            sandboxes_dir: config.sandboxes_dir(),
-            exe: PathBuf::from(BIN),
-            disk_limits: config.disk_limits,
-            max_sandboxes: config.max_sandboxes,
-            uid_registry: config.uid_registry.clone(),
-            favordynmods: false,
-        },
-    ) else {
+    let Ok(driver) = sandbox_mcp_linux::NamespacesDriver::new(sandbox_mcp_linux::driver::Options {
+        sandboxes_dir: config.sandboxes_dir(),
+        exe: PathBuf::from(BIN),
+        disk_limits: config.disk_limits,
+        max_sandboxes: config.max_sandboxes,
+        uid_registry: config.uid_registry.clone(),
+        favordynmods: false,
+    }) else {
         return;
     };
     if let Ok(entries) = std::fs::read_dir(config.sandboxes_dir()) {

@@ -18,7 +18,7 @@ async fn pause_freezes_and_exec_resumes_transparently() {
     sh(&client, &id, "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     ok(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
-    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&id);
+    let cg = sandbox_mcp_linux::cgroups::Layout::detect().sandbox(&id);
     assert!(cg.is_frozen());
     let listed = ok(&client, "sandbox_list", json!({"status": "paused"})).await;
     assert_eq!(listed["sandboxes"][0]["id"], id.as_str());
@@ -56,7 +56,7 @@ async fn kill_removes_processes_files_and_cgroups() {
     sh(&client, &id, "sleep 1000 >/dev/null 2>&1 & echo started").await;
     let dir = engine.data_dir().join("sandboxes").join(&id);
     assert!(dir.exists());
-    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&id);
+    let cg = sandbox_mcp_linux::cgroups::Layout::detect().sandbox(&id);
     let pids = cg.pids();
     ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
     assert!(!dir.exists(), "the sandbox's files are still on disk");
@@ -263,7 +263,7 @@ async fn a_dead_agent_restarts_on_next_use() {
 #[tokio::test]
 async fn the_v1_freezer_pauses_too() {
     require_cgroups!();
-    use sandbox_mcp::engine::linux::cgroups::{FreezeMethod, Layout};
+    use sandbox_mcp_linux::cgroups::{FreezeMethod, Layout};
     let layout = Layout::detect();
     if !matches!(
         &layout,

@@ -255,10 +255,7 @@ async fn sandbox_code_cannot_signal_trace_limit_or_reconfigure_the_agent() {
             inside.contains("65534"),
             "the agent's id shows as unmapped: {inside}"
         );
-        assert!(
-            host_uid >= sandbox_mcp::engine::linux::plan::UID_BASE,
-            "{uid}"
-        );
+        assert!(host_uid >= sandbox_mcp_linux::plan::UID_BASE, "{uid}");
         // The sandbox's user namespace is owned by the agent's own id, not root: the kernel
         // charges the sandbox's per-user budgets to that id.
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/user")).unwrap();
@@ -666,7 +663,7 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
     )
     .await;
     let (count, _) = held.split_once(' ').unwrap();
-    use sandbox_mcp::engine::linux::plan::{pty_pool, pty_share};
+    use sandbox_mcp_linux::plan::{pty_pool, pty_share};
     let share = pty_share(pty_pool(), 100);
     assert!(
         count.parse::<u32>().unwrap() <= share,
@@ -692,7 +689,7 @@ async fn ptys_are_shared_out_so_one_sandbox_cannot_take_them_all() {
 /// sandboxes get ranges far from those the host's registry hands other tests' engines meanwhile.
 fn registry_with_ptys_left(dir: &std::path::Path, left: u32) -> std::path::PathBuf {
     let path = dir.join("uid-ranges");
-    let pool = sandbox_mcp::engine::linux::plan::pty_pool();
+    let pool = sandbox_mcp_linux::plan::pty_pool();
     let mut claims = format!("1 {} /\n", pool - left);
     for slot in 2..=5000 {
         claims.push_str(&format!("{slot} 0 /\n"));
@@ -729,10 +726,7 @@ async fn a_sandbox_is_not_made_without_ptys_when_the_pool_is_spent() {
 async fn sandboxes_whose_data_dir_is_gone_are_reaped_by_the_next_claim() {
     require_own_ids!();
     let registry = tempfile::tempdir().unwrap();
-    let share = sandbox_mcp::engine::linux::plan::pty_share(
-        sandbox_mcp::engine::linux::plan::pty_pool(),
-        100,
-    );
+    let share = sandbox_mcp_linux::plan::pty_share(sandbox_mcp_linux::plan::pty_pool(), 100);
     // Room for exactly one sandbox's ptys: the orphan's.
     let path = registry_with_ptys_left(registry.path(), share);
     let first = TestEngine::start_with(|c| c.uid_registry = path.clone()).await;
@@ -745,7 +739,7 @@ async fn sandboxes_whose_data_dir_is_gone_are_reaped_by_the_next_claim() {
     )
     .await;
     drop(client);
-    let layout = sandbox_mcp::engine::linux::cgroups::Layout::detect();
+    let layout = sandbox_mcp_linux::cgroups::Layout::detect();
     let pids = layout.sandbox(&orphan).pids();
     assert!(pids.len() >= 2, "the agent and sleep: {pids:?}");
     // A clean stop leaves the sandbox paused, its processes alive; then the data dir goes.
@@ -830,7 +824,7 @@ async fn fds_in_flight_of_one_sandbox_leave_other_sandboxes_theirs() {
 #[tokio::test]
 async fn two_engines_on_one_host_get_disjoint_uid_ranges() {
     require_own_ids!();
-    use sandbox_mcp::engine::linux::plan::{UID_BASE, UID_RANGE};
+    use sandbox_mcp_linux::plan::{UID_BASE, UID_RANGE};
     let (one, two) = (TestEngine::start().await, TestEngine::start().await);
     let (c1, c2) = (one.mcp().await, two.mcp().await);
     let (a, b) = (create(&c1).await, create(&c2).await);
@@ -843,7 +837,7 @@ async fn two_engines_on_one_host_get_disjoint_uid_ranges() {
     assert_ne!(ra, rb, "two engines' sandboxes share a uid range");
     // The processes sandbox code runs are in their sandbox's own range too.
     sh(&c1, &a, "sleep 300 >/dev/null 2>&1 &").await;
-    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&a);
+    let cg = sandbox_mcp_linux::cgroups::Layout::detect().sandbox(&a);
     for pid in cg.pids() {
         let uid: u32 = proc_field(pid, "status", "Uid:")
             .split_whitespace()
@@ -883,8 +877,7 @@ async fn a_sandbox_whose_cleanup_fails_keeps_its_uid_range() {
         .unwrap()
         .parse()
         .unwrap();
-    let slot = (uid - sandbox_mcp::engine::linux::plan::UID_BASE)
-        / sandbox_mcp::engine::linux::plan::UID_RANGE;
+    let slot = (uid - sandbox_mcp_linux::plan::UID_BASE) / sandbox_mcp_linux::plan::UID_RANGE;
     let sandbox = sandbox_dir(&engine, &id);
     drop(client);
     let dir = engine.stop().await;

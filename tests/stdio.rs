@@ -588,7 +588,7 @@ fn the_data_dir_can_be_deleted_after_the_server_exits() {
     }
     std::fs::remove_dir_all(&data).expect("the data dir cannot be deleted");
     // The paused sandbox dies (as at the next reboot): the loop device goes with it.
-    let cg = sandbox_mcp::engine::linux::cgroups::Layout::detect().sandbox(&kept);
+    let cg = sandbox_mcp_linux::cgroups::Layout::detect().sandbox(&kept);
     cg.kill_all().unwrap();
     let _ = cg.remove();
     let deadline = Instant::now() + Duration::from_secs(10);

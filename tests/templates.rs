@@ -385,7 +385,7 @@ async fn templates_survive_a_restart_and_one_can_be_the_default() {
     let dir = engine.stop().await;
     // The pooled and build sandboxes were killed at shutdown, not paused: nothing of them runs
     // while no engine does.
-    let layout = sandbox_mcp::engine::linux::cgroups::Layout::detect();
+    let layout = sandbox_mcp_linux::cgroups::Layout::detect();
     for id in &building {
         assert!(
             layout.sandbox(id).pids().is_empty(),

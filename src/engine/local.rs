@@ -14,9 +14,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::engine::linux::NamespacesDriver;
 use crate::engine::manager::Manager;
 use crate::engine::server::EngineServer;
+use sandbox_mcp_linux::NamespacesDriver;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_model::ids;
 
@@ -123,7 +123,7 @@ pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalEr
         let driver = crate::engine::kube::KubernetesDriver::new(pods.clone()).await?;
         return Ok(Manager::open(config.clone(), Arc::new(driver)).await?);
     }
-    let driver = NamespacesDriver::new(crate::engine::linux::driver::Options {
+    let driver = NamespacesDriver::new(sandbox_mcp_linux::driver::Options {
         sandboxes_dir: config.sandboxes_dir(),
         exe: config.exe.clone(),
         disk_limits: config.disk_limits,

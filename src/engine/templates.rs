@@ -271,7 +271,7 @@ fn layout(templates_dir: &Path, layers_dir: &Path, file: &TemplateFile) -> Templ
             let target = dir.display().to_string();
             mounts.push(MountLayers {
                 lowers: lowers(
-                    &crate::engine::linux::plan::layer_name(&target),
+                    &sandbox_mcp_sys::layers::layer_name(&target),
                     Some(dir.clone()),
                 ),
                 target,

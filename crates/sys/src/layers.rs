@@ -37,6 +37,18 @@ pub fn id_of(parts: &[&[u8]]) -> String {
     hex(&ctx.finish().as_ref()[..16])
 }
 
+/// A mount target as the name of its directory in a layer (and in a sandbox's own directory):
+/// `/` is `root`, `/usr/local` is `usr_local`. The engine's templates and the driver that mounts
+/// them both name layer directories by it.
+pub fn layer_name(target: &str) -> String {
+    let trimmed = target.trim_matches('/');
+    if trimmed.is_empty() {
+        "root".into()
+    } else {
+        trimmed.replace('/', "_")
+    }
+}
+
 /// Lowercase hex of `bytes`.
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

@@ -27,15 +27,15 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// The sandbox's own address (on `lo`); what the engine's listeners see as the peer.
-pub(crate) const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
+pub const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
 /// Where TCP connections to non-local addresses are redirected (127.0.0.1 in the namespace).
-pub(crate) const EGRESS_PORT: u16 = 15001;
+pub const EGRESS_PORT: u16 = 15001;
 /// Where DNS queries are redirected (127.0.0.1 in the namespace; UDP). The socket must be bound
 /// to 127.0.0.1, not 0.0.0.0, or the replies do not get their original source back.
-pub(crate) const DNS_PORT: u16 = 15053;
+pub const DNS_PORT: u16 = 15053;
 
 /// Configures the calling thread's (new, empty) network namespace as described above.
-pub(crate) fn configure() -> io::Result<()> {
+pub fn configure() -> io::Result<()> {
     sandbox_mcp_sys::syscalls::loopback_up()?;
     std::fs::write("/proc/sys/net/ipv4/ip_unprivileged_port_start", "0")?;
     steer()
@@ -56,7 +56,7 @@ fn steer() -> io::Result<()> {
 /// socket. Root in the sandbox can then flush the rules — and loses its network, nothing more:
 /// the namespace still has no route out, and every connection that leaves is made by the engine,
 /// from the host's namespace, under the sandbox's policy.
-pub(crate) fn configure_unprivileged() -> io::Result<[OwnedFd; 2]> {
+pub fn configure_unprivileged() -> io::Result<[OwnedFd; 2]> {
     steer()?;
     let tcp = listen(EGRESS_PORT)?;
     let dns = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?;
@@ -67,7 +67,7 @@ pub(crate) fn configure_unprivileged() -> io::Result<[OwnedFd; 2]> {
 /// a listening TCP socket and a UDP socket, both on 127.0.0.1 at the expected ports. (The agent
 /// shares its id with sandbox code; whatever it hands over, the engine still decides every
 /// connection, but it must not serve a file or a socket of another kind.)
-pub(crate) fn check_handed_sockets(
+pub fn check_handed_sockets(
     tcp: OwnedFd,
     dns: OwnedFd,
 ) -> io::Result<(std::net::TcpListener, std::net::UdpSocket)> {
@@ -92,10 +92,10 @@ pub(crate) fn check_handed_sockets(
 
 /// Creates the engine's two sockets inside the network namespace of process `pid` (a sandbox's
 /// agent). Enters that namespace: call it on a thread that is thrown away afterwards.
-pub(crate) fn sockets_in(pid: i32) -> io::Result<crate::engine::network::EgressSockets> {
+pub fn sockets_in(pid: i32) -> io::Result<sandbox_mcp_model::driver::EgressSockets> {
     let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
     nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-    Ok(crate::engine::network::EgressSockets {
+    Ok(sandbox_mcp_model::driver::EgressSockets {
         tcp: listen(EGRESS_PORT)?,
         dns: std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, DNS_PORT))?,
         netns: Some(ns),

@@ -35,7 +35,7 @@ use sandbox_mcp_sys::syscalls::{self as sys, cap};
 /// Capabilities sandbox code keeps (inside its user namespace only). Roughly Docker's default set
 /// minus NET_RAW and MKNOD: enough for package managers and chown/chmod, nothing that mounts,
 /// traces, loads modules, raises limits or administers the network.
-pub(crate) const SANDBOX_CAPS: [u32; 11] = [
+pub const SANDBOX_CAPS: [u32; 11] = [
     cap::CHOWN,
     cap::DAC_OVERRIDE,
     cap::FOWNER,

@@ -49,19 +49,19 @@ pub const AGENT_LISTEN_FD: RawFd = 3;
 /// Where the agent reports `ready` (or why it failed) once it accepts connections, then closes.
 pub const AGENT_STATUS_FD: RawFd = 4;
 /// The launch plan (a memfd) the agent builds the sandbox from.
-pub(crate) const AGENT_PLAN_FD: RawFd = 5;
+pub const AGENT_PLAN_FD: RawFd = 5;
 /// The sandbox's directory on the host, opened by the launcher: the agent may be unable to
 /// reach it by path (a data dir under a 0700 home, say).
-pub(crate) const AGENT_DIR_FD: RawFd = 6;
+pub const AGENT_DIR_FD: RawFd = 6;
 
 /// Longest launch plan accepted (environment variables make up most of it).
-pub(crate) const MAX_PLAN: u64 = 32 * 1024 * 1024;
+pub const MAX_PLAN: u64 = 32 * 1024 * 1024;
 /// Most bytes of the agent's start-up report read: enough for any error, never a flood.
-pub(crate) const MAX_STATUS: u64 = 4096;
+pub const MAX_STATUS: u64 = 4096;
 
 /// What the launcher prints on stdout for the engine.
 #[derive(Debug, Serialize, serde::Deserialize)]
-pub(crate) struct Report {
+pub struct Report {
     pub ok: bool,
     pub pid: Option<i32>,
     pub error: Option<String>,

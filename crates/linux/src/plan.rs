@@ -12,7 +12,7 @@ pub const UID_BASE: u32 = 10_000_000;
 /// the last one is the agent's own, never mapped into the sandbox.
 pub const UID_RANGE: u32 = 65_536;
 /// Ids visible inside a sandbox (0..65534; 65534 is `nobody`).
-pub(crate) const MAPPED_IDS: u32 = UID_RANGE - 1;
+pub const MAPPED_IDS: u32 = UID_RANGE - 1;
 
 /// One line of a uid_map/gid_map.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -110,17 +110,17 @@ pub struct PlanInput<'a> {
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
-pub(crate) fn uid_base(slot: u32) -> u32 {
+pub fn uid_base(slot: u32) -> u32 {
     UID_BASE + slot * UID_RANGE
 }
 
 /// The agent's host id in a slot's range: the one id of the range not mapped into the sandbox.
-pub(crate) fn agent_id(slot: u32) -> u32 {
+pub fn agent_id(slot: u32) -> u32 {
     uid_base(slot) + MAPPED_IDS
 }
 
 /// Highest slot whose range still fits in 32-bit ids.
-pub(crate) const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
+pub const MAX_SLOT: u32 = (u32::MAX - UID_BASE) / UID_RANGE - 1;
 
 /// The ptys every devpts instance but the host's may hold together: `kernel.pty.max -
 /// kernel.pty.reserve` (the kernel's defaults when they cannot be read).
@@ -142,16 +142,16 @@ pub fn pty_share(pool: u32, sandboxes: usize) -> u32 {
 }
 
 /// Where a sandbox's directories are, relative to its directory.
-pub(crate) fn upper_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
+pub fn upper_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("upper").join(layer_name(layer))
 }
 
-pub(crate) fn work_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
+pub fn work_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("work").join(layer_name(layer))
 }
 
 /// Where the `index`th lower directory of the overlay at `layer` is attached (as root).
-pub(crate) fn staging_dir(sandbox_dir: &Path, layer: &str, index: usize) -> PathBuf {
+pub fn staging_dir(sandbox_dir: &Path, layer: &str, index: usize) -> PathBuf {
     let name = layer_name(layer);
     // The first keeps the name sandboxes made before templates had layers used.
     let name = if index == 0 {
@@ -162,15 +162,7 @@ pub(crate) fn staging_dir(sandbox_dir: &Path, layer: &str, index: usize) -> Path
     sandbox_dir.join("lower").join(name)
 }
 
-/// A mount target as a directory name: `/` is `root`, `/usr/local` is `usr_local`.
-pub(crate) fn layer_name(target: &str) -> String {
-    let trimmed = target.trim_matches('/');
-    if trimmed.is_empty() {
-        "root".into()
-    } else {
-        trimmed.replace('/', "_")
-    }
-}
+pub use sandbox_mcp_sys::layers::layer_name;
 
 pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
     let privileged = input.host_uid == 0;

@@ -16,7 +16,7 @@ use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
 use super::uids::{self, Registry};
-use crate::engine::network::EgressSockets;
+use sandbox_mcp_model::driver::EgressSockets;
 use sandbox_mcp_model::driver::{
     AgentConn, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef, Liveness, StartSpec,
     TemplateLayout, Usage,
@@ -372,7 +372,7 @@ impl NamespacesDriver {
         let report: Report = serde_json::from_slice(&stdout).map_err(|_| {
             DriverError::Launch(format!(
                 "the launcher failed ({status}): {}",
-                crate::engine::error::clip(String::from_utf8_lossy(&stderr).trim())
+                sandbox_mcp_model::clip(String::from_utf8_lossy(&stderr).trim())
             ))
         })?;
         match (report.ok, report.pid) {
@@ -385,7 +385,7 @@ impl NamespacesDriver {
             }
             _ => Err(DriverError::Launch(format!(
                 "cannot start the sandbox: {}",
-                crate::engine::error::clip(
+                sandbox_mcp_model::clip(
                     &report
                         .error
                         .unwrap_or_else(|| "unknown launcher failure".into())

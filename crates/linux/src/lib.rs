@@ -4,17 +4,17 @@
 //! [`plan`] computes what to build (pure); [`launcher`] (the hidden `__launch` subcommand) creates
 //! the namespaces from outside and execs the agent, which builds the rest from inside
 //! ([`inside`]); [`driver`] drives both from the engine; [`cgroups`], [`disk`], [`netns`],
-//! [`seccomp`], [`uids`] and [`step`] are the pieces (syscall wrappers shared with the agent: `crate::sys`).
+//! [`seccomp`], [`uids`] and [`step`] are the pieces (syscall wrappers shared with the agent: `sandbox_mcp_sys::syscalls`).
 
 pub mod cgroups;
 pub mod disk;
 pub mod driver;
 pub mod inside;
 pub mod launcher;
-pub(crate) mod netns;
+pub mod netns;
 pub mod plan;
-pub(crate) mod seccomp;
-pub(crate) mod step;
-pub(crate) mod uids;
+pub mod seccomp;
+pub mod step;
+pub mod uids;
 
 pub use driver::NamespacesDriver;

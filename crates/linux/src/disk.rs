@@ -327,12 +327,7 @@ pub fn release(sandboxes_dir: &Path) {
 
 /// Creates a sandbox's directory `parent/name`: a subvolume limited to `limit_bytes` in a btrfs
 /// store, a plain directory otherwise. Idempotent.
-pub(crate) fn create_dir(
-    store: &Store,
-    parent: &Path,
-    name: &str,
-    limit_bytes: u64,
-) -> io::Result<()> {
+pub fn create_dir(store: &Store, parent: &Path, name: &str, limit_bytes: u64) -> io::Result<()> {
     let path = parent.join(name);
     if path.exists() {
         return Ok(());
@@ -366,7 +361,7 @@ pub(crate) fn create_dir(
 /// sandbox snapshot, never changed after), or writable with a disk limit (a forked or restored
 /// sandbox). `Ok(false)` when the store cannot (plain, or `from` is a plain directory): the caller
 /// copies instead. A snapshot of a 20,000-file tree takes a few milliseconds whatever its size.
-pub(crate) fn snapshot(
+pub fn snapshot(
     store: &Store,
     parent: &Path,
     from: &str,
@@ -430,7 +425,7 @@ pub(crate) fn snapshot(
 /// from sysfs in constant time, where walking the files would take a lookup per file. `None`
 /// when the store is not btrfs or keeps full qgroups, which charge a snapshot's share to the
 /// snapshot (the caller then adds snapshots up itself).
-pub(crate) fn simple_quota_bytes(path: &Path) -> Option<u64> {
+pub fn simple_quota_bytes(path: &Path) -> Option<u64> {
     let dir = open_dir(path).ok()?;
     let mut lookup = InoLookupArgs {
         treeid: 0,
@@ -477,7 +472,7 @@ fn uuid_text(id: &[u8; 16]) -> String {
 
 /// Swaps the names `parent/a` and `parent/b` in one step (both exist): a restore or a merge
 /// puts the new tree in place without a moment where the sandbox has none, whenever it crashes.
-pub(crate) fn exchange(parent: &Path, a: &str, b: &str) -> io::Result<()> {
+pub fn exchange(parent: &Path, a: &str, b: &str) -> io::Result<()> {
     let dir = open_dir(parent)?;
     let (a, b) = (
         CString::new(a).map_err(io::Error::other)?,
@@ -502,7 +497,7 @@ pub(crate) fn exchange(parent: &Path, a: &str, b: &str) -> io::Result<()> {
 }
 
 /// Deletes a sandbox's directory and everything in it.
-pub(crate) fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
+pub fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
     let path = parent.join(name);
     if let Store::Btrfs = store
         && let Ok(dir) = open_dir(parent)

@@ -38,7 +38,7 @@ struct Claim {
 
 /// Why a claim was not granted.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ClaimError {
+pub enum ClaimError {
     /// The host has no range, or no pty, left for another sandbox: says what frees one.
     #[error("{0}")]
     Exhausted(String),
@@ -48,14 +48,14 @@ pub(crate) enum ClaimError {
 
 /// The registry, as seen by one engine (one data dir).
 #[derive(Debug, Clone)]
-pub(crate) struct Registry {
+pub struct Registry {
     path: PathBuf,
     owner: String,
 }
 
 impl Registry {
     /// The registry at `path`, for the engine on `data_dir`.
-    pub(crate) fn new(path: PathBuf, data_dir: &Path) -> io::Result<Self> {
+    pub fn new(path: PathBuf, data_dir: &Path) -> io::Result<Self> {
         let owner = fs::canonicalize(data_dir)?.to_string_lossy().into_owned();
         if owner.contains('\n') {
             return Err(io::Error::new(
@@ -69,18 +69,13 @@ impl Registry {
     /// Claims the lowest free slot for a new sandbox, with up to `ptys` of the `pool` of ptys
     /// (fewer when other claims hold the rest).
     #[cfg(test)]
-    pub(crate) fn claim(&self, ptys: u32, pool: u32) -> Result<u32, ClaimError> {
+    pub fn claim(&self, ptys: u32, pool: u32) -> Result<u32, ClaimError> {
         Ok(self.claim_many(ptys, pool, 1)?[0])
     }
 
     /// Claims the `count` lowest free slots at once (a fork's children), each as [`Self::claim`]
     /// would: all or none, under one lock and one write of the file.
-    pub(crate) fn claim_many(
-        &self,
-        ptys: u32,
-        pool: u32,
-        count: usize,
-    ) -> Result<Vec<u32>, ClaimError> {
+    pub fn claim_many(&self, ptys: u32, pool: u32, count: usize) -> Result<Vec<u32>, ClaimError> {
         self.locked(|claims| {
             reclaim_abandoned(claims);
             let granted: u32 = claims.iter().filter_map(|c| c.ptys).sum();
@@ -117,7 +112,7 @@ impl Registry {
     }
 
     /// The ptys granted to this engine's `slot` (`None` if it has no recorded grant).
-    pub(crate) fn ptys(&self, slot: u32) -> io::Result<Option<u32>> {
+    pub fn ptys(&self, slot: u32) -> io::Result<Option<u32>> {
         self.locked(|claims| {
             claims
                 .iter()
@@ -127,7 +122,7 @@ impl Registry {
     }
 
     /// Gives a slot back (its sandbox is gone).
-    pub(crate) fn release(&self, slot: u32) -> io::Result<()> {
+    pub fn release(&self, slot: u32) -> io::Result<()> {
         self.locked(|claims| claims.retain(|c| !(c.slot == slot && c.owner == self.owner)))
     }
 
@@ -135,7 +130,7 @@ impl Registry {
     /// claims that no sandbox holds are released, held slots missing from the registry are
     /// claimed again (with up to `ptys` of the `pool`). Returns the held slots that another data
     /// dir has claimed meanwhile.
-    pub(crate) fn reconcile(&self, held: &[u32], ptys: u32, pool: u32) -> io::Result<Vec<u32>> {
+    pub fn reconcile(&self, held: &[u32], ptys: u32, pool: u32) -> io::Result<Vec<u32>> {
         self.locked(|claims| {
             claims.retain(|c| c.owner != self.owner || held.contains(&c.slot));
             let mut conflicts = Vec::new();

@@ -20,7 +20,7 @@ pub enum BuildError {
 }
 
 /// Names the step a result belongs to.
-pub(crate) fn ctx<T, E: Into<Box<dyn Error + Send + Sync>>>(
+pub fn ctx<T, E: Into<Box<dyn Error + Send + Sync>>>(
     result: Result<T, E>,
     step: &str,
 ) -> Result<T, BuildError> {

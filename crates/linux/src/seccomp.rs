@@ -90,7 +90,7 @@ fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule> {
 }
 
 /// The two programs to install, in order: the EPERM deny list, then `clone3` → ENOSYS.
-pub(crate) fn programs() -> Result<Vec<BpfProgram>> {
+pub fn programs() -> Result<Vec<BpfProgram>> {
     let arch = arch()?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         denied().into_iter().map(|nr| (nr, vec![])).collect();
@@ -158,7 +158,7 @@ pub(crate) fn programs() -> Result<Vec<BpfProgram>> {
 
 /// Installs the filters on the calling thread (and so on everything it execs). Needs
 /// `no_new_privs` set first.
-pub(crate) fn install() -> Result<()> {
+pub fn install() -> Result<()> {
     for program in programs()? {
         seccompiler::apply_filter(&program)?;
     }

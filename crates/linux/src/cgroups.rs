@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use sandbox_mcp_model::driver::Usage;
 
 /// Name of the parent cgroup every sandbox cgroup lives under.
-pub(crate) const PARENT: &str = "sandbox-mcp";
+pub const PARENT: &str = "sandbox-mcp";
 
 /// Where the cgroup hierarchies are mounted on this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,7 +98,7 @@ impl Layout {
     }
 
     /// Parses mountinfo; pure, for tests.
-    pub(crate) fn parse_mountinfo(info: &str) -> Layout {
+    pub fn parse_mountinfo(info: &str) -> Layout {
         let mut v2 = None;
         let (mut memory, mut pids, mut cpu, mut cpuacct, mut freezer) =
             (None, None, None, None, None);
@@ -196,7 +196,7 @@ impl Layout {
     }
 
     /// Default freeze method on this layout.
-    pub(crate) fn freeze_method(&self) -> FreezeMethod {
+    pub fn freeze_method(&self) -> FreezeMethod {
         match self {
             Layout::Hybrid {
                 unified: Some(u), ..
@@ -232,7 +232,7 @@ impl Layout {
 /// kernel's documented price is slightly dearer forks and exits host-wide. The lock is shared by
 /// every hierarchy, so the cgroup2 mount's option also speeds up a hybrid host's v1 controllers.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Remount {
+pub struct Remount {
     pub target: PathBuf,
     /// The mount's own flags, kept: a remount sets them anew (nosuid, nodev, noexec, ro).
     pub flags: nix::mount::MsFlags,
@@ -243,7 +243,7 @@ pub(crate) struct Remount {
 
 /// The remount for the first cgroup2 mount in `info` (mountinfo), if it lacks `favordynmods`.
 /// Pure, for tests.
-pub(crate) fn favordynmods_remount(info: &str) -> Option<Remount> {
+pub fn favordynmods_remount(info: &str) -> Option<Remount> {
     use nix::mount::MsFlags;
     let MountLine {
         point: target,
@@ -279,7 +279,7 @@ pub(crate) fn favordynmods_remount(info: &str) -> Option<Remount> {
 
 /// Turns on `favordynmods` for the host's cgroup2 hierarchy if it is off (root only; a kernel
 /// without the option refuses it, and nothing changes). Returns the mount point changed.
-pub(crate) fn favor_dynamic_moves() -> io::Result<Option<PathBuf>> {
+pub fn favor_dynamic_moves() -> io::Result<Option<PathBuf>> {
     let info = fs::read_to_string("/proc/self/mountinfo")?;
     let Some(remount) = favordynmods_remount(&info) else {
         return Ok(None);
@@ -319,7 +319,7 @@ impl Cgroups {
     }
 
     /// The `cgroup.procs` files a process writes itself into to join the sandbox.
-    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+    pub fn procs_files(&self) -> Vec<PathBuf> {
         self.dirs()
             .into_iter()
             .map(|d| d.join("cgroup.procs"))
@@ -504,7 +504,7 @@ impl Cgroups {
     /// Resource use read from the cgroups (zero where a controller is missing).
     /// OOM kills so far: [`Self::usage`]'s `oom_kills` alone, one file read (every command reads
     /// it before and after it runs).
-    pub(crate) fn oom_kills(&self) -> u64 {
+    pub fn oom_kills(&self) -> u64 {
         match &self.layout {
             Layout::None => 0,
             Layout::V2 { .. } => self
@@ -518,7 +518,7 @@ impl Cgroups {
         }
     }
 
-    pub(crate) fn usage(&self) -> Usage {
+    pub fn usage(&self) -> Usage {
         let mut s = Usage::default();
         match &self.layout {
             Layout::None => {}
