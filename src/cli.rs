@@ -386,7 +386,7 @@ struct KubeArgs {
 
 impl KubeArgs {
     /// The kubernetes driver's options, or `None` for the namespaces driver.
-    fn options(&self) -> anyhow::Result<Option<crate::engine::kube::pod::PodOptions>> {
+    fn options(&self) -> anyhow::Result<Option<sandbox_mcp_kube::pod::PodOptions>> {
         if self.driver != DriverArg::Kubernetes {
             return Ok(None);
         }
@@ -425,7 +425,7 @@ impl KubeArgs {
                 self.cpu_overcommit
             );
         }
-        Ok(Some(crate::engine::kube::pod::PodOptions {
+        Ok(Some(sandbox_mcp_kube::pod::PodOptions {
             namespace: self.namespace.clone(),
             agent_image: need(&self.agent_image, "--agent-image")?,
             default_image: need(&self.default_image, "--default-image")?,

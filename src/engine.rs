@@ -10,7 +10,6 @@
 pub mod api;
 pub(crate) mod diff;
 pub mod error;
-pub mod kube;
 pub mod local;
 pub mod manager;
 pub mod network;

@@ -120,7 +120,7 @@ pub(crate) fn endpoint(config: &EngineConfig) -> Option<Endpoint> {
 /// Opens the manager for `config` with its driver (namespaces unless it names kubernetes).
 pub async fn open_manager(config: &EngineConfig) -> Result<Arc<Manager>, LocalError> {
     if let Some(pods) = &config.kubernetes {
-        let driver = crate::engine::kube::KubernetesDriver::new(pods.clone()).await?;
+        let driver = sandbox_mcp_kube::KubernetesDriver::new(pods.clone()).await?;
         return Ok(Manager::open(config.clone(), Arc::new(driver)).await?);
     }
     let driver = NamespacesDriver::new(sandbox_mcp_linux::driver::Options {

@@ -26,9 +26,9 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-use crate::engine::state::Record;
 use mux::Mux;
 use pod::{PodOptions, PodRecord, PodState};
+use sandbox_mcp_model::Record;
 use sandbox_mcp_model::driver::{
     AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage,
 };
@@ -532,7 +532,7 @@ impl Driver for KubernetesDriver {
     fn image_templates(&self) -> Option<Vec<(String, String)>> {
         Some(
             std::iter::once((
-                crate::engine::templates::BASE.to_string(),
+                sandbox_mcp_model::BASE_TEMPLATE.to_string(),
                 self.opts.default_image.clone(),
             ))
             .chain(self.opts.images.clone())

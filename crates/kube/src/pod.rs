@@ -15,8 +15,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::engine::state::{NetworkRules, Record, Status};
 use sandbox_mcp_model::driver::Shape;
+use sandbox_mcp_model::{NetworkRules, Record, Status};
 use sandbox_mcp_protocol::mux::AGENT_DIR;
 
 /// Label every sandbox pod has (and the engine's RBAC and NetworkPolicy select on).
