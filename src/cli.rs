@@ -250,7 +250,7 @@ struct EngineSettings {
         env = "SANDBOX_MCP_EGRESS_ALLOW",
         value_name = "CIDR",
         value_delimiter = ',',
-        value_parser = crate::engine::network::parse_egress_allow
+        value_parser = sandbox_mcp_engine::network::parse_egress_allow
     )]
     egress_allow: Vec<String>,
     /// A resolver the engine asks for sandboxes, as IP or IP:PORT; repeat or separate with
@@ -260,12 +260,12 @@ struct EngineSettings {
         env = "SANDBOX_MCP_DNS_UPSTREAM",
         value_name = "IP[:PORT]",
         value_delimiter = ',',
-        value_parser = crate::engine::network::parse_dns_upstream
+        value_parser = sandbox_mcp_engine::network::parse_dns_upstream
     )]
     dns_upstream: Vec<std::net::SocketAddr>,
     /// Outbound connections one sandbox may hold open at once; beyond it, new ones are reset
     /// and logged as blocked.
-    #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = crate::engine::network::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = sandbox_mcp_engine::network::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// A CA certificate (PEM file) trusted, beside the system's roots, for hosts whose requests
     /// get a secret swapped in (a private API behind an internal CA); repeat for more.
@@ -282,7 +282,7 @@ struct EngineSettings {
         long = "preview-listen",
         env = "SANDBOX_MCP_PREVIEW_LISTEN",
         value_name = "ADDR|off",
-        value_parser = |s: &str| crate::engine::preview::parse_listen(s).map(PreviewListen)
+        value_parser = |s: &str| sandbox_mcp_engine::preview::parse_listen(s).map(PreviewListen)
     )]
     preview_listen: Option<PreviewListen>,
     /// The domain of preview host names, `{port}-{sandbox id}.{domain}`: `localhost` needs no
@@ -292,13 +292,13 @@ struct EngineSettings {
         env = "SANDBOX_MCP_PREVIEW_DOMAIN",
         value_name = "DOMAIN",
         default_value = "localhost",
-        value_parser = crate::engine::preview::parse_domain
+        value_parser = sandbox_mcp_engine::preview::parse_domain
     )]
     preview_domain: String,
     /// The template sandboxes start from when a request names none (it must exist and be
     /// ready when the engine starts).
     #[arg(long = "default-template", env = "SANDBOX_MCP_DEFAULT_TEMPLATE", value_name = "NAME",
-          value_parser = |s: &str| crate::engine::templates::check_name(s).map(|()| s.to_string()))]
+          value_parser = |s: &str| sandbox_mcp_engine::templates::check_name(s).map(|()| s.to_string()))]
     default_template: Option<String>,
 }
 
@@ -411,7 +411,7 @@ impl KubeArgs {
         };
         let images = pairs(&self.template_image, "--template-image")?;
         for name in images.keys() {
-            crate::engine::templates::check_name(name)
+            sandbox_mcp_engine::templates::check_name(name)
                 .map_err(|e| anyhow::anyhow!("--template-image {name}: {e}"))?;
         }
         if let Some(p) = &self.image_pull_policy
@@ -458,10 +458,10 @@ impl EngineSettings {
             AutoOff::Off => sandbox_mcp_model::config::DiskLimits::Off,
         };
         config.favordynmods = matches!(self.favordynmods, AutoOff::Auto);
-        config.network = crate::engine::network::NetworkConfig {
+        config.network = sandbox_mcp_engine::network::NetworkConfig {
             egress: match self.egress {
-                EgressArg::Open => crate::engine::network::EgressDefault::Open,
-                EgressArg::Closed => crate::engine::network::EgressDefault::Closed,
+                EgressArg::Open => sandbox_mcp_engine::network::EgressDefault::Open,
+                EgressArg::Closed => sandbox_mcp_engine::network::EgressDefault::Closed,
             },
             egress_allow: self.egress_allow.clone(),
             dns_upstream: self.dns_upstream.clone(),
@@ -636,9 +636,9 @@ async fn serve_http(
 
 #[allow(clippy::print_stdout)] // the summary line is the command's output
 async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()> {
-    use crate::engine::local;
+    use sandbox_mcp_engine::local;
     let TemplateCommand::Import { name, image } = cmd;
-    crate::engine::templates::check_name(&name).map_err(anyhow::Error::msg)?;
+    sandbox_mcp_engine::templates::check_name(&name).map_err(anyhow::Error::msg)?;
     if !image.exists() {
         anyhow::bail!("{}: no such file or directory", image.display());
     }
@@ -654,12 +654,13 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
                 config.templates_dir(),
                 sandbox_mcp_sys::layers::dir(&config.data_dir),
             );
-            let templates = crate::engine::templates::load(&tdir, &ldir)?;
+            let templates = sandbox_mcp_engine::templates::load(&tdir, &ldir)?;
             // The egress CA the image's trust store gets (made here if no engine ran yet).
-            crate::engine::network::intercept::Interceptor::open(&config.data_dir, &[])?;
+            sandbox_mcp_engine::network::intercept::Interceptor::open(&config.data_dir, &[])?;
             let existing: Vec<_> = templates.iter().collect();
-            let file = crate::engine::manager::import(&config, &existing, None, &name, &image)?;
-            crate::engine::templates::save(&tdir, &file)?;
+            let file =
+                sandbox_mcp_engine::manager::import(&config, &existing, None, &name, &image)?;
+            sandbox_mcp_engine::templates::save(&tdir, &file)?;
             (file.size_bytes, "ready".to_string())
         }
         None => {
@@ -731,9 +732,9 @@ fn tempfile_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
 
 #[allow(clippy::print_stdout)] // the listing is the command's output
 fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
-    use crate::engine::secrets::{NewSecret, SecretStore, Value};
+    use sandbox_mcp_engine::secrets::{NewSecret, SecretStore, Value};
     let config = EngineConfig::new(data.path());
-    crate::engine::local::prepare_data_dir(&config)?;
+    sandbox_mcp_engine::local::prepare_data_dir(&config)?;
     let store = SecretStore::open(&config.state_db(), &config.data_dir.join("secrets.key"))?;
     match cmd {
         SecretsCommand::Set {
@@ -746,7 +747,7 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
             use std::io::Read;
             let mut raw = Vec::new();
             std::io::stdin()
-                .take(crate::engine::secrets::MAX_VALUE as u64 + 2)
+                .take(sandbox_mcp_engine::secrets::MAX_VALUE as u64 + 2)
                 .read_to_end(&mut raw)?;
             // One trailing newline is what `echo` and `printenv` add, not part of the value.
             if raw.ends_with(b"\n") {
@@ -844,7 +845,7 @@ async fn terminated() {
 }
 
 async fn engine(args: EngineArgs) -> anyhow::Result<()> {
-    use crate::engine::local;
+    use sandbox_mcp_engine::local;
     init_logging("info");
     let mut config = args.settings.config();
     config.kubernetes = args.kubernetes.options()?;
@@ -887,7 +888,18 @@ async fn engine(args: EngineArgs) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     // `serve` adds a key only local MCP servers know (from engine.json), so they can share it.
-    let serving = local::serve(&config, lock, listener, keys, args.keys_file.clone()).await?;
+    let driver = crate::wiring::driver_for(&config)
+        .await
+        .map_err(local::LocalError::from)?;
+    let serving = local::serve(
+        &config,
+        lock,
+        listener,
+        keys,
+        args.keys_file.clone(),
+        driver,
+    )
+    .await?;
     terminated().await;
     tracing::info!("shutting down: finishing requests, pausing sandboxes");
     serving.shutdown().await;

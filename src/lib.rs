@@ -6,9 +6,9 @@
 //! spec) → HTTP → [`engine`] (the control plane) → the [`agent`] inside each sandbox.
 
 pub mod cli;
-pub mod engine;
 pub mod mcp;
 pub mod tooldefs;
+pub mod wiring;
 
 /// The validator every tool call's arguments go through (shared with the build).
 pub use sandbox_mcp_codegen::jsonschema;

@@ -11,13 +11,13 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use sandbox_mcp::engine::local::open_manager;
-use sandbox_mcp::engine::manager::Manager;
-use sandbox_mcp::engine::server::EngineServer;
 use sandbox_mcp::mcp::backend::Backend;
 use sandbox_mcp::mcp::server::{SandboxMcp, ServerSettings};
 use sandbox_mcp::tooldefs::registry;
+use sandbox_mcp::wiring::open_manager;
 use sandbox_mcp_api::{ApiKey, Client, connect};
+use sandbox_mcp_engine::manager::Manager;
+use sandbox_mcp_engine::server::EngineServer;
 use sandbox_mcp_model::config::EngineConfig;
 
 pub const KEY: &str = "test-key-0123456789";
@@ -213,13 +213,13 @@ impl TestEngine {
     }
 
     pub async fn start_on(dir: tempfile::TempDir, config: EngineConfig) -> Self {
-        sandbox_mcp::engine::local::prepare_data_dir(&config).unwrap();
+        sandbox_mcp_engine::local::prepare_data_dir(&config).unwrap();
         let manager = open_manager(&config).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server = EngineServer::start(
             manager.clone(),
             listener,
-            sandbox_mcp::engine::api::keys([KEY.to_string()], None),
+            sandbox_mcp_engine::api::keys([KEY.to_string()], None),
         )
         .unwrap();
         Self {

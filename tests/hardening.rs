@@ -162,9 +162,9 @@ async fn deep_trees_survive_every_delete(disk: DiskLimits) {
         c.disk_limits = disk;
         c
     };
-    sandbox_mcp::engine::state::Store::open(&config.state_db())
+    sandbox_mcp_engine::state::Store::open(&config.state_db())
         .unwrap()
-        .set_status(&c, sandbox_mcp::engine::state::Status::Killing)
+        .set_status(&c, sandbox_mcp_engine::state::Status::Killing)
         .unwrap();
     let engine = TestEngine::start_on(dir, config).await;
     assert!(!sandbox_dir(&engine, &c).exists());
@@ -886,9 +886,9 @@ async fn a_sandbox_whose_cleanup_fails_keeps_its_uid_range() {
         disk_limits: DiskLimits::Off,
         ..config
     };
-    sandbox_mcp::engine::state::Store::open(&config.state_db())
+    sandbox_mcp_engine::state::Store::open(&config.state_db())
         .unwrap()
-        .set_status(&id, sandbox_mcp::engine::state::Status::Killing)
+        .set_status(&id, sandbox_mcp_engine::state::Status::Killing)
         .unwrap();
     // An immutable file in its upper layer: not even root can delete it, so the cleanup after
     // the restart fails.

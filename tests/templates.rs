@@ -440,7 +440,7 @@ async fn templates_survive_a_restart_and_one_can_be_the_default() {
     let dir = engine.stop().await;
     let mut config = TestEngine::config_for(dir.path());
     config.default_template = Some("nope".into());
-    let e = sandbox_mcp::engine::local::open_manager(&config)
+    let e = sandbox_mcp::wiring::open_manager(&config)
         .await
         .err()
         .expect("an engine with a missing default template started");

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
-use crate::engine::local::{self, LocalError, Serving};
 use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_engine::local::{self, LocalError, Serving};
 use sandbox_mcp_model::config::EngineConfig;
 
 /// How long to wait for another process's engine to answer before giving up.
@@ -53,7 +53,10 @@ pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine
                 let listener = TcpListener::bind("127.0.0.1:0")
                     .await
                     .map_err(LocalError::Listen)?;
-                let serving = local::serve(config, lock, listener, [], None).await?;
+                let driver = crate::wiring::driver_for(config)
+                    .await
+                    .map_err(LocalError::from)?;
+                let serving = local::serve(config, lock, listener, [], None, driver).await?;
                 return Ok(LocalEngine {
                     url: serving.url().to_string(),
                     key: ApiKey::new(serving.local_key()),

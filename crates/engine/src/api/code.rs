@@ -1,0 +1,152 @@
+//! Code in persistent interpreters: run a cell (or stream its output), and manage contexts.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::convert::{Api, TryApi};
+use super::ndjson;
+use super::request::{ApiJson, AppState, Tenant, sandbox_id};
+use crate::error::EngineError;
+use crate::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP};
+use sandbox_mcp_api::types;
+use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
+
+/// Longest `timeout_ms` of a cell.
+const MAX_TIMEOUT_MS: u64 = 600_000;
+/// Deadline of the context operations.
+const CONTEXT_DEADLINE: Duration = Duration::from_secs(30);
+
+fn code_spec(body: types::RunCodeRequest, stream: bool) -> Result<RunCodeSpec, EngineError> {
+    let timeout_ms = body.timeout_ms.get();
+    if timeout_ms > MAX_TIMEOUT_MS {
+        return Err(EngineError::InvalidArgument(format!(
+            "timeout_ms is {timeout_ms}; the maximum is {MAX_TIMEOUT_MS} (10 minutes)"
+        )));
+    }
+    Ok(RunCodeSpec {
+        code: body.code.to_string(),
+        context_id: body.context_id.map(|c| c.to_string()),
+        language: body.language.api(),
+        timeout_ms,
+        max_output_bytes: EXEC_OUTPUT_CAP,
+        stream,
+        env: Vec::new(),
+    })
+}
+
+fn deadline(spec: &RunCodeSpec) -> Duration {
+    Duration::from_millis(spec.timeout_ms) + EXEC_GRACE
+}
+
+pub(super) async fn run_code(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::RunCodeRequest>,
+) -> Result<Json<types::RunCodeResult>, EngineError> {
+    let spec = code_spec(body, false)?;
+    let deadline = deadline(&spec);
+    let outcome = state
+        .manager
+        .call(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
+        .await?;
+    Ok(Json(outcome.try_api()?))
+}
+
+pub(super) async fn run_code_stream(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::RunCodeRequest>,
+) -> Result<Response, EngineError> {
+    let spec = code_spec(body, true)?;
+    let deadline = deadline(&spec);
+    let events = state
+        .manager
+        .stream(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
+        .await?;
+    Ok(ndjson::events(events, |outcome| async move {
+        let result: types::RunCodeResult = outcome.try_api()?;
+        serde_json::to_value(result).map_err(|e| EngineError::Response(e.into()))
+    }))
+}
+
+pub(super) async fn list_contexts(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+) -> Result<Json<types::CodeContextList>, EngineError> {
+    let list = state
+        .manager
+        .call(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            ListContexts {},
+            CONTEXT_DEADLINE,
+        )
+        .await?;
+    Ok(Json(types::CodeContextList {
+        contexts: list
+            .contexts
+            .into_iter()
+            .map(TryApi::try_api)
+            .collect::<Result<_, _>>()?,
+    }))
+}
+
+pub(super) async fn create_context(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::CreateContextRequest>,
+) -> Result<(StatusCode, Json<types::CodeContext>), EngineError> {
+    let create = CreateContext {
+        language: body.language.api(),
+        cwd: body.cwd.map(|c| c.to_string()),
+        env: Vec::new(),
+    };
+    // Starting an interpreter can take a while on a cold cache.
+    let context = state
+        .manager
+        .call(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            create,
+            Duration::from_secs(60),
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(context.try_api()?)))
+}
+
+pub(super) async fn delete_context(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path((id, context_id)): Path<(String, String)>,
+) -> Result<Json<types::DeleteContextResult>, EngineError> {
+    let context = types::ContextId::try_from(context_id.clone()).map_err(|_| {
+        EngineError::NotFound(format!(
+            "code context {} does not exist; call sandbox_code_context_list to see the contexts",
+            context_id.chars().take(40).collect::<String>()
+        ))
+    })?;
+    let delete = DeleteContext {
+        context_id: context.to_string(),
+    };
+    state
+        .manager
+        .call(
+            sandbox_id(&id)?,
+            tenant.as_deref(),
+            delete,
+            CONTEXT_DEADLINE,
+        )
+        .await?;
+    Ok(Json(types::DeleteContextResult {
+        context_id: context,
+        deleted: true,
+    }))
+}

@@ -1,0 +1,593 @@
+//! Conversions into and out of the API's generated types: from what the agent answers and what
+//! the manager keeps, to what the spec says a response is. Each is an [`Api`] (or, where the
+//! generated type checks a constraint, [`TryApi`]) impl, so a handler converts with `.api()` or
+//! `.try_api()`.
+
+use std::collections::BTreeMap;
+
+use crate::diff;
+use crate::error::EngineError;
+use crate::manager::{
+    Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
+    ShapeRequest,
+};
+use crate::network::EgressDefault;
+use crate::state::{NetworkRules, Snapshot, Status};
+use crate::templates::{BuildFailure, Template, TemplateStatus};
+use sandbox_mcp_api::types;
+use sandbox_mcp_model::driver::CloneMethod;
+use sandbox_mcp_model::driver::Shape;
+use sandbox_mcp_model::ids;
+use sandbox_mcp_protocol::{
+    CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
+};
+
+/// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
+pub(super) fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EngineError {
+    EngineError::Response(e.into())
+}
+
+/// Into `T`, across the API's edge: an API type from the engine's, the agent's or the model's,
+/// or back. Both sides are mostly other crates' types, so this crate's own trait, not `From`.
+pub(crate) trait Api<T> {
+    fn api(self) -> T;
+}
+
+/// Into the API's type `T`, when that can fail (a value the API's type cannot hold).
+pub(crate) trait TryApi<T> {
+    fn try_api(self) -> Result<T, EngineError>;
+}
+
+/// A sandbox id the engine holds, in the API's type.
+pub(super) fn api_sandbox_id(id: &str) -> Result<types::SandboxId, EngineError> {
+    types::SandboxId::try_from(id.to_string()).map_err(internal)
+}
+
+impl Api<types::SandboxStatus> for Status {
+    fn api(self) -> types::SandboxStatus {
+        let s = self;
+        match s {
+            Status::Running => types::SandboxStatus::Running,
+            Status::Creating | Status::Paused | Status::Killing => types::SandboxStatus::Paused,
+        }
+    }
+}
+
+impl Api<Status> for types::SandboxStatus {
+    fn api(self) -> Status {
+        let s = self;
+        match s {
+            types::SandboxStatus::Running => Status::Running,
+            types::SandboxStatus::Paused => Status::Paused,
+        }
+    }
+}
+
+impl Api<types::Shape> for &Shape {
+    fn api(self) -> types::Shape {
+        let s = self;
+        types::Shape {
+            vcpus: s.vcpus,
+            memory_mb: s.memory_mb,
+            disk_mb: s.disk_mb,
+            max_pids: s.max_pids,
+        }
+    }
+}
+
+impl Api<types::JobState> for JobState {
+    fn api(self) -> types::JobState {
+        let s = self;
+        match s {
+            JobState::Running => types::JobState::Running,
+            JobState::Exited => types::JobState::Exited,
+        }
+    }
+}
+
+impl Api<types::Language> for Language {
+    fn api(self) -> types::Language {
+        let l = self;
+        match l {
+            Language::Python => types::Language::Python,
+            Language::Node => types::Language::Node,
+        }
+    }
+}
+
+impl Api<Language> for types::Language {
+    fn api(self) -> Language {
+        let l = self;
+        match l {
+            types::Language::Python => Language::Python,
+            types::Language::Node => Language::Node,
+        }
+    }
+}
+
+impl Api<types::FileType> for FileKind {
+    fn api(self) -> types::FileType {
+        let k = self;
+        match k {
+            FileKind::File => types::FileType::File,
+            FileKind::Dir => types::FileType::Dir,
+            FileKind::Symlink => types::FileType::Symlink,
+            FileKind::Other => types::FileType::Other,
+        }
+    }
+}
+
+impl Api<types::FileEntry> for DirEntry {
+    fn api(self) -> types::FileEntry {
+        let e = self;
+        types::FileEntry {
+            name: e.name,
+            type_: e.kind.api(),
+            size: e.size,
+            mtime: ids::time(e.mtime * 1000),
+        }
+    }
+}
+
+impl Api<types::DirArchive> for Zip {
+    fn api(self) -> types::DirArchive {
+        let z = self;
+        types::DirArchive {
+            path: z.path,
+            zip_base64: z.zip_b64,
+            zip_bytes: z.zip_bytes,
+            files: z.files,
+            skipped: z.skipped,
+        }
+    }
+}
+
+impl Api<types::ExecResult> for ExecResult {
+    fn api(self) -> types::ExecResult {
+        let r = self;
+        let o = r.outcome;
+        types::ExecResult {
+            exit_code: o.exit_code,
+            signal: o.signal,
+            stdout: o.stdout,
+            stderr: o.stderr,
+            truncated: o.truncated,
+            stdout_bytes: o.stdout_bytes,
+            stderr_bytes: o.stderr_bytes,
+            stdout_file: o.stdout_file,
+            stderr_file: o.stderr_file,
+            timed_out: o.timed_out,
+            oom_killed: Some(r.oom_killed),
+            duration_ms: o.duration_ms,
+            job_id: None,
+        }
+    }
+}
+
+impl TryApi<types::JobSummary> for &JobInfo {
+    fn try_api(self) -> Result<types::JobSummary, EngineError> {
+        let j = self;
+        Ok(types::JobSummary {
+            job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
+            command: j.command.clone(),
+            status: j.status.api(),
+            exit_code: j.exit_code,
+            signal: j.signal,
+            started_at: ids::time(j.started_at),
+            finished_at: j.finished_at.map(ids::time),
+            output_bytes: j.output_bytes,
+            log_file: j.log_file.clone(),
+        })
+    }
+}
+
+impl TryApi<types::JobStatus> for JobInfo {
+    fn try_api(self) -> Result<types::JobStatus, EngineError> {
+        let j = self;
+        Ok(types::JobStatus {
+            job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
+            status: j.status.api(),
+            exit_code: j.exit_code,
+            signal: j.signal,
+            started_at: ids::time(j.started_at),
+            finished_at: j.finished_at.map(ids::time),
+            output_bytes: j.output_bytes,
+            log_file: j.log_file,
+            has_more: j.next_offset < j.output_bytes,
+            output: j.output.unwrap_or_default(),
+            offset: j.offset,
+            next_offset: j.next_offset,
+            dropped_bytes: j.dropped_bytes,
+            command: j.command,
+        })
+    }
+}
+
+impl TryApi<types::CodeContext> for ContextInfo {
+    fn try_api(self) -> Result<types::CodeContext, EngineError> {
+        let c = self;
+        Ok(types::CodeContext {
+            context_id: types::ContextId::try_from(c.context_id).map_err(internal)?,
+            language: c.language.api(),
+            cwd: c.cwd,
+            created_at: ids::time(c.created_at),
+            alive: c.alive,
+            is_default: c.is_default,
+        })
+    }
+}
+
+impl TryApi<types::RunCodeResult> for CodeOutcome {
+    fn try_api(self) -> Result<types::RunCodeResult, EngineError> {
+        let o = self;
+        Ok(types::RunCodeResult {
+            context_id: types::ContextId::try_from(o.context_id).map_err(internal)?,
+            language: o.language.api(),
+            result: o.result,
+            error: o.error.map(|e| types::CodeError {
+                name: e.name,
+                message: e.message,
+                traceback: e.traceback,
+            }),
+            stdout: o.stdout,
+            stderr: o.stderr,
+            stdout_bytes: o.stdout_bytes,
+            stderr_bytes: o.stderr_bytes,
+            truncated: o.truncated,
+            stdout_file: o.stdout_file,
+            stderr_file: o.stderr_file,
+            timed_out: o.timed_out,
+            context_lost: o.context_lost,
+            context_restarted: o.context_restarted,
+            duration_ms: o.duration_ms,
+        })
+    }
+}
+
+impl TryApi<types::Sandbox> for &SandboxView {
+    fn try_api(self) -> Result<types::Sandbox, EngineError> {
+        let view = self;
+        let r = &view.record;
+        let mut metadata = BTreeMap::new();
+        for (k, v) in &r.metadata {
+            metadata.insert(
+                k.clone(),
+                types::MetadataValue::try_from(v.clone()).map_err(internal)?,
+            );
+        }
+        Ok(types::Sandbox {
+            id: api_sandbox_id(&r.id)?,
+            name: r.name.clone(),
+            status: r.status.api(),
+            template: crate::templates::name_of_key(&r.template).to_string(),
+            shape: (&r.shape).api(),
+            metadata: types::Metadata(metadata),
+            env_var_names: r.env.iter().map(|(k, _)| k.clone()).collect(),
+            desktop: r.desktop.map(|d| types::Desktop {
+                width: d.width.into(),
+                height: d.height.into(),
+                display: crate::manager::DISPLAY.into(),
+            }),
+            created_at: ids::time(r.created_at),
+            last_active_at: ids::time(r.last_active_at),
+            expires_at: r.expires_at.map(ids::time),
+            network: types::NetworkPolicy {
+                allow_out: r.network.allow_out.clone(),
+                deny_out: r.network.deny_out.clone(),
+                default: match view.network.default {
+                    EgressDefault::Open => types::NetworkPolicyDefault::Open,
+                    EgressDefault::Closed => types::NetworkPolicyDefault::Closed,
+                },
+                mode: if view.network.filtered {
+                    types::NetworkPolicyMode::Filtered
+                } else {
+                    types::NetworkPolicyMode::LoopbackOnly
+                },
+            },
+            jobs: view
+                .jobs
+                .iter()
+                .map(TryApi::try_api)
+                .collect::<Result<_, _>>()?,
+            secrets: r
+                .secrets
+                .iter()
+                .map(|(env, b)| {
+                    Ok(types::SecretBinding {
+                        env: env.parse().map_err(internal)?,
+                        secret: b.secret.parse().map_err(internal)?,
+                    })
+                })
+                .collect::<Result<_, EngineError>>()?,
+            usage: view.usage.map(|(u, disk)| types::Usage {
+                cpu_seconds: u.cpu_seconds,
+                memory_bytes: u.memory_bytes,
+                pids: u.pids,
+                disk_bytes: disk,
+            }),
+        })
+    }
+}
+
+impl TryApi<types::NetworkLog> for NetworkLogPage {
+    fn try_api(self) -> Result<types::NetworkLog, EngineError> {
+        let page = self;
+        let entries = page
+            .entries
+            .into_iter()
+            .map(|e| {
+                let r = e.row;
+                Ok(types::NetworkLogEntry {
+                    time: ids::time(r.at),
+                    last_time: ids::time(r.last_at),
+                    host: r.host,
+                    address: r.addr,
+                    port: r.port,
+                    protocol: r.protocol.parse().map_err(internal)?,
+                    verdict: r.verdict.parse().map_err(internal)?,
+                    rule: r.rule,
+                    bytes_sent: r.sent,
+                    bytes_received: r.received,
+                    duration_ms: r.duration_ms,
+                    count: std::num::NonZeroU64::new(r.count.max(1))
+                        .ok_or_else(|| internal("count 0"))?,
+                })
+            })
+            .collect::<Result<_, EngineError>>()?;
+        Ok(types::NetworkLog {
+            entries,
+            next_cursor: page.next_cursor.map(|c| c.to_string()),
+        })
+    }
+}
+
+/// Egress rules as given (the manager parses them under the engine's default).
+impl Api<NetworkRules> for &types::NetworkRules {
+    fn api(self) -> NetworkRules {
+        let n = self;
+        NetworkRules {
+            allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
+            deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
+        }
+    }
+}
+
+/// A shape asked for (of a template or a sandbox), within the spec's bounds, which the
+/// generated type does not check.
+impl TryApi<ShapeRequest> for &types::ShapeRequest {
+    fn try_api(self) -> Result<ShapeRequest, EngineError> {
+        let s = self;
+        let bad = |f: &str, lo: f64, hi: f64| {
+            EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
+        };
+        let int = |v: Option<u64>, f: &str, lo: u64, hi: u64| match v {
+            Some(x) if !(lo..=hi).contains(&x) => Err(bad(f, lo as f64, hi as f64)),
+            _ => Ok(()),
+        };
+        if let Some(v) = s.vcpus
+            && !(0.1..=64.0).contains(&v)
+        {
+            return Err(bad("vcpus", 0.1, 64.0));
+        }
+        int(s.memory_mb, "memory_mb", 64, 262_144)?;
+        int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
+        int(s.max_pids, "max_pids", 16, 65_536)?;
+        Ok(ShapeRequest {
+            vcpus: s.vcpus,
+            memory_mb: s.memory_mb,
+            disk_mb: s.disk_mb,
+            max_pids: s.max_pids,
+        })
+    }
+}
+
+impl Api<types::TemplateStatus> for TemplateStatus {
+    fn api(self) -> types::TemplateStatus {
+        let s = self;
+        match s {
+            TemplateStatus::Building => types::TemplateStatus::Building,
+            TemplateStatus::Ready => types::TemplateStatus::Ready,
+            TemplateStatus::Failed => types::TemplateStatus::Failed,
+        }
+    }
+}
+
+impl Api<types::BuildFailure> for &BuildFailure {
+    fn api(self) -> types::BuildFailure {
+        let x = self;
+        types::BuildFailure {
+            step: x.step as u64,
+            step_text: Some(x.step_text.clone()).filter(|s| !s.is_empty()),
+            exit_code: x.exit_code,
+            message: x.message.clone(),
+            output_tail: x.output_tail.clone(),
+        }
+    }
+}
+
+/// A template, with the name of the engine's default template (which it may be).
+impl TryApi<types::Template> for (&Template, &str) {
+    fn try_api(self) -> Result<types::Template, EngineError> {
+        let (t, default) = self;
+        let f = &t.file;
+        Ok(types::Template {
+            name: types::TemplateName::try_from(t.name.clone()).map_err(internal)?,
+            description: f.description.clone(),
+            shape: (&t.shape).api(),
+            default: t.key == default,
+            shared: t.owner().is_none(),
+            status: t.status().api(),
+            size_bytes: f.size_bytes,
+            parent: f.parent.clone(),
+            warm: (f.warm > 0).then_some(f.warm),
+            failure: f.failure.as_ref().map(Api::api),
+        })
+    }
+}
+
+impl TryApi<types::Preview> for PreviewView {
+    fn try_api(self) -> Result<types::Preview, EngineError> {
+        let v = self;
+        let p = &v.preview;
+        let port =
+            std::num::NonZeroU16::new(p.port).ok_or_else(|| internal("a preview of port 0"))?;
+        let time = |ms: i64| {
+            chrono::DateTime::from_timestamp_millis(ms)
+                .ok_or_else(|| internal(format!("time {ms} out of range")))
+        };
+        Ok(types::Preview {
+            port: port.into(),
+            url: v.url,
+            path_url: v.path_url,
+            public: p.public,
+            token: (!p.public).then(|| p.token.clone()),
+            created_at: time(p.created_at)?,
+            expires_at: p.expires_at.map(time).transpose()?,
+            expired: p.expires_at.is_some_and(|at| at <= ids::now_ms()),
+        })
+    }
+}
+
+impl TryApi<types::Secret> for SecretView {
+    fn try_api(self) -> Result<types::Secret, EngineError> {
+        let v = self;
+        Ok(types::Secret {
+            name: v.meta.name.parse().map_err(internal)?,
+            hosts: v.meta.hosts,
+            headers: v.meta.headers,
+            created_at: ids::time(v.meta.created_at),
+            updated_at: ids::time(v.meta.updated_at),
+            used_by: v
+                .used_by
+                .iter()
+                .map(|id| id.parse().map_err(internal))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// A snapshot id the engine holds, in the API's type.
+pub(super) fn api_snapshot_id(id: &str) -> Result<types::SnapshotId, EngineError> {
+    types::SnapshotId::try_from(id.to_string()).map_err(internal)
+}
+
+impl Api<types::CopyMethod> for CloneMethod {
+    fn api(self) -> types::CopyMethod {
+        let m = self;
+        match m {
+            CloneMethod::Snapshot => types::CopyMethod::Btrfs,
+            CloneMethod::Copy => types::CopyMethod::Copy,
+        }
+    }
+}
+
+impl TryApi<types::Snapshot> for Snapshot {
+    fn try_api(self) -> Result<types::Snapshot, EngineError> {
+        let s = self;
+        Ok(types::Snapshot {
+            id: api_snapshot_id(&s.id)?,
+            sandbox_id: api_sandbox_id(&s.sandbox_id)?,
+            name: s.name,
+            created_at: ids::time(s.created_at),
+            size_bytes: s.size_bytes,
+            method: s.method.parse().map_err(internal)?,
+        })
+    }
+}
+
+impl TryApi<types::RestoreResult> for Restored {
+    fn try_api(self) -> Result<types::RestoreResult, EngineError> {
+        let r = self;
+        let note = format!(
+            "The files are back to snapshot {}. {} process(es) were stopped, {} background job(s) ended and {} REPL context(s) reset; the sandbox restarted on the restored files with its environment, network rules, secrets and preview URLs.",
+            r.snapshot.id, r.stopped_processes, r.ended_jobs, r.lost_contexts
+        );
+        Ok(types::RestoreResult {
+            sandbox_id: api_sandbox_id(&r.snapshot.sandbox_id)?,
+            snapshot_id: api_snapshot_id(&r.snapshot.id)?,
+            method: r.method.api(),
+            stopped_processes: r.stopped_processes,
+            ended_jobs: r.ended_jobs,
+            lost_contexts: r.lost_contexts,
+            note,
+        })
+    }
+}
+
+impl Api<types::DiffEntry> for diff::Entry {
+    fn api(self) -> types::DiffEntry {
+        let e = self;
+        types::DiffEntry {
+            path: e.path,
+            change: match e.change {
+                diff::Change::Added => types::DiffEntryChange::Added,
+                diff::Change::Removed => types::DiffEntryChange::Removed,
+                diff::Change::Modified => types::DiffEntryChange::Modified,
+            },
+            type_: match e.kind {
+                diff::Kind::File => types::DiffEntryType::File,
+                diff::Kind::Dir => types::DiffEntryType::Dir,
+                diff::Kind::Symlink => types::DiffEntryType::Symlink,
+                diff::Kind::Other => types::DiffEntryType::Other,
+            },
+            size: e.size,
+            what: e.what.iter().filter_map(|w| w.parse().ok()).collect(),
+        }
+    }
+}
+
+/// A diff as the API shows it: the exact counts, the first `limit` changes.
+pub(super) fn diff_result(
+    against: String,
+    diffed: Diffed,
+    limit: usize,
+) -> Result<types::DiffResult, EngineError> {
+    let Diffed { diff, saved_to } = diffed;
+    let total = diff.added + diff.removed + diff.modified;
+    let entries: Vec<types::DiffEntry> =
+        diff.entries.into_iter().take(limit).map(Api::api).collect();
+    Ok(types::DiffResult {
+        against,
+        added: diff.added,
+        removed: diff.removed,
+        modified: diff.modified,
+        truncated: (entries.len() as u64) < total,
+        entries,
+        saved_to,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The spec's id patterns are exactly the engine's id formats: every id the engine makes is
+    /// valid API data, and a character outside its alphabet is refused by both.
+    #[test]
+    fn the_spec_id_patterns_are_the_engine_id_formats() {
+        for _ in 0..100 {
+            assert!(api_sandbox_id(&ids::sandbox_id()).is_ok());
+            assert!(api_snapshot_id(&ids::snapshot_id()).is_ok());
+        }
+        for c in (b'!'..=b'~').map(char::from) {
+            let sandbox = format!("sbx_{c}{}", "0".repeat(25));
+            let snapshot = format!("snap_{c}{}", "0".repeat(25));
+            assert_eq!(
+                types::SandboxId::try_from(sandbox.clone()).is_ok(),
+                ids::is_sandbox_id(&sandbox),
+                "{sandbox}"
+            );
+            assert_eq!(
+                types::SnapshotId::try_from(snapshot.clone()).is_ok(),
+                ids::is_snapshot_id(&snapshot),
+                "{snapshot}"
+            );
+        }
+        let against = |s: &str| types::DiffRequest::builder().against(s).try_into();
+        let ok: Result<types::DiffRequest, _> = against(&ids::snapshot_id());
+        assert!(ok.is_ok());
+        let bad: Result<types::DiffRequest, _> = against("sbx_iiiiiiiiiiiiiiiiiiiiiiiiii");
+        assert!(bad.is_err());
+    }
+}

@@ -1,0 +1,116 @@
+//! Commands: run one to completion (or start it as a background job), or stream its output.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::Response;
+
+use super::convert::Api;
+use super::ndjson;
+use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
+use crate::error::EngineError;
+use crate::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
+use sandbox_mcp_api::types;
+use sandbox_mcp_protocol::{ExecSpec, StartJob};
+
+/// Longest `timeout_ms` of a command.
+const MAX_TIMEOUT_MS: u64 = 600_000;
+
+/// Checks an exec request; the command, cwd and environment for the agent.
+fn exec_spec(body: &types::ExecRequest, stream: bool) -> Result<ExecSpec, EngineError> {
+    let timeout_ms = body.timeout_ms.get();
+    if timeout_ms > MAX_TIMEOUT_MS {
+        return Err(EngineError::InvalidArgument(format!(
+            "timeout_ms is {timeout_ms}; the maximum is {MAX_TIMEOUT_MS} (10 minutes). For longer work, set background and poll the job."
+        )));
+    }
+    let env = match &body.env {
+        Some(e) => check_env(e)?,
+        None => Vec::new(),
+    };
+    Ok(ExecSpec {
+        command: body.command.to_string(),
+        cwd: body.cwd.as_ref().map(|c| c.to_string()),
+        env,
+        timeout_ms,
+        max_output_bytes: EXEC_OUTPUT_CAP,
+        stream,
+    })
+}
+
+/// Starts a background job: the answer is immediate, with its id.
+async fn start_job(
+    state: &AppState,
+    id: &str,
+    tenant: Option<&str>,
+    spec: ExecSpec,
+) -> Result<types::ExecResult, EngineError> {
+    let start = StartJob {
+        command: spec.command,
+        cwd: spec.cwd,
+        env: spec.env,
+    };
+    let job = state
+        .manager
+        .call(id, tenant, start, Duration::from_secs(60))
+        .await?;
+    let mut r: types::ExecResult = Api::api(ExecResult {
+        outcome: Default::default(),
+        oom_killed: false,
+    });
+    r.oom_killed = None;
+    r.job_id = Some(job.job_id);
+    Ok(r)
+}
+
+pub(super) async fn exec_command(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::ExecRequest>,
+) -> Result<Json<types::ExecResult>, EngineError> {
+    let id = sandbox_id(&id)?;
+    let spec = exec_spec(&body, false)?;
+    if body.background {
+        return Ok(Json(start_job(&state, id, tenant.as_deref(), spec).await?));
+    }
+    let result = state.manager.exec(id, tenant.as_deref(), spec).await?;
+    Ok(Json(result.api()))
+}
+
+pub(super) async fn exec_command_stream(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<types::ExecRequest>,
+) -> Result<Response, EngineError> {
+    let id = sandbox_id(&id)?.to_string();
+    let spec = exec_spec(&body, true)?;
+    if body.background {
+        // Nothing to stream: the job starts and the answer is immediate.
+        let job = start_job(&state, &id, tenant.as_deref(), spec).await?;
+        return Ok(ndjson::result_only(
+            serde_json::to_value(job).map_err(|e| EngineError::Response(e.into()))?,
+        ));
+    }
+    let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+    let before = state.manager.oom_mark(&id);
+    let events = state
+        .manager
+        .stream(&id, tenant.as_deref(), spec, deadline)
+        .await?;
+    let manager = state.manager.clone();
+    let tenant = tenant.0;
+    Ok(ndjson::events(events, move |outcome| {
+        let (manager, id, tenant) = (manager.clone(), id.clone(), tenant.clone());
+        async move {
+            let oom_killed = manager.settle_oom(&id, tenant.as_deref(), before).await;
+            let result: types::ExecResult = Api::api(ExecResult {
+                outcome,
+                oom_killed,
+            });
+            serde_json::to_value(result).map_err(|e| EngineError::Response(e.into()))
+        }
+    }))
+}

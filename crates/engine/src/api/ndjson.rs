@@ -1,0 +1,69 @@
+//! Streamed answers: NDJSON, one event per line — `output` events as the agent sends them, then
+//! exactly one `result` (shaped like the JSON operation's response) or `error`.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use futures::{Stream, StreamExt};
+use serde_json::{Value, json};
+
+use super::request::NDJSON;
+use crate::error::EngineError;
+use crate::manager::Event;
+use sandbox_mcp_model::ids;
+
+/// An NDJSON response from the agent's events; `finish` turns the reply into the `result`.
+pub(super) fn events<R, F, Fut>(
+    events: impl Stream<Item = Result<Event<R>, EngineError>> + Send + 'static,
+    finish: F,
+) -> Response
+where
+    R: Send + 'static,
+    F: Fn(R) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Value, EngineError>> + Send,
+{
+    let request_id = ids::current_request_id();
+    let finish = Arc::new(finish);
+    let lines = events.then(move |event| {
+        let finish = finish.clone();
+        let request_id = request_id.clone();
+        async move {
+            let line = match event {
+                Ok(Event::Output(o)) => {
+                    json!({"type": "output", "stream": o.stream, "data": o.data})
+                }
+                Ok(Event::Reply(reply)) => match finish(reply).await {
+                    Ok(result) => json!({"type": "result", "result": result}),
+                    Err(e) => error_event(e, &request_id),
+                },
+                Err(e) => error_event(e, &request_id),
+            };
+            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(line_of(&line)))
+        }
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, NDJSON)],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// A response of one `result` event, for an answer that has nothing to stream.
+pub(super) fn result_only(result: Value) -> Response {
+    let line = line_of(&json!({"type": "result", "result": result}));
+    ([(axum::http::header::CONTENT_TYPE, NDJSON)], line).into_response()
+}
+
+fn error_event(e: EngineError, request_id: &str) -> Value {
+    e.log(request_id);
+    let body = e.body(request_id);
+    json!({"type": "error", "error": body})
+}
+
+fn line_of(event: &Value) -> Vec<u8> {
+    let mut line = serde_json::to_vec(event).unwrap_or_default();
+    line.push(b'\n');
+    line
+}

@@ -1,0 +1,175 @@
+//! Templates as a resource: list, get, create (build or capture), delete, and import an image.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
+
+use super::convert::{Api, TryApi};
+use super::request::{ApiJson, AppState, Tenant, check_env};
+use crate::error::EngineError;
+use crate::manager::{Step, TemplateRequest};
+use crate::templates::{Template, check_name};
+use sandbox_mcp_api::types;
+
+type ApiResult<T> = Result<Json<T>, EngineError>;
+
+/// A template as the API shows it (whether it is the engine's default is part of that).
+fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError> {
+    (t, state.manager.default_template().as_str()).try_api()
+}
+
+pub(super) async fn list(
+    State(state): State<AppState>,
+    tenant: Tenant,
+) -> ApiResult<types::TemplateList> {
+    let default = state.manager.default_template();
+    let templates = state
+        .manager
+        .templates_of(tenant.as_deref())
+        .iter()
+        .map(|t| (&**t, default.as_str()).try_api())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(types::TemplateList { templates }))
+}
+
+fn name_of(name: &str) -> Result<(), EngineError> {
+    check_name(name).map_err(EngineError::InvalidArgument)
+}
+
+pub(super) async fn get(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(name): Path<String>,
+) -> ApiResult<types::Template> {
+    name_of(&name)?;
+    let t = state.manager.template_for(tenant.as_deref(), &name)?;
+    Ok(Json(shown(&state, &t)?))
+}
+
+pub(super) async fn create(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    ApiJson(body): ApiJson<types::CreateTemplateRequest>,
+) -> Result<(StatusCode, Json<types::Template>), EngineError> {
+    if body.warm.is_some_and(|w| w > 16) {
+        return Err(EngineError::InvalidArgument("warm is at most 16".into()));
+    }
+    if body.timeout_seconds.is_some_and(|t| t.get() > 86_400) {
+        return Err(EngineError::InvalidArgument(
+            "timeout_seconds is at most 86400 (a day)".into(),
+        ));
+    }
+    let mut steps = Vec::new();
+    for (i, s) in body.steps.iter().flatten().enumerate() {
+        match (&s.run, &s.env, &s.workdir) {
+            (Some(run), None, None) => steps.push(Step::Run(run.to_string())),
+            (None, Some(env), None) if env.is_empty() => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "step {} sets no variables: give env at least one, or leave the step out",
+                    i + 1
+                )));
+            }
+            // One step per variable: each step's cache key is about one change.
+            (None, Some(env), None) => {
+                steps.extend(check_env(env)?.into_iter().map(|(k, v)| Step::Env(k, v)))
+            }
+            (None, None, Some(dir)) => steps.push(Step::Workdir(dir.to_string())),
+            _ => {
+                return Err(EngineError::InvalidArgument(format!(
+                    "step {} must have exactly one of run, env, workdir",
+                    i + 1
+                )));
+            }
+        }
+    }
+    let req = TemplateRequest {
+        name: body.name.to_string(),
+        description: body.description.as_ref().map(|d| d.to_string()),
+        from: body.from.as_ref().map(|f| f.to_string()),
+        from_sandbox: body.from_sandbox.as_ref().map(|s| s.to_string()),
+        steps,
+        shape: body
+            .shape
+            .as_ref()
+            .map(TryApi::try_api)
+            .transpose()?
+            .unwrap_or_default(),
+        network: body.network.as_ref().map(Api::api).unwrap_or_default(),
+        warm: body.warm.unwrap_or(0),
+        timeout: body.timeout_seconds.map(|t| Duration::from_secs(t.get())),
+    };
+    let t = state
+        .manager
+        .create_template(req, tenant.as_deref())
+        .await?;
+    Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
+}
+
+pub(super) async fn delete(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(name): Path<String>,
+) -> ApiResult<types::DeleteTemplateResult> {
+    name_of(&name)?;
+    state
+        .manager
+        .delete_template(tenant.as_deref(), &name)
+        .await?;
+    Ok(Json(types::DeleteTemplateResult {
+        name: types::TemplateName::try_from(name).map_err(|e| EngineError::Response(e.into()))?,
+        deleted: true,
+    }))
+}
+
+/// Largest image archive accepted (the unpacked files have their own limit).
+const MAX_ARCHIVE: u64 = 16 << 30;
+
+/// Streams the archive to a file in the data dir, then imports it.
+pub(super) async fn import(
+    State(state): State<AppState>,
+    tenant: Tenant,
+    Path(name): Path<String>,
+    body: Body,
+) -> Result<(StatusCode, Json<types::Template>), EngineError> {
+    name_of(&name)?;
+    let dir = state.manager.config().data_dir.join("uploads");
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(EngineError::Templates)?;
+    let path = dir.join(format!("{name}.{}.tar", sandbox_mcp_model::ids::nonce()));
+    let result = async {
+        let mut file = tokio::fs::File::create(&path)
+            .await
+            .map_err(EngineError::Templates)?;
+        let mut stream = body.into_data_stream();
+        let mut total = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk
+                .map_err(|e| EngineError::InvalidArgument(format!("the upload broke off: {e}")))?;
+            total += chunk.len() as u64;
+            if total > MAX_ARCHIVE {
+                return Err(EngineError::PayloadTooLarge(format!(
+                    "image archives are at most {} GiB",
+                    MAX_ARCHIVE >> 30
+                )));
+            }
+            file.write_all(&chunk)
+                .await
+                .map_err(EngineError::Templates)?;
+        }
+        file.flush().await.map_err(EngineError::Templates)?;
+        state
+            .manager
+            .import_template(tenant.as_deref(), &name, path.clone())
+            .await
+    }
+    .await;
+    let _ = tokio::fs::remove_file(&path).await;
+    let t = result?;
+    Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
+}

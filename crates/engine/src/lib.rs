@@ -1,0 +1,23 @@
+//! The engine: the control plane behind `openapi/sandbox-mcp.json`.
+//!
+//! [`server`] serves the API over HTTP with bearer keys; [`api`] implements each operation on the
+//! generated types; [`manager`] owns sandbox lifecycles, quotas and timers; [`state`] keeps every
+//! acknowledged record in SQLite; a [`driver::Driver`] does the isolation (today
+//! [`linux`]'s namespaces driver; a microVM driver would implement the same trait). [`local`]
+//! runs or finds the engine for a data dir when the MCP server embeds it. [`network`] carries sandboxes'
+//! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
+
+pub mod api;
+pub(crate) mod diff;
+pub mod error;
+pub mod local;
+pub mod manager;
+pub mod network;
+pub(crate) mod oci;
+pub(crate) mod policy;
+pub mod preview;
+pub(crate) mod proxy;
+pub mod secrets;
+pub mod server;
+pub mod state;
+pub mod templates;

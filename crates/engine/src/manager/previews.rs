@@ -1,0 +1,259 @@
+//! Previews of sandbox ports: kept with their sandbox (in memory and in the state database),
+//! found by the preview proxy (`engine::preview`) without a tenant — the token is the credential
+//! there — and reached through the sandbox's network namespace.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Entry, InFlight, Manager, blocking, lock};
+use crate::error::EngineError;
+use crate::state::Preview;
+use sandbox_mcp_model::ids;
+
+/// The query parameter a private preview's URL carries its token in (the proxy trades it for a
+/// cookie).
+pub(crate) const TOKEN_PARAM: &str = "preview_token";
+
+/// Most previews one sandbox may have.
+pub(crate) const MAX_PREVIEWS: usize = 32;
+
+/// A preview in memory: its record, and what closes the connections made through it.
+pub(super) struct Live {
+    pub(super) preview: Preview,
+    pub(super) closed: CancellationToken,
+}
+
+/// A preview as the API reports it.
+#[derive(Debug, Clone)]
+pub(crate) struct PreviewView {
+    pub(crate) preview: Preview,
+    pub(crate) url: String,
+    pub(crate) path_url: String,
+}
+
+/// Why the proxy cannot reach a preview's port. The first two are the visitor's to know; the
+/// others are the engine's failures, for its log.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PreviewError {
+    /// The sandbox or the preview is gone.
+    #[error("the sandbox or the preview is gone")]
+    Gone,
+    /// Nothing listens on the port.
+    #[error("nothing listens on the port")]
+    NotListening,
+    /// The sandbox could not be resumed or restarted.
+    #[error("resume the sandbox")]
+    Resume(#[source] EngineError),
+    /// Connecting inside the sandbox's network namespace failed.
+    #[error("connect inside the sandbox")]
+    Connect(#[source] std::io::Error),
+}
+
+/// How the engine writes its previews' URLs.
+#[derive(Debug, Clone)]
+pub(crate) struct Urls {
+    pub(crate) domain: String,
+    pub(crate) port: u16,
+}
+
+impl Urls {
+    /// `http://{port}-{id}.{domain}:{listen port}/`.
+    pub(crate) fn host_url(&self, id: &str, port: u16) -> String {
+        format!(
+            "http://{port}-{}.{}:{}/",
+            id.replace('_', "-"),
+            self.domain,
+            self.port
+        )
+    }
+
+    /// `http://{domain}:{listen port}/preview/{id}/{port}/`.
+    pub(crate) fn path_url(&self, id: &str, port: u16) -> String {
+        format!("http://{}:{}/preview/{id}/{port}/", self.domain, self.port)
+    }
+}
+
+/// Keeps a sandbox active (not idle-paused) while a preview connection is open.
+pub(crate) struct Activity(#[allow(dead_code)] InFlight);
+
+impl Manager {
+    /// Sets where previews are served (once the listener is bound).
+    pub(crate) fn set_preview_port(&self, port: u16) {
+        let _ = self.preview_urls.set(Urls {
+            domain: self.config.preview.domain.clone(),
+            port,
+        });
+    }
+
+    /// How preview URLs are written; `None` when previews are off.
+    pub(crate) fn preview_urls(&self) -> Option<&Urls> {
+        self.preview_urls.get()
+    }
+
+    fn view_preview(&self, id: &str, preview: &Preview, urls: &Urls) -> PreviewView {
+        let url = urls.host_url(id, preview.port);
+        PreviewView {
+            url: if preview.public {
+                url
+            } else {
+                format!("{url}?{TOKEN_PARAM}={}", preview.token)
+            },
+            path_url: urls.path_url(id, preview.port),
+            preview: preview.clone(),
+        }
+    }
+
+    fn urls_or_refuse(&self) -> Result<&Urls, EngineError> {
+        self.preview_urls().ok_or_else(|| {
+            EngineError::Conflict(
+                "previews are off on this engine (its operator set --preview-listen off)".into(),
+            )
+        })
+    }
+
+    /// Creates (or, for a port that has one, updates) a preview. An existing preview keeps its
+    /// token, so URLs already handed out keep working.
+    pub(crate) async fn preview_create(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        port: u16,
+        public: bool,
+        expires_in: Option<u64>,
+    ) -> Result<PreviewView, EngineError> {
+        let urls = self.urls_or_refuse()?;
+        if !self.driver().serves_ports() {
+            return Err(EngineError::Conflict(format!(
+                "the {} driver cannot serve a sandbox's ports as preview URLs; use sandbox_exec (curl localhost:{port}) to reach the port from inside",
+                self.driver().name()
+            )));
+        }
+        let entry = self.entry(id, tenant)?;
+        let now = ids::now_ms();
+        let preview = {
+            let previews = lock(&entry.previews);
+            if !previews.contains_key(&port) && previews.len() >= MAX_PREVIEWS {
+                return Err(EngineError::QuotaExceeded(format!(
+                    "sandbox {id} has {MAX_PREVIEWS} previews, the most it may have; delete one with sandbox_preview_delete"
+                )));
+            }
+            let old = previews.get(&port).map(|l| &l.preview);
+            Preview {
+                port,
+                token: old.map_or_else(ids::preview_token, |p| p.token.clone()),
+                public,
+                created_at: old.map_or(now, |p| p.created_at),
+                expires_at: expires_in.map(|s| now + (s as i64) * 1000),
+            }
+        };
+        let store = self.store.clone();
+        let (sid, stored) = (id.to_string(), preview.clone());
+        blocking(move || store.put_preview(&sid, &stored)).await??;
+        let mut previews = lock(&entry.previews);
+        match previews.get_mut(&port) {
+            Some(live) => live.preview = preview.clone(),
+            None => {
+                previews.insert(
+                    port,
+                    Live {
+                        preview: preview.clone(),
+                        closed: entry.net.closed().child_token(),
+                    },
+                );
+            }
+        }
+        Ok(self.view_preview(id, &preview, urls))
+    }
+
+    /// The sandbox's previews, by port.
+    pub(crate) fn previews(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Vec<PreviewView>, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let Some(urls) = self.preview_urls() else {
+            return Ok(Vec::new());
+        };
+        Ok(lock(&entry.previews)
+            .values()
+            .map(|l| self.view_preview(id, &l.preview, urls))
+            .collect())
+    }
+
+    /// Deletes a preview and closes its connections; whether there was one.
+    pub(crate) async fn preview_delete(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        port: u16,
+    ) -> Result<bool, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let store = self.store.clone();
+        let sid = id.to_string();
+        let existed = blocking(move || store.delete_preview(&sid, port)).await??;
+        if let Some(live) = lock(&entry.previews).remove(&port) {
+            live.closed.cancel();
+            return Ok(true);
+        }
+        Ok(existed)
+    }
+
+    /// The preview of `port` in sandbox `id`, whoever asks (the proxy checks its token).
+    pub(crate) fn preview_find(&self, id: &str, port: u16) -> Option<(Preview, CancellationToken)> {
+        let entry = self.entry(id, None).ok()?;
+        let previews = lock(&entry.previews);
+        let live = previews.get(&port)?;
+        Some((live.preview.clone(), live.closed.clone()))
+    }
+
+    /// Connects to `port` inside the sandbox, resuming it first if it is paused.
+    pub(crate) async fn preview_connect(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> Result<(tokio::net::TcpStream, Activity), PreviewError> {
+        let entry = self.entry(id, None).map_err(|_| PreviewError::Gone)?;
+        let activity = Activity(InFlight::new(entry.clone()));
+        self.ensure_running(id, &entry).await.map_err(|e| match e {
+            EngineError::NotFound(_) => PreviewError::Gone,
+            other => PreviewError::Resume(other),
+        })?;
+        // As root the engine enters the sandbox's namespace itself; unprivileged it cannot, and
+        // the agent connects for it.
+        let connected = if entry.net.can_enter() {
+            entry.net.connect_inside(port).await
+        } else {
+            self.driver.connect_port(id, port).await
+        };
+        match connected {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                Ok((stream, activity))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Err(PreviewError::NotListening)
+            }
+            Err(e) => Err(PreviewError::Connect(e)),
+        }
+    }
+
+    /// Loads the previews stored for sandboxes that came back after a restart.
+    pub(super) async fn recover_previews(&self) -> Result<(), EngineError> {
+        let store = self.store.clone();
+        let all = blocking(move || store.previews()).await??;
+        let sandboxes = lock(&self.sandboxes);
+        for (id, preview) in all {
+            if let Some(entry) = sandboxes.get(&id) {
+                insert_live(entry, preview);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn insert_live(entry: &Arc<Entry>, preview: Preview) {
+    let closed = entry.net.closed().child_token();
+    lock(&entry.previews).insert(preview.port, Live { preview, closed });
+}

@@ -1,0 +1,762 @@
+//! Snapshots, forks, diffs and merges of sandbox filesystems.
+//!
+//! Everything here copies a sandbox's own files (its overlay uppers) through the driver: a
+//! copy-on-write snapshot of the btrfs store when it has one (milliseconds whatever the size),
+//! a file-by-file copy otherwise. The template's layers are shared and never copied.
+//!
+//! Crash safety follows the records: a snapshot's row is written `ready: false` before its
+//! files are made or deleted, a fork's children are `creating` until they run, and a restore or
+//! merge swaps the new tree in with one rename. Recovery deletes whatever is not ready, so after
+//! a `kill -9` nothing half-made is listed, and nothing acknowledged is lost.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Entry, Manager, Runtime, blocking, exchange, lock};
+use crate::diff::{self, Diff};
+use crate::error::EngineError;
+use crate::state::{Record, Snapshot, Status};
+use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsLayers, FsRef};
+use sandbox_mcp_model::ids;
+use sandbox_mcp_protocol::{JobState, ListContexts, WriteFile};
+
+/// Most snapshots one sandbox keeps.
+pub(crate) const MAX_SNAPSHOTS: usize = 16;
+/// Most children one fork makes.
+pub(crate) const MAX_FORKS: u32 = 32;
+/// Most changes a diff remembers (the counts are exact beyond it): what `save_to` can write.
+const DIFF_MEMORY: usize = 100_000;
+/// Most metadata labels a sandbox has (the API checks them against it too).
+pub(crate) const MAX_LABELS: usize = 32;
+/// Key of a fork's metadata naming its parent.
+pub(crate) const FORKED_FROM: &str = "forked_from";
+
+/// A fork's outcome.
+pub(crate) struct Forked {
+    pub ids: Vec<String>,
+    pub method: CloneMethod,
+}
+
+/// A restore's outcome, with what it ended.
+pub(crate) struct Restored {
+    pub snapshot: Snapshot,
+    pub method: CloneMethod,
+    pub stopped_processes: u64,
+    pub ended_jobs: u64,
+    pub lost_contexts: u64,
+}
+
+/// A diff, and where its full list was written.
+pub(crate) struct Diffed {
+    pub diff: Diff,
+    pub saved_to: Option<String>,
+}
+
+impl Manager {
+    /// Runs `f` with the sandbox's processes frozen (when it is running), so the files it reads
+    /// are one moment's: a command half way through writing a file cannot tear the copy.
+    async fn frozen<T: Send + 'static>(
+        &self,
+        id: &str,
+        runtime: Runtime,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let mut thaw = false;
+        if runtime == Runtime::Running {
+            let (driver, sid) = (self.driver.clone(), id.to_string());
+            match blocking(move || driver.freeze(&sid)).await? {
+                Ok(()) => thaw = true,
+                // No freezer (no cgroups): copied as it is.
+                Err(DriverError::Unsupported(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let out = blocking(f).await;
+        if thaw {
+            let (driver, sid) = (self.driver.clone(), id.to_string());
+            blocking(move || driver.thaw(&sid)).await??;
+        }
+        out
+    }
+
+    /// Stops a sandbox's processes for good (its files are about to change under them); the
+    /// next call starts a fresh agent. Returns how many processes there were.
+    async fn stop_for_files(
+        &self,
+        id: &str,
+        entry: &Entry,
+        runtime: &mut Runtime,
+    ) -> Result<u64, EngineError> {
+        entry.interruptions.fetch_add(1, Ordering::AcqRel);
+        let driver = self.driver.clone();
+        let sid = id.to_string();
+        let stopped = blocking(move || -> Result<u64, DriverError> {
+            let pids = driver.processes(&sid);
+            driver.stop(&sid)?;
+            // A paused sandbox's cgroup stays frozen after its processes die: the next agent
+            // must not start frozen.
+            driver.thaw(&sid)?;
+            Ok(pids)
+        })
+        .await??;
+        *runtime = Runtime::Stopped;
+        entry.set_visible(Runtime::Stopped);
+        self.set_status(id, Status::Paused).await?;
+        Ok(stopped)
+    }
+
+    fn fs_of(entry: &Entry, id: &str) -> FsRef {
+        FsRef {
+            name: id.to_string(),
+            slot: Some(lock(&entry.record).uid_slot),
+        }
+    }
+
+    fn disk_limit(record: &Record) -> u64 {
+        record.shape.disk_mb.saturating_mul(1024 * 1024)
+    }
+
+    async fn snapshots_of(&self, id: Option<&str>) -> Result<Vec<Snapshot>, EngineError> {
+        let store = self.store.clone();
+        let id = id.map(str::to_string);
+        Ok(blocking(move || store.snapshots(id.as_deref())).await??)
+    }
+
+    /// The snapshot `snap` of sandbox `id` (ready); any other answers as not found.
+    async fn own_snapshot(&self, id: &str, snap: &str) -> Result<Snapshot, EngineError> {
+        self.snapshots_of(Some(id))
+            .await?
+            .into_iter()
+            .find(|s| s.id == snap && s.ready)
+            .ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "snapshot {snap} is not a snapshot of sandbox {id}; sandbox_snapshot_list shows its snapshots"
+                ))
+            })
+    }
+
+    /// What sandbox `id`'s files and `snapshots` take of its disk, and what its files alone
+    /// take: the store's own count where it keeps one (btrfs simple quotas: shared blocks once,
+    /// so both are the same figure), else its files measured, plus each snapshot at its size
+    /// when taken.
+    async fn disk_use(&self, id: &str, snapshots: &[Snapshot]) -> Result<(u64, u64), EngineError> {
+        let (driver, sid) = (self.driver.clone(), id.to_string());
+        let held: u64 = snapshots.iter().map(|s| s.size_bytes).sum();
+        blocking(move || match driver.disk_charge(&sid) {
+            Some(charged) => (charged, charged),
+            None => {
+                let own = driver.disk_bytes(&sid);
+                (own.saturating_add(held), own)
+            }
+        })
+        .await
+    }
+
+    /// Refused when the sandbox's disk is (all but) full: a snapshot could not be kept, a fork
+    /// would start full.
+    fn check_disk(id: &str, record: &Record, used: u64, then: &str) -> Result<(), EngineError> {
+        let limit = Self::disk_limit(record);
+        if used >= limit / 100 * 95 {
+            return Err(EngineError::QuotaExceeded(format!(
+                "sandbox {id} is at its disk limit: its files and snapshots take {} of its {} MiB, so {then}; delete a snapshot (sandbox_snapshot_delete) or files first",
+                used >> 20,
+                record.shape.disk_mb
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn snapshot_create(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        name: Option<String>,
+    ) -> Result<Snapshot, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let runtime = entry.lifecycle.lock().await;
+        if *runtime == Runtime::Killed {
+            return Err(EngineError::sandbox_not_found(id));
+        }
+        let record = lock(&entry.record).clone();
+        let existing = self.snapshots_of(Some(id)).await?;
+        if existing.len() >= MAX_SNAPSHOTS {
+            return Err(EngineError::QuotaExceeded(format!(
+                "sandbox {id} has {} snapshots, the most it may keep; delete one with sandbox_snapshot_delete",
+                existing.len()
+            )));
+        }
+        if let Some(name) = &name
+            && existing.iter().any(|s| s.name.as_ref() == Some(name))
+        {
+            return Err(EngineError::Conflict(format!(
+                "sandbox {id} already has a snapshot named {name:?}; choose another name or delete that one"
+            )));
+        }
+        // A snapshot counts against the sandbox's disk.
+        let (used, own) = self.disk_use(id, &existing).await?;
+        Self::check_disk(id, &record, used, "no snapshot can be kept")?;
+        let mut snap = Snapshot {
+            id: ids::snapshot_id(),
+            sandbox_id: id.to_string(),
+            name,
+            ready: false,
+            method: String::new(),
+            size_bytes: own,
+            created_at: ids::now_ms(),
+        };
+        self.put_snapshot(&snap).await?;
+        let (driver, from, to) = (
+            self.driver.clone(),
+            Self::fs_of(&entry, id),
+            snap.id.clone(),
+        );
+        let made = self
+            .frozen(id, *runtime, move || {
+                driver.clone_fs(&from, &to, CloneKind::Snapshot)
+            })
+            .await?;
+        let method = match made {
+            Ok(method) => method,
+            Err(e) => {
+                self.drop_snapshot(&snap.id).await;
+                return Err(e.into());
+            }
+        };
+        snap.ready = true;
+        snap.method = method.as_str().to_string();
+        // The store's count is exact once the snapshot has committed what was in flight.
+        let (driver, sid) = (self.driver.clone(), id.to_string());
+        if let Some(charged) = blocking(move || driver.disk_charge(&sid)).await? {
+            snap.size_bytes = charged;
+        }
+        self.put_snapshot(&snap).await?;
+        Ok(snap)
+    }
+
+    async fn put_snapshot(&self, snap: &Snapshot) -> Result<(), EngineError> {
+        let (store, snap) = (self.store.clone(), snap.clone());
+        Ok(blocking(move || store.put_snapshot(&snap)).await??)
+    }
+
+    /// Deletes a snapshot's files, then its row (best effort: recovery finishes the job).
+    async fn drop_snapshot(&self, snap: &str) {
+        let (driver, store, snap) = (self.driver.clone(), self.store.clone(), snap.to_string());
+        let _ = blocking(move || {
+            if driver.remove_fs(&snap).is_ok() {
+                let _ = store.delete_snapshot(&snap);
+            }
+        })
+        .await;
+    }
+
+    pub(crate) async fn snapshot_list(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Vec<Snapshot>, EngineError> {
+        self.entry(id, tenant)?;
+        Ok(self
+            .snapshots_of(Some(id))
+            .await?
+            .into_iter()
+            .filter(|s| s.ready)
+            .collect())
+    }
+
+    pub(crate) async fn snapshot_delete(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        snap: &str,
+    ) -> Result<(), EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let _runtime = entry.lifecycle.lock().await;
+        let mut snapshot = self.own_snapshot(id, snap).await?;
+        // Marked first: a crash while its files go leaves a row recovery finishes deleting.
+        snapshot.ready = false;
+        self.put_snapshot(&snapshot).await?;
+        let (driver, store, sid) = (self.driver.clone(), self.store.clone(), snap.to_string());
+        blocking(move || -> Result<(), EngineError> {
+            driver.remove_fs(&sid)?;
+            Ok(store.delete_snapshot(&sid)?)
+        })
+        .await?
+    }
+
+    pub(crate) async fn snapshot_restore(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        snap: &str,
+    ) -> Result<Restored, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let snapshot = self.own_snapshot(id, snap).await?;
+        // What the restore ends, counted while the agent still answers.
+        let ended_jobs = self.jobs(id, tenant).await.map_or(0, |jobs| {
+            jobs.iter()
+                .filter(|j| j.status == JobState::Running)
+                .count() as u64
+        });
+        let lost_contexts = self.context_count(id, &entry).await;
+        let mut runtime = entry.lifecycle.lock().await;
+        if *runtime == Runtime::Killed {
+            return Err(EngineError::sandbox_not_found(id));
+        }
+        // Again under the lock: a delete may have taken it meanwhile.
+        let snapshot = self.own_snapshot(id, &snapshot.id).await?;
+        let stopped_processes = self.stop_for_files(id, &entry, &mut runtime).await?;
+        let (driver, sid, from) = (
+            self.driver.clone(),
+            id.to_string(),
+            FsRef {
+                name: snap.to_string(),
+                slot: None,
+            },
+        );
+        let limit = Self::disk_limit(&lock(&entry.record));
+        let method = blocking(move || driver.replace_fs(&sid, &from, limit)).await??;
+        drop(runtime);
+        self.ensure_running(id, &entry).await?;
+        Ok(Restored {
+            snapshot,
+            method,
+            stopped_processes,
+            ended_jobs,
+            lost_contexts,
+        })
+    }
+
+    /// REPL contexts alive in a running sandbox (0 when it is not running).
+    async fn context_count(&self, id: &str, entry: &Entry) -> u64 {
+        if *lock(&entry.visible_status) != Status::Running {
+            return 0;
+        }
+        let Ok(mut conn) = self.driver.connect(id).await else {
+            return 0;
+        };
+        match tokio::time::timeout(Duration::from_secs(5), exchange(&mut conn, ListContexts {}))
+            .await
+        {
+            Ok(Ok(Ok(list))) => list.contexts.len() as u64,
+            _ => 0,
+        }
+    }
+
+    pub(crate) async fn fork(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        count: u32,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Forked, EngineError> {
+        if !(1..=MAX_FORKS).contains(&count) {
+            return Err(EngineError::InvalidArgument(format!(
+                "count must be 1 to {MAX_FORKS}; got {count}"
+            )));
+        }
+        let parent = self.entry(id, tenant)?;
+        let runtime = parent.lifecycle.lock().await;
+        if *runtime == Runtime::Killed {
+            return Err(EngineError::sandbox_not_found(id));
+        }
+        let record = lock(&parent.record).clone();
+        let snapshots = self.snapshots_of(Some(id)).await?;
+        let (used, _) = self.disk_use(id, &snapshots).await?;
+        Self::check_disk(id, &record, used, "its forks would start full")?;
+        let mut labels = record.metadata.clone();
+        labels.extend(metadata.clone());
+        labels.insert(FORKED_FROM.to_string(), id.to_string());
+        if labels.len() > MAX_LABELS {
+            return Err(EngineError::InvalidArgument(format!(
+                "the children would have {} metadata labels (the parent's, yours and forked_from); at most {MAX_LABELS} are allowed",
+                labels.len()
+            )));
+        }
+        let children = self.reserve_children(&record, count, labels).await?;
+        let made = self.make_children(id, &parent, *runtime, &children).await;
+        drop(runtime);
+        match made {
+            Ok(method) => Ok(Forked {
+                ids: children.iter().map(|c| c.id.clone()).collect(),
+                method,
+            }),
+            Err(e) => {
+                for child in &children {
+                    self.discard_child(child).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The children's records, committed as `creating` (so a crash from here on leaves nothing
+    /// a restart would list), with their slots and secret bindings.
+    async fn reserve_children(
+        &self,
+        parent: &Record,
+        count: u32,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Record>, EngineError> {
+        let _guard = self.create_lock.lock().await;
+        let (existing, used_slots): (usize, Vec<u32>) = {
+            let map = lock(&self.sandboxes);
+            (
+                map.len(),
+                map.values().map(|e| lock(&e.record).uid_slot).collect(),
+            )
+        };
+        if existing + count as usize > self.config.max_sandboxes {
+            return Err(EngineError::QuotaExceeded(format!(
+                "the engine allows at most {} sandboxes and {existing} exist, so {count} more do not fit; kill some or fork fewer",
+                self.config.max_sandboxes
+            )));
+        }
+        let wanted: BTreeMap<String, String> = parent
+            .secrets
+            .iter()
+            .map(|(env, b)| (env.clone(), b.secret.clone()))
+            .collect();
+        let now = ids::now_ms();
+        // One claim and one commit for all of them: each would pay its own fsyncs otherwise.
+        let driver = self.driver.clone();
+        let slots = blocking(move || driver.claim_slots(&used_slots, count as usize)).await??;
+        let release = |slots: &[u32]| slots.iter().for_each(|s| self.driver.release_slot(*s));
+        let mut children = Vec::new();
+        for &slot in &slots {
+            let secrets = match self.bind_new(parent.tenant.as_deref(), &wanted) {
+                Ok(s) => s,
+                Err(e) => {
+                    release(&slots);
+                    return Err(e);
+                }
+            };
+            children.push(Record {
+                id: ids::sandbox_id(),
+                name: None,
+                status: Status::Creating,
+                metadata: labels.clone(),
+                uid_slot: slot,
+                created_at: now,
+                last_active_at: now,
+                secrets,
+                ..parent.clone()
+            });
+        }
+        let (store, rs) = (self.store.clone(), children.clone());
+        if let Err(e) = blocking(move || store.insert_all(&rs)).await? {
+            release(&slots);
+            return Err(e.into());
+        }
+        for child in &children {
+            // The parent's rules as stored: they are what its policy was made from.
+            let net = self.sandbox_net(child);
+            lock(&self.sandboxes).insert(
+                child.id.clone(),
+                Entry::new(child.clone(), Runtime::Stopped, false, net),
+            );
+        }
+        Ok(children)
+    }
+
+    /// Deletes a child that was never acknowledged: processes, files, record, slot.
+    async fn discard_child(&self, child: &Record) {
+        if let Some(entry) = lock(&self.sandboxes).remove(&child.id) {
+            entry.net.close();
+        }
+        let (driver, store, id, slot) = (
+            self.driver.clone(),
+            self.store.clone(),
+            child.id.clone(),
+            child.uid_slot,
+        );
+        let _ = blocking(move || {
+            if driver.destroy(&id).is_ok() && store.delete(&id).is_ok() {
+                driver.release_slot(slot);
+            }
+        })
+        .await;
+    }
+
+    /// Copies the parent's files to every child (the parent frozen once, so all children start
+    /// from the same moment), starts them side by side, and commits them as running.
+    async fn make_children(
+        &self,
+        id: &str,
+        parent: &Entry,
+        runtime: Runtime,
+        children: &[Record],
+    ) -> Result<CloneMethod, EngineError> {
+        let (driver, from) = (self.driver.clone(), Self::fs_of(parent, id));
+        let targets: Vec<(String, u64)> = children
+            .iter()
+            .map(|c| (c.id.clone(), Self::disk_limit(c)))
+            .collect();
+        let method = self
+            .frozen(id, runtime, move || {
+                let clone = |(child, limit_bytes): &(String, u64)| {
+                    driver.clone_fs(
+                        &from,
+                        child,
+                        CloneKind::Sandbox {
+                            limit_bytes: *limit_bytes,
+                        },
+                    )
+                };
+                // The first alone (it writes down the ids of the parent's files once), the rest
+                // side by side: btrfs commits snapshots made together in one transaction.
+                let Some((first, rest)) = targets.split_first() else {
+                    return Ok(CloneMethod::Snapshot);
+                };
+                let method = clone(first)?;
+                std::thread::scope(|scope| {
+                    let copies: Vec<_> =
+                        rest.iter().map(|t| scope.spawn(move || clone(t))).collect();
+                    for copy in copies {
+                        copy.join().map_err(|_| {
+                            DriverError::Agent("a copy of the parent's files panicked".into())
+                        })??;
+                    }
+                    Ok::<_, DriverError>(method)
+                })
+            })
+            .await??;
+        let started = futures::future::join_all(children.iter().map(|child| async move {
+            let spec = self.start_spec(child)?;
+            self.driver.start(&spec).await?;
+            let entry = self.entry_any(&child.id)?;
+            self.attach_network(&child.id, &entry).await?;
+            Ok::<_, EngineError>(())
+        }))
+        .await;
+        started.into_iter().collect::<Result<Vec<()>, _>>()?;
+        let (store, ids): (_, Vec<String>) = (
+            self.store.clone(),
+            children.iter().map(|c| c.id.clone()).collect(),
+        );
+        blocking(move || store.set_status_all(&ids, Status::Running)).await??;
+        for child in children {
+            let entry = self.entry_any(&child.id)?;
+            *entry.lifecycle.lock().await = Runtime::Running;
+            entry.set_visible(Runtime::Running);
+            lock(&entry.record).status = Status::Running;
+            entry.ready.store(true, Ordering::Release);
+        }
+        Ok(method)
+    }
+
+    pub(crate) async fn diff(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        against: &str,
+        under: &str,
+        save_to: Option<String>,
+    ) -> Result<Diffed, EngineError> {
+        let entry = self.entry(id, tenant)?;
+        let template = self.template(&lock(&entry.record).template)?;
+        let (base, base_template) = if ids::is_snapshot_id(against) {
+            let snap = self
+                .snapshots_of(None)
+                .await?
+                .into_iter()
+                .find(|s| s.id == against && s.ready);
+            // Another tenant's snapshot answers exactly like one that does not exist.
+            let owner = snap.and_then(|s| self.entry(&s.sandbox_id, tenant).ok());
+            let owner = owner.ok_or_else(|| {
+                EngineError::NotFound(format!(
+                    "snapshot {against} not found; sandbox_snapshot_list shows a sandbox's snapshots"
+                ))
+            })?;
+            let owner_template = self.template(&lock(&owner.record).template)?;
+            (
+                FsRef {
+                    name: against.to_string(),
+                    slot: None,
+                },
+                owner_template,
+            )
+        } else if ids::is_sandbox_id(against) {
+            let other = self.entry(against, tenant)?;
+            let other_template = self.template(&lock(&other.record).template)?;
+            (Self::fs_of(&other, against), other_template)
+        } else {
+            return Err(EngineError::InvalidArgument(format!(
+                "against must be a sandbox id (sbx_…) or a snapshot id (snap_…); got {against:?}"
+            )));
+        };
+        let side = |layers: FsLayers| diff::Side {
+            mounts: layers
+                .mounts
+                .into_iter()
+                .map(|(target, upper, lowers)| diff::Mount {
+                    target,
+                    upper,
+                    lowers,
+                })
+                .collect(),
+            id_base: layers.id_base,
+        };
+        let a = side(self.driver.fs_layers(&base, &base_template.layout)?);
+        let b = side(
+            self.driver
+                .fs_layers(&Self::fs_of(&entry, id), &template.layout)?,
+        );
+        let under = under.to_string();
+        let diff = blocking(move || diff::diff(&a, &b, &under, DIFF_MEMORY))
+            .await?
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidInput => EngineError::InvalidArgument(e.to_string()),
+                _ => EngineError::Conflict(format!("cannot compare the files: {e}")),
+            })?;
+        let saved_to = match save_to {
+            Some(path) => Some(self.save_diff(id, tenant, &path, &diff).await?),
+            None => None,
+        };
+        Ok(Diffed { diff, saved_to })
+    }
+
+    /// Writes the whole list of changes to `path` in the sandbox, one per line:
+    /// `<A|D|M> <kind> <size> <path>[ (<what>)]`.
+    async fn save_diff(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        path: &str,
+        diff: &Diff,
+    ) -> Result<String, EngineError> {
+        use base64::Engine as _;
+        use std::fmt::Write as _;
+        let mut text = String::new();
+        for e in &diff.entries {
+            let change = match e.change {
+                diff::Change::Added => 'A',
+                diff::Change::Removed => 'D',
+                diff::Change::Modified => 'M',
+            };
+            let kind = serde_json::to_value(e.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let _ = write!(text, "{change} {kind} {} {}", e.size, e.path);
+            if !e.what.is_empty() {
+                let _ = write!(text, " ({})", e.what.join(","));
+            }
+            text.push('\n');
+        }
+        let listed = diff.added + diff.removed + diff.modified;
+        if (diff.entries.len() as u64) < listed {
+            let _ = writeln!(
+                text,
+                "… {} more changes not listed",
+                listed - diff.entries.len() as u64
+            );
+        }
+        let written = self
+            .call(
+                id,
+                tenant,
+                WriteFile {
+                    path: path.to_string(),
+                    data_b64: base64::engine::general_purpose::STANDARD.encode(text),
+                },
+                Duration::from_secs(60),
+            )
+            .await?;
+        Ok(written.path)
+    }
+
+    pub(crate) async fn merge(
+        &self,
+        source: &str,
+        target: &str,
+        tenant: Option<&str>,
+        force: bool,
+    ) -> Result<CloneMethod, EngineError> {
+        if source == target {
+            return Err(EngineError::InvalidArgument(
+                "source_id and target_id are the same sandbox".into(),
+            ));
+        }
+        let (src, dst) = (self.entry(source, tenant)?, self.entry(target, tenant)?);
+        let (src_record, dst_record) = (src.record(), dst.record());
+        if src_record.template != dst_record.template {
+            return Err(EngineError::Conflict(format!(
+                "{source} runs template {} and {target} template {}: only sandboxes of one template can be merged",
+                src_record.template, dst_record.template
+            )));
+        }
+        if !force && !self.related(&src_record, &dst_record) {
+            return Err(EngineError::Conflict(format!(
+                "{source} and {target} are unrelated (neither was forked from the other or from a common parent); pass force: true to replace {target}'s files anyway"
+            )));
+        }
+        {
+            // Locked in id order: a merge the other way round cannot deadlock with this one.
+            let (first, second) = if source < target {
+                (&src, &dst)
+            } else {
+                (&dst, &src)
+            };
+            let mut a = first.lifecycle.lock().await;
+            let mut b = second.lifecycle.lock().await;
+            let (src_rt, dst_rt) = if source < target {
+                (&mut *a, &mut *b)
+            } else {
+                (&mut *b, &mut *a)
+            };
+            if *src_rt == Runtime::Killed || *dst_rt == Runtime::Killed {
+                return Err(EngineError::NotFound(
+                    "one of the sandboxes was killed meanwhile".into(),
+                ));
+            }
+            self.stop_for_files(target, &dst, dst_rt).await?;
+            let (driver, tid, from) = (
+                self.driver.clone(),
+                target.to_string(),
+                Self::fs_of(&src, source),
+            );
+            let limit = Self::disk_limit(&dst_record);
+            let method = self
+                .frozen(source, *src_rt, move || {
+                    driver.replace_fs(&tid, &from, limit)
+                })
+                .await??;
+            drop((a, b));
+            self.kill(source, tenant).await?;
+            self.ensure_running(target, &dst).await?;
+            Ok(method)
+        }
+    }
+
+    /// Whether two sandboxes share an ancestor through `forked_from` (or one is the other's).
+    fn related(&self, a: &Record, b: &Record) -> bool {
+        let family = |r: &Record| -> BTreeSet<String> {
+            let mut seen = BTreeSet::from([r.id.clone()]);
+            let mut next = r.metadata.get(FORKED_FROM).cloned();
+            while let Some(id) = next.take() {
+                if !seen.insert(id.clone()) {
+                    break;
+                }
+                next = lock(&self.sandboxes)
+                    .get(&id)
+                    .and_then(|e| lock(&e.record).metadata.get(FORKED_FROM).cloned());
+            }
+            seen
+        };
+        !family(a).is_disjoint(&family(b))
+    }
+
+    /// After a restart: snapshots whose files were being made or deleted, or whose sandbox is
+    /// gone, are deleted.
+    pub(super) async fn recover_snapshots(&self) -> Result<(), EngineError> {
+        let live: BTreeSet<String> = lock(&self.sandboxes).keys().cloned().collect();
+        for snap in self.snapshots_of(None).await? {
+            if !snap.ready || !live.contains(&snap.sandbox_id) {
+                tracing::info!(snapshot = %snap.id, "deleting an unfinished snapshot");
+                self.drop_snapshot(&snap.id).await;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,79 @@
+//! The engine's HTTP server: serves the API ([`crate::api`]) on a listener, previews
+//! ([`crate::preview`]) on their own, and runs the manager's timers, until shut down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::{self, AppState, Keys};
+use crate::manager::Manager;
+use crate::preview;
+
+/// A running engine HTTP server.
+pub struct EngineServer {
+    pub url: String,
+    pub manager: Arc<Manager>,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl EngineServer {
+    /// Serves `manager` on `listener` and runs its timers.
+    pub fn start(
+        manager: Arc<Manager>,
+        listener: TcpListener,
+        keys: Keys,
+    ) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        // Bound first: a preview address that cannot be had fails the start, before anything runs.
+        let previews = match preview::bind(&manager.config().preview)? {
+            Some(l) => {
+                let l = TcpListener::from_std(l)?;
+                manager.set_preview_port(l.local_addr()?.port());
+                Some(l)
+            }
+            None => None,
+        };
+        let url = format!("http://{addr}");
+        let stop = CancellationToken::new();
+        let state = AppState {
+            manager: manager.clone(),
+            keys: Arc::new(keys),
+        };
+        let app = api::router(state);
+        let shutdown = stop.clone();
+        let server = tokio::spawn(async move {
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { shutdown.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!("engine server stopped: {e}");
+            }
+        });
+        let timers = tokio::spawn(manager.clone().run_timers(stop.clone()));
+        let mut tasks = vec![server, timers];
+        if let Some(previews) = previews {
+            tasks.push(tokio::spawn(preview::serve(
+                previews,
+                manager.clone(),
+                stop.clone(),
+            )));
+        }
+        Ok(Self {
+            url,
+            manager,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stops accepting requests, lets in-flight ones finish, and pauses the sandboxes.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+        self.manager.shutdown().await;
+    }
+}
