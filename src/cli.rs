@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::mcp::backend::Backend;
-use crate::mcp::server::{SandboxMcp, ServerSettings};
-use crate::tooldefs::registry;
 use sandbox_mcp_api::ApiKey;
 use sandbox_mcp_model::config::{EngineConfig, default_data_dir};
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::server::{SandboxMcp, ServerSettings};
+use sandbox_mcp_server::tooldefs::registry;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -541,14 +541,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging("warn,rmcp::service=error");
     let profile = args
         .session_sandbox
-        .then_some(crate::mcp::server::SESSION_PROFILE);
+        .then_some(sandbox_mcp_server::server::SESSION_PROFILE);
     let selection = registry()
         .select_in(profile, &args.tools)
         .map_err(anyhow::Error::msg)?;
     let backend = match &args.url {
         Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
             .map_err(anyhow::Error::msg)?,
-        None => Backend::local(args.engine.config()),
+        None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
+            args.engine.config(),
+        ))),
     };
     tracing::debug!(
         control_plane = args.url.as_deref().unwrap_or("the local engine"),
@@ -570,15 +572,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 async fn serve_stdio(
     args: &ServeArgs,
     backend: Backend,
-    selection: Vec<&'static crate::tooldefs::ToolDef>,
+    selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
     settings: ServerSettings,
 ) -> anyhow::Result<()> {
     let mut server = SandboxMcp::new(backend, selection, settings);
     if args.session_sandbox {
-        server = server.with_session(crate::mcp::session::SessionSandboxes::default());
+        server = server.with_session(sandbox_mcp_server::session::SessionSandboxes::default());
     }
     let session = server.clone();
-    let io = crate::mcp::stdio::frame(
+    let io = sandbox_mcp_server::stdio::frame(
         tokio::io::stdin(),
         tokio::io::stdout(),
         |input, output| async move {
@@ -601,12 +603,12 @@ async fn serve_http(
     args: &ServeArgs,
     listen: std::net::SocketAddr,
     backend: Backend,
-    selection: Vec<&'static crate::tooldefs::ToolDef>,
+    selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
     settings: ServerSettings,
 ) -> anyhow::Result<()> {
-    use crate::mcp::http::{HttpOptions, HttpServer};
+    use sandbox_mcp_server::http::{HttpOptions, HttpServer};
     let config = args.engine.config();
-    let keys = std::sync::Arc::new(crate::mcp::keys::KeyStore::open(&config.data_dir));
+    let keys = std::sync::Arc::new(sandbox_mcp_server::keys::KeyStore::open(&config.data_dir));
     if !args.dev
         && keys
             .list()
@@ -801,7 +803,7 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
 fn keys(data: &DataDirArg, cmd: KeysCommand) -> anyhow::Result<()> {
     let data_dir = data.path();
     std::fs::create_dir_all(&data_dir)?;
-    let store = crate::mcp::keys::KeyStore::open(&data_dir);
+    let store = sandbox_mcp_server::keys::KeyStore::open(&data_dir);
     match cmd {
         KeysCommand::Create { tenant } => {
             let (record, token) = store.create(&tenant)?;
@@ -924,7 +926,7 @@ fn tools_text(selection: &str, json: bool) -> anyhow::Result<String> {
     if json {
         let tools: Vec<_> = selected
             .iter()
-            .map(|d| crate::mcp::server::to_mcp_tool(d))
+            .map(|d| sandbox_mcp_server::server::to_mcp_tool(d))
             .collect();
         writeln!(
             out,

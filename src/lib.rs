@@ -6,9 +6,5 @@
 //! spec) → HTTP → [`engine`] (the control plane) → the [`agent`] inside each sandbox.
 
 pub mod cli;
-pub mod mcp;
-pub mod tooldefs;
+pub mod local_engine;
 pub mod wiring;
-
-/// The validator every tool call's arguments go through (shared with the build).
-pub use sandbox_mcp_codegen::jsonschema;

@@ -144,7 +144,7 @@ fn the_build_script_fails_on_a_broken_tool_def() {
                     .file_name()
                     .unwrap()
                     .to_string_lossy()
-                    .starts_with("sandbox-mcp-")
+                    .starts_with("sandbox-mcp-server-")
         })
         .collect();
     scripts.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
@@ -175,8 +175,12 @@ fn the_build_script_fails_on_a_broken_tool_def() {
     .unwrap();
     let out_dir = work.path().join("out");
     std::fs::create_dir_all(&out_dir).unwrap();
+    // The script reads the spec and tool-defs two levels above its crate's manifest.
+    let manifest = work.path().join("crates/mcp-server");
+    std::fs::create_dir_all(&manifest).unwrap();
     let output = std::process::Command::new(&script)
-        .current_dir(work.path())
+        .current_dir(&manifest)
+        .env("CARGO_MANIFEST_DIR", &manifest)
         .env("OUT_DIR", &out_dir)
         .output()
         .unwrap();

@@ -11,14 +11,14 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
-use sandbox_mcp::mcp::backend::Backend;
-use sandbox_mcp::mcp::server::{SandboxMcp, ServerSettings};
-use sandbox_mcp::tooldefs::registry;
 use sandbox_mcp::wiring::open_manager;
 use sandbox_mcp_api::{ApiKey, Client, connect};
 use sandbox_mcp_engine::manager::Manager;
 use sandbox_mcp_engine::server::EngineServer;
 use sandbox_mcp_model::config::EngineConfig;
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::server::{SandboxMcp, ServerSettings};
+use sandbox_mcp_server::tooldefs::registry;
 
 pub const KEY: &str = "test-key-0123456789";
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandbox-mcp");

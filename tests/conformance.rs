@@ -248,7 +248,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
         assert_eq!(resp.status().as_u16(), 401, "{op_id}");
         let v: Value = resp.json().await.unwrap();
         assert!(
-            sandbox_mcp::jsonschema::validate(&error_schema, &v).is_empty(),
+            sandbox_mcp_codegen::jsonschema::validate(&error_schema, &v).is_empty(),
             "{op_id}: {v}"
         );
         // An unknown sandbox: 404 in the Error shape.
@@ -260,7 +260,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             assert_eq!(resp.status().as_u16(), 404, "{op_id}");
             let v: Value = resp.json().await.unwrap();
             assert!(
-                sandbox_mcp::jsonschema::validate(&error_schema, &v).is_empty(),
+                sandbox_mcp_codegen::jsonschema::validate(&error_schema, &v).is_empty(),
                 "{op_id}: {v}"
             );
             assert_eq!(v["error_code"], "not_found");
@@ -289,7 +289,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
                 .map(|l| serde_json::from_str(l).unwrap())
                 .collect();
             for e in &events {
-                let violations = sandbox_mcp::jsonschema::validate(&op.response_schema, e);
+                let violations = sandbox_mcp_codegen::jsonschema::validate(&op.response_schema, e);
                 assert!(violations.is_empty(), "{op_id}: {violations:?}\n{e}");
             }
             let last = events.last().unwrap();
@@ -302,7 +302,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             // The result is shaped like the JSON operation's response.
             let mirror = op_id.trim_end_matches("_stream");
             let schema = &spec.operation(mirror).unwrap().response_schema;
-            let violations = sandbox_mcp::jsonschema::validate(schema, &last["result"]);
+            let violations = sandbox_mcp_codegen::jsonschema::validate(schema, &last["result"]);
             assert!(violations.is_empty(), "{op_id}: {violations:?}\n{last}");
             continue;
         }
@@ -311,7 +311,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             (200..300).contains(&status),
             "{op_id} {method} {path}: {status} {v}"
         );
-        let violations = sandbox_mcp::jsonschema::validate(&op.response_schema, &v);
+        let violations = sandbox_mcp_codegen::jsonschema::validate(&op.response_schema, &v);
         assert!(violations.is_empty(), "{op_id}: {violations:?}\n{v}");
         match *op_id {
             "create_sandbox" => {

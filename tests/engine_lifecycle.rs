@@ -190,7 +190,7 @@ async fn kill_9_of_the_engine_loses_nothing_acknowledged() {
         .unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let backend =
-        sandbox_mcp::mcp::backend::Backend::remote(&url, Some(sandbox_mcp_api::ApiKey::new(KEY)))
+        sandbox_mcp_server::backend::Backend::remote(&url, Some(sandbox_mcp_api::ApiKey::new(KEY)))
             .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;
     let deadline = Instant::now() + Duration::from_secs(10);

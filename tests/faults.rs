@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use sandbox_mcp::mcp::backend::Backend;
-use sandbox_mcp::mcp::server::ServerSettings;
-use sandbox_mcp::tooldefs::registry;
 use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::server::ServerSettings;
+use sandbox_mcp_server::tooldefs::registry;
 
 use crate::common::{McpClient, call, mcp_for, text};
 

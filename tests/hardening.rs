@@ -420,7 +420,7 @@ async fn a_hijacked_agent_cannot_flood_the_engine() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = crate::common::TempData::new();
     let (mut engine, url) = crate::common::spawn_engine_process(&dir.data()).await;
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(
+    let backend = sandbox_mcp_server::backend::Backend::remote(
         &url,
         Some(sandbox_mcp_api::ApiKey::new(crate::common::KEY)),
     )

@@ -17,12 +17,12 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use sandbox_mcp::mcp::backend::Backend;
-use sandbox_mcp::mcp::http::{HttpOptions, HttpServer};
-use sandbox_mcp::mcp::keys::KeyStore;
-use sandbox_mcp::mcp::server::ServerSettings;
-use sandbox_mcp::tooldefs::registry;
 use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::http::{HttpOptions, HttpServer};
+use sandbox_mcp_server::keys::KeyStore;
+use sandbox_mcp_server::server::ServerSettings;
+use sandbox_mcp_server::tooldefs::registry;
 
 use crate::common::{BIN, KEY, TestEngine, text};
 use crate::require_sandboxes;

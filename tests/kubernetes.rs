@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use sandbox_mcp::mcp::backend::Backend;
-use sandbox_mcp::mcp::server::ServerSettings;
 use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::server::ServerSettings;
 use sandbox_mcp_testkit::kubernetes::{Namespace, Rig};
 
 use crate::common::{BIN, KEY, McpClient, api, err, mcp_for, ok, sh, spawn_engine_logged};

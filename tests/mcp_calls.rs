@@ -12,7 +12,10 @@ async fn tools_list_carries_annotations_and_schemas() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let tools = client.list_all_tools().await.unwrap();
-    assert_eq!(tools.len(), sandbox_mcp::tooldefs::registry().tools.len());
+    assert_eq!(
+        tools.len(),
+        sandbox_mcp_server::tooldefs::registry().tools.len()
+    );
     let get = |name: &str| {
         tools
             .iter()
@@ -237,7 +240,7 @@ async fn unreachable_control_plane_is_an_actionable_tool_error() {
         .unwrap()
         .port();
     let backend =
-        sandbox_mcp::mcp::backend::Backend::remote(&format!("http://127.0.0.1:{port}"), None)
+        sandbox_mcp_server::backend::Backend::remote(&format!("http://127.0.0.1:{port}"), None)
             .unwrap();
     let client = crate::common::mcp_for(backend, Default::default(), "all").await;
     let started = Instant::now();
@@ -250,7 +253,7 @@ async fn unreachable_control_plane_is_an_actionable_tool_error() {
     // The server is still up.
     assert_eq!(
         client.list_all_tools().await.unwrap().len(),
-        sandbox_mcp::tooldefs::registry().tools.len()
+        sandbox_mcp_server::tooldefs::registry().tools.len()
     );
 }
 
@@ -266,7 +269,7 @@ async fn control_plane_errors_keep_their_code_and_never_leak_the_key() {
         )
     });
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let backend = sandbox_mcp::mcp::backend::Backend::remote(
+    let backend = sandbox_mcp_server::backend::Backend::remote(
         &url,
         Some(sandbox_mcp_api::ApiKey::new("super-secret-key")),
     )
@@ -475,7 +478,7 @@ async fn structured_content_matches_the_output_schema() {
         ),
     ];
     for (name, value) in results {
-        let violations = sandbox_mcp::jsonschema::validate(&schema(name), &value);
+        let violations = sandbox_mcp_codegen::jsonschema::validate(&schema(name), &value);
         assert!(violations.is_empty(), "{name}: {violations:?} in {value}");
     }
     let r = call(

@@ -67,7 +67,7 @@ async fn tools_list_as_the_model_receives_it() {
 
 #[test]
 fn operation_inventory() {
-    let registry = sandbox_mcp::tooldefs::registry();
+    let registry = sandbox_mcp_server::tooldefs::registry();
     let value = serde_json::json!({
         "api": format!("{} {}", registry.api_title, registry.api_version),
         "operations": registry.inventory,
@@ -78,7 +78,7 @@ fn operation_inventory() {
 
 #[test]
 fn output_caps_per_tool() {
-    let registry = sandbox_mcp::tooldefs::registry();
+    let registry = sandbox_mcp_server::tooldefs::registry();
     let caps: std::collections::BTreeMap<_, _> = registry
         .tools
         .iter()
@@ -97,12 +97,12 @@ fn output_caps_per_tool() {
 /// sandbox_id filled in by the server.
 #[test]
 fn tools_list_of_the_session_profile() {
-    let registry = sandbox_mcp::tooldefs::registry();
+    let registry = sandbox_mcp_server::tooldefs::registry();
     let tools: Vec<serde_json::Value> = registry
         .select_in(Some("session"), "all")
         .unwrap()
         .into_iter()
-        .map(|t| serde_json::to_value(sandbox_mcp::mcp::server::to_mcp_tool(t)).unwrap())
+        .map(|t| serde_json::to_value(sandbox_mcp_server::server::to_mcp_tool(t)).unwrap())
         .collect();
     assert_each_tool("tools_session", &tools);
     let profile = &registry.profiles["session"];
@@ -119,7 +119,7 @@ fn tools_list_of_the_session_profile() {
 /// results). Tokens are estimated as bytes / 4. README.md quotes these figures.
 #[test]
 fn toolset_context_cost() {
-    let registry = sandbox_mcp::tooldefs::registry();
+    let registry = sandbox_mcp_server::tooldefs::registry();
     let mut costs = serde_json::Map::new();
     let mut sets: Vec<String> = vec!["all".into()];
     sets.extend(registry.toolsets.keys().cloned());
@@ -128,7 +128,7 @@ fn toolset_context_cost() {
             .select(&set)
             .unwrap()
             .into_iter()
-            .map(sandbox_mcp::mcp::server::to_mcp_tool)
+            .map(sandbox_mcp_server::server::to_mcp_tool)
             .collect();
         let bytes = serde_json::to_vec(&serde_json::json!({"tools": tools}))
             .unwrap()

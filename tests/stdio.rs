@@ -129,7 +129,7 @@ fn answers_stateless_2026_requests_with_inline_metadata() {
     let list = server.recv();
     assert_eq!(
         list["result"]["tools"].as_array().map(Vec::len),
-        Some(sandbox_mcp::tooldefs::registry().tools.len()),
+        Some(sandbox_mcp_server::tooldefs::registry().tools.len()),
         "{list}"
     );
     assert!(server.close_and_wait().success());

@@ -10,9 +10,9 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use sandbox_mcp::mcp::args::Args;
-use sandbox_mcp::mcp::call::CallFailure;
-use sandbox_mcp::tooldefs::registry;
+use sandbox_mcp_server::args::Args;
+use sandbox_mcp_server::call::CallFailure;
+use sandbox_mcp_server::tooldefs::registry;
 
 /// A client of a closed port: every request the mapping produces is built in full, then fails
 /// to connect at once.
@@ -61,12 +61,12 @@ pub fn tool_args(data: &[u8]) {
                 def.name
             );
             let failure = CallFailure::InvalidArgs(problems.join("; "));
-            let message = sandbox_mcp::mcp::shape::failure_message(def, None, &failure);
+            let message = sandbox_mcp_server::shape::failure_message(def, None, &failure);
             assert!(!message.is_empty());
         }
         Ok(args) => {
             let (rt, client) = closed_client();
-            let outcome = rt.block_on(sandbox_mcp::mcp::dispatch::dispatch(
+            let outcome = rt.block_on(sandbox_mcp_server::dispatch::dispatch(
                 client, &def.name, &args,
             ));
             match outcome {
@@ -78,7 +78,7 @@ pub fn tool_args(data: &[u8]) {
                 ),
             }
             let failure = CallFailure::Unreachable("x".into());
-            let message = sandbox_mcp::mcp::shape::failure_message(def, Some(&args), &failure);
+            let message = sandbox_mcp_server::shape::failure_message(def, Some(&args), &failure);
             assert!(
                 message.len() < 2048,
                 "{}: message of {} bytes",
@@ -119,7 +119,7 @@ pub fn paths(data: &[u8]) {
 /// Properties: never panics; on any JSON object with a string or number `id`, serialized
 /// canonically, it finds exactly that id.
 pub fn id_scanner(data: &[u8]) {
-    let mut scanner = sandbox_mcp::mcp::jsonrpc::IdScanner::default();
+    let mut scanner = sandbox_mcp_server::jsonrpc::IdScanner::default();
     scanner.feed(data);
     let _ = scanner.id();
     let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(data) else {
@@ -132,7 +132,7 @@ pub fn id_scanner(data: &[u8]) {
         return; // the scanner keeps ids up to 256 bytes of JSON
     }
     let canonical = serde_json::to_vec(&Value::Object(map.clone())).expect("serializes");
-    let mut scanner = sandbox_mcp::mcp::jsonrpc::IdScanner::default();
+    let mut scanner = sandbox_mcp_server::jsonrpc::IdScanner::default();
     scanner.feed(&canonical);
     assert_eq!(
         scanner.id().as_ref(),

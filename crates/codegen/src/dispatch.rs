@@ -94,12 +94,12 @@ pub fn generate(spec: &Spec, registry: &Registry) -> TokenStream {
         pub async fn dispatch(
             client: &::sandbox_mcp_api::Client,
             tool: &str,
-            args: &crate::mcp::args::Args,
-        ) -> Result<serde_json::Value, crate::mcp::call::CallFailure> {
-            use crate::mcp::call::respond;
+            args: &crate::args::Args,
+        ) -> Result<serde_json::Value, crate::call::CallFailure> {
+            use crate::call::respond;
             match tool {
                 #(#arms)*
-                _ => Err(crate::mcp::call::CallFailure::unknown_tool(tool)),
+                _ => Err(crate::call::CallFailure::unknown_tool(tool)),
             }
         }
 
@@ -107,10 +107,10 @@ pub fn generate(spec: &Spec, registry: &Registry) -> TokenStream {
         pub async fn dispatch_stream(
             client: &::sandbox_mcp_api::Client,
             tool: &str,
-            args: &crate::mcp::args::Args,
-        ) -> Result<Option<crate::mcp::call::EventStream>, crate::mcp::call::CallFailure> {
+            args: &crate::args::Args,
+        ) -> Result<Option<crate::call::EventStream>, crate::call::CallFailure> {
             #[allow(unused_imports)]
-            use crate::mcp::call::respond_stream;
+            use crate::call::respond_stream;
             match tool {
                 #(#stream_arms)*
                 _ => Ok(None),

@@ -29,10 +29,10 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::backend::Backend;
-use crate::mcp::keys::KeyStore;
-use crate::mcp::server::{RequestTenant, SandboxMcp, ServerSettings};
-use crate::mcp::session::SessionSandboxes;
+use crate::backend::Backend;
+use crate::keys::KeyStore;
+use crate::server::{RequestTenant, SandboxMcp, ServerSettings};
+use crate::session::SessionSandboxes;
 use crate::tooldefs::ToolDef;
 
 /// Largest request body accepted.
@@ -305,11 +305,11 @@ async fn checked_body(req: Request) -> Result<Request, Response> {
             ));
         }
     };
-    match crate::mcp::jsonrpc::check(&bytes) {
-        crate::mcp::jsonrpc::Check::Forward => {
+    match crate::jsonrpc::check(&bytes) {
+        crate::jsonrpc::Check::Forward => {
             Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
         }
-        crate::mcp::jsonrpc::Check::Answer(answer) => {
+        crate::jsonrpc::Check::Answer(answer) => {
             Err((StatusCode::BAD_REQUEST, axum::Json(answer)).into_response())
         }
     }

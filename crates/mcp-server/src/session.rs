@@ -6,14 +6,14 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::mcp::backend::Backend;
-use crate::mcp::call::{CallFailure, respond};
+use crate::backend::Backend;
+use crate::call::{CallFailure, respond};
 use sandbox_mcp_api::types;
 
 /// Every live session sandbox of a server, so shutdown can kill those whose sessions are still
 /// open.
 #[derive(Clone, Default)]
-pub(crate) struct SessionSandboxes {
+pub struct SessionSandboxes {
     live: Arc<Mutex<HashMap<String, Option<String>>>>,
 }
 

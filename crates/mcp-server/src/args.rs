@@ -4,9 +4,9 @@
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
-use crate::jsonschema;
-use crate::mcp::call::CallFailure;
+use crate::call::CallFailure;
 use crate::tooldefs::ToolDef;
+use sandbox_mcp_codegen::jsonschema;
 
 /// The arguments of one call, after validation.
 #[derive(Debug, Clone)]

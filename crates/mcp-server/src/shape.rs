@@ -6,8 +6,8 @@ use rmcp::ErrorData as McpError;
 use rmcp::model::{CallToolResult, ContentBlock as Content};
 use serde_json::{Map, Value};
 
-use crate::mcp::args::Args;
-use crate::mcp::call::CallFailure;
+use crate::args::Args;
+use crate::call::CallFailure;
 use crate::tooldefs::{Cap, ToolDef};
 
 /// Applies the tool's output caps in place. A capped string keeps its head and tail around a

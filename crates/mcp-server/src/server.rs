@@ -14,13 +14,13 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp::args::Args;
-use crate::mcp::backend::Backend;
-use crate::mcp::call::CallFailure;
-pub(crate) use crate::mcp::progress::Progress;
-use crate::mcp::session::{SessionSandbox, SessionSandboxes};
-use crate::mcp::{dispatch, progress, shape};
+use crate::args::Args;
+use crate::backend::Backend;
+use crate::call::CallFailure;
+pub(crate) use crate::progress::Progress;
+use crate::session::{SessionSandbox, SessionSandboxes};
 use crate::tooldefs::ToolDef;
+use crate::{dispatch, progress, shape};
 
 /// Protocol revisions this server speaks. 2025-06-18 is the oldest with structured tool output.
 pub(crate) const PROTOCOL_VERSIONS: [ProtocolVersion; 3] = [
@@ -65,7 +65,7 @@ pub struct SandboxMcp {
 }
 
 /// The tool profile a session-sandbox server serves (`tool-defs/80-profiles.toml`).
-pub(crate) const SESSION_PROFILE: &str = "session";
+pub const SESSION_PROFILE: &str = "session";
 
 /// One of the session profile's messages to the model (the build checks they exist).
 fn session_message(key: &str) -> String {
@@ -125,7 +125,7 @@ impl SandboxMcp {
 
     /// A server for one session of the `session` profile: its tools take no sandbox id, and
     /// the session's own sandbox is created on first use.
-    pub(crate) fn with_session(mut self, sandboxes: SessionSandboxes) -> Self {
+    pub fn with_session(mut self, sandboxes: SessionSandboxes) -> Self {
         self.session = Some(Arc::new(SessionSandbox::new(
             self.backend.clone(),
             sandboxes,
@@ -134,7 +134,7 @@ impl SandboxMcp {
     }
 
     /// Ends the session now: kills its sandbox, if it made one.
-    pub(crate) async fn end_session(&self) {
+    pub async fn end_session(&self) {
         if let Some(s) = &self.session {
             s.end().await;
         }

@@ -11,7 +11,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::service::Peer;
 use serde_json::Value;
 
-use crate::mcp::call::{CallFailure, EventStream, event_failure};
+use crate::call::{CallFailure, EventStream, event_failure};
 
 const INTERVAL: Duration = Duration::from_millis(250);
 const BATCH: usize = 4 * 1024;

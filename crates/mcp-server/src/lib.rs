@@ -11,12 +11,12 @@ pub mod call;
 pub mod http;
 pub mod jsonrpc;
 pub mod keys;
-pub(crate) mod local_engine;
 pub(crate) mod progress;
 pub mod server;
-pub(crate) mod session;
+pub mod session;
 pub mod shape;
 pub mod stdio;
+pub mod tooldefs;
 
 /// The generated dispatch from tool name to typed client call (see `sandbox-mcp-codegen`).
 pub mod dispatch {

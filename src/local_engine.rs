@@ -1,47 +1,47 @@
 //! The MCP server's local engine: served from this process, or shared with the process that
 //! already serves the data dir.
 //!
-//! Whoever takes the data dir's lock serves the engine (`engine::local`); every other MCP server
+//! Whoever takes the data dir's lock serves the engine (the engine crate's `local`); every other MCP server
 //! on the same data dir reads the published endpoint and attaches once it answers, so all of them
-//! share one set of sandboxes. Attaching is a client's concern, hence here and not in the engine.
+//! share one set of sandboxes. Attaching is a client's concern, hence not in the engine; building
+//! one takes a driver, hence not in the MCP layer: the binary brings them together.
 
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
 
+use futures::future::BoxFuture;
 use sandbox_mcp_api::ApiKey;
-use sandbox_mcp_engine::local::{self, LocalError, Serving};
+use sandbox_mcp_engine::local::{self, LocalError};
 use sandbox_mcp_model::config::EngineConfig;
+use sandbox_mcp_server::backend::{LocalEngine, LocalEngines};
 
 /// How long to wait for another process's engine to answer before giving up.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// An engine this process serves, or one it attached to.
-pub(crate) struct LocalEngine {
-    url: String,
-    key: ApiKey,
-    serving: Option<Serving>,
+/// The MCP server's local engine for one data dir: what it starts or attaches to.
+pub struct Embedded {
+    config: EngineConfig,
 }
 
-impl LocalEngine {
-    pub(crate) fn url(&self) -> &str {
-        &self.url
+impl Embedded {
+    pub fn new(config: EngineConfig) -> Self {
+        Self { config }
     }
+}
 
-    pub(crate) fn key(&self) -> &ApiKey {
-        &self.key
-    }
-
-    /// Stops the engine if this process serves it (sandboxes are paused, not killed).
-    pub(crate) async fn shutdown(self) {
-        if let Some(serving) = self.serving {
-            serving.shutdown().await;
-        }
+impl LocalEngines for Embedded {
+    fn start_or_attach(&self) -> BoxFuture<'_, Result<LocalEngine, String>> {
+        Box::pin(async move {
+            start_or_attach(&self.config)
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 }
 
 /// Serves the engine here if no other process does for this data dir, else attaches to it.
-pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
+async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
     local::prepare_data_dir(config).map_err(LocalError::file(
         "create the data dir",
         config.data_dir.clone(),
@@ -60,7 +60,7 @@ pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine
                 return Ok(LocalEngine {
                     url: serving.url().to_string(),
                     key: ApiKey::new(serving.local_key()),
-                    serving: Some(serving),
+                    stop: Some(Box::pin(serving.shutdown())),
                 });
             }
             None => {
@@ -71,7 +71,7 @@ pub(crate) async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine
                     return Ok(LocalEngine {
                         url: endpoint.url,
                         key: ApiKey::new(endpoint.key),
-                        serving: None,
+                        stop: None,
                     });
                 }
             }

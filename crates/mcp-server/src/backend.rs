@@ -13,10 +13,35 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use crate::mcp::call::CallFailure;
-use crate::mcp::local_engine::{self, LocalEngine};
+use futures::future::BoxFuture;
+
+use crate::call::CallFailure;
 use sandbox_mcp_api::{ApiKey, Client, connect_as};
-use sandbox_mcp_model::config::EngineConfig;
+
+/// The engine an MCP server uses when it is given no URL: served from this process, or shared
+/// with the process that already serves the data dir. The binary provides it, since it knows how
+/// to build an engine and its drivers; this layer only reaches it over HTTP.
+pub trait LocalEngines: Send + Sync + 'static {
+    /// Serves the engine here if no other process does, else attaches to it; why not, in words
+    /// for the log and the caller.
+    fn start_or_attach(&self) -> BoxFuture<'_, Result<LocalEngine, String>>;
+}
+
+/// An engine this process serves, or one it attached to.
+pub struct LocalEngine {
+    pub url: String,
+    pub key: ApiKey,
+    /// Stops the engine, when this process serves it (sandboxes are paused, not killed).
+    pub stop: Option<BoxFuture<'static, ()>>,
+}
+
+impl LocalEngine {
+    async fn shutdown(self) {
+        if let Some(stop) = self.stop {
+            stop.await;
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Backend {
@@ -25,7 +50,7 @@ pub struct Backend {
 
 enum Mode {
     Remote,
-    Local(Box<EngineConfig>),
+    Local(std::sync::Arc<dyn LocalEngines>),
 }
 
 /// The control plane to talk to; `generation` changes whenever it does.
@@ -90,9 +115,9 @@ impl Backend {
         Ok(Self::with_mode(Mode::Remote, Some(Ok(endpoint))))
     }
 
-    /// The local engine for `config.data_dir`, started or attached to in the background.
-    pub fn local(config: EngineConfig) -> Self {
-        let backend = Self::with_mode(Mode::Local(Box::new(config)), None);
+    /// The local engine `engines` starts or attaches to, in the background.
+    pub fn local(engines: Arc<dyn LocalEngines>) -> Self {
+        let backend = Self::with_mode(Mode::Local(engines), None);
         let starter = backend.clone();
         tokio::spawn(async move {
             starter.resolve_local().await;
@@ -102,7 +127,7 @@ impl Backend {
 
     /// (Re)starts or attaches to the local engine and publishes its endpoint.
     async fn resolve_local(&self) {
-        let Mode::Local(config) = &self.inner.mode else {
+        let Mode::Local(engines) = &self.inner.mode else {
             return;
         };
         let mut slot = self.inner.local.lock().await;
@@ -110,11 +135,11 @@ impl Backend {
             old.shutdown().await;
         }
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1;
-        let outcome = match local_engine::start_or_attach(config).await {
+        let outcome = match engines.start_or_attach().await {
             Ok(engine) => {
                 let endpoint = Endpoint {
-                    url: engine.url().to_string(),
-                    key: Some(engine.key().clone()),
+                    url: engine.url.clone(),
+                    key: Some(engine.key.clone()),
                     generation,
                 };
                 *slot = Some(engine);
