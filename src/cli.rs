@@ -250,7 +250,7 @@ struct EngineSettings {
         env = "SANDBOX_MCP_EGRESS_ALLOW",
         value_name = "CIDR",
         value_delimiter = ',',
-        value_parser = sandbox_mcp_engine::network::parse_egress_allow
+        value_parser = sandbox_mcp_network::parse_egress_allow
     )]
     egress_allow: Vec<String>,
     /// A resolver the engine asks for sandboxes, as IP or IP:PORT; repeat or separate with
@@ -260,12 +260,12 @@ struct EngineSettings {
         env = "SANDBOX_MCP_DNS_UPSTREAM",
         value_name = "IP[:PORT]",
         value_delimiter = ',',
-        value_parser = sandbox_mcp_engine::network::parse_dns_upstream
+        value_parser = sandbox_mcp_network::parse_dns_upstream
     )]
     dns_upstream: Vec<std::net::SocketAddr>,
     /// Outbound connections one sandbox may hold open at once; beyond it, new ones are reset
     /// and logged as blocked.
-    #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = sandbox_mcp_engine::network::DEFAULT_MAX_CONNECTIONS)]
+    #[arg(long, env = "SANDBOX_MCP_MAX_CONNECTIONS", default_value_t = sandbox_mcp_network::DEFAULT_MAX_CONNECTIONS)]
     max_connections: usize,
     /// A CA certificate (PEM file) trusted, beside the system's roots, for hosts whose requests
     /// get a secret swapped in (a private API behind an internal CA); repeat for more.
@@ -298,7 +298,7 @@ struct EngineSettings {
     /// The template sandboxes start from when a request names none (it must exist and be
     /// ready when the engine starts).
     #[arg(long = "default-template", env = "SANDBOX_MCP_DEFAULT_TEMPLATE", value_name = "NAME",
-          value_parser = |s: &str| sandbox_mcp_engine::templates::check_name(s).map(|()| s.to_string()))]
+          value_parser = |s: &str| sandbox_mcp_storage::templates::check_name(s).map(|()| s.to_string()))]
     default_template: Option<String>,
 }
 
@@ -411,7 +411,7 @@ impl KubeArgs {
         };
         let images = pairs(&self.template_image, "--template-image")?;
         for name in images.keys() {
-            sandbox_mcp_engine::templates::check_name(name)
+            sandbox_mcp_storage::templates::check_name(name)
                 .map_err(|e| anyhow::anyhow!("--template-image {name}: {e}"))?;
         }
         if let Some(p) = &self.image_pull_policy
@@ -458,10 +458,10 @@ impl EngineSettings {
             AutoOff::Off => sandbox_mcp_model::config::DiskLimits::Off,
         };
         config.favordynmods = matches!(self.favordynmods, AutoOff::Auto);
-        config.network = sandbox_mcp_engine::network::NetworkConfig {
+        config.network = sandbox_mcp_network::NetworkConfig {
             egress: match self.egress {
-                EgressArg::Open => sandbox_mcp_engine::network::EgressDefault::Open,
-                EgressArg::Closed => sandbox_mcp_engine::network::EgressDefault::Closed,
+                EgressArg::Open => sandbox_mcp_network::EgressDefault::Open,
+                EgressArg::Closed => sandbox_mcp_network::EgressDefault::Closed,
             },
             egress_allow: self.egress_allow.clone(),
             dns_upstream: self.dns_upstream.clone(),
@@ -640,7 +640,7 @@ async fn serve_http(
 async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()> {
     use sandbox_mcp_engine::local;
     let TemplateCommand::Import { name, image } = cmd;
-    sandbox_mcp_engine::templates::check_name(&name).map_err(anyhow::Error::msg)?;
+    sandbox_mcp_storage::templates::check_name(&name).map_err(anyhow::Error::msg)?;
     if !image.exists() {
         anyhow::bail!("{}: no such file or directory", image.display());
     }
@@ -656,13 +656,13 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
                 config.templates_dir(),
                 sandbox_mcp_sys::layers::dir(&config.data_dir),
             );
-            let templates = sandbox_mcp_engine::templates::load(&tdir, &ldir)?;
+            let templates = sandbox_mcp_storage::templates::load(&tdir, &ldir)?;
             // The egress CA the image's trust store gets (made here if no engine ran yet).
-            sandbox_mcp_engine::network::intercept::Interceptor::open(&config.data_dir, &[])?;
+            sandbox_mcp_network::intercept::Interceptor::open(&config.data_dir, &[])?;
             let existing: Vec<_> = templates.iter().collect();
             let file =
                 sandbox_mcp_engine::manager::import(&config, &existing, None, &name, &image)?;
-            sandbox_mcp_engine::templates::save(&tdir, &file)?;
+            sandbox_mcp_storage::templates::save(&tdir, &file)?;
             (file.size_bytes, "ready".to_string())
         }
         None => {
@@ -734,7 +734,7 @@ fn tempfile_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
 
 #[allow(clippy::print_stdout)] // the listing is the command's output
 fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
-    use sandbox_mcp_engine::secrets::{NewSecret, SecretStore, Value};
+    use sandbox_mcp_network::secrets::{NewSecret, SecretStore, Value};
     let config = EngineConfig::new(data.path());
     sandbox_mcp_engine::local::prepare_data_dir(&config)?;
     let store = SecretStore::open(&config.state_db(), &config.data_dir.join("secrets.key"))?;
@@ -749,7 +749,7 @@ fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
             use std::io::Read;
             let mut raw = Vec::new();
             std::io::stdin()
-                .take(sandbox_mcp_engine::secrets::MAX_VALUE as u64 + 2)
+                .take(sandbox_mcp_network::secrets::MAX_VALUE as u64 + 2)
                 .read_to_end(&mut raw)?;
             // One trailing newline is what `echo` and `printenv` add, not part of the value.
             if raw.ends_with(b"\n") {

@@ -8,16 +8,9 @@
 //! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
 
 pub mod api;
-pub(crate) mod diff;
 pub mod error;
 pub mod local;
 pub mod manager;
-pub mod network;
-pub(crate) mod oci;
-pub(crate) mod policy;
 pub mod preview;
-pub(crate) mod proxy;
-pub mod secrets;
 pub mod server;
 pub mod state;
-pub mod templates;

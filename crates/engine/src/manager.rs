@@ -16,20 +16,20 @@ use std::time::Duration;
 use futures::Stream;
 
 use crate::error::EngineError;
-use crate::network::log as netlog;
-use crate::network::{EgressDefault, Hub, SandboxNet};
 use crate::state::{NetworkRules, Record, Status, Store};
-use crate::templates::Template;
 pub use import::import;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_model::driver::{
     AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage,
 };
 use sandbox_mcp_model::ids;
+use sandbox_mcp_network::log as netlog;
+use sandbox_mcp_network::{EgressDefault, Hub, SandboxNet};
 use sandbox_mcp_protocol::{
     AgentError, Call, ExecOutcome, ExecSpec, Frame, JobInfo, KillAll, ListJobs, Output, Ping,
     read_frame_limited, write_frame,
 };
+use sandbox_mcp_storage::templates::Template;
 pub(crate) use templates::{ShapeRequest, Step, TemplateRequest};
 
 mod desktop;
@@ -241,7 +241,7 @@ pub struct Manager {
     create_lock: tokio::sync::Mutex<()>,
     hub: Arc<Hub>,
     /// Secrets, sealed at rest, for the egress path to swap in.
-    secrets: Arc<crate::secrets::SecretStore>,
+    secrets: Arc<sandbox_mcp_network::secrets::SecretStore>,
     /// Cancelled when the engine stops: builds and pool refills end with it.
     stopping: tokio_util::sync::CancellationToken,
     /// This manager, for background work started from `&self` (warm pools).
@@ -284,16 +284,23 @@ impl Manager {
             Some(images) => images
                 .into_iter()
                 .map(|(name, image)| {
-                    crate::templates::image_template(&templates_dir, &layers_dir, &name, &image)
+                    sandbox_mcp_storage::templates::image_template(
+                        &templates_dir,
+                        &layers_dir,
+                        &name,
+                        &image,
+                    )
                 })
                 .collect(),
-            None => blocking(move || crate::templates::load(&templates_dir, &layers_dir))
-                .await?
-                .map_err(EngineError::Templates)?,
+            None => {
+                blocking(move || sandbox_mcp_storage::templates::load(&templates_dir, &layers_dir))
+                    .await?
+                    .map_err(EngineError::Templates)?
+            }
         };
         if let Some(name) = &config.default_template {
             match templates.iter().find(|t| &t.name == name) {
-                Some(t) if t.status() == crate::templates::TemplateStatus::Ready => {}
+                Some(t) if t.status() == sandbox_mcp_storage::templates::TemplateStatus::Ready => {}
                 Some(_) => {
                     return Err(EngineError::InvalidArgument(format!(
                         "the default template {name} is not ready (it failed to build); pick another with --default-template"
@@ -316,7 +323,7 @@ impl Manager {
         let log = blocking(move || netlog::NetLog::open(&db, Some(&legacy))).await??;
         let (db, key) = (config.state_db(), config.data_dir.join("secrets.key"));
         let secrets = Arc::new(
-            blocking(move || crate::secrets::SecretStore::open(&db, &key))
+            blocking(move || sandbox_mcp_network::secrets::SecretStore::open(&db, &key))
                 .await?
                 .map_err(|e| EngineError::Unavailable {
                     what: "the secrets store cannot be opened",
@@ -325,14 +332,14 @@ impl Manager {
         );
         let (dir, extra) = (config.data_dir.clone(), config.network.egress_ca.clone());
         let interceptor =
-            blocking(move || crate::network::intercept::Interceptor::open(&dir, &extra))
+            blocking(move || sandbox_mcp_network::intercept::Interceptor::open(&dir, &extra))
                 .await?
                 .map_err(|e| EngineError::Unavailable {
                     what: "the egress CA cannot be set up",
                     source: e.into(),
                 })?;
         if driver.image_templates().is_none() {
-            crate::templates::trust(&config.templates_dir(), interceptor.ca_pem())
+            sandbox_mcp_storage::templates::trust(&config.templates_dir(), interceptor.ca_pem())
                 .map_err(EngineError::Templates)?;
         }
         // The engine's own budgets: every descriptor the hard limit allows (a share of them for
@@ -480,7 +487,10 @@ impl Manager {
 
     /// The policy of egress rules a caller gave. Rules are refused on a driver whose sandboxes
     /// reach a network the engine does not filter: they could not be honoured.
-    fn rules(&self, rules: &NetworkRules) -> Result<crate::policy::Policy, EngineError> {
+    fn rules(
+        &self,
+        rules: &NetworkRules,
+    ) -> Result<sandbox_mcp_network::policy::Policy, EngineError> {
         if self.driver.network_unfiltered()
             && !(rules.allow_out.is_empty() && rules.deny_out.is_empty())
         {
@@ -700,7 +710,7 @@ impl Manager {
                 .env
                 .iter()
                 .cloned()
-                .chain(crate::network::intercept::trust_env())
+                .chain(sandbox_mcp_network::intercept::trust_env())
                 .chain(record.env.iter().cloned())
                 .collect(),
             workdir: template.file.workdir.clone(),

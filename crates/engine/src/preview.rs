@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::chain;
 use crate::manager::{Manager, PreviewError, TOKEN_PARAM};
-use crate::proxy::{page, strip_hop_by_hop};
 use sandbox_mcp_model::config::PreviewConfig;
 use sandbox_mcp_model::ids;
+use sandbox_mcp_network::proxy::{page, strip_hop_by_hop};
 
 /// The header non-browser clients send the token in.
 pub(crate) const TOKEN_HEADER: &str = "x-preview-token";

@@ -5,22 +5,22 @@
 
 use std::collections::BTreeMap;
 
-use crate::diff;
 use crate::error::EngineError;
 use crate::manager::{
     Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
     ShapeRequest,
 };
-use crate::network::EgressDefault;
 use crate::state::{NetworkRules, Snapshot, Status};
-use crate::templates::{BuildFailure, Template, TemplateStatus};
 use sandbox_mcp_api::types;
 use sandbox_mcp_model::driver::CloneMethod;
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
+use sandbox_mcp_network::EgressDefault;
 use sandbox_mcp_protocol::{
     CodeOutcome, ContextInfo, DirEntry, FileKind, JobInfo, JobState, Language, Zip,
 };
+use sandbox_mcp_storage::diff;
+use sandbox_mcp_storage::templates::{BuildFailure, Template, TemplateStatus};
 
 /// A value the engine made that the API's own types refuse: a bug, not the caller's fault.
 pub(super) fn internal(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> EngineError {
@@ -259,7 +259,7 @@ impl TryApi<types::Sandbox> for &SandboxView {
             id: api_sandbox_id(&r.id)?,
             name: r.name.clone(),
             status: r.status.api(),
-            template: crate::templates::name_of_key(&r.template).to_string(),
+            template: sandbox_mcp_storage::templates::name_of_key(&r.template).to_string(),
             shape: (&r.shape).api(),
             metadata: types::Metadata(metadata),
             env_var_names: r.env.iter().map(|(k, _)| k.clone()).collect(),

@@ -7,8 +7,8 @@ use super::convert::TryApi;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
 use super::sandboxes::sandbox;
 use crate::error::EngineError;
-use crate::secrets::NewSecret;
 use sandbox_mcp_api::types;
+use sandbox_mcp_network::secrets::NewSecret;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 

@@ -13,8 +13,8 @@ use super::convert::{Api, TryApi};
 use super::request::{ApiJson, AppState, Tenant, check_env};
 use crate::error::EngineError;
 use crate::manager::{Step, TemplateRequest};
-use crate::templates::{Template, check_name};
 use sandbox_mcp_api::types;
+use sandbox_mcp_storage::templates::{Template, check_name};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use super::{CreateRequest, Manager, SandboxView, lock};
 use crate::error::EngineError;
-use crate::templates::DESKTOP;
 use sandbox_mcp_protocol::keys;
 use sandbox_mcp_protocol::{Input, InputAction, Screen, Screenshot, Shot, StartDesktop};
+use sandbox_mcp_storage::templates::DESKTOP;
 
 /// The display every desktop uses (`DISPLAY`, set for every command): the agent's.
 pub(crate) use sandbox_mcp_protocol::DISPLAY;

@@ -1,4 +1,4 @@
-//! Importing an OCI image as a template: the archive is unpacked by [`crate::oci`] into
+//! Importing an OCI image as a template: the archive is unpacked by [`sandbox_mcp_storage::oci`] into
 //! a scratch directory, each layer is moved into the layer store, and a small top layer gives
 //! the image what every sandbox needs from the engine (its resolver, its host name, the egress
 //! CA in the trust store). The template is written last, so a failed import leaves nothing.
@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use super::{Manager, blocking};
 use crate::error::EngineError;
-use crate::oci;
-use crate::templates::{self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus};
 use sandbox_mcp_model::config::EngineConfig;
+use sandbox_mcp_storage::oci;
+use sandbox_mcp_storage::templates::{
+    self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
+};
 use sandbox_mcp_sys::layers;
 use sandbox_mcp_sys::stack;
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use super::{CreateRequest, Manager, SandboxView, blocking, lock};
 use crate::error::EngineError;
-use crate::templates::{Template, TemplateStatus};
 use sandbox_mcp_model::ids;
+use sandbox_mcp_storage::templates::{Template, TemplateStatus};
 
 /// How long after a handover its replacement starts.
 const REFILL_DELAY: Duration = Duration::from_millis(200);

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::{Entry, Manager, SandboxView, blocking, lock};
 use crate::error::EngineError;
-use crate::network::Bindings;
-use crate::secrets::{self, NewSecret, SecretError, SecretMeta};
 use crate::state::Binding;
+use sandbox_mcp_network::Bindings;
+use sandbox_mcp_network::secrets::{self, NewSecret, SecretError, SecretMeta};
 
 /// Most secrets bound to one sandbox.
 pub(crate) const MAX_BINDINGS: usize = 32;

@@ -14,12 +14,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Entry, Manager, Runtime, blocking, exchange, lock};
-use crate::diff::{self, Diff};
 use crate::error::EngineError;
 use crate::state::{Record, Snapshot, Status};
 use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsLayers, FsRef};
 use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::{JobState, ListContexts, WriteFile};
+use sandbox_mcp_storage::diff::{self, Diff};
 
 /// Most snapshots one sandbox keeps.
 pub(crate) const MAX_SNAPSHOTS: usize = 16;

@@ -17,12 +17,12 @@ use serde::Serialize;
 use super::{CreateRequest, Manager, Runtime, blocking, lock};
 use crate::error::EngineError;
 use crate::state::NetworkRules;
-use crate::templates::{
-    self, BASE, BuildFailure, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
-};
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::ExecSpec;
+use sandbox_mcp_storage::templates::{
+    self, BASE, BuildFailure, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
+};
 use sandbox_mcp_sys::layers;
 
 /// The tenant of build sandboxes: no API key can name it (tenant names are checked), and

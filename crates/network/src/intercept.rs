@@ -41,7 +41,7 @@ use tokio::net::TcpStream;
 
 pub use ca::{Interceptor, trust_env};
 use reflect::{Guarded, Reflections};
-pub(crate) use swap::{Scanner, standins_in};
+pub use swap::{Scanner, standins_in};
 use swap::{Swap, swap};
 
 use super::log::{Row, row};
@@ -168,7 +168,7 @@ fn refused(status: StatusCode, text: &str) -> Response<Body> {
 
 /// Carries one decrypted connection: the client's TLS ends here, the upstream's starts here.
 /// Returns when both are done; every request is logged on its own.
-pub(crate) async fn serve(
+pub async fn serve(
     hub: Arc<Hub>,
     net: Arc<SandboxNet>,
     client: TcpStream,

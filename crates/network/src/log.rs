@@ -28,23 +28,23 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sandbox_mcp_sys::now_ms;
 
 /// Rows kept per sandbox; older ones are dropped.
-pub(crate) const MAX_ROWS: i64 = 1000;
+pub const MAX_ROWS: i64 = 1000;
 /// Repeats closer together than this are one row.
 const AGGREGATE_WINDOW_MS: i64 = 60_000;
 /// How long rows wait before they are written, unless a read asks for them.
 const BATCH_DELAY: Duration = Duration::from_millis(250);
 /// Most rows returned by one read.
-pub(crate) const MAX_LIMIT: usize = 200;
+pub const MAX_LIMIT: usize = 200;
 /// Rows a sandbox may log a second, sustained …
-pub(crate) const ROWS_PER_SECOND: f64 = 100.0;
+pub const ROWS_PER_SECOND: f64 = 100.0;
 /// … and at once.
-pub(crate) const BURST: f64 = 1000.0;
+pub const BURST: f64 = 1000.0;
 /// The rule of a row that counts what a sandbox's flood left out of the log.
-pub(crate) const FLOOD_RULE: &str = "left out of the log: this sandbox made more than 100 entries a second (a flood); count says how many";
+pub const FLOOD_RULE: &str = "left out of the log: this sandbox made more than 100 entries a second (a flood); count says how many";
 
 /// One connection or query.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Row {
+pub struct Row {
     /// When it started (ms since the epoch); for folded rows, the first.
     pub at: i64,
     /// When the last folded repeat started.
@@ -65,14 +65,14 @@ pub(crate) struct Row {
 
 /// A stored row, as read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Stored {
+pub struct Stored {
     pub id: i64,
     pub row: Row,
 }
 
 /// What to read.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Query {
+pub struct Query {
     pub verdict: Option<String>,
     /// Only rows whose last repeat is at or after this (ms since the epoch).
     pub since: Option<i64>,
@@ -94,7 +94,7 @@ enum Msg {
 
 /// The writer's handle. Cheap to clone; the thread stops when every handle is gone.
 #[derive(Clone)]
-pub(crate) struct NetLog {
+pub struct NetLog {
     tx: mpsc::Sender<Msg>,
     rates: std::sync::Arc<std::sync::Mutex<HashMap<String, Bucket>>>,
     /// Rows a second, and at once, per sandbox.
@@ -171,7 +171,7 @@ impl NetLog {
     /// Opens (and creates) the log in the database at `path` and starts its writer. Rows an
     /// older engine kept in the state database `legacy` (a table of the same name) move here
     /// the first time.
-    pub(crate) fn open(path: &Path, legacy: Option<&Path>) -> rusqlite::Result<NetLog> {
+    pub fn open(path: &Path, legacy: Option<&Path>) -> rusqlite::Result<NetLog> {
         let conn = Connection::open(path)?;
         // Host names a sandbox reached are its owner's business only.
         let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
@@ -202,7 +202,7 @@ impl NetLog {
     }
 
     /// Logs a row, unless the sandbox is over its rate: then it is only counted.
-    pub(crate) fn record(&self, sandbox: &str, row: Row) {
+    pub fn record(&self, sandbox: &str, row: Row) {
         let summaries = {
             let mut rates = sandbox_mcp_sys::lock(&self.rates);
             let bucket = rates
@@ -222,7 +222,7 @@ impl NetLog {
 
     /// Counts `n` events of the sandbox that were dropped before they could be logged (DNS
     /// queries over its rate): they show in the log's flood row.
-    pub(crate) fn dropped(&self, sandbox: &str, protocol: &'static str, n: u64) {
+    pub fn dropped(&self, sandbox: &str, protocol: &'static str, n: u64) {
         let mut rates = sandbox_mcp_sys::lock(&self.rates);
         let bucket = rates
             .entry(sandbox.to_string())
@@ -232,7 +232,7 @@ impl NetLog {
 
     /// Rows of one sandbox, newest first, after everything recorded so far is written (what
     /// a flood left out included, as its count).
-    pub(crate) async fn read(&self, sandbox: &str, query: Query) -> rusqlite::Result<Vec<Stored>> {
+    pub async fn read(&self, sandbox: &str, query: Query) -> rusqlite::Result<Vec<Stored>> {
         let summaries = sandbox_mcp_sys::lock(&self.rates)
             .get_mut(sandbox)
             .map(Bucket::summaries)
@@ -248,14 +248,14 @@ impl NetLog {
     }
 
     /// Drops a killed sandbox's rows.
-    pub(crate) fn forget(&self, sandbox: &str) {
+    pub fn forget(&self, sandbox: &str) {
         sandbox_mcp_sys::lock(&self.rates).remove(sandbox);
         let _ = self.tx.send(Msg::Forget(sandbox.to_string()));
     }
 
     /// Drops the rows of every sandbox but `live` (those forgotten while the engine was not
     /// running to see it, or in a crash between a kill and its log's deletion).
-    pub(crate) fn retain(&self, live: Vec<String>) {
+    pub fn retain(&self, live: Vec<String>) {
         let _ = self.tx.send(Msg::Retain(live));
     }
 }
@@ -519,7 +519,7 @@ fn intern(s: &str, known: &[&'static str]) -> &'static str {
 }
 
 /// A log row for a connection that carried nothing (yet).
-pub(crate) fn row(
+pub fn row(
     host: Option<String>,
     dst: Option<SocketAddr>,
     protocol: &'static str,

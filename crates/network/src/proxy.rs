@@ -9,7 +9,7 @@ use axum::http::{Response, StatusCode};
 
 /// Headers that describe one hop, not the message (RFC 9110 §7.6.1), plus those the
 /// `Connection` header names. An upgrade keeps `Connection` and `Upgrade`.
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -39,7 +39,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
 }
 
 /// A short plain-text page: what happened and what to do.
-pub(crate) fn page(status: StatusCode, text: impl Into<String>) -> Response<Body> {
+pub fn page(status: StatusCode, text: impl Into<String>) -> Response<Body> {
     let mut text = text.into();
     text.push('\n');
     let mut r = Response::new(Body::from(text));

@@ -1,5 +1,6 @@
 //! Sandbox networking on the engine's side: the egress policy, the resolver, the relay every
-//! outbound TCP connection goes through, and the network log.
+//! outbound TCP connection goes through, the network log, and brokered secrets (their store,
+//! and the interception that swaps them in).
 //!
 //! A sandbox's network namespace (set up by the launcher: `linux::netns`) steers its DNS queries
 //! and TCP connections to two sockets the engine creates *inside* that namespace
@@ -7,11 +8,14 @@
 //! (read per connection, so a changed policy applies to the next connection at once), and
 //! relays allowed connections from its own namespace. Nothing else leaves a sandbox.
 
-pub(crate) mod dns;
+pub mod dns;
 pub mod intercept;
-pub(crate) mod log;
-pub(crate) mod relay;
-pub(crate) mod sniff;
+pub mod log;
+pub mod policy;
+pub mod proxy;
+pub mod relay;
+pub mod secrets;
+pub mod sniff;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -28,16 +32,16 @@ use sandbox_mcp_sys::budget::Descriptors;
 
 /// Connections one sandbox may hold open through the relay at once, unless configured.
 /// How long an outbound connect may take.
-pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Names remembered per sandbox (address → the name it was resolved for).
 const MAX_NAMES: usize = 4096;
 /// Large copy buffers one sandbox's connections may hold at once (each 256 KiB, one per
 /// direction that keeps a small buffer full): its fast transfers, 4 MiB of the engine at most.
-pub(crate) const FAST_LANES: usize = 16;
+pub const FAST_LANES: usize = 16;
 /// Connections of one sandbox decrypted at once (to a bound secret's host): each holds TLS and
 /// HTTP state on both sides, so they are fewer than plain ones.
-pub(crate) const MAX_DECRYPTED: usize = 32;
+pub const MAX_DECRYPTED: usize = 32;
 
 /// Parses an `--egress-allow` value, or says how to write it.
 pub fn parse_egress_allow(s: &str) -> Result<String, String> {
@@ -58,18 +62,18 @@ pub fn parse_dns_upstream(s: &str) -> Result<SocketAddr, String> {
 
 /// A sandbox's secret bindings, as the egress path needs them.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Bindings {
+pub struct Bindings {
     /// Whose secrets these are.
-    pub(crate) tenant: Option<String>,
+    pub tenant: Option<String>,
     /// Stand-in → (environment variable, secret name).
-    pub(crate) by_standin: HashMap<String, (String, String)>,
+    pub by_standin: HashMap<String, (String, String)>,
     /// Secret name → its hosts when it was bound (for a secret deleted since).
-    pub(crate) hosts_when_bound: HashMap<String, Vec<String>>,
+    pub hosts_when_bound: HashMap<String, Vec<String>>,
 }
 
 impl Bindings {
     /// How the log and refusals name a stand-in: its variable and secret.
-    pub(crate) fn describe(&self, standin: &str) -> String {
+    pub fn describe(&self, standin: &str) -> String {
         match self.by_standin.get(standin) {
             Some((env, secret)) => format!("{env} (secret {secret})"),
             None => "a stand-in not bound in this sandbox".into(),
@@ -78,7 +82,7 @@ impl Bindings {
 }
 
 /// What the engine shares between every sandbox's network.
-pub(crate) struct Hub {
+pub struct Hub {
     config: NetworkConfig,
     guard: Guard,
     upstreams: Vec<SocketAddr>,
@@ -91,7 +95,7 @@ pub(crate) struct Hub {
 }
 
 impl Hub {
-    pub(crate) fn new(
+    pub fn new(
         config: NetworkConfig,
         log: log::NetLog,
         secrets: Arc<crate::secrets::SecretStore>,
@@ -123,50 +127,46 @@ impl Hub {
     }
 
     /// The engine's descriptors that sandbox traffic may use.
-    pub(crate) fn fds(&self) -> &Arc<Descriptors> {
+    pub fn fds(&self) -> &Arc<Descriptors> {
         &self.fds
     }
 
     /// The relayed connections one sandbox may hold at once: `--max-connections`, or less when
     /// the engine's descriptors are fewer.
-    pub(crate) fn max_connections(&self) -> usize {
+    pub fn max_connections(&self) -> usize {
         self.config
             .max_connections
             .min(self.fds.connections_per_sandbox())
     }
 
-    pub(crate) fn config(&self) -> &NetworkConfig {
+    pub fn config(&self) -> &NetworkConfig {
         &self.config
     }
 
-    pub(crate) fn log(&self) -> &log::NetLog {
+    pub fn log(&self) -> &log::NetLog {
         &self.log
     }
 
-    pub(crate) fn secrets(&self) -> &crate::secrets::SecretStore {
+    pub fn secrets(&self) -> &crate::secrets::SecretStore {
         &self.secrets
     }
 
-    pub(crate) fn interceptor(&self) -> Option<&Arc<intercept::Interceptor>> {
+    pub fn interceptor(&self) -> Option<&Arc<intercept::Interceptor>> {
         self.interceptor.as_ref()
     }
 
     /// Parses a sandbox's rules under this engine's default.
-    pub(crate) fn policy(
-        &self,
-        allow_out: &[String],
-        deny_out: &[String],
-    ) -> Result<Policy, String> {
+    pub fn policy(&self, allow_out: &[String], deny_out: &[String]) -> Result<Policy, String> {
         Policy::parse(allow_out, deny_out, self.config.egress)
     }
 
     /// A policy with no rules: the engine's default alone.
-    pub(crate) fn default_policy(&self) -> Policy {
+    pub fn default_policy(&self) -> Policy {
         Policy::none(self.config.egress)
     }
 
     /// Serves a sandbox's egress sockets until `net` is stopped or re-attached.
-    pub(crate) fn attach(
+    pub fn attach(
         self: &Arc<Self>,
         net: &Arc<SandboxNet>,
         sockets: EgressSockets,
@@ -193,15 +193,15 @@ impl Hub {
 }
 
 /// One sandbox's network: its policy, the names it resolved, its open connections.
-pub(crate) struct SandboxNet {
-    pub(crate) id: String,
+pub struct SandboxNet {
+    pub id: String,
     policy: RwLock<Arc<Policy>>,
     names: Mutex<HashMap<Ipv4Addr, String>>,
-    pub(crate) connections: AtomicUsize,
+    pub connections: AtomicUsize,
     /// Large copy buffers its connections may take (see [`FAST_LANES`]).
-    pub(crate) fast_lanes: Arc<tokio::sync::Semaphore>,
+    pub fast_lanes: Arc<tokio::sync::Semaphore>,
     /// Decrypted connections it may hold (see [`MAX_DECRYPTED`]).
-    pub(crate) decrypted: Arc<tokio::sync::Semaphore>,
+    pub decrypted: Arc<tokio::sync::Semaphore>,
     /// The sandbox's network namespace, once attached.
     netns: Mutex<Option<Arc<std::fs::File>>>,
     /// Its secret bindings (read per connection, so an attach or detach applies at once).
@@ -214,7 +214,7 @@ pub(crate) struct SandboxNet {
 }
 
 impl SandboxNet {
-    pub(crate) fn new(id: &str, policy: Policy) -> Arc<SandboxNet> {
+    pub fn new(id: &str, policy: Policy) -> Arc<SandboxNet> {
         let stop = CancellationToken::new();
         Arc::new(SandboxNet {
             id: id.to_string(),
@@ -231,26 +231,26 @@ impl SandboxNet {
         })
     }
 
-    pub(crate) fn policy(&self) -> Arc<Policy> {
+    pub fn policy(&self) -> Arc<Policy> {
         self.policy
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
-    pub(crate) fn bindings(&self) -> Arc<Bindings> {
+    pub fn bindings(&self) -> Arc<Bindings> {
         self.bindings
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
 
-    pub(crate) fn set_bindings(&self, bindings: Bindings) {
+    pub fn set_bindings(&self, bindings: Bindings) {
         *self.bindings.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(bindings);
     }
 
     /// Applies to every connection and query from now on.
-    pub(crate) fn set_policy(&self, policy: Policy) {
+    pub fn set_policy(&self, policy: Policy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
     }
 
@@ -271,25 +271,25 @@ impl SandboxNet {
         }
     }
 
-    pub(crate) fn set_loopback_only(&self) {
+    pub fn set_loopback_only(&self) {
         self.loopback_only
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
-    pub(crate) fn is_loopback_only(&self) -> bool {
+    pub fn is_loopback_only(&self) -> bool {
         self.loopback_only
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether the engine can enter the sandbox's namespace (as root, once attached).
-    pub(crate) fn can_enter(&self) -> bool {
+    pub fn can_enter(&self) -> bool {
         lock(&self.netns).is_some()
     }
 
     /// Connects to `127.0.0.1:port` inside the sandbox (a preview's way in). The socket is
     /// created in the sandbox's namespace on a thread of its own, thrown away afterwards: entering
     /// a namespace changes the calling thread for good, and no pooled thread may stay in it.
-    pub(crate) async fn connect_inside(&self, port: u16) -> std::io::Result<tokio::net::TcpStream> {
+    pub async fn connect_inside(&self, port: u16) -> std::io::Result<tokio::net::TcpStream> {
         let ns = lock(&self.netns).clone().ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::Unsupported,
@@ -315,12 +315,12 @@ impl SandboxNet {
     }
 
     /// Cancelled when the sandbox is gone.
-    pub(crate) fn closed(&self) -> &CancellationToken {
+    pub fn closed(&self) -> &CancellationToken {
         &self.stop
     }
 
     /// Stops serving (the sandbox is gone).
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.stop.cancel();
     }
 }

@@ -22,13 +22,13 @@ use sandbox_mcp_model::ids;
 /// Largest value accepted (API keys and tokens are far smaller; a header must stay small).
 pub const MAX_VALUE: usize = 8 * 1024;
 /// Most hosts per secret.
-pub(crate) const MAX_HOSTS: usize = 32;
+pub const MAX_HOSTS: usize = 32;
 /// What a stand-in starts with (it must never look like anything but itself).
-pub(crate) const STANDIN_PREFIX: &str = "sbxsecret_";
+pub const STANDIN_PREFIX: &str = "sbxsecret_";
 /// The header a value goes in when its operator names none: where API keys and tokens go.
-pub(crate) const DEFAULT_HEADER: &str = "Authorization";
+pub const DEFAULT_HEADER: &str = "Authorization";
 /// Most headers per secret.
-pub(crate) const MAX_HEADERS: usize = 4;
+pub const MAX_HEADERS: usize = 4;
 /// Headers no value may go in: ones servers echo back or route requests by, and ones that
 /// describe the request rather than authenticate it. A value there would come back to the
 /// sandbox (an `Origin` mirrored in CORS headers, a `Referer` on an error page) or go where the
@@ -89,18 +89,18 @@ pub struct SecretMeta {
 
 impl SecretMeta {
     /// Whether the value may go to `host`.
-    pub(crate) fn allows(&self, host: &str) -> bool {
+    pub fn allows(&self, host: &str) -> bool {
         host_matches(&self.hosts, host)
     }
 
     /// Whether the value may go in the request header `name`.
-    pub(crate) fn allows_header(&self, name: &str) -> bool {
+    pub fn allows_header(&self, name: &str) -> bool {
         self.headers.iter().any(|h| h.eq_ignore_ascii_case(name))
     }
 }
 
 /// Whether `host` is one of the patterns `hosts`.
-pub(crate) fn host_matches(hosts: &[String], host: &str) -> bool {
+pub fn host_matches(hosts: &[String], host: &str) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     hosts
         .iter()
@@ -204,7 +204,7 @@ impl std::fmt::Debug for SecretStore {
 }
 
 /// Checks a secret's name: what `secrets set` and bindings call it.
-pub(crate) fn check_name(name: &str) -> Result<(), SecretError> {
+pub fn check_name(name: &str) -> Result<(), SecretError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -377,7 +377,7 @@ impl SecretStore {
         })?)
     }
 
-    pub(crate) fn meta(
+    pub fn meta(
         &self,
         tenant: Option<&str>,
         name: &str,
@@ -404,7 +404,7 @@ impl SecretStore {
 
     /// The secret's description and decrypted value, read at the moment of use (so a rotation
     /// applies to the next request).
-    pub(crate) fn open_value(
+    pub fn open_value(
         &self,
         tenant: Option<&str>,
         name: &str,
@@ -498,7 +498,7 @@ fn load_or_create_key(path: &Path) -> Result<LessSafeKey, SecretError> {
 }
 
 /// A new stand-in: what a sandbox sees in place of a secret.
-pub(crate) fn standin() -> String {
+pub fn standin() -> String {
     format!("{STANDIN_PREFIX}{}", ids::preview_token())
 }
 

@@ -40,7 +40,7 @@ const DNS_PER_SECOND: f64 = 500.0;
 /// … and at once.
 const DNS_BURST: f64 = 1000.0;
 
-pub(crate) fn listeners(
+pub fn listeners(
     tcp: std::net::TcpListener,
     dns: std::net::UdpSocket,
 ) -> std::io::Result<(TcpListener, UdpSocket)> {
@@ -59,7 +59,7 @@ impl Drop for Slot {
     }
 }
 
-pub(crate) async fn serve_tcp(
+pub async fn serve_tcp(
     hub: Arc<Hub>,
     net: Arc<SandboxNet>,
     listener: TcpListener,
@@ -497,7 +497,7 @@ fn forbidden_page(host: Option<&str>, dst: SocketAddrV4, rule: &str) -> Vec<u8> 
     .into_bytes()
 }
 
-pub(crate) async fn serve_dns(
+pub async fn serve_dns(
     hub: Arc<Hub>,
     net: Arc<SandboxNet>,
     sock: UdpSocket,

@@ -46,7 +46,7 @@ const NOBODY: u32 = 65534;
 
 /// One overlay mount as found on the host.
 #[derive(Debug, Clone)]
-pub(crate) struct Mount {
+pub struct Mount {
     /// Mount target inside the sandbox: "/" or "/usr" …
     pub target: String,
     /// The upper directory (may not exist: nothing written yet).
@@ -56,7 +56,7 @@ pub(crate) struct Mount {
 }
 
 #[derive(Debug, Clone)]
-pub(crate) struct Side {
+pub struct Side {
     pub mounts: Vec<Mount>,
     /// Host id base of the uppers' owners (see above); None: ids as they are.
     pub id_base: Option<u32>,
@@ -64,7 +64,7 @@ pub(crate) struct Side {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum Change {
+pub enum Change {
     Added,
     Removed,
     Modified,
@@ -72,7 +72,7 @@ pub(crate) enum Change {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum Kind {
+pub enum Kind {
     File,
     Dir,
     Symlink,
@@ -80,7 +80,7 @@ pub(crate) enum Kind {
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
-pub(crate) struct Entry {
+pub struct Entry {
     /// Absolute path as the sandbox sees it. Bytes that are not UTF-8 and control characters are
     /// written as `\xNN` escapes, and a backslash as `\\`, so every name is printable and two
     /// different names never look the same.
@@ -96,7 +96,7 @@ pub(crate) struct Entry {
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub(crate) struct Diff {
+pub struct Diff {
     pub added: u64,
     pub removed: u64,
     pub modified: u64,
@@ -110,14 +110,14 @@ pub(crate) struct Diff {
 #[error(
     "{path} is nested too deep to compare (paths over {MAX_PATH} bytes); delete or move that tree in the sandbox first"
 )]
-pub(crate) struct TooDeep {
+pub struct TooDeep {
     path: String,
 }
 
 /// A directory or file of a sandbox that could not be read, named as the sandbox sees it.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot compare {path}: {source}")]
-pub(crate) struct Unreadable {
+pub struct Unreadable {
     path: String,
     #[source]
     source: io::Error,
@@ -125,7 +125,7 @@ pub(crate) struct Unreadable {
 
 /// What changed from `a` to `b` under `under` (an absolute path inside the sandbox; "/" for all).
 /// Fails with ErrorKind::InvalidInput for an `under` that is not absolute or contains `..`.
-pub(crate) fn diff(a: &Side, b: &Side, under: &str, max_entries: usize) -> io::Result<Diff> {
+pub fn diff(a: &Side, b: &Side, under: &str, max_entries: usize) -> io::Result<Diff> {
     let under = components(under).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -12,7 +12,7 @@ use crate::secrets::STANDIN_PREFIX;
 const STANDIN_TOKEN: usize = 32;
 
 /// Every stand-in in `text`: the prefix and the token after it.
-pub(crate) fn standins_in(text: &[u8]) -> Vec<String> {
+pub fn standins_in(text: &[u8]) -> Vec<String> {
     let prefix = STANDIN_PREFIX.as_bytes();
     let mut found = Vec::new();
     let mut from = 0;
@@ -33,7 +33,7 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// where it is, and only the few bytes around the joint with the previous one are put together
 /// (so a stand-in split across reads is still seen).
 #[derive(Default)]
-pub(crate) struct Scanner {
+pub struct Scanner {
     /// The last `prefix - 1` bytes seen.
     tail: Vec<u8>,
 }
@@ -41,7 +41,7 @@ pub(crate) struct Scanner {
 impl Scanner {
     /// The first stand-in (or its beginning) in `chunk` or across its joint with the previous
     /// chunk.
-    pub(crate) fn scan(&mut self, chunk: &[u8]) -> Option<String> {
+    pub fn scan(&mut self, chunk: &[u8]) -> Option<String> {
         let keep = STANDIN_PREFIX.len() - 1;
         let mut joint = std::mem::take(&mut self.tail);
         joint.extend_from_slice(&chunk[..chunk.len().min(keep + STANDIN_TOKEN)]);

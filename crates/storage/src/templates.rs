@@ -28,16 +28,16 @@ use serde::{Deserialize, Serialize};
 
 use sandbox_mcp_model::driver::{MountLayers, Shape, TemplateLayout};
 
-pub(crate) const BASE: &str = sandbox_mcp_model::BASE_TEMPLATE;
+pub const BASE: &str = sandbox_mcp_model::BASE_TEMPLATE;
 const BASE_VERSION: u32 = 1;
 /// The built-in template of desktop sandboxes (computer use): the files of `base` (every template
 /// but an imported image is layered on base's root), with a desktop-sized shape. Built when the
 /// host has Xvfb.
-pub(crate) const DESKTOP: &str = sandbox_mcp_model::DESKTOP_TEMPLATE;
+pub const DESKTOP: &str = sandbox_mcp_model::DESKTOP_TEMPLATE;
 const DESKTOP_VERSION: u32 = 1;
 
 /// Whether `name` is a template the engine builds itself (and which cannot be replaced or deleted).
-pub(crate) fn is_builtin(name: &str) -> bool {
+pub fn is_builtin(name: &str) -> bool {
     name == BASE || name == DESKTOP
 }
 
@@ -83,7 +83,7 @@ fn host_has_xvfb() -> bool {
 /// Largest file copied from the host's /etc.
 const MAX_ETC_FILE: u64 = 1 << 20;
 /// Most layers a template may stack (overlayfs allows 500; the mount options must fit a page).
-pub(crate) const MAX_LAYERS: usize = 64;
+pub const MAX_LAYERS: usize = 64;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
 #[serde(rename_all = "lowercase")]
@@ -136,7 +136,7 @@ impl TemplateFile {
 
 impl BuildFailure {
     /// A failure of step `step` (`step_text` as given) with no output to show.
-    pub(crate) fn new(step: usize, step_text: &str, message: String) -> Self {
+    pub fn new(step: usize, step_text: &str, message: String) -> Self {
         BuildFailure {
             step,
             step_text: step_text.to_string(),
@@ -193,13 +193,13 @@ pub struct TemplateFile {
 
 impl TemplateFile {
     /// How the engine knows the template: its directory, and what a sandbox's record names.
-    pub(crate) fn key(&self) -> String {
+    pub fn key(&self) -> String {
         key_of(self.owner.as_deref(), &self.name)
     }
 }
 
 /// The key of template `name` of `owner` (see the module's doc).
-pub(crate) fn key_of(owner: Option<&str>, name: &str) -> String {
+pub fn key_of(owner: Option<&str>, name: &str) -> String {
     match owner {
         Some(owner) => format!("{name}@{owner}"),
         None => name.to_string(),
@@ -207,7 +207,7 @@ pub(crate) fn key_of(owner: Option<&str>, name: &str) -> String {
 }
 
 /// The name a key shows to its owner (and to everyone, for a shared template).
-pub(crate) fn name_of_key(key: &str) -> &str {
+pub fn name_of_key(key: &str) -> &str {
     key.split_once('@').map_or(key, |(name, _)| name)
 }
 
@@ -219,11 +219,11 @@ pub struct Template {
     pub key: String,
     pub shape: Shape,
     pub layout: TemplateLayout,
-    pub(crate) file: TemplateFile,
+    pub file: TemplateFile,
 }
 
 impl Template {
-    pub(crate) fn new(templates_dir: &Path, layers_dir: &Path, file: TemplateFile) -> Self {
+    pub fn new(templates_dir: &Path, layers_dir: &Path, file: TemplateFile) -> Self {
         Template {
             layout: layout(templates_dir, layers_dir, &file),
             name: file.name.clone(),
@@ -233,18 +233,18 @@ impl Template {
         }
     }
 
-    pub(crate) fn status(&self) -> TemplateStatus {
+    pub fn status(&self) -> TemplateStatus {
         self.file.status
     }
 
     /// The tenant it belongs to; none: shared.
-    pub(crate) fn owner(&self) -> Option<&str> {
+    pub fn owner(&self) -> Option<&str> {
         self.file.owner.as_deref()
     }
 
     /// Whether `tenant` may see and use it: its own, or shared. The operator (no tenant) sees
     /// the shared ones; the engine's internal tenants reach templates by key, not through this.
-    pub(crate) fn visible_to(&self, tenant: Option<&str>) -> bool {
+    pub fn visible_to(&self, tenant: Option<&str>) -> bool {
         self.owner().is_none() || self.owner() == tenant
     }
 }
@@ -312,7 +312,7 @@ pub fn save(templates_dir: &Path, file: &TemplateFile) -> io::Result<()> {
 }
 
 /// Deletes the directory of the template `key` (its layers are collected separately).
-pub(crate) fn remove(templates_dir: &Path, key: &str) -> io::Result<()> {
+pub fn remove(templates_dir: &Path, key: &str) -> io::Result<()> {
     sandbox_mcp_sys::fs_tree::remove_tree(&templates_dir.join(key))
 }
 
@@ -321,7 +321,7 @@ pub(crate) fn remove(templates_dir: &Path, key: &str) -> io::Result<()> {
 /// `NODE_EXTRA_CA_CERTS`). Written only when it changed, so running sandboxes' lower layer is
 /// left alone once it is right. Every sandbox trusts it from creation on, so binding a first
 /// secret later needs no restart.
-pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
+pub fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
     let certs = templates_dir.join(BASE).join("rootfs/etc/ssl/certs");
     fs::DirBuilder::new()
         .recursive(true)
@@ -344,7 +344,7 @@ pub(crate) fn trust(templates_dir: &Path, ca_pem: &str) -> io::Result<()> {
 }
 
 /// A trust store: `bundle` (PEM certificates, possibly empty) with `ca_pem` added.
-pub(crate) fn bundle_with(bundle: &str, ca_pem: &str) -> String {
+pub fn bundle_with(bundle: &str, ca_pem: &str) -> String {
     let mut all = bundle.to_string();
     if !all.is_empty() && !all.ends_with('\n') {
         all.push('\n');
@@ -409,7 +409,7 @@ pub fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Template>
 /// never leaves a half-built template behind.
 /// A template that is a container image on a driver that runs images (the kubernetes driver):
 /// no layers on this host, the shape of `base`.
-pub(crate) fn image_template(
+pub fn image_template(
     templates_dir: &Path,
     layers_dir: &Path,
     name: &str,
@@ -609,7 +609,7 @@ const RESOLVER_FILES: [(&str, &str); 2] = [
 
 /// The files of /etc the engine gives every sandbox, whatever its userland: the resolver, the
 /// hosts file and the host name.
-pub(crate) fn engine_etc_files() -> Vec<(&'static str, &'static str)> {
+pub fn engine_etc_files() -> Vec<(&'static str, &'static str)> {
     let mut files = vec![(RESOLVER_FILES[0].0, RESOLVER_FILES[0].1)];
     files.extend(ETC_SYNTHESIZED);
     files

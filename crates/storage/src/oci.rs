@@ -51,7 +51,7 @@ const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Limits {
+pub struct Limits {
     pub max_bytes: u64,
     pub max_files: u64,
 }
@@ -68,7 +68,7 @@ impl Default for Limits {
 }
 
 #[derive(Debug)]
-pub(crate) struct Image {
+pub struct Image {
     /// Unpacked layer directories, bottom layer first: `<work>/layers/0`, `<work>/layers/1`, …
     pub layers: Vec<PathBuf>,
     /// The image config's `config.Env` split at the first '=' (entries without '=' skipped).
@@ -87,7 +87,7 @@ pub(crate) struct Image {
 /// Why an image was not imported. Layers are named by index (from 0, bottom first, as in
 /// `layers/<i>`) and digest; entries by their path in the layer.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum ImportError {
+pub enum ImportError {
     /// Not one of the accepted forms, or its metadata is missing or malformed.
     #[error("{0}")]
     Format(String),
@@ -143,7 +143,7 @@ fn corrupt(layer: &str) -> impl Fn(io::Error) -> ImportError + '_ {
 /// directory) into `work/layers/<i>/`. `work` is an existing empty directory; on error the caller
 /// deletes it. With `chown` (the engine runs as root) files get their tar header's uid/gid
 /// (clamped to 65534); otherwise they belong to the engine's user.
-pub(crate) fn import(
+pub fn import(
     source: &Path,
     work: &Path,
     limits: &Limits,

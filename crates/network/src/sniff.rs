@@ -4,7 +4,7 @@
 
 /// What the first bytes of a connection say.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Hello {
+pub enum Hello {
     /// A TLS ClientHello, with its server name if it sent one.
     Tls(Option<String>),
     /// An HTTP/1 request: its Host (without port) if it sent one.
@@ -15,7 +15,7 @@ pub(crate) enum Hello {
 
 impl Hello {
     /// The host the client named, if it named one.
-    pub(crate) fn name(&self) -> Option<&str> {
+    pub fn name(&self) -> Option<&str> {
         match self {
             Hello::Tls(n) | Hello::Http(n) => n.as_deref(),
             Hello::Other => None,
@@ -23,7 +23,7 @@ impl Hello {
     }
 
     /// The protocol, as the network log names it.
-    pub(crate) fn protocol(&self) -> &'static str {
+    pub fn protocol(&self) -> &'static str {
         match self {
             Hello::Tls(_) => "tls",
             Hello::Http(_) => "http",
@@ -33,7 +33,7 @@ impl Hello {
 }
 
 /// Whether `buf` may still grow into a ClientHello or an HTTP request head worth waiting for.
-pub(crate) fn incomplete(buf: &[u8]) -> bool {
+pub fn incomplete(buf: &[u8]) -> bool {
     if buf.first() == Some(&0x16) {
         // TLS record: header of 5 bytes, then the length it announces.
         return buf.len() < 5 || buf.len() < 5 + usize::from(u16::from_be_bytes([buf[3], buf[4]]));
@@ -62,7 +62,7 @@ fn looks_like_http(buf: &[u8]) -> bool {
 }
 
 /// Reads the first bytes of a connection.
-pub(crate) fn parse(buf: &[u8]) -> Hello {
+pub fn parse(buf: &[u8]) -> Hello {
     if buf.first() == Some(&0x16) {
         return Hello::Tls(sni(buf).and_then(|n| clean(&n)));
     }

@@ -19,7 +19,7 @@ use crate::policy::{Guard, Policy};
 /// How long one upstream gets to answer before the next is tried.
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest DNS message handled over UDP (EDNS0 buffers beyond this are not needed here).
-pub(crate) const MAX_MESSAGE: usize = 4096;
+pub const MAX_MESSAGE: usize = 4096;
 
 const TYPE_A: u16 = 1;
 const TYPE_AAAA: u16 = 28;
@@ -28,7 +28,7 @@ const RCODE_SERVFAIL: u8 = 2;
 
 /// The question of a query.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Question {
+pub struct Question {
     /// Lowercase, without the trailing dot.
     pub name: String,
     pub qtype: u16,
@@ -37,7 +37,7 @@ pub(crate) struct Question {
 }
 
 /// The question of a standard query with exactly one question, or `None`.
-pub(crate) fn question(msg: &[u8]) -> Option<Question> {
+pub fn question(msg: &[u8]) -> Option<Question> {
     if msg.len() < 12 || msg[2] & 0x80 != 0 || u16::from_be_bytes([msg[4], msg[5]]) != 1 {
         return None;
     }
@@ -67,7 +67,7 @@ pub(crate) fn question(msg: &[u8]) -> Option<Question> {
 }
 
 /// An answer with no records and the given code, for the query `msg` (whose question is `q`).
-pub(crate) fn reply(msg: &[u8], q: &Question, rcode: u8) -> Vec<u8> {
+pub fn reply(msg: &[u8], q: &Question, rcode: u8) -> Vec<u8> {
     let mut out = msg[..q.end].to_vec();
     // QR, the query's opcode and RD; RA; the code. One question, no records.
     out[2] = 0x80 | (msg[2] & 0x79);
@@ -77,7 +77,7 @@ pub(crate) fn reply(msg: &[u8], q: &Question, rcode: u8) -> Vec<u8> {
 }
 
 /// The addresses (A and AAAA) in the answer section of a response, or `None` if it is malformed.
-pub(crate) fn answers(msg: &[u8]) -> Option<Vec<IpAddr>> {
+pub fn answers(msg: &[u8]) -> Option<Vec<IpAddr>> {
     if msg.len() < 12 {
         return None;
     }
@@ -126,7 +126,7 @@ fn skip_name(msg: &[u8], mut at: usize) -> Option<usize> {
 
 /// What the resolver did with one query, for the network log.
 #[derive(Debug)]
-pub(crate) struct Outcome {
+pub struct Outcome {
     pub response: Vec<u8>,
     /// `None`: answered; `Some(rule)`: refused by this rule.
     pub blocked: Option<String>,
@@ -139,7 +139,7 @@ pub(crate) struct Outcome {
 }
 
 /// Answers one query from a sandbox under `policy`.
-pub(crate) async fn resolve(
+pub async fn resolve(
     msg: &[u8],
     q: &Question,
     policy: &Policy,
@@ -216,7 +216,7 @@ pub(crate) async fn resolve(
 }
 
 /// The addresses `name` resolves to (A records), asked by the engine itself.
-pub(crate) async fn lookup(name: &str, upstreams: &[SocketAddr]) -> Option<Vec<IpAddr>> {
+pub async fn lookup(name: &str, upstreams: &[SocketAddr]) -> Option<Vec<IpAddr>> {
     let mut msg = random_id().to_vec();
     msg.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
     for label in name.split('.') {
@@ -266,7 +266,7 @@ async fn forward(msg: &[u8], upstreams: &[SocketAddr]) -> Option<Vec<u8>> {
 }
 
 /// The host's resolvers: the `nameserver` lines of /etc/resolv.conf (port 53).
-pub(crate) fn host_resolvers() -> Vec<SocketAddr> {
+pub fn host_resolvers() -> Vec<SocketAddr> {
     std::fs::read_to_string("/etc/resolv.conf")
         .unwrap_or_default()
         .lines()

@@ -12,25 +12,25 @@
 //! 3. an address inside a `deny_out` CIDR is blocked;
 //! 4. otherwise the engine-wide default decides (`--egress open|closed`).
 
-pub(crate) use sandbox_mcp_model::config::EgressDefault;
+pub use sandbox_mcp_model::config::EgressDefault;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 
 /// Most rules in `allow_out` plus `deny_out`: enough for any real allowlist, and every
 /// connection is checked against them.
-pub(crate) const MAX_RULES: usize = 256;
+pub const MAX_RULES: usize = 256;
 /// Longest rule accepted (a domain name is at most 253 characters).
 const MAX_RULE_LEN: usize = 256;
 
 /// An IPv4 or IPv6 network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Cidr {
+pub struct Cidr {
     addr: IpAddr,
     prefix: u8,
 }
 
 impl Cidr {
-    pub(crate) const fn v4(a: [u8; 4], prefix: u8) -> Self {
+    pub const fn v4(a: [u8; 4], prefix: u8) -> Self {
         Cidr {
             addr: IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3])),
             prefix,
@@ -38,7 +38,7 @@ impl Cidr {
     }
 
     /// `10.0.0.0/8`, `2001:db8::/32`, or a single address (`/32` or `/128` implied).
-    pub(crate) fn parse(s: &str) -> Option<Cidr> {
+    pub fn parse(s: &str) -> Option<Cidr> {
         let (addr, prefix) = match s.split_once('/') {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
@@ -53,7 +53,7 @@ impl Cidr {
         (prefix <= max).then_some(Cidr { addr, prefix })
     }
 
-    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
+    pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, canonical(ip)) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
                 let mask = u32::MAX
@@ -162,7 +162,7 @@ fn forbidden_range(ip: IpAddr) -> Option<&'static str> {
 /// What the engine forbids for every sandbox: [`FORBIDDEN`], the host's own addresses, less what
 /// the operator allowed with `--egress-allow`.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Guard {
+pub struct Guard {
     /// `--egress-allow`: ranges the operator opened.
     pub operator_allowed: Vec<Cidr>,
     /// The host's own addresses (every interface), read at start.
@@ -171,7 +171,7 @@ pub(crate) struct Guard {
 
 impl Guard {
     /// Why `ip` must not be reached, or `None` when sandboxes may (subject to their policy).
-    pub(crate) fn refuses(&self, ip: IpAddr) -> Option<String> {
+    pub fn refuses(&self, ip: IpAddr) -> Option<String> {
         let ip = canonical(ip);
         if self.operator_allowed.iter().any(|c| c.contains(ip)) {
             return None;
@@ -186,13 +186,13 @@ impl Guard {
 /// A domain pattern: `pypi.org` (that name only) or `*.github.com` (any name below it, not the
 /// name itself; `*.test` covers a whole top-level domain).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Domain {
+pub struct Domain {
     suffix: String,
     wildcard: bool,
 }
 
 impl Domain {
-    pub(crate) fn parse(s: &str) -> Option<Domain> {
+    pub fn parse(s: &str) -> Option<Domain> {
         let s = s.trim_end_matches('.').to_ascii_lowercase();
         let (wildcard, name) = match s.strip_prefix("*.") {
             Some(rest) => (true, rest.to_string()),
@@ -204,7 +204,7 @@ impl Domain {
         })
     }
 
-    pub(crate) fn matches(&self, name: &str) -> bool {
+    pub fn matches(&self, name: &str) -> bool {
         if self.wildcard {
             name.len() > self.suffix.len() + 1
                 && name.ends_with(&self.suffix)
@@ -217,7 +217,7 @@ impl Domain {
 
 /// A DNS name of letters, digits, `-` and `_`, in labels of 1-63 characters, at most 253 long,
 /// with at least one letter in its last label (so that it is not an address).
-pub(crate) fn valid_name(name: &str) -> bool {
+pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name.split('.').all(|l| {
@@ -236,7 +236,7 @@ pub(crate) fn valid_name(name: &str) -> bool {
 
 /// A sandbox's rules, parsed.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Policy {
+pub struct Policy {
     allow_domains: Vec<(Domain, String)>,
     allow_nets: Vec<(Cidr, String)>,
     deny_nets: Vec<(Cidr, String)>,
@@ -246,16 +246,16 @@ pub(crate) struct Policy {
 /// The decision on one connection or name, and the rule that made it (in words a person can act
 /// on: it is shown in the network log and in refusals).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     Allow(String),
     Block(String),
 }
 
 impl Verdict {
-    pub(crate) fn allowed(&self) -> bool {
+    pub fn allowed(&self) -> bool {
         matches!(self, Verdict::Allow(_))
     }
-    pub(crate) fn rule(&self) -> &str {
+    pub fn rule(&self) -> &str {
         match self {
             Verdict::Allow(r) | Verdict::Block(r) => r,
         }
@@ -265,7 +265,7 @@ impl Verdict {
 impl Policy {
     /// Parses `allow_out` (domain patterns and CIDRs) and `deny_out` (CIDRs), or says which rule
     /// is wrong and how to write it.
-    pub(crate) fn parse(
+    pub fn parse(
         allow_out: &[String],
         deny_out: &[String],
         default: EgressDefault,
@@ -311,7 +311,7 @@ impl Policy {
     }
 
     /// No rules: what the engine's default alone allows.
-    pub(crate) fn none(default: EgressDefault) -> Policy {
+    pub fn none(default: EgressDefault) -> Policy {
         Policy {
             allow_domains: Vec::new(),
             allow_nets: Vec::new(),
@@ -322,7 +322,7 @@ impl Policy {
 
     /// Whether names outside `allow_out` should not even resolve: the policy blocks by default
     /// (a closed default, or a deny covering every IPv4 address). Then DNS cannot carry data out.
-    pub(crate) fn is_allowlist(&self) -> bool {
+    pub fn is_allowlist(&self) -> bool {
         self.default == EgressDefault::Closed
             || self
                 .deny_nets
@@ -331,12 +331,12 @@ impl Policy {
     }
 
     /// Whether any rule names a domain (then a connection's name can change its verdict).
-    pub(crate) fn has_domain_rules(&self) -> bool {
+    pub fn has_domain_rules(&self) -> bool {
         !self.allow_domains.is_empty()
     }
 
     /// The rule allowing `name`, if a domain rule does.
-    pub(crate) fn allows_name(&self, name: &str) -> Option<&str> {
+    pub fn allows_name(&self, name: &str) -> Option<&str> {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
         self.allow_domains
             .iter()
@@ -346,7 +346,7 @@ impl Policy {
 
     /// Decides a connection to `ip`, known by `name` if the sandbox named it. The guard is
     /// checked first: no rule opens a forbidden address.
-    pub(crate) fn decide(&self, guard: &Guard, ip: IpAddr, name: Option<&str>) -> Verdict {
+    pub fn decide(&self, guard: &Guard, ip: IpAddr, name: Option<&str>) -> Verdict {
         if let Some(why) = guard.refuses(ip) {
             return Verdict::Block(format!(
                 "forbidden: {why} (only the operator can open it, with --egress-allow)"
