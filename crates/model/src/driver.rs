@@ -43,14 +43,7 @@ impl DriverError {
     }
 }
 
-/// The resources a sandbox gets (stored as is in a template's file).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Shape {
-    pub vcpus: f64,
-    pub memory_mb: u64,
-    pub disk_mb: u64,
-    pub max_pids: u64,
-}
+pub use crate::record::Shape;
 
 /// A template as the driver needs it: the overlays that make a sandbox's filesystem.
 #[derive(Debug, Clone)]

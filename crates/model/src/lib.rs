@@ -8,7 +8,7 @@ pub mod driver;
 pub mod ids;
 pub mod record;
 
-pub use record::{Binding, NetworkRules, Preview, Record, Snapshot, Status};
+pub use record::{Binding, NetworkRules, Preview, Record, Shape, Snapshot, Status};
 
 /// The built-in template every other (but an imported image) is layered on.
 pub const BASE_TEMPLATE: &str = "base";

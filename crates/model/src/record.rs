@@ -6,8 +6,6 @@ use std::collections::BTreeMap;
 
 use sandbox_mcp_protocol::Screen;
 
-use crate::driver::Shape;
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Creating,
@@ -106,4 +104,13 @@ pub struct Snapshot {
     /// Bytes of the sandbox's own files when it was taken: what it counts against the disk.
     pub size_bytes: u64,
     pub created_at: i64,
+}
+
+/// The resources a sandbox gets (stored as is in a template's file).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Shape {
+    pub vcpus: f64,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+    pub max_pids: u64,
 }
