@@ -10,22 +10,23 @@ use sandbox_mcp_model::driver::{Driver, DriverError};
 
 /// The driver `config` asks for: the kubernetes driver when it names pods, else the namespaces
 /// driver on this machine.
-pub async fn driver_for(config: &EngineConfig) -> Result<Arc<dyn Driver>, DriverError> {
+pub async fn driver_for(config: &EngineConfig) -> Result<Driver, DriverError> {
     if let Some(pods) = &config.kubernetes {
-        return Ok(Arc::new(
-            sandbox_mcp_kube::KubernetesDriver::new(pods.clone()).await?,
-        ));
+        return Ok(sandbox_mcp_kube::KubernetesDriver::new(pods.clone())
+            .await?
+            .into_driver());
     }
-    Ok(Arc::new(sandbox_mcp_linux::NamespacesDriver::new(
-        sandbox_mcp_linux::driver::Options {
+    Ok(
+        sandbox_mcp_linux::NamespacesDriver::new(sandbox_mcp_linux::driver::Options {
             sandboxes_dir: config.sandboxes_dir(),
             exe: config.exe.clone(),
             disk_limits: config.disk_limits,
             max_sandboxes: config.max_sandboxes,
             uid_registry: config.uid_registry.clone(),
             favordynmods: config.favordynmods,
-        },
-    )?))
+        })?
+        .into_driver(),
+    )
 }
 
 /// Opens the manager for `config` with its driver.

@@ -289,7 +289,7 @@ impl Drop for TestEngine {
             return;
         }
         // Sandboxes outlive an engine by design; tests must not leave any behind.
-        let driver = self.manager.driver().clone();
+        let driver = self.manager.driver().isolation();
         for record in self.manager.list(None, &[], None) {
             let _ = driver.destroy(&record.id);
         }
@@ -548,7 +548,7 @@ pub fn mounted(path: &std::path::Path) -> bool {
 /// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
 /// lets go of its store.
 pub fn kill_left_behind(data: &std::path::Path) {
-    use sandbox_mcp_model::driver::Driver;
+    use sandbox_mcp_model::driver::Isolation;
     let config = EngineConfig::new(data.to_path_buf());
     let Ok(driver) = sandbox_mcp_linux::NamespacesDriver::new(sandbox_mcp_linux::driver::Options {
         sandboxes_dir: config.sandboxes_dir(),

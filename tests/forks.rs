@@ -23,7 +23,7 @@ fn method_of(disk: DiskLimits) -> &'static str {
 /// cannot be had here.
 async fn engine_on(disk: DiskLimits) -> Option<TestEngine> {
     let engine = TestEngine::start_with(|c| c.disk_limits = disk).await;
-    if disk != DiskLimits::Off && !engine.manager.driver().disk_limits_enforced() {
+    if disk != DiskLimits::Off && !engine.manager.driver().capabilities().disk_limits_enforced {
         assert!(
             std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
             "a btrfs sandbox store is required (root, btrfs in the kernel, mkfs.btrfs)"

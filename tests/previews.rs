@@ -149,7 +149,7 @@ async fn preview(client: &McpClient, id: &str, args: Value) -> Value {
 }
 
 fn needs_previews(engine: &TestEngine) -> bool {
-    if !engine.manager.driver().egress() {
+    if !engine.manager.driver().capabilities().egress {
         eprintln!(
             "SKIPPED: previews need the engine to run as root (it enters each sandbox's network namespace)"
         );

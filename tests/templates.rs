@@ -260,7 +260,7 @@ async fn a_step_past_the_time_limit_or_the_disk_fails_the_build_with_the_reason(
             .contains("time limit"),
         "{t}"
     );
-    if !engine.manager.driver().disk_limits_enforced() {
+    if !engine.manager.driver().capabilities().disk_limits_enforced {
         eprintln!("SKIPPED disk part: disk limits are not enforced here (needs root and btrfs)");
         return;
     }

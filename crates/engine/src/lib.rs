@@ -8,9 +8,11 @@
 //! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
 
 pub mod api;
+pub mod driver;
 pub mod error;
 pub mod local;
 pub mod manager;
 pub mod preview;
+pub(crate) mod records;
 pub mod server;
 pub mod state;

@@ -10,7 +10,6 @@ use std::fs;
 use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
@@ -154,7 +153,7 @@ pub async fn serve(
     listener: TcpListener,
     keys: impl IntoIterator<Item = String>,
     keys_file: Option<PathBuf>,
-    driver: Arc<dyn Driver>,
+    driver: Driver,
 ) -> Result<Serving, LocalError> {
     let manager = Manager::open(config.clone(), driver).await?;
     let addr = listener.local_addr().map_err(LocalError::Listen)?;

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use futures::Stream;
 
+use crate::driver::DriverHandle;
 use crate::error::EngineError;
+use crate::records::Records;
 use crate::state::{NetworkRules, Record, Status, Store};
 pub use import::import;
 use sandbox_mcp_model::config::EngineConfig;
@@ -224,8 +226,10 @@ pub struct ExecResult {
 
 pub struct Manager {
     config: EngineConfig,
-    driver: Arc<dyn Driver>,
+    driver: DriverHandle,
     store: Arc<Store>,
+    /// Where records are kept beyond `store` (for drivers whose engine replicas share them).
+    records: Records,
     templates: std::sync::RwLock<Vec<Arc<Template>>>,
     /// Serializes making and deleting templates (names, layer collection).
     template_lock: tokio::sync::Mutex<()>,
@@ -250,11 +254,7 @@ pub struct Manager {
     preview_urls: std::sync::OnceLock<previews::Urls>,
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, EngineError> {
-    Ok(tokio::task::spawn_blocking(f).await?)
-}
+pub(crate) use crate::driver::blocking;
 
 /// One exchange with an agent on `conn` (see [`sandbox_mcp_protocol::exchange`]), its
 /// broken connection or protocol as the driver's error.
@@ -269,17 +269,15 @@ pub(crate) async fn exchange<C: Call>(
 
 impl Manager {
     /// Opens the state, loads templates and recovers every sandbox that existed.
-    pub async fn open(
-        config: EngineConfig,
-        driver: Arc<dyn Driver>,
-    ) -> Result<Arc<Self>, EngineError> {
+    pub async fn open(config: EngineConfig, driver: Driver) -> Result<Arc<Self>, EngineError> {
+        let driver = DriverHandle::new(driver);
         let db = config.state_db();
         let store = Arc::new(blocking(move || Store::open(&db)).await??);
         let (templates_dir, layers_dir) = (
             config.templates_dir(),
             sandbox_mcp_sys::layers::dir(&config.data_dir),
         );
-        let templates = match driver.image_templates() {
+        let templates = match driver.capabilities().image_templates.clone() {
             // The driver's images are its templates: nothing is built on this host.
             Some(images) => images
                 .into_iter()
@@ -338,7 +336,7 @@ impl Manager {
                     what: "the egress CA cannot be set up",
                     source: e.into(),
                 })?;
-        if driver.image_templates().is_none() {
+        if driver.capabilities().image_templates.is_none() {
             sandbox_mcp_storage::templates::trust(&config.templates_dir(), interceptor.ca_pem())
                 .map_err(EngineError::Templates)?;
         }
@@ -355,6 +353,7 @@ impl Manager {
         );
         let manager = Arc::new(Self {
             config,
+            records: Records::new(driver.shared_records().cloned()),
             driver,
             store,
             templates: std::sync::RwLock::new(templates),
@@ -380,7 +379,7 @@ impl Manager {
         &self.config
     }
 
-    pub fn driver(&self) -> &Arc<dyn Driver> {
+    pub fn driver(&self) -> &DriverHandle {
         &self.driver
     }
 
@@ -401,28 +400,17 @@ impl Manager {
             let id = record.id.clone();
             match record.status {
                 Status::Creating | Status::Killing => {
-                    let driver = self.driver.clone();
-                    let store = self.store.clone();
-                    let rid = id.clone();
-                    let cleaned = blocking(move || {
-                        match driver.destroy(&rid).and_then(|()| {
-                            // A killed sandbox's snapshots go with it.
-                            for snap in store.snapshots(Some(&rid)).unwrap_or_default() {
-                                driver.remove_fs(&snap.id)?;
-                            }
-                            Ok(())
-                        }) {
-                            Err(e) => {
-                                tracing::warn!(sandbox = %rid, "cleanup after restart failed: {e}");
-                                false
-                            }
-                            Ok(()) => {
-                                let _ = store.delete(&rid);
-                                true
-                            }
+                    let cleaned = match self.destroy_with_snapshots(&id).await {
+                        Err(e) => {
+                            tracing::warn!(sandbox = %id, "cleanup after restart failed: {e}");
+                            false
                         }
-                    })
-                    .await?;
+                        Ok(()) => {
+                            let (store, rid) = (self.store.clone(), id.clone());
+                            let _ = blocking(move || store.delete(&rid)).await;
+                            true
+                        }
+                    };
                     if !cleaned {
                         held.push(record.uid_slot);
                     }
@@ -438,14 +426,10 @@ impl Manager {
                         }
                         Liveness::Frozen => Runtime::Frozen,
                         Liveness::Stopped => Runtime::Stopped,
-                        Liveness::Running => {
-                            let driver = self.driver.clone();
-                            let rid = id.clone();
-                            match blocking(move || driver.freeze(&rid)).await? {
-                                Ok(()) => Runtime::Frozen,
-                                Err(_) => Runtime::Running,
-                            }
-                        }
+                        Liveness::Running => match self.driver.freeze(&id).await {
+                            Ok(()) => Runtime::Frozen,
+                            Err(_) => Runtime::Running,
+                        },
                     };
                     let status = if runtime == Runtime::Running {
                         Status::Running
@@ -474,9 +458,8 @@ impl Manager {
                 .values()
                 .map(|e| lock(&e.record).uid_slot),
         );
-        let driver = self.driver.clone();
-        blocking(move || driver.reconcile_slots(&held)).await?;
-        if !self.driver.shares_records() {
+        self.driver.reconcile_slots(held).await;
+        if self.records.local_only() {
             // Logs of sandboxes that went while no engine ran (or in a crash mid-kill) go too.
             let live = lock(&self.sandboxes).keys().cloned().collect();
             self.hub.log().retain(live);
@@ -491,12 +474,12 @@ impl Manager {
         &self,
         rules: &NetworkRules,
     ) -> Result<sandbox_mcp_network::policy::Policy, EngineError> {
-        if self.driver.network_unfiltered()
+        if self.driver.capabilities().network_unfiltered
             && !(rules.allow_out.is_empty() && rules.deny_out.is_empty())
         {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} driver cannot apply egress rules: its sandboxes' egress is the cluster's NetworkPolicy; leave network rules out",
-                self.driver.name()
+                self.driver.capabilities().name
             )));
         }
         self.hub
@@ -546,7 +529,7 @@ impl Manager {
     pub(crate) fn network_info(&self) -> NetworkInfo {
         NetworkInfo {
             default: self.hub.config().egress,
-            filtered: self.driver.egress(),
+            filtered: self.driver.capabilities().egress,
         }
     }
 
@@ -579,10 +562,8 @@ impl Manager {
     /// made: found where the driver keeps it and adopted into this replica's cache.
     async fn lookup(&self, id: &str, tenant: Option<&str>) -> Result<Arc<Entry>, EngineError> {
         match self.entry(id, tenant) {
-            Err(EngineError::NotFound(_))
-                if self.driver.shares_records() && !lock(&self.sandboxes).contains_key(id) =>
-            {
-                match self.driver.shared_record(id).await? {
+            Err(EngineError::NotFound(_)) if !lock(&self.sandboxes).contains_key(id) => {
+                match self.records.find_elsewhere(id).await? {
                     Some(Shared::Live(record)) => self.adopt(record).await?,
                     // To another tenant it answers like any unknown id.
                     Some(Shared::Gone(record, why))
@@ -616,7 +597,7 @@ impl Manager {
             .values()
             .map(|e| lock(&e.record).uid_slot)
             .collect();
-        record.uid_slot = self.driver.claim_slot(&taken)?;
+        record.uid_slot = self.driver.claim_slot(taken).await?;
         record.status = Status::Running;
         let store = self.store.clone();
         let r = record.clone();
@@ -653,7 +634,8 @@ impl Manager {
         let store = self.store.clone();
         let sid = id.to_string();
         let _ = blocking(move || store.delete(&sid)).await;
-        self.driver.release_slot(lock(&entry.record).uid_slot);
+        let slot = lock(&entry.record).uid_slot;
+        self.driver.release_slot(slot).await;
     }
 
     /// Why sandbox `id` was forgotten, if it was (and belongs to `tenant`: to another tenant it
@@ -669,7 +651,9 @@ impl Manager {
     /// Brings this replica's cache in line with the sandboxes the driver keeps: adopts those it
     /// does not know, forgets those that are gone (not those it is still creating).
     async fn sync_shared(&self) -> Result<(), EngineError> {
-        let records = self.driver.shared_records().await?;
+        let Some(records) = self.records.all_elsewhere().await? else {
+            return Ok(());
+        };
         let live: std::collections::HashSet<String> =
             records.iter().map(|r| r.id.clone()).collect();
         let stale: Vec<String> = lock(&self.sandboxes)
@@ -759,8 +743,7 @@ impl Manager {
                     self.config.max_sandboxes
                 )));
             }
-            let driver = self.driver.clone();
-            let uid_slot = blocking(move || driver.claim_slot(&used_slots)).await??;
+            let uid_slot = self.driver.claim_slot(used_slots).await?;
             let record = Self::record_of(
                 &req,
                 ids::sandbox_id(),
@@ -774,7 +757,7 @@ impl Manager {
             let store = self.store.clone();
             let r = record.clone();
             if let Err(e) = blocking(move || store.insert(&r)).await? {
-                self.driver.release_slot(uid_slot);
+                self.driver.release_slot(uid_slot).await;
                 return Err(e.into());
             }
             lock(&self.sandboxes).insert(
@@ -795,7 +778,7 @@ impl Manager {
                 Ok(()) => {
                     let mut acked = record.clone();
                     acked.status = Status::Running;
-                    self.driver.acknowledge(&acked).await
+                    self.records.acknowledge(&acked).await
                 }
                 Err(e) => Err(e),
             },
@@ -803,17 +786,7 @@ impl Manager {
         };
         if let Err(e) = started {
             entry.net.close();
-            let driver = self.driver.clone();
-            let store = self.store.clone();
-            let id = record.id.clone();
-            let slot = record.uid_slot;
-            let _ = blocking(move || {
-                if driver.destroy(&id).is_ok() && store.delete(&id).is_ok() {
-                    driver.release_slot(slot);
-                }
-            })
-            .await;
-            lock(&self.sandboxes).remove(&record.id);
+            self.discard(&record.id, record.uid_slot).await;
             return Err(e.into());
         }
         let store = self.store.clone();
@@ -872,9 +845,7 @@ impl Manager {
         metadata: &[(String, String)],
         tenant: Option<&str>,
     ) -> Result<Vec<Record>, EngineError> {
-        if self.driver.shares_records() {
-            self.sync_shared().await?;
-        }
+        self.sync_shared().await?;
         Ok(self.list(status, metadata, tenant))
     }
 
@@ -910,9 +881,10 @@ impl Manager {
     ) -> Result<SandboxView, EngineError> {
         let entry = self.lookup(id, tenant).await?;
         let usage = if with_usage {
-            let driver = self.driver.clone();
-            let sid = id.to_string();
-            Some(blocking(move || (driver.usage(&sid), driver.disk_bytes(&sid))).await?)
+            Some((
+                self.driver.usage(id).await,
+                self.driver.disk_bytes(id).await,
+            ))
         } else {
             None
         };
@@ -947,9 +919,9 @@ impl Manager {
                 entry.net.set_policy(policy);
             }
         }
-        if self.driver.shares_records() {
+        {
             // Other replicas read the change from where the driver keeps the record.
-            self.driver.acknowledge(&entry.record()).await?;
+            self.records.acknowledge(&entry.record()).await?;
         }
         Ok(self.view(&entry))
     }
@@ -996,9 +968,7 @@ impl Manager {
         let mut rt = entry.lifecycle.lock().await;
         match *rt {
             Runtime::Running => {
-                let driver = self.driver.clone();
-                let sid = id.to_string();
-                blocking(move || driver.freeze(&sid)).await??;
+                self.driver.freeze(id).await?;
                 self.set_status(id, Status::Paused).await?;
                 *rt = Runtime::Frozen;
                 entry.set_visible(Runtime::Frozen);
@@ -1027,11 +997,9 @@ impl Manager {
             Runtime::Running => return Ok(()),
             Runtime::Killed => return Err(EngineError::sandbox_not_found(id)),
             Runtime::Frozen => {
-                let driver = self.driver.clone();
-                let sid = id.to_string();
-                blocking(move || driver.thaw(&sid)).await??;
+                self.driver.thaw(id).await?;
             }
-            Runtime::Stopped if self.driver.shares_records() => {
+            Runtime::Stopped if !self.driver.capabilities().restarts_stopped => {
                 // Its pod is gone (a wedged agent's is deleted): nothing to restart.
                 drop(rt);
                 let why = format!(
@@ -1092,13 +1060,34 @@ impl Manager {
     async fn stop_agent(&self, id: &str, entry: &Arc<Entry>) {
         let mut rt = entry.lifecycle.lock().await;
         if *rt == Runtime::Running {
-            let driver = self.driver.clone();
-            let sid = id.to_string();
-            let _ = blocking(move || driver.stop(&sid)).await;
+            let _ = self.driver.stop(id).await;
             *rt = Runtime::Stopped;
             entry.set_visible(Runtime::Stopped);
             let _ = self.set_status(id, Status::Paused).await;
         }
+    }
+
+    /// Destroys a sandbox's processes and files, and its snapshots' files (their rows go with
+    /// its record).
+    async fn destroy_with_snapshots(&self, id: &str) -> Result<(), EngineError> {
+        self.driver.destroy(id).await?;
+        let (store, sid) = (self.store.clone(), id.to_string());
+        for snap in blocking(move || store.snapshots(Some(&sid))).await?? {
+            self.driver.remove_fs(&snap.id).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes back a sandbox that was never acknowledged: its processes, files, record and slot
+    /// (the slot only once the rest is gone, so its ids are never reused too soon).
+    async fn discard(&self, id: &str, slot: u32) {
+        if self.driver.destroy(id).await.is_ok() {
+            let (store, sid) = (self.store.clone(), id.to_string());
+            if let Ok(Ok(())) = blocking(move || store.delete(&sid)).await {
+                self.driver.release_slot(slot).await;
+            }
+        }
+        lock(&self.sandboxes).remove(id);
     }
 
     pub(crate) async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
@@ -1110,23 +1099,14 @@ impl Manager {
         self.set_status(id, Status::Killing).await?;
         entry.killing.store(true, Ordering::Release);
         entry.interruptions.fetch_add(1, Ordering::AcqRel);
-        let driver = self.driver.clone();
-        let store = self.store.clone();
-        let sid = id.to_string();
         let slot = lock(&entry.record).uid_slot;
-        blocking(move || -> Result<(), EngineError> {
-            driver.destroy(&sid).map_err(EngineError::KillIncomplete)?;
-            // Its snapshots go with it (their rows with its record, below).
-            for snap in store.snapshots(Some(&sid))? {
-                driver
-                    .remove_fs(&snap.id)
-                    .map_err(EngineError::KillIncomplete)?;
-            }
-            store.delete(&sid)?;
-            driver.release_slot(slot);
-            Ok(())
-        })
-        .await??;
+        self.destroy_with_snapshots(id).await.map_err(|e| match e {
+            EngineError::Host(e) => EngineError::KillIncomplete(e),
+            e => e,
+        })?;
+        let (store, sid) = (self.store.clone(), id.to_string());
+        blocking(move || store.delete(&sid)).await??;
+        self.driver.release_slot(slot).await;
         *rt = Runtime::Killed;
         entry.ready.store(false, Ordering::Release);
         entry.net.close();
@@ -1277,7 +1257,7 @@ impl Manager {
     /// one small cgroup file, which never blocks, costs less than a trip to the blocking pool
     /// and back (it is read before and after every command).
     pub(crate) fn oom_mark(&self, id: &str) -> u64 {
-        self.driver.oom_kills(id)
+        self.driver.oom_kills_now(id)
     }
 
     /// After a command finished: whether the sandbox ran out of memory since `before`; if so,
@@ -1329,18 +1309,18 @@ impl Manager {
         tenant: Option<&str>,
     ) -> Result<Metrics, EngineError> {
         let entry = self.lookup(id, tenant).await?;
-        let driver = self.driver.clone();
-        let sid = id.to_string();
-        let (usage, disk_bytes) =
-            blocking(move || (driver.usage(&sid), driver.disk_bytes(&sid))).await?;
+        let (usage, disk_bytes) = (
+            self.driver.usage(id).await,
+            self.driver.disk_bytes(id).await,
+        );
         let record = entry.record();
         Ok(Metrics {
             status: record.status,
             usage,
             disk_bytes,
             disk_limit_bytes: record.shape.disk_mb * 1024 * 1024,
-            limits_enforced: self.driver.limits_enforced(),
-            disk_limit_enforced: self.driver.disk_limits_enforced(),
+            limits_enforced: self.driver.capabilities().limits_enforced,
+            disk_limit_enforced: self.driver.capabilities().disk_limits_enforced,
         })
     }
 
@@ -1355,9 +1335,7 @@ impl Manager {
 
     /// One pass of the timers: kill expired sandboxes, pause idle ones, persist activity.
     pub(crate) async fn tick(&self) {
-        if self.driver.shares_records()
-            && let Err(e) = self.sync_shared().await
-        {
+        if let Err(e) = self.sync_shared().await {
             tracing::warn!("cannot read the sandboxes other replicas made: {e}");
         }
         let now = ids::now_ms();
@@ -1428,7 +1406,6 @@ impl Manager {
             // Its relay and preview connections end with this engine; the next one serves them.
             entry.net.close();
         }
-        let driver = self.driver.clone();
-        let _ = blocking(move || driver.close()).await;
+        self.driver.close().await;
     }
 }

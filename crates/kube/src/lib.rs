@@ -30,7 +30,8 @@ use mux::Mux;
 use pod::{PodOptions, PodRecord, PodState};
 use sandbox_mcp_model::Record;
 use sandbox_mcp_model::driver::{
-    AgentConn, Driver, DriverError, Liveness, Shared, StartSpec, Usage,
+    AgentConn, Capabilities, Driver, DriverError, Isolation, Liveness, NoStorage, Shared,
+    SharedRecords, StartSpec, Usage,
 };
 use sandbox_mcp_protocol::Ping;
 use sandbox_mcp_protocol::mux::AGENT_DIR;
@@ -295,21 +296,46 @@ impl KubernetesDriver {
     }
 }
 
-impl Driver for KubernetesDriver {
-    fn name(&self) -> &'static str {
-        "kubernetes"
+impl KubernetesDriver {
+    /// The driver as the engine holds it. Its capabilities: limits are the pod's (enforced;
+    /// `ephemeral-storage` makes the kubelet evict a pod over its disk size, a kill rather than a
+    /// full disk, so disk limits are not reported as enforced); the pod network is the cluster's,
+    /// which the engine does not filter; pods are reached through exec streams only (no fd
+    /// passing: no preview connections); a stopped sandbox's pod is deleted with its files; the
+    /// templates are the configured images. Its files stay in the pods (no storage the engine can
+    /// reach), and its records live on the pods, shared by every engine replica.
+    pub fn into_driver(self) -> Driver {
+        let capabilities = Capabilities {
+            name: NAME,
+            limits_enforced: true,
+            disk_limits_enforced: false,
+            egress: false,
+            network_unfiltered: true,
+            serves_ports: false,
+            restarts_stopped: false,
+            image_templates: Some(
+                std::iter::once((
+                    sandbox_mcp_model::BASE_TEMPLATE.to_string(),
+                    self.opts.default_image.clone(),
+                ))
+                .chain(self.opts.images.clone())
+                .collect(),
+            ),
+        };
+        let this = Arc::new(self);
+        Driver {
+            capabilities,
+            isolation: this.clone(),
+            storage: Arc::new(NoStorage(NAME)),
+            shared: Some(this),
+        }
     }
+}
 
-    fn limits_enforced(&self) -> bool {
-        true
-    }
+/// This driver's name, as the health endpoint and refusals show it.
+const NAME: &str = "kubernetes";
 
-    /// `ephemeral-storage` makes the kubelet evict a pod over its disk size: a kill, not a
-    /// full disk, so disk limits are not reported as enforced.
-    fn disk_limits_enforced(&self) -> bool {
-        false
-    }
-
+impl Isolation for KubernetesDriver {
     /// Slots only number this replica's cache entries (pods need no uid ranges).
     fn claim_slots(&self, taken: &[u32], count: usize) -> Result<Vec<u32>, DriverError> {
         Ok((0..).filter(|s| !taken.contains(s)).take(count).collect())
@@ -420,25 +446,11 @@ impl Driver for KubernetesDriver {
     fn usage(&self, _id: &str) -> Usage {
         Usage::default()
     }
+}
 
-    fn disk_bytes(&self, _id: &str) -> u64 {
-        0
-    }
-
-    fn shares_records(&self) -> bool {
-        true
-    }
-
-    fn network_unfiltered(&self) -> bool {
-        true
-    }
-
-    /// Pods are reached through exec streams only (no fd passing): no preview connections.
-    fn serves_ports(&self) -> bool {
-        false
-    }
-
-    fn shared_records(&self) -> BoxFuture<'_, Result<Vec<Record>, DriverError>> {
+/// The sandboxes' records, on their pods (annotations): every replica sees the same ones.
+impl SharedRecords for KubernetesDriver {
+    fn all(&self) -> BoxFuture<'_, Result<Vec<Record>, DriverError>> {
         Box::pin(async move {
             let list = self
                 .pods
@@ -467,10 +479,7 @@ impl Driver for KubernetesDriver {
         })
     }
 
-    fn shared_record<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Shared>, DriverError>> {
+    fn find<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Shared>, DriverError>> {
         Box::pin(async move {
             if !sandbox_mcp_model::ids::is_sandbox_id(id) {
                 return Ok(None);
@@ -527,16 +536,5 @@ impl Driver for KubernetesDriver {
                 }),
             }
         })
-    }
-
-    fn image_templates(&self) -> Option<Vec<(String, String)>> {
-        Some(
-            std::iter::once((
-                sandbox_mcp_model::BASE_TEMPLATE.to_string(),
-                self.opts.default_image.clone(),
-            ))
-            .chain(self.opts.images.clone())
-            .collect(),
-        )
     }
 }

@@ -199,7 +199,8 @@ pub fn build(
         ..Default::default()
     };
     // `activeDeadlineSeconds` is the kubelet's own kill at the sandbox's timeout: it holds even
-    // with every engine replica down. (It can only shrink later: see `Driver::extend`.)
+    // with every engine replica down. (A sandbox's timeout is fixed at creation, so it never
+    // needs to change.)
     let deadline = record
         .expires_at
         .map(|at| ((at - now_ms).max(1000) + 999) / 1000);

@@ -16,10 +16,12 @@ use super::disk::{self, DiskLimits, Store};
 use super::launcher::Report;
 use super::plan::{self, PlanInput};
 use super::uids::{self, Registry};
+use std::sync::Arc;
+
 use sandbox_mcp_model::driver::EgressSockets;
 use sandbox_mcp_model::driver::{
-    AgentConn, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef, Liveness, StartSpec,
-    TemplateLayout, Usage,
+    AgentConn, Capabilities, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef,
+    Isolation, Liveness, StartSpec, Storage, TemplateLayout, Usage,
 };
 use sandbox_mcp_sys::layers::TooDeep;
 
@@ -29,7 +31,7 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// is not its own range's (see [`NamespacesDriver::disk_ids`]).
 const IDS_FILE: &str = "ids";
 /// Beside a sandbox's directory: the tree a restore or merge is about to swap in, or the old
-/// tree a restore has put aside (see [`NamespacesDriver::replace_fs`]).
+/// tree a restore has put aside (see [`Storage::replace_fs`](sandbox_mcp_model::driver::Storage::replace_fs)).
 const NEW_SUFFIX: &str = ".new";
 /// Most bytes read of the launcher's report and of its stderr (it relays the agent's words).
 const LAUNCHER_OUTPUT: u64 = 64 * 1024;
@@ -534,406 +536,38 @@ fn start_time(pid: i32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-impl Driver for NamespacesDriver {
-    fn egress(&self) -> bool {
-        // As root the launcher makes each sandbox's network namespace under the host's user
-        // namespace and steers its traffic to the engine (`netns`); unprivileged, the agent does
-        // it from inside (`netns::configure_unprivileged`).
-        true
-    }
+mod isolation;
+mod storage;
 
-    fn egress_sockets<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<EgressSockets>, DriverError>> {
-        Box::pin(async move {
-            if self.uid != 0 {
-                return self.handed_egress_sockets(id).await;
-            }
-            let pid = self
-                .agent_pid(id)
-                .ok_or_else(|| DriverError::Agent("the sandbox's agent is not running".into()))?;
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            // A thread of its own: entering a network namespace changes the calling thread for
-            // good, and no pooled thread may be left in a sandbox's namespace.
-            std::thread::Builder::new()
-                .name("egress-sockets".into())
-                .spawn(move || {
-                    let _ = tx.send(super::netns::sockets_in(pid));
-                })
-                .map_err(DriverError::io("start a thread"))?;
-            let sockets = rx
-                .await
-                .map_err(|_| DriverError::Agent("the egress socket thread died".into()))?
-                .map_err(DriverError::io("open the sandbox's egress sockets"))?;
-            Ok(Some(sockets))
-        })
-    }
-
-    fn connect_port<'a>(
-        &'a self,
-        id: &'a str,
-        port: u16,
-    ) -> BoxFuture<'a, io::Result<tokio::net::TcpStream>> {
-        Box::pin(async move {
-            use sandbox_mcp_protocol::ConnectPort;
-            let (fds, reply) = tokio::time::timeout(
-                Duration::from_secs(10),
-                self.ask_for_fds(id, ConnectPort { port }),
-            )
-            .await
-            .map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "the agent did not connect within 10 s",
-                )
-            })??;
-            if reply.refused {
-                return Err(io::ErrorKind::ConnectionRefused.into());
-            }
-            if let Some(e) = reply.error {
-                return Err(io::Error::other(e));
-            }
-            let fd = fds
-                .into_iter()
-                .next()
-                .ok_or_else(|| io::Error::other("the agent passed no socket"))?;
-            // Whatever the agent passed must be a connected TCP socket.
-            let kind = nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::SockType)
-                .map_err(io::Error::from)?;
-            if kind != nix::sys::socket::SockType::Stream
-                || nix::sys::socket::getpeername::<nix::sys::socket::SockaddrIn>(fd.as_raw_fd())
-                    .is_err()
-            {
-                return Err(io::Error::other(
-                    "the agent passed something else than a TCP connection",
-                ));
-            }
-            let stream = std::net::TcpStream::from(fd);
-            stream.set_nonblocking(true)?;
-            tokio::net::TcpStream::from_std(stream)
-        })
-    }
-
-    fn name(&self) -> &'static str {
-        "namespaces"
-    }
-
-    fn limits_enforced(&self) -> bool {
-        self.layout.enforced()
-    }
-
-    fn disk_limits_enforced(&self) -> bool {
-        self.store.enforced()
-    }
-
-    fn claim_slots(&self, taken: &[u32], count: usize) -> Result<Vec<u32>, DriverError> {
-        match &self.registry {
-            Some(registry) => registry
-                .claim_many(self.pty_max, self.pty_pool, count)
-                .map_err(|e| match e {
-                    uids::ClaimError::Exhausted(why) => DriverError::Exhausted(why),
-                    uids::ClaimError::Io(e) => DriverError::io("claim a uid range")(e),
-                }),
-            // One id to map, whatever the slot: slots only tell sandboxes apart.
-            None => Ok((1u32..)
-                .filter(|s| !taken.contains(s))
-                .take(count)
-                .collect()),
-        }
-    }
-
-    fn release_slot(&self, slot: u32) {
-        if let Some(registry) = &self.registry
-            && let Err(e) = registry.release(slot)
-        {
-            tracing::warn!(slot, "cannot release a uid range: {e}");
-        }
-    }
-
-    fn close(&self) {
-        if self.store.enforced() {
-            disk::release(&self.sandboxes_dir);
-        }
-    }
-
-    fn reconcile_slots(&self, held: &[u32]) {
-        let Some(registry) = &self.registry else {
-            return;
+impl NamespacesDriver {
+    /// The driver as the engine holds it: its capabilities, decided once, and this driver as both
+    /// its isolation and its storage. (Its sandboxes belong to this engine: no shared records.)
+    pub fn into_driver(self) -> Driver {
+        let capabilities = Capabilities {
+            name: NAME,
+            limits_enforced: self.layout.enforced(),
+            disk_limits_enforced: self.store.enforced(),
+            // As root the launcher makes each sandbox's network namespace under the host's user
+            // namespace and steers its traffic to the engine (`netns`); unprivileged, the agent
+            // does it from inside (`netns::configure_unprivileged`).
+            egress: true,
+            network_unfiltered: false,
+            serves_ports: true,
+            restarts_stopped: true,
+            image_templates: None,
         };
-        match registry.reconcile(held, self.pty_max, self.pty_pool) {
-            Ok(conflicts) if conflicts.is_empty() => {}
-            Ok(conflicts) => tracing::error!(
-                ?conflicts,
-                "another data dir's engine claimed uid ranges this one's sandboxes hold; their sandboxes share host ids"
-            ),
-            Err(e) => tracing::warn!("cannot check the uid range registry: {e}"),
+        let this = Arc::new(self);
+        Driver {
+            capabilities,
+            isolation: this.clone(),
+            storage: this,
+            shared: None,
         }
-    }
-
-    fn start<'a>(&'a self, spec: &'a StartSpec) -> BoxFuture<'a, Result<(), DriverError>> {
-        Box::pin(async move {
-            self.prepare_dirs(spec).map_err(|e| {
-                DriverError::Launch(format!("cannot create the sandbox's directories: {e}"))
-            })?;
-            self.launch(spec).await.map(|_| ())
-        })
-    }
-
-    fn connect<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<AgentConn, DriverError>> {
-        Box::pin(async move {
-            let path = self.dir(id).join("agent.sock");
-            let stream = tokio::time::timeout(
-                Duration::from_secs(5),
-                tokio::net::UnixStream::connect(&path),
-            )
-            .await
-            .map_err(|_| {
-                DriverError::Agent(
-                    "the sandbox's agent did not accept a connection within 5 s".into(),
-                )
-            })?
-            .map_err(|e| DriverError::Agent(format!("cannot reach the sandbox's agent: {e}")))?;
-            Ok(Box::new(stream) as AgentConn)
-        })
-    }
-
-    fn liveness<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Liveness> {
-        Box::pin(async move {
-            if self.layout.enforced()
-                && self.cgroups(id).is_frozen()
-                && !self.cgroups(id).pids().is_empty()
-            {
-                return Liveness::Frozen;
-            }
-            let path = self.dir(id).join("agent.sock");
-            match tokio::time::timeout(
-                Duration::from_millis(500),
-                tokio::net::UnixStream::connect(&path),
-            )
-            .await
-            {
-                Ok(Ok(_)) => Liveness::Running,
-                _ => Liveness::Stopped,
-            }
-        })
-    }
-
-    fn freeze(&self, id: &str) -> Result<(), DriverError> {
-        if !self.layout.enforced() {
-            return Err(DriverError::Unsupported(
-                "pausing needs cgroups, which this engine cannot use (run it as root, or with a delegated cgroup)".into(),
-            ));
-        }
-        self.cgroups(id).freeze().map_err(DriverError::io("freeze"))
-    }
-
-    fn thaw(&self, id: &str) -> Result<(), DriverError> {
-        if !self.layout.enforced() {
-            return Ok(());
-        }
-        self.cgroups(id).thaw().map_err(DriverError::io("thaw"))
-    }
-
-    fn capture(
-        &self,
-        id: &str,
-        slot: u32,
-        targets: &[String],
-        dest: &std::path::Path,
-    ) -> Result<u64, DriverError> {
-        let dir = self.dir(id);
-        let uppers: Vec<(String, PathBuf)> = targets
-            .iter()
-            .map(|t| (plan::layer_name(t), plan::upper_dir(&dir, t)))
-            .collect();
-        // As root the upper holds the sandbox's host ids; a layer holds the ids it saw.
-        let owners = match self.disk_ids(&FsRef {
-            name: id.to_string(),
-            slot: Some(slot),
-        }) {
-            Some(base) => sandbox_mcp_sys::layers::Owners::Shift {
-                base,
-                count: plan::MAPPED_IDS,
-            },
-            None => sandbox_mcp_sys::layers::Owners::Keep,
-        };
-        sandbox_mcp_sys::layers::capture(&uppers, dest, owners).map_err(|e| {
-            match e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<sandbox_mcp_sys::layers::TooDeep>())
-            {
-                // The sandbox's own doing, and the caller can fix it: said in full.
-                Some(deep) => DriverError::Unsupported(deep.to_string()),
-                None => DriverError::io("copy the sandbox's files into a layer")(e),
-            }
-        })
-    }
-
-    fn stop(&self, id: &str) -> Result<(), DriverError> {
-        if self.layout.enforced() {
-            self.cgroups(id)
-                .kill_all()
-                .map_err(DriverError::io("kill the sandbox's processes"))?;
-        }
-        // Killing the sandbox's init takes every process in its pid namespace with it.
-        if let Some(pid) = self.agent_pid(id) {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-        }
-        let _ = fs::remove_file(self.dir(id).join("agent.pid"));
-        Ok(())
-    }
-
-    fn destroy(&self, id: &str) -> Result<(), DriverError> {
-        self.stop(id)?;
-        if self.layout.enforced() {
-            // The cgroups empty out asynchronously after the last process dies.
-            let cg = self.cgroups(id);
-            let mut last = Ok(());
-            for _ in 0..100 {
-                last = cg.remove();
-                if last.is_ok() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            last.map_err(DriverError::io("remove the sandbox's cgroups"))?;
-        }
-        // A restore or merge cut short by a crash may have left its new tree beside.
-        let _ = disk::remove_dir(
-            &self.store,
-            &self.sandboxes_dir,
-            &format!("{id}{NEW_SUFFIX}"),
-        );
-        disk::remove_dir(&self.store, &self.sandboxes_dir, id)
-            .map_err(DriverError::io("delete the sandbox's files"))
-    }
-
-    fn clone_fs(
-        &self,
-        from: &FsRef,
-        to: &str,
-        kind: CloneKind,
-    ) -> Result<CloneMethod, DriverError> {
-        let limit = match kind {
-            CloneKind::Snapshot => None,
-            CloneKind::Sandbox { limit_bytes } => Some(limit_bytes),
-        };
-        if self.snapshot_tree(from, to, limit)? {
-            return Ok(CloneMethod::Snapshot);
-        }
-        let parent = &self.sandboxes_dir;
-        let made = match limit {
-            None => fs::DirBuilder::new().mode(0o700).create(self.dir(to)),
-            Some(limit) => disk::create_dir(&self.store, parent, to, limit),
-        };
-        made.map_err(DriverError::io("create the copy's directory"))?;
-        if let Err(e) = self.copy_fs(from, to) {
-            let _ = disk::remove_dir(&self.store, parent, to);
-            return Err(match e.kind() {
-                io::ErrorKind::InvalidData => DriverError::Unsupported(e.to_string()),
-                _ => DriverError::io("copy the sandbox's files")(e),
-            });
-        }
-        Ok(CloneMethod::Copy)
-    }
-
-    fn replace_fs(
-        &self,
-        id: &str,
-        from: &FsRef,
-        limit_bytes: u64,
-    ) -> Result<CloneMethod, DriverError> {
-        let parent = &self.sandboxes_dir;
-        let new = format!("{id}{NEW_SUFFIX}");
-        let _ = disk::remove_dir(&self.store, parent, &new);
-        if let Store::Btrfs = self.store {
-            // The old tree is renamed aside and the snapshot made under the sandbox's name: the
-            // snapshot's own transaction commit makes the rename durable with it. Swapping two
-            // names instead needs a second commit (a directory fsync after renaming subvolumes
-            // commits the whole transaction: ~10 ms here). A crash before that commit leaves the
-            // old tree, under its name or aside, which the next engine start puts back.
-            fs::rename(self.dir(id), self.dir(&new))
-                .map_err(DriverError::io("put the sandbox's files aside"))?;
-            let put_back = || fs::rename(self.dir(&new), self.dir(id));
-            match self.snapshot_tree(from, id, Some(limit_bytes)) {
-                Ok(true) => {
-                    if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
-                        tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
-                    }
-                    return Ok(CloneMethod::Snapshot);
-                }
-                // Not a subvolume (made before the store was): copied below.
-                Ok(false) => {
-                    put_back().map_err(DriverError::io("put the sandbox's files back in place"))?
-                }
-                Err(e) => {
-                    put_back().map_err(DriverError::io("put the sandbox's files back in place"))?;
-                    return Err(e);
-                }
-            }
-        }
-        let method = self.clone_fs(from, &new, CloneKind::Sandbox { limit_bytes })?;
-        if let Err(e) = disk::exchange(parent, id, &new) {
-            let _ = disk::remove_dir(&self.store, parent, &new);
-            return Err(DriverError::io("put the copied files in place")(e));
-        }
-        // `new` now names the old tree.
-        if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
-            tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
-        }
-        Ok(method)
-    }
-
-    fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
-        disk::remove_dir(&self.store, &self.sandboxes_dir, name)
-            .map_err(DriverError::io("delete the snapshot's files"))
-    }
-
-    fn disk_charge(&self, id: &str) -> Option<u64> {
-        match self.store {
-            Store::Btrfs => disk::simple_quota_bytes(&self.dir(id)),
-            Store::Plain(_) => None,
-        }
-    }
-
-    fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
-        let dir = self.dir(&fs.name);
-        Ok(FsLayers {
-            mounts: template
-                .mounts
-                .iter()
-                .map(|m| {
-                    (
-                        m.target.clone(),
-                        plan::upper_dir(&dir, &m.target),
-                        m.lowers.clone(),
-                    )
-                })
-                .collect(),
-            id_base: self.disk_ids(fs),
-        })
-    }
-
-    fn usage(&self, id: &str) -> Usage {
-        self.cgroups(id).usage()
-    }
-
-    fn processes(&self, id: &str) -> u64 {
-        // cgroup.procs lists live processes; pids.current also counts threads, and killed
-        // agents until the host's init reaps them.
-        self.cgroups(id).pids().len() as u64
-    }
-
-    fn oom_kills(&self, id: &str) -> u64 {
-        self.cgroups(id).oom_kills()
-    }
-
-    fn disk_bytes(&self, id: &str) -> u64 {
-        sandbox_mcp_sys::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
     }
 }
+
+/// This driver's name, as the health endpoint and refusals show it.
+const NAME: &str = "namespaces";
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

@@ -76,7 +76,7 @@ pub struct StartSpec {
     /// uid and gid commands run as (root when `None`).
     pub user: Option<(u32, u32)>,
     /// The sandbox's record, for drivers that keep it with the sandbox (see
-    /// [`Driver::shares_records`]).
+    /// [`Driver::shared`]).
     pub record: crate::record::Record,
 }
 
@@ -97,7 +97,7 @@ pub struct FsLayers {
     pub id_base: Option<u32>,
 }
 
-/// What [`Driver::clone_fs`] makes.
+/// What [`Storage::clone_fs`] makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloneKind {
     /// A sandbox snapshot: read-only, kept until deleted.
@@ -164,13 +164,35 @@ pub trait AgentStream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> AgentStream for T {}
 pub type AgentConn = Box<dyn AgentStream>;
 
-pub trait Driver: Send + Sync + 'static {
+/// What a driver can do, decided once when it is made: data the engine reads, not probes it
+/// calls.
+#[derive(Debug, Clone, Default)]
+pub struct Capabilities {
     /// Short name reported by the health endpoint.
-    fn name(&self) -> &'static str;
-    /// Whether resource limits are enforced (cgroups available).
-    fn limits_enforced(&self) -> bool;
-    /// Whether each sandbox's disk use is capped at its shape's `disk_mb`.
-    fn disk_limits_enforced(&self) -> bool;
+    pub name: &'static str,
+    /// Resource limits are enforced (cgroups, or a cluster's pod limits).
+    pub limits_enforced: bool,
+    /// Each sandbox's disk use is capped at its shape's `disk_mb`.
+    pub disk_limits_enforced: bool,
+    /// Sandboxes' DNS and TCP go through the engine under their policy (otherwise they have
+    /// loopback only).
+    pub egress: bool,
+    /// Sandboxes reach a network the engine does not filter (a cluster's pod network): egress
+    /// rules and brokered secrets are then refused rather than ignored.
+    pub network_unfiltered: bool,
+    /// The engine can reach a port inside a sandbox (for preview URLs): in its network
+    /// namespace, or by way of the agent ([`Isolation::connect_port`]).
+    pub serves_ports: bool,
+    /// A stopped sandbox (no agent, its files kept) can be started again. Without it, a stopped
+    /// sandbox is gone: its files went with it (a deleted pod).
+    pub restarts_stopped: bool,
+    /// The templates this driver serves instead of the engine's own (the kubernetes driver's
+    /// images, by template name); `None`: the engine's templates.
+    pub image_templates: Option<Vec<(String, String)>>,
+}
+
+/// How sandboxes are isolated and reached: their processes, limits and agents.
+pub trait Isolation: Send + Sync + 'static {
     /// Reserves the identity slots of `count` new sandboxes (all or none): each unique among
     /// every live sandbox the driver knows of (host-wide for the namespaces driver). `taken`:
     /// this engine's slots.
@@ -210,16 +232,16 @@ pub trait Driver: Send + Sync + 'static {
     fn oom_kills(&self, id: &str) -> u64 {
         self.usage(id).oom_kills
     }
-    /// Bytes the sandbox has written to its filesystem (walks its upper layers).
-    fn disk_bytes(&self, id: &str) -> u64;
-    /// Whether sandboxes' DNS and TCP go through the engine under their policy (otherwise they
-    /// have loopback only).
-    fn egress(&self) -> bool {
-        false
-    }
     /// The sockets through which the running sandbox's DNS queries and outbound connections
     /// reach the engine, made anew (after a start or an engine restart). `None`: this driver
     /// gives sandboxes no egress (they have loopback only).
+    fn egress_sockets<'a>(
+        &'a self,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<EgressSockets>, DriverError>> {
+        let _ = id;
+        Box::pin(async { Ok(None) })
+    }
     /// Connects to `127.0.0.1:port` inside the sandbox by way of its agent (for drivers whose
     /// engine cannot enter the sandbox's network namespace). `ConnectionRefused`: nothing listens.
     fn connect_port<'a>(
@@ -228,6 +250,26 @@ pub trait Driver: Send + Sync + 'static {
         _port: u16,
     ) -> BoxFuture<'a, std::io::Result<tokio::net::TcpStream>> {
         Box::pin(async { Err(std::io::ErrorKind::Unsupported.into()) })
+    }
+}
+
+/// Where sandboxes' files are kept, and what the engine can do with them from outside: measure,
+/// capture, copy, compare. Every method but [`Self::disk_bytes`] has a default that refuses (or,
+/// for what never existed, does nothing): a driver that keeps no files the engine can reach
+/// implements only that.
+pub trait Storage: Send + Sync + 'static {
+    /// The driver's name, for refusals.
+    fn name(&self) -> &'static str;
+
+    /// Bytes the sandbox has written to its filesystem (walks its upper layers).
+    fn disk_bytes(&self, id: &str) -> u64;
+
+    /// Bytes the store charges to sandbox `id`'s disk limit, its snapshots' share included,
+    /// when the store keeps that count itself (btrfs simple quotas): read in constant time.
+    /// `None`: the engine measures the files and adds its snapshots up.
+    fn disk_charge(&self, id: &str) -> Option<u64> {
+        let _ = id;
+        None
     }
 
     /// Copies the sandbox's writable layers (of the overlays at `targets`) into `dest`, a new
@@ -259,6 +301,23 @@ pub trait Driver: Send + Sync + 'static {
         Err(no_snapshots(self.name()))
     }
 
+    /// Copies `from` to each of `to` (new sandboxes' directories, each with its disk limit), as
+    /// [`Self::clone_fs`] would one by one: a store that does better with copies made together
+    /// (btrfs commits snapshots made together in one transaction) overrides it. All or an error.
+    fn clone_many(&self, from: &FsRef, to: &[(String, u64)]) -> Result<CloneMethod, DriverError> {
+        let mut method = CloneMethod::Snapshot;
+        for (name, limit_bytes) in to {
+            method = self.clone_fs(
+                from,
+                name,
+                CloneKind::Sandbox {
+                    limit_bytes: *limit_bytes,
+                },
+            )?;
+        }
+        Ok(method)
+    }
+
     /// Makes the stopped sandbox `id`'s filesystem a copy of `from` in one step: its old files
     /// are gone only once the new ones are in place.
     fn replace_fs(
@@ -278,76 +337,51 @@ pub trait Driver: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Bytes the store charges to sandbox `id`'s disk limit, its snapshots' share included,
-    /// when the store keeps that count itself (btrfs simple quotas): read in constant time.
-    /// `None`: the engine measures the files and adds its snapshots up.
-    fn disk_charge(&self, id: &str) -> Option<u64> {
-        let _ = id;
-        None
-    }
-
     /// The filesystem `fs` as its layers lie on the host, for a diff.
     fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
         let _ = (fs, template);
         Err(no_snapshots(self.name()))
     }
+}
 
-    /// Whether the engine can reach a port inside a sandbox (for preview URLs): in its network
-    /// namespace, or by way of the agent ([`Self::connect_port`]).
-    fn serves_ports(&self) -> bool {
-        true
-    }
-
-    /// Whether sandboxes reach a network the engine does not filter (a cluster's pod network):
-    /// egress rules and brokered secrets are then refused rather than ignored.
-    fn network_unfiltered(&self) -> bool {
-        false
-    }
-
-    /// Whether sandboxes' records live with the sandboxes (pod annotations) rather than in this
-    /// engine alone, so that other engine replicas create, see and kill the same sandboxes.
-    /// The manager then finds sandboxes it does not know through [`Self::shared_record`] and
-    /// [`Self::shared_records`], and marks each acknowledged with [`Self::acknowledge`].
-    fn shares_records(&self) -> bool {
-        false
-    }
-
-    /// Every acknowledged sandbox record the driver keeps (uid slots are the caller's to give).
-    fn shared_records(&self) -> BoxFuture<'_, Result<Vec<crate::record::Record>, DriverError>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-
-    /// Sandbox `id` as the driver keeps it: its acknowledged record, or the record of one that
-    /// ended and why; `None` if it does not exist (or is not acknowledged yet).
-    fn shared_record<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<Shared>, DriverError>> {
-        let _ = id;
-        Box::pin(async { Ok(None) })
-    }
-
+/// Where a driver whose sandboxes outlive any one engine replica keeps their records (pod
+/// annotations), so that every replica creates, sees and kills the same sandboxes. A record is
+/// found there only once it is acknowledged.
+pub trait SharedRecords: Send + Sync + 'static {
+    /// Every acknowledged record kept there (uid slots are the caller's to give).
+    fn all(&self) -> BoxFuture<'_, Result<Vec<crate::record::Record>, DriverError>>;
+    /// Sandbox `id` as kept there: its acknowledged record, or the record of one that ended and
+    /// why; `None` if it does not exist (or is not acknowledged yet).
+    fn find<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Shared>, DriverError>>;
     /// Stores `record` with the sandbox and marks it acknowledged (after create, after update).
     fn acknowledge<'a>(
         &'a self,
         record: &'a crate::record::Record,
-    ) -> BoxFuture<'a, Result<(), DriverError>> {
-        let _ = record;
-        Box::pin(async { Ok(()) })
+    ) -> BoxFuture<'a, Result<(), DriverError>>;
+}
+
+/// A driver, as the engine holds it: what it can do, how it isolates sandboxes, where it keeps
+/// their files, and — for a driver whose sandboxes several engine replicas share — where it
+/// keeps their records.
+#[derive(Clone)]
+pub struct Driver {
+    pub capabilities: Capabilities,
+    pub isolation: std::sync::Arc<dyn Isolation>,
+    pub storage: std::sync::Arc<dyn Storage>,
+    pub shared: Option<std::sync::Arc<dyn SharedRecords>>,
+}
+
+/// Storage for a driver that keeps no sandbox files the engine can reach (the kubernetes
+/// driver's are in pods): disk use is not measured, and every copy is refused.
+pub struct NoStorage(pub &'static str);
+
+impl Storage for NoStorage {
+    fn name(&self) -> &'static str {
+        self.0
     }
 
-    /// The templates this driver serves instead of the engine's own (the kubernetes driver's
-    /// images); `None`: the engine's templates.
-    fn image_templates(&self) -> Option<Vec<(String, String)>> {
-        None
-    }
-
-    fn egress_sockets<'a>(
-        &'a self,
-        id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<EgressSockets>, DriverError>> {
-        let _ = id;
-        Box::pin(async { Ok(None) })
+    fn disk_bytes(&self, _id: &str) -> u64 {
+        0
     }
 }
 

@@ -88,7 +88,7 @@ pub(super) async fn health(State(state): State<AppState>) -> ApiResult<types::He
     Ok(Json(types::Health {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
-        driver: state.manager.driver().name().into(),
+        driver: state.manager.driver().capabilities().name.into(),
     }))
 }
 

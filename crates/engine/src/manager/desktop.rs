@@ -196,10 +196,12 @@ impl Manager {
         screen: Screen,
     ) -> Result<SandboxView, EngineError> {
         if req.template.is_none() {
-            if self.template(DESKTOP).is_err() && self.driver().image_templates().is_some() {
+            if self.template(DESKTOP).is_err()
+                && self.driver().capabilities().image_templates.is_some()
+            {
                 return Err(EngineError::InvalidArgument(format!(
                     "there is no `{DESKTOP}` template: on the {} driver templates are images; start the engine with --template-image {DESKTOP}=IMAGE (an image with Xvfb), or name such a template",
-                    self.driver().name()
+                    self.driver().capabilities().name
                 )));
             }
             if self.template(DESKTOP).is_err() {

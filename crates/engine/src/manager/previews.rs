@@ -123,10 +123,10 @@ impl Manager {
         expires_in: Option<u64>,
     ) -> Result<PreviewView, EngineError> {
         let urls = self.urls_or_refuse()?;
-        if !self.driver().serves_ports() {
+        if !self.driver().capabilities().serves_ports {
             return Err(EngineError::Conflict(format!(
                 "the {} driver cannot serve a sandbox's ports as preview URLs; use sandbox_exec (curl localhost:{port}) to reach the port from inside",
-                self.driver().name()
+                self.driver().capabilities().name
             )));
         }
         let entry = self.entry(id, tenant)?;

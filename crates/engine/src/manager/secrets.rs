@@ -90,10 +90,10 @@ impl Manager {
         env: &str,
         secret: &str,
     ) -> Result<Binding, EngineError> {
-        if self.driver().network_unfiltered() {
+        if self.driver().capabilities().network_unfiltered {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} driver cannot broker secrets: its sandboxes' traffic does not pass through the engine; pass the value another way",
-                self.driver().name()
+                self.driver().capabilities().name
             )));
         }
         if !valid_env(env) {

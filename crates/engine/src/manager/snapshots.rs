@@ -54,30 +54,28 @@ pub(crate) struct Diffed {
 }
 
 impl Manager {
-    /// Runs `f` with the sandbox's processes frozen (when it is running), so the files it reads
-    /// are one moment's: a command half way through writing a file cannot tear the copy.
-    async fn frozen<T: Send + 'static>(
+    /// Runs `work` with the sandbox's processes frozen (when it is running), so the files it
+    /// reads are one moment's: a command half way through writing a file cannot tear the copy.
+    async fn frozen<T>(
         &self,
         id: &str,
         runtime: Runtime,
-        f: impl FnOnce() -> T + Send + 'static,
+        work: impl std::future::Future<Output = T>,
     ) -> Result<T, EngineError> {
         let mut thaw = false;
         if runtime == Runtime::Running {
-            let (driver, sid) = (self.driver.clone(), id.to_string());
-            match blocking(move || driver.freeze(&sid)).await? {
+            match self.driver.freeze(id).await {
                 Ok(()) => thaw = true,
                 // No freezer (no cgroups): copied as it is.
                 Err(DriverError::Unsupported(_)) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        let out = blocking(f).await;
+        let out = work.await;
         if thaw {
-            let (driver, sid) = (self.driver.clone(), id.to_string());
-            blocking(move || driver.thaw(&sid)).await??;
+            self.driver.thaw(id).await?;
         }
-        out
+        Ok(out)
     }
 
     /// Stops a sandbox's processes for good (its files are about to change under them); the
@@ -89,17 +87,11 @@ impl Manager {
         runtime: &mut Runtime,
     ) -> Result<u64, EngineError> {
         entry.interruptions.fetch_add(1, Ordering::AcqRel);
-        let driver = self.driver.clone();
-        let sid = id.to_string();
-        let stopped = blocking(move || -> Result<u64, DriverError> {
-            let pids = driver.processes(&sid);
-            driver.stop(&sid)?;
-            // A paused sandbox's cgroup stays frozen after its processes die: the next agent
-            // must not start frozen.
-            driver.thaw(&sid)?;
-            Ok(pids)
-        })
-        .await??;
+        let stopped = self.driver.processes(id).await;
+        self.driver.stop(id).await?;
+        // A paused sandbox's cgroup stays frozen after its processes die: the next agent must
+        // not start frozen.
+        self.driver.thaw(id).await?;
         *runtime = Runtime::Stopped;
         entry.set_visible(Runtime::Stopped);
         self.set_status(id, Status::Paused).await?;
@@ -141,16 +133,14 @@ impl Manager {
     /// so both are the same figure), else its files measured, plus each snapshot at its size
     /// when taken.
     async fn disk_use(&self, id: &str, snapshots: &[Snapshot]) -> Result<(u64, u64), EngineError> {
-        let (driver, sid) = (self.driver.clone(), id.to_string());
         let held: u64 = snapshots.iter().map(|s| s.size_bytes).sum();
-        blocking(move || match driver.disk_charge(&sid) {
+        Ok(match self.driver.disk_charge(id).await {
             Some(charged) => (charged, charged),
             None => {
-                let own = driver.disk_bytes(&sid);
+                let own = self.driver.disk_bytes(id).await;
                 (own.saturating_add(held), own)
             }
         })
-        .await
     }
 
     /// Refused when the sandbox's disk is (all but) full: a snapshot could not be kept, a fork
@@ -206,15 +196,13 @@ impl Manager {
             created_at: ids::now_ms(),
         };
         self.put_snapshot(&snap).await?;
-        let (driver, from, to) = (
-            self.driver.clone(),
-            Self::fs_of(&entry, id),
-            snap.id.clone(),
-        );
+        let from = Self::fs_of(&entry, id);
         let made = self
-            .frozen(id, *runtime, move || {
-                driver.clone_fs(&from, &to, CloneKind::Snapshot)
-            })
+            .frozen(
+                id,
+                *runtime,
+                self.driver.clone_fs(from, &snap.id, CloneKind::Snapshot),
+            )
             .await?;
         let method = match made {
             Ok(method) => method,
@@ -226,8 +214,7 @@ impl Manager {
         snap.ready = true;
         snap.method = method.as_str().to_string();
         // The store's count is exact once the snapshot has committed what was in flight.
-        let (driver, sid) = (self.driver.clone(), id.to_string());
-        if let Some(charged) = blocking(move || driver.disk_charge(&sid)).await? {
+        if let Some(charged) = self.driver.disk_charge(id).await {
             snap.size_bytes = charged;
         }
         self.put_snapshot(&snap).await?;
@@ -241,13 +228,10 @@ impl Manager {
 
     /// Deletes a snapshot's files, then its row (best effort: recovery finishes the job).
     async fn drop_snapshot(&self, snap: &str) {
-        let (driver, store, snap) = (self.driver.clone(), self.store.clone(), snap.to_string());
-        let _ = blocking(move || {
-            if driver.remove_fs(&snap).is_ok() {
-                let _ = store.delete_snapshot(&snap);
-            }
-        })
-        .await;
+        if self.driver.remove_fs(snap).await.is_ok() {
+            let (store, snap) = (self.store.clone(), snap.to_string());
+            let _ = blocking(move || store.delete_snapshot(&snap)).await;
+        }
     }
 
     pub(crate) async fn snapshot_list(
@@ -276,12 +260,9 @@ impl Manager {
         // Marked first: a crash while its files go leaves a row recovery finishes deleting.
         snapshot.ready = false;
         self.put_snapshot(&snapshot).await?;
-        let (driver, store, sid) = (self.driver.clone(), self.store.clone(), snap.to_string());
-        blocking(move || -> Result<(), EngineError> {
-            driver.remove_fs(&sid)?;
-            Ok(store.delete_snapshot(&sid)?)
-        })
-        .await?
+        self.driver.remove_fs(snap).await?;
+        let (store, sid) = (self.store.clone(), snap.to_string());
+        Ok(blocking(move || store.delete_snapshot(&sid)).await??)
     }
 
     pub(crate) async fn snapshot_restore(
@@ -306,16 +287,12 @@ impl Manager {
         // Again under the lock: a delete may have taken it meanwhile.
         let snapshot = self.own_snapshot(id, &snapshot.id).await?;
         let stopped_processes = self.stop_for_files(id, &entry, &mut runtime).await?;
-        let (driver, sid, from) = (
-            self.driver.clone(),
-            id.to_string(),
-            FsRef {
-                name: snap.to_string(),
-                slot: None,
-            },
-        );
+        let from = FsRef {
+            name: snap.to_string(),
+            slot: None,
+        };
         let limit = Self::disk_limit(&lock(&entry.record));
-        let method = blocking(move || driver.replace_fs(&sid, &from, limit)).await??;
+        let method = self.driver.replace_fs(id, from, limit).await?;
         drop(runtime);
         self.ensure_running(id, &entry).await?;
         Ok(Restored {
@@ -419,15 +396,21 @@ impl Manager {
             .collect();
         let now = ids::now_ms();
         // One claim and one commit for all of them: each would pay its own fsyncs otherwise.
-        let driver = self.driver.clone();
-        let slots = blocking(move || driver.claim_slots(&used_slots, count as usize)).await??;
-        let release = |slots: &[u32]| slots.iter().for_each(|s| self.driver.release_slot(*s));
+        let slots = self.driver.claim_slots(used_slots, count as usize).await?;
+        let release = |slots: &[u32]| {
+            let slots = slots.to_vec();
+            async move {
+                for s in slots {
+                    self.driver.release_slot(s).await;
+                }
+            }
+        };
         let mut children = Vec::new();
         for &slot in &slots {
             let secrets = match self.bind_new(parent.tenant.as_deref(), &wanted) {
                 Ok(s) => s,
                 Err(e) => {
-                    release(&slots);
+                    release(&slots).await;
                     return Err(e);
                 }
             };
@@ -445,7 +428,7 @@ impl Manager {
         }
         let (store, rs) = (self.store.clone(), children.clone());
         if let Err(e) = blocking(move || store.insert_all(&rs)).await? {
-            release(&slots);
+            release(&slots).await;
             return Err(e.into());
         }
         for child in &children {
@@ -464,18 +447,12 @@ impl Manager {
         if let Some(entry) = lock(&self.sandboxes).remove(&child.id) {
             entry.net.close();
         }
-        let (driver, store, id, slot) = (
-            self.driver.clone(),
-            self.store.clone(),
-            child.id.clone(),
-            child.uid_slot,
-        );
-        let _ = blocking(move || {
-            if driver.destroy(&id).is_ok() && store.delete(&id).is_ok() {
-                driver.release_slot(slot);
+        if self.driver.destroy(&child.id).await.is_ok() {
+            let (store, id) = (self.store.clone(), child.id.clone());
+            if matches!(blocking(move || store.delete(&id)).await, Ok(Ok(()))) {
+                self.driver.release_slot(child.uid_slot).await;
             }
-        })
-        .await;
+        }
     }
 
     /// Copies the parent's files to every child (the parent frozen once, so all children start
@@ -493,33 +470,7 @@ impl Manager {
             .map(|c| (c.id.clone(), Self::disk_limit(c)))
             .collect();
         let method = self
-            .frozen(id, runtime, move || {
-                let clone = |(child, limit_bytes): &(String, u64)| {
-                    driver.clone_fs(
-                        &from,
-                        child,
-                        CloneKind::Sandbox {
-                            limit_bytes: *limit_bytes,
-                        },
-                    )
-                };
-                // The first alone (it writes down the ids of the parent's files once), the rest
-                // side by side: btrfs commits snapshots made together in one transaction.
-                let Some((first, rest)) = targets.split_first() else {
-                    return Ok(CloneMethod::Snapshot);
-                };
-                let method = clone(first)?;
-                std::thread::scope(|scope| {
-                    let copies: Vec<_> =
-                        rest.iter().map(|t| scope.spawn(move || clone(t))).collect();
-                    for copy in copies {
-                        copy.join().map_err(|_| {
-                            DriverError::Agent("a copy of the parent's files panicked".into())
-                        })??;
-                    }
-                    Ok::<_, DriverError>(method)
-                })
-            })
+            .frozen(id, runtime, driver.clone_many(from, targets))
             .await??;
         let started = futures::future::join_all(children.iter().map(|child| async move {
             let spec = self.start_spec(child)?;
@@ -597,10 +548,15 @@ impl Manager {
                 .collect(),
             id_base: layers.id_base,
         };
-        let a = side(self.driver.fs_layers(&base, &base_template.layout)?);
+        let a = side(
+            self.driver
+                .fs_layers(base, base_template.layout.clone())
+                .await?,
+        );
         let b = side(
             self.driver
-                .fs_layers(&Self::fs_of(&entry, id), &template.layout)?,
+                .fs_layers(Self::fs_of(&entry, id), template.layout.clone())
+                .await?,
         );
         let under = under.to_string();
         let diff = blocking(move || diff::diff(&a, &b, &under, DIFF_MEMORY))
@@ -718,9 +674,7 @@ impl Manager {
             );
             let limit = Self::disk_limit(&dst_record);
             let method = self
-                .frozen(source, *src_rt, move || {
-                    driver.replace_fs(&tid, &from, limit)
-                })
+                .frozen(source, *src_rt, driver.replace_fs(&tid, from, limit))
                 .await??;
             drop((a, b));
             self.kill(source, tenant).await?;

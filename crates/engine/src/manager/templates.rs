@@ -535,9 +535,7 @@ impl Manager {
         let entry = self.entry_any(id)?;
         let slot = entry.record().uid_slot;
         let mut rt = entry.lifecycle.lock().await;
-        let driver = self.driver.clone();
-        let sid = id.to_string();
-        blocking(move || driver.stop(&sid)).await??;
+        self.driver.stop(id).await?;
         *rt = Runtime::Stopped;
         drop(rt);
         let template = self.template(&file.key())?;
@@ -560,16 +558,25 @@ impl Manager {
             .iter()
             .map(|m| m.target.clone())
             .collect();
-        let (driver, store, sid) = (self.driver.clone(), self.layers_dir(), id.to_string());
-        blocking(move || -> Result<u64, EngineError> {
-            let tmp = layers::scratch(&store).map_err(EngineError::Templates)?;
-            let bytes = driver
-                .capture(&sid, slot, &targets, &tmp)
-                .inspect_err(|_| {
-                    let _ = sandbox_mcp_sys::fs_tree::remove_tree(&tmp);
-                })?;
-            layers::publish(&tmp, &store, &key).map_err(EngineError::Templates)?;
-            Ok(bytes)
+        let store = self.layers_dir();
+        let scratch = store.clone();
+        let tmp = blocking(move || layers::scratch(&scratch))
+            .await?
+            .map_err(EngineError::Templates)?;
+        let captured = self
+            .driver
+            .capture(id, slot, targets, tmp.clone())
+            .await
+            .map_err(EngineError::from);
+        blocking(move || match captured {
+            Ok(bytes) => {
+                layers::publish(&tmp, &store, &key).map_err(EngineError::Templates)?;
+                Ok(bytes)
+            }
+            Err(e) => {
+                let _ = sandbox_mcp_sys::fs_tree::remove_tree(&tmp);
+                Err(e)
+            }
         })
         .await?
     }
@@ -589,14 +596,12 @@ impl Manager {
             return Err(EngineError::sandbox_not_found(id));
         }
         if frozen_here {
-            let (driver, sid) = (self.driver.clone(), id.to_string());
-            blocking(move || driver.freeze(&sid)).await??;
+            self.driver.freeze(id).await?;
         }
         let key = layers::id_of(&[id.as_bytes(), sandbox_mcp_model::ids::nonce().as_bytes()]);
         let copied = self.copy_to_layer(id, slot, parent, key.clone()).await;
         if frozen_here {
-            let (driver, sid) = (self.driver.clone(), id.to_string());
-            blocking(move || driver.thaw(&sid)).await??;
+            self.driver.thaw(id).await?;
         }
         drop(rt);
         Ok((key, copied?))

@@ -1,0 +1,260 @@
+//! The driver as the engine's services call it: every operation async, whatever blocks (cgroup
+//! writes, the uid registry, copying files) run on the blocking pool here and nowhere else, and
+//! the driver's capabilities at hand as data.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sandbox_mcp_model::driver::{
+    AgentConn, Capabilities, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef,
+    Isolation, Liveness, SharedRecords, StartSpec, Storage, TemplateLayout, Usage,
+};
+
+use crate::error::EngineError;
+
+/// Runs `f` on the blocking pool.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, EngineError> {
+    Ok(tokio::task::spawn_blocking(f).await?)
+}
+
+/// A driver call that panicked or was cancelled with the runtime, as the driver's error (its
+/// operation's outcome is unknown, as after any failure of the host).
+fn unfinished(e: tokio::task::JoinError) -> DriverError {
+    DriverError::Io {
+        what: "finish a call of the driver",
+        source: std::io::Error::other(e),
+    }
+}
+
+/// The driver an engine runs its sandboxes with.
+#[derive(Clone)]
+pub struct DriverHandle {
+    capabilities: Arc<Capabilities>,
+    isolation: Arc<dyn Isolation>,
+    storage: Arc<dyn Storage>,
+    shared: Option<Arc<dyn SharedRecords>>,
+}
+
+impl DriverHandle {
+    pub fn new(driver: Driver) -> Self {
+        Self {
+            capabilities: Arc::new(driver.capabilities),
+            isolation: driver.isolation,
+            storage: driver.storage,
+            shared: driver.shared,
+        }
+    }
+
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// The driver's isolation itself, for callers off the runtime (a test's cleanup on drop,
+    /// say): its calls block.
+    pub fn isolation(&self) -> &dyn Isolation {
+        &*self.isolation
+    }
+
+    /// Where the driver shares records between engine replicas, if it does.
+    pub(crate) fn shared_records(&self) -> Option<&Arc<dyn SharedRecords>> {
+        self.shared.as_ref()
+    }
+
+    /// Runs `f` with the isolation on the blocking pool.
+    async fn isolated<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Isolation) -> Result<T, DriverError> + Send + 'static,
+    ) -> Result<T, DriverError> {
+        let isolation = self.isolation.clone();
+        tokio::task::spawn_blocking(move || f(&*isolation))
+            .await
+            .unwrap_or_else(|e| Err(unfinished(e)))
+    }
+
+    /// Runs `f` with the storage on the blocking pool.
+    async fn stored<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&dyn Storage) -> Result<T, DriverError> + Send + 'static,
+    ) -> Result<T, DriverError> {
+        let storage = self.storage.clone();
+        tokio::task::spawn_blocking(move || f(&*storage))
+            .await
+            .unwrap_or_else(|e| Err(unfinished(e)))
+    }
+
+    pub(crate) async fn claim_slots(
+        &self,
+        taken: Vec<u32>,
+        count: usize,
+    ) -> Result<Vec<u32>, DriverError> {
+        self.isolated(move |d| d.claim_slots(&taken, count)).await
+    }
+
+    pub(crate) async fn claim_slot(&self, taken: Vec<u32>) -> Result<u32, DriverError> {
+        self.isolated(move |d| d.claim_slot(&taken)).await
+    }
+
+    pub(crate) async fn release_slot(&self, slot: u32) {
+        let _ = self
+            .isolated(move |d| {
+                d.release_slot(slot);
+                Ok(())
+            })
+            .await;
+    }
+
+    pub(crate) async fn reconcile_slots(&self, held: Vec<u32>) {
+        let _ = self
+            .isolated(move |d| {
+                d.reconcile_slots(&held);
+                Ok(())
+            })
+            .await;
+    }
+
+    pub(crate) async fn close(&self) {
+        let _ = self
+            .isolated(|d| {
+                d.close();
+                Ok(())
+            })
+            .await;
+    }
+
+    pub(crate) async fn start(&self, spec: &StartSpec) -> Result<(), DriverError> {
+        self.isolation.start(spec).await
+    }
+
+    pub(crate) async fn connect(&self, id: &str) -> Result<AgentConn, DriverError> {
+        self.isolation.connect(id).await
+    }
+
+    pub(crate) async fn liveness(&self, id: &str) -> Liveness {
+        self.isolation.liveness(id).await
+    }
+
+    pub(crate) async fn freeze(&self, id: &str) -> Result<(), DriverError> {
+        let id = id.to_string();
+        self.isolated(move |d| d.freeze(&id)).await
+    }
+
+    pub(crate) async fn thaw(&self, id: &str) -> Result<(), DriverError> {
+        let id = id.to_string();
+        self.isolated(move |d| d.thaw(&id)).await
+    }
+
+    pub(crate) async fn stop(&self, id: &str) -> Result<(), DriverError> {
+        let id = id.to_string();
+        self.isolated(move |d| d.stop(&id)).await
+    }
+
+    pub(crate) async fn destroy(&self, id: &str) -> Result<(), DriverError> {
+        let id = id.to_string();
+        self.isolated(move |d| d.destroy(&id)).await
+    }
+
+    pub(crate) async fn usage(&self, id: &str) -> Usage {
+        let id = id.to_string();
+        self.isolated(move |d| Ok(d.usage(&id)))
+            .await
+            .unwrap_or_default()
+    }
+
+    pub(crate) async fn processes(&self, id: &str) -> u64 {
+        let id = id.to_string();
+        self.isolated(move |d| Ok(d.processes(&id)))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// OOM kills so far, read in place: one small cgroup file, which never blocks, costs less
+    /// than a trip to the blocking pool and back (it is read before and after every command).
+    pub(crate) fn oom_kills_now(&self, id: &str) -> u64 {
+        self.isolation.oom_kills(id)
+    }
+
+    pub(crate) async fn egress_sockets(
+        &self,
+        id: &str,
+    ) -> Result<Option<sandbox_mcp_model::driver::EgressSockets>, DriverError> {
+        self.isolation.egress_sockets(id).await
+    }
+
+    pub(crate) async fn connect_port(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> std::io::Result<tokio::net::TcpStream> {
+        self.isolation.connect_port(id, port).await
+    }
+
+    pub(crate) async fn disk_bytes(&self, id: &str) -> u64 {
+        let id = id.to_string();
+        self.stored(move |s| Ok(s.disk_bytes(&id)))
+            .await
+            .unwrap_or_default()
+    }
+
+    pub(crate) async fn disk_charge(&self, id: &str) -> Option<u64> {
+        let id = id.to_string();
+        self.stored(move |s| Ok(s.disk_charge(&id)))
+            .await
+            .unwrap_or_default()
+    }
+
+    pub(crate) async fn capture(
+        &self,
+        id: &str,
+        slot: u32,
+        targets: Vec<String>,
+        dest: PathBuf,
+    ) -> Result<u64, DriverError> {
+        let id = id.to_string();
+        self.stored(move |s| s.capture(&id, slot, &targets, &dest))
+            .await
+    }
+
+    pub(crate) async fn clone_fs(
+        &self,
+        from: FsRef,
+        to: &str,
+        kind: CloneKind,
+    ) -> Result<CloneMethod, DriverError> {
+        let to = to.to_string();
+        self.stored(move |s| s.clone_fs(&from, &to, kind)).await
+    }
+
+    pub(crate) async fn clone_many(
+        &self,
+        from: FsRef,
+        to: Vec<(String, u64)>,
+    ) -> Result<CloneMethod, DriverError> {
+        self.stored(move |s| s.clone_many(&from, &to)).await
+    }
+
+    pub(crate) async fn replace_fs(
+        &self,
+        id: &str,
+        from: FsRef,
+        limit_bytes: u64,
+    ) -> Result<CloneMethod, DriverError> {
+        let id = id.to_string();
+        self.stored(move |s| s.replace_fs(&id, &from, limit_bytes))
+            .await
+    }
+
+    pub(crate) async fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
+        let name = name.to_string();
+        self.stored(move |s| s.remove_fs(&name)).await
+    }
+
+    pub(crate) async fn fs_layers(
+        &self,
+        fs: FsRef,
+        template: TemplateLayout,
+    ) -> Result<FsLayers, DriverError> {
+        self.stored(move |s| s.fs_layers(&fs, &template)).await
+    }
+}

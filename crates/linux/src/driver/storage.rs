@@ -1,0 +1,182 @@
+//! Where the namespaces driver keeps sandboxes' files (a btrfs store, or plain directories) and
+//! what the engine does with them from outside: measure, capture, snapshot, fork, restore, diff.
+
+use super::*;
+
+impl Storage for NamespacesDriver {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capture(
+        &self,
+        id: &str,
+        slot: u32,
+        targets: &[String],
+        dest: &std::path::Path,
+    ) -> Result<u64, DriverError> {
+        let dir = self.dir(id);
+        let uppers: Vec<(String, PathBuf)> = targets
+            .iter()
+            .map(|t| (plan::layer_name(t), plan::upper_dir(&dir, t)))
+            .collect();
+        // As root the upper holds the sandbox's host ids; a layer holds the ids it saw.
+        let owners = match self.disk_ids(&FsRef {
+            name: id.to_string(),
+            slot: Some(slot),
+        }) {
+            Some(base) => sandbox_mcp_sys::layers::Owners::Shift {
+                base,
+                count: plan::MAPPED_IDS,
+            },
+            None => sandbox_mcp_sys::layers::Owners::Keep,
+        };
+        sandbox_mcp_sys::layers::capture(&uppers, dest, owners).map_err(|e| {
+            match e
+                .get_ref()
+                .and_then(|inner| inner.downcast_ref::<sandbox_mcp_sys::layers::TooDeep>())
+            {
+                // The sandbox's own doing, and the caller can fix it: said in full.
+                Some(deep) => DriverError::Unsupported(deep.to_string()),
+                None => DriverError::io("copy the sandbox's files into a layer")(e),
+            }
+        })
+    }
+
+    fn clone_fs(
+        &self,
+        from: &FsRef,
+        to: &str,
+        kind: CloneKind,
+    ) -> Result<CloneMethod, DriverError> {
+        let limit = match kind {
+            CloneKind::Snapshot => None,
+            CloneKind::Sandbox { limit_bytes } => Some(limit_bytes),
+        };
+        if self.snapshot_tree(from, to, limit)? {
+            return Ok(CloneMethod::Snapshot);
+        }
+        let parent = &self.sandboxes_dir;
+        let made = match limit {
+            None => fs::DirBuilder::new().mode(0o700).create(self.dir(to)),
+            Some(limit) => disk::create_dir(&self.store, parent, to, limit),
+        };
+        made.map_err(DriverError::io("create the copy's directory"))?;
+        if let Err(e) = self.copy_fs(from, to) {
+            let _ = disk::remove_dir(&self.store, parent, to);
+            return Err(match e.kind() {
+                io::ErrorKind::InvalidData => DriverError::Unsupported(e.to_string()),
+                _ => DriverError::io("copy the sandbox's files")(e),
+            });
+        }
+        Ok(CloneMethod::Copy)
+    }
+
+    fn replace_fs(
+        &self,
+        id: &str,
+        from: &FsRef,
+        limit_bytes: u64,
+    ) -> Result<CloneMethod, DriverError> {
+        let parent = &self.sandboxes_dir;
+        let new = format!("{id}{NEW_SUFFIX}");
+        let _ = disk::remove_dir(&self.store, parent, &new);
+        if let Store::Btrfs = self.store {
+            // The old tree is renamed aside and the snapshot made under the sandbox's name: the
+            // snapshot's own transaction commit makes the rename durable with it. Swapping two
+            // names instead needs a second commit (a directory fsync after renaming subvolumes
+            // commits the whole transaction: ~10 ms here). A crash before that commit leaves the
+            // old tree, under its name or aside, which the next engine start puts back.
+            fs::rename(self.dir(id), self.dir(&new))
+                .map_err(DriverError::io("put the sandbox's files aside"))?;
+            let put_back = || fs::rename(self.dir(&new), self.dir(id));
+            match self.snapshot_tree(from, id, Some(limit_bytes)) {
+                Ok(true) => {
+                    if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
+                        tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
+                    }
+                    return Ok(CloneMethod::Snapshot);
+                }
+                // Not a subvolume (made before the store was): copied below.
+                Ok(false) => {
+                    put_back().map_err(DriverError::io("put the sandbox's files back in place"))?
+                }
+                Err(e) => {
+                    put_back().map_err(DriverError::io("put the sandbox's files back in place"))?;
+                    return Err(e);
+                }
+            }
+        }
+        let method = self.clone_fs(from, &new, CloneKind::Sandbox { limit_bytes })?;
+        if let Err(e) = disk::exchange(parent, id, &new) {
+            let _ = disk::remove_dir(&self.store, parent, &new);
+            return Err(DriverError::io("put the copied files in place")(e));
+        }
+        // `new` now names the old tree.
+        if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
+            tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
+        }
+        Ok(method)
+    }
+
+    fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
+        disk::remove_dir(&self.store, &self.sandboxes_dir, name)
+            .map_err(DriverError::io("delete the snapshot's files"))
+    }
+
+    fn disk_charge(&self, id: &str) -> Option<u64> {
+        match self.store {
+            Store::Btrfs => disk::simple_quota_bytes(&self.dir(id)),
+            Store::Plain(_) => None,
+        }
+    }
+
+    fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
+        let dir = self.dir(&fs.name);
+        Ok(FsLayers {
+            mounts: template
+                .mounts
+                .iter()
+                .map(|m| {
+                    (
+                        m.target.clone(),
+                        plan::upper_dir(&dir, &m.target),
+                        m.lowers.clone(),
+                    )
+                })
+                .collect(),
+            id_base: self.disk_ids(fs),
+        })
+    }
+
+    fn disk_bytes(&self, id: &str) -> u64 {
+        sandbox_mcp_sys::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
+    }
+
+    /// The first alone (it writes down the ids of the parent's files once), the rest side by
+    /// side: btrfs commits snapshots made together in one transaction.
+    fn clone_many(&self, from: &FsRef, to: &[(String, u64)]) -> Result<CloneMethod, DriverError> {
+        let clone = |(child, limit_bytes): &(String, u64)| {
+            self.clone_fs(
+                from,
+                child,
+                CloneKind::Sandbox {
+                    limit_bytes: *limit_bytes,
+                },
+            )
+        };
+        let Some((first, rest)) = to.split_first() else {
+            return Ok(CloneMethod::Snapshot);
+        };
+        let method = clone(first)?;
+        std::thread::scope(|scope| {
+            let copies: Vec<_> = rest.iter().map(|t| scope.spawn(move || clone(t))).collect();
+            for copy in copies {
+                copy.join().map_err(|_| {
+                    DriverError::Agent("a copy of the parent's files panicked".into())
+                })??;
+            }
+            Ok(method)
+        })
+    }
+}
