@@ -661,7 +661,7 @@ async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()>
             sandbox_mcp_network::intercept::Interceptor::open(&config.data_dir, &[])?;
             let existing: Vec<_> = templates.iter().collect();
             let file =
-                sandbox_mcp_engine::manager::import(&config, &existing, None, &name, &image)?;
+                sandbox_mcp_engine::services::import(&config, &existing, None, &name, &image)?;
             sandbox_mcp_storage::templates::save(&tdir, &file)?;
             (file.size_bytes, "ready".to_string())
         }

@@ -1,7 +1,7 @@
 //! The engine: the control plane behind `openapi/sandbox-mcp.json`.
 //!
 //! [`server`] serves the API over HTTP with bearer keys; [`api`] implements each operation on the
-//! generated types; [`manager`] owns sandbox lifecycles, quotas and timers; [`state`] keeps every
+//! generated types; [`manager`] composes the [`services`] (sandbox lifecycles, quotas, timers, snapshots, templates…); [`state`] keeps every
 //! acknowledged record in SQLite; a [`driver::Driver`] does the isolation (today
 //! [`linux`]'s namespaces driver; a microVM driver would implement the same trait). [`local`]
 //! runs or finds the engine for a data dir when the MCP server embeds it. [`network`] carries sandboxes'
@@ -15,4 +15,5 @@ pub mod manager;
 pub mod preview;
 pub(crate) mod records;
 pub mod server;
+pub mod services;
 pub mod state;

@@ -27,7 +27,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::chain;
-use crate::manager::{Manager, PreviewError, TOKEN_PARAM};
+use crate::manager::Manager;
+use crate::services::{PreviewError, TOKEN_PARAM};
 use sandbox_mcp_model::config::PreviewConfig;
 use sandbox_mcp_model::ids;
 use sandbox_mcp_network::proxy::{page, strip_hop_by_hop};
@@ -238,7 +239,7 @@ pub(crate) async fn serve(listener: TcpListener, manager: Arc<Manager>, stop: Ca
         };
         // Each visitor's connection, and the one into the sandbox it leads to, are descriptors
         // of the engine's budget for sandbox traffic: visitors cannot spend the engine's own.
-        let Some(fds) = manager.descriptors().take(2) else {
+        let Some(fds) = manager.networks.descriptors().take(2) else {
             tokio::spawn(async move {
                 let mut stream = stream;
                 let body = "the engine is at its limit of open connections; try again shortly\n";
@@ -269,7 +270,7 @@ pub(crate) async fn serve(listener: TcpListener, manager: Arc<Manager>, stop: Ca
 }
 
 async fn handle(manager: &Manager, req: Request<Incoming>, peer: IpAddr) -> Response<Body> {
-    let Some(urls) = manager.preview_urls() else {
+    let Some(urls) = manager.previews.urls() else {
         return page(StatusCode::NOT_FOUND, "Previews are off on this engine.");
     };
     let host = match request_host(req.uri(), req.headers()) {
@@ -323,7 +324,7 @@ async fn proxy(
             ),
         )
     };
-    let Some((preview, closed)) = manager.preview_find(id, port) else {
+    let Some((preview, closed)) = manager.previews.preview_find(id, port) else {
         return missing();
     };
     if preview.expires_at.is_some_and(|at| at <= ids::now_ms()) {
@@ -400,7 +401,7 @@ async fn proxy(
         }
     }
 
-    let (stream, activity) = match manager.preview_connect(id, port).await {
+    let (stream, activity) = match manager.previews.preview_connect(id, port).await {
         Ok(c) => c,
         Err(PreviewError::Gone) => return missing(),
         Err(PreviewError::NotListening) => {

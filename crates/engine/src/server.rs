@@ -31,7 +31,7 @@ impl EngineServer {
         let previews = match preview::bind(&manager.config().preview)? {
             Some(l) => {
                 let l = TcpListener::from_std(l)?;
-                manager.set_preview_port(l.local_addr()?.port());
+                manager.previews.set_port(l.local_addr()?.port());
                 Some(l)
             }
             None => None,

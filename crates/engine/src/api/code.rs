@@ -11,7 +11,7 @@ use super::convert::{Api, TryApi};
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
 use crate::error::EngineError;
-use crate::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP};
+use crate::services::{EXEC_GRACE, EXEC_OUTPUT_CAP};
 use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 
@@ -52,6 +52,7 @@ pub(super) async fn run_code(
     let deadline = deadline(&spec);
     let outcome = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
         .await?;
     Ok(Json(outcome.try_api()?))
@@ -67,6 +68,7 @@ pub(super) async fn run_code_stream(
     let deadline = deadline(&spec);
     let events = state
         .manager
+        .agent
         .stream(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
         .await?;
     Ok(ndjson::events(events, |outcome| async move {
@@ -82,6 +84,7 @@ pub(super) async fn list_contexts(
 ) -> Result<Json<types::CodeContextList>, EngineError> {
     let list = state
         .manager
+        .agent
         .call(
             sandbox_id(&id)?,
             tenant.as_deref(),
@@ -112,6 +115,7 @@ pub(super) async fn create_context(
     // Starting an interpreter can take a while on a cold cache.
     let context = state
         .manager
+        .agent
         .call(
             sandbox_id(&id)?,
             tenant.as_deref(),
@@ -138,6 +142,7 @@ pub(super) async fn delete_context(
     };
     state
         .manager
+        .agent
         .call(
             sandbox_id(&id)?,
             tenant.as_deref(),

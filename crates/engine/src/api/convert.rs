@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::EngineError;
-use crate::manager::{
+use crate::services::{
     Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
     ShapeRequest,
 };
@@ -266,7 +266,7 @@ impl TryApi<types::Sandbox> for &SandboxView {
             desktop: r.desktop.map(|d| types::Desktop {
                 width: d.width.into(),
                 height: d.height.into(),
-                display: crate::manager::DISPLAY.into(),
+                display: crate::services::DISPLAY.into(),
             }),
             created_at: ids::time(r.created_at),
             last_active_at: ids::time(r.last_active_at),

@@ -10,7 +10,7 @@ use super::convert::{api_sandbox_id, internal};
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
 use super::sandboxes::{create_request, sandbox};
 use crate::error::EngineError;
-use crate::manager::{ActionRequest, parse_resolution};
+use crate::services::{ActionRequest, parse_resolution};
 use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{Screen, Shot};
 
@@ -28,6 +28,7 @@ pub(super) async fn create(
     let plain: types::CreateSandboxRequest = serde_json::from_value(fields).map_err(internal)?;
     let view = state
         .manager
+        .desktops
         .create_computer(create_request(&plain, tenant)?, screen)
         .await?;
     Ok((StatusCode::CREATED, sandbox(&view)?))
@@ -70,6 +71,7 @@ pub(super) async fn screenshot(
     let scale = check_scale(query.scale.unwrap_or(1.0))?;
     let (screen, shot) = state
         .manager
+        .desktops
         .screenshot(sandbox_id(&id)?, tenant.as_deref(), scale, false)
         .await?;
     Ok(Json(api_screenshot(screen, shot)))
@@ -103,11 +105,13 @@ pub(super) async fn action(
     };
     let (cursor_x, cursor_y) = state
         .manager
+        .desktops
         .computer_action(id, tenant.as_deref(), &request)
         .await?;
     let screenshot = if body.screenshot {
         let (screen, shot) = state
             .manager
+            .desktops
             .screenshot(id, tenant.as_deref(), scale, true)
             .await?;
         Some(api_screenshot(screen, shot))
@@ -129,12 +133,12 @@ pub(super) async fn stop(
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::StopComputerRequest>,
 ) -> Result<Json<types::StopComputerResult>, EngineError> {
     let id = sandbox_id(&id)?;
-    state.manager.desktop_of(id, tenant.as_deref())?;
+    state.manager.desktops.desktop_of(id, tenant.as_deref())?;
     let status = if body.kill {
-        state.manager.kill(id, tenant.as_deref()).await?;
+        state.manager.lifecycle.kill(id, tenant.as_deref()).await?;
         types::StopComputerResultStatus::Killed
     } else {
-        state.manager.pause(id, tenant.as_deref()).await?;
+        state.manager.lifecycle.pause(id, tenant.as_deref()).await?;
         types::StopComputerResultStatus::Paused
     };
     Ok(Json(types::StopComputerResult {

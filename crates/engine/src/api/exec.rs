@@ -10,7 +10,7 @@ use super::convert::Api;
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
 use crate::error::EngineError;
-use crate::manager::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
+use crate::services::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
 use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{ExecSpec, StartJob};
 
@@ -53,6 +53,7 @@ async fn start_job(
     };
     let job = state
         .manager
+        .agent
         .call(id, tenant, start, Duration::from_secs(60))
         .await?;
     let mut r: types::ExecResult = Api::api(ExecResult {
@@ -75,7 +76,11 @@ pub(super) async fn exec_command(
     if body.background {
         return Ok(Json(start_job(&state, id, tenant.as_deref(), spec).await?));
     }
-    let result = state.manager.exec(id, tenant.as_deref(), spec).await?;
+    let result = state
+        .manager
+        .agent
+        .exec(id, tenant.as_deref(), spec)
+        .await?;
     Ok(Json(result.api()))
 }
 
@@ -95,9 +100,10 @@ pub(super) async fn exec_command_stream(
         ));
     }
     let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
-    let before = state.manager.oom_mark(&id);
+    let before = state.manager.agent.oom_mark(&id);
     let events = state
         .manager
+        .agent
         .stream(&id, tenant.as_deref(), spec, deadline)
         .await?;
     let manager = state.manager.clone();
@@ -105,7 +111,10 @@ pub(super) async fn exec_command_stream(
     Ok(ndjson::events(events, move |outcome| {
         let (manager, id, tenant) = (manager.clone(), id.clone(), tenant.clone());
         async move {
-            let oom_killed = manager.settle_oom(&id, tenant.as_deref(), before).await;
+            let oom_killed = manager
+                .agent
+                .settle_oom(&id, tenant.as_deref(), before)
+                .await;
             let result: types::ExecResult = Api::api(ExecResult {
                 outcome,
                 oom_killed,

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::convert::Api;
 use super::request::{ApiJson, ApiQuery, AppState, Tenant, sandbox_id};
 use crate::error::EngineError;
-use crate::manager::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
+use crate::services::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
 use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{Delete, ListDir, Move, ReadFile, WriteFile, ZipDir};
 
@@ -50,6 +50,7 @@ pub(super) async fn read(
     };
     let file = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), read, DEADLINE)
         .await?;
     let want_text = !matches!(q.encoding, Some(types::FileEncoding::Base64));
@@ -106,6 +107,7 @@ pub(super) async fn write(
     };
     let written = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), write, DEADLINE)
         .await?;
     Ok(Json(types::WriteResult {
@@ -126,6 +128,7 @@ pub(super) async fn list(
     };
     let dir = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), list, DEADLINE)
         .await?;
     Ok(Json(types::FileList {
@@ -147,6 +150,7 @@ pub(super) async fn delete(
     };
     let deleted = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), delete, DEADLINE)
         .await?;
     Ok(Json(types::DeleteResult {
@@ -167,6 +171,7 @@ pub(super) async fn rename(
     };
     let moved = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), rename, DEADLINE)
         .await?;
     Ok(Json(types::MoveResult {
@@ -187,6 +192,7 @@ pub(super) async fn download_dir(
     };
     let archive = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), zip, DEADLINE)
         .await?;
     Ok(Json(archive.api()))

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use super::convert::TryApi;
 use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
 use crate::error::EngineError;
-use crate::manager::JOB_PAGE;
+use crate::services::JOB_PAGE;
 use sandbox_mcp_api::types;
 use sandbox_mcp_protocol::{JobStatus, KillJob};
 
@@ -46,6 +46,7 @@ pub(super) async fn get(
     };
     let job = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), status, DEADLINE)
         .await?;
     Ok(Json(job.try_api()?))
@@ -61,6 +62,7 @@ pub(super) async fn kill(
     };
     let job = state
         .manager
+        .agent
         .call(sandbox_id(&id)?, tenant.as_deref(), kill, DEADLINE)
         .await?;
     Ok(Json(job.try_api()?))

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use super::request::NDJSON;
 use crate::error::EngineError;
-use crate::manager::Event;
+use crate::services::Event;
 use sandbox_mcp_model::ids;
 
 /// An NDJSON response from the agent's events; `finish` turns the reply into the `result`.

@@ -44,6 +44,7 @@ pub(super) async fn log(
     };
     let page = state
         .manager
+        .lifecycle
         .network_log(
             sandbox_id(&id)?,
             tenant.as_deref(),

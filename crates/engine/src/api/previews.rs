@@ -27,6 +27,7 @@ pub(super) async fn create(
     }
     let view = state
         .manager
+        .previews
         .preview_create(
             sandbox_id(&id)?,
             tenant.as_deref(),
@@ -45,6 +46,7 @@ pub(super) async fn list(
 ) -> Result<Json<types::PreviewList>, EngineError> {
     let previews = state
         .manager
+        .previews
         .previews(sandbox_id(&id)?, tenant.as_deref())?
         .into_iter()
         .map(TryApi::try_api)
@@ -66,6 +68,7 @@ pub(super) async fn delete(
         })?;
     let deleted = state
         .manager
+        .previews
         .preview_delete(sandbox_id(&id)?, tenant.as_deref(), port.get())
         .await?;
     Ok(Json(types::DeletePreviewResult {

@@ -12,7 +12,7 @@ use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, check_env, sandbox_id};
 use crate::error::EngineError;
-use crate::manager::{CreateRequest, SandboxView};
+use crate::services::{CreateRequest, SandboxView};
 use crate::state::NetworkRules;
 use sandbox_mcp_api::types;
 
@@ -21,7 +21,7 @@ type ApiResult<T> = Result<Json<T>, EngineError>;
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
 /// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
-const MAX_METADATA_PAIRS: usize = crate::manager::MAX_LABELS;
+const MAX_METADATA_PAIRS: usize = crate::services::MAX_LABELS;
 /// Longest metadata filter accepted.
 const MAX_FILTER: usize = 2048;
 /// Longest `timeout_seconds` (30 days).
@@ -97,7 +97,11 @@ pub(super) async fn create(
     tenant: Tenant,
     ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<types::Sandbox>), EngineError> {
-    let view = state.manager.create(create_request(&body, tenant)?).await?;
+    let view = state
+        .manager
+        .pools
+        .create(create_request(&body, tenant)?)
+        .await?;
     Ok((StatusCode::CREATED, sandbox(&view)?))
 }
 
@@ -164,9 +168,10 @@ pub(super) async fn list(
         None => Vec::new(),
     };
     let status = query.status.map(Api::api);
-    let network = state.manager.network_info();
+    let network = state.manager.networks.info();
     let sandboxes = state
         .manager
+        .lifecycle
         .list_current(status, &filter, tenant.as_deref())
         .await?
         .into_iter()
@@ -189,9 +194,14 @@ pub(super) async fn get(
     Path(id): Path<String>,
 ) -> ApiResult<types::Sandbox> {
     let id = sandbox_id(&id)?;
-    let mut view = state.manager.get(id, tenant.as_deref(), true).await?;
+    let mut view = state
+        .manager
+        .lifecycle
+        .get(id, tenant.as_deref(), true)
+        .await?;
     view.jobs = state
         .manager
+        .agent
         .jobs(id, tenant.as_deref())
         .await
         .unwrap_or_default();
@@ -216,6 +226,7 @@ pub(super) async fn update(
     }
     let view = state
         .manager
+        .lifecycle
         .update(sandbox_id(&id)?, tenant.as_deref(), metadata, network)
         .await?;
     sandbox(&view)
@@ -227,7 +238,7 @@ pub(super) async fn kill(
     Path(id): Path<String>,
 ) -> ApiResult<types::KillResult> {
     let id = sandbox_id(&id)?;
-    state.manager.kill(id, tenant.as_deref()).await?;
+    state.manager.lifecycle.kill(id, tenant.as_deref()).await?;
     Ok(Json(types::KillResult {
         id: api_sandbox_id(id)?,
         killed: true,
@@ -241,6 +252,7 @@ pub(super) async fn pause(
 ) -> ApiResult<types::Sandbox> {
     let view = state
         .manager
+        .lifecycle
         .pause(sandbox_id(&id)?, tenant.as_deref())
         .await?;
     sandbox(&view)
@@ -253,6 +265,7 @@ pub(super) async fn resume(
 ) -> ApiResult<types::Sandbox> {
     let view = state
         .manager
+        .lifecycle
         .resume(sandbox_id(&id)?, tenant.as_deref())
         .await?;
     sandbox(&view)
@@ -264,7 +277,11 @@ pub(super) async fn metrics(
     Path(id): Path<String>,
 ) -> ApiResult<types::SandboxMetrics> {
     let id = sandbox_id(&id)?;
-    let m = state.manager.metrics(id, tenant.as_deref()).await?;
+    let m = state
+        .manager
+        .lifecycle
+        .metrics(id, tenant.as_deref())
+        .await?;
     Ok(Json(types::SandboxMetrics {
         id: api_sandbox_id(id)?,
         status: m.status.api(),

@@ -18,6 +18,7 @@ pub(super) async fn list(
 ) -> ApiResult<types::SecretList> {
     let secrets = state
         .manager
+        .secrets
         .secret_list(tenant.as_deref())
         .await?
         .into_iter()
@@ -50,6 +51,7 @@ pub(super) async fn set(
     };
     let view = state
         .manager
+        .secrets
         .secret_set(tenant.as_deref(), new, body.value.to_string())
         .await?;
     Ok(Json(view.try_api()?))
@@ -62,6 +64,7 @@ pub(super) async fn delete(
 ) -> ApiResult<types::DeleteSecretResult> {
     let deleted = state
         .manager
+        .secrets
         .secret_delete(tenant.as_deref(), &name)
         .await?;
     Ok(Json(types::DeleteSecretResult {
@@ -80,6 +83,7 @@ pub(super) async fn attach(
 ) -> ApiResult<types::Sandbox> {
     let view = state
         .manager
+        .secrets
         .attach_secret(sandbox_id(&id)?, tenant.as_deref(), &body.env, &body.secret)
         .await?;
     sandbox(&view)
@@ -92,6 +96,7 @@ pub(super) async fn detach(
 ) -> ApiResult<types::Sandbox> {
     let view = state
         .manager
+        .secrets
         .detach_secret(sandbox_id(&id)?, tenant.as_deref(), &env)
         .await?;
     sandbox(&view)

@@ -8,7 +8,7 @@ use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, AppState, Tenant, sandbox_id};
 use crate::error::EngineError;
-use crate::manager::MAX_SNAPSHOTS;
+use crate::services::MAX_SNAPSHOTS;
 use sandbox_mcp_api::types;
 use sandbox_mcp_model::ids;
 
@@ -32,6 +32,7 @@ pub(super) async fn create(
     let name = body.name.map(|n| n.to_string());
     let snap = state
         .manager
+        .snapshots
         .snapshot_create(sandbox_id(&id)?, tenant.as_deref(), name)
         .await?;
     Ok((StatusCode::CREATED, Json(snap.try_api()?)))
@@ -44,6 +45,7 @@ pub(super) async fn list(
 ) -> Result<Json<types::SnapshotList>, EngineError> {
     let snapshots = state
         .manager
+        .snapshots
         .snapshot_list(sandbox_id(&id)?, tenant.as_deref())
         .await?
         .into_iter()
@@ -63,6 +65,7 @@ pub(super) async fn delete(
     let snap = snapshot_id(&snap)?;
     state
         .manager
+        .snapshots
         .snapshot_delete(sandbox_id(&id)?, tenant.as_deref(), snap)
         .await?;
     Ok(Json(types::DeleteSnapshotResult {
@@ -79,6 +82,7 @@ pub(super) async fn restore(
     let snap = snapshot_id(&snap)?;
     let restored = state
         .manager
+        .snapshots
         .snapshot_restore(sandbox_id(&id)?, tenant.as_deref(), snap)
         .await?;
     Ok(Json(restored.try_api()?))
@@ -97,6 +101,7 @@ pub(super) async fn fork(
     };
     let forked = state
         .manager
+        .snapshots
         .fork(id, tenant.as_deref(), body.count.get(), metadata)
         .await?;
     Ok((
@@ -129,6 +134,7 @@ pub(super) async fn diff(
     let limit = body.limit as usize;
     let diffed = state
         .manager
+        .snapshots
         .diff(
             sandbox_id(&id)?,
             tenant.as_deref(),
@@ -150,6 +156,7 @@ pub(super) async fn merge(
     let source = body.source_id.to_string();
     let method = state
         .manager
+        .snapshots
         .merge(&source, target, tenant.as_deref(), body.force)
         .await?;
     Ok(Json(types::MergeResult {

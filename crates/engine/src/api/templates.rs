@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, AppState, Tenant, check_env};
 use crate::error::EngineError;
-use crate::manager::{Step, TemplateRequest};
+use crate::services::{Step, TemplateRequest};
 use sandbox_mcp_api::types;
 use sandbox_mcp_storage::templates::{Template, check_name};
 
@@ -20,16 +20,17 @@ type ApiResult<T> = Result<Json<T>, EngineError>;
 
 /// A template as the API shows it (whether it is the engine's default is part of that).
 fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError> {
-    (t, state.manager.default_template().as_str()).try_api()
+    (t, state.manager.catalog.default_template().as_str()).try_api()
 }
 
 pub(super) async fn list(
     State(state): State<AppState>,
     tenant: Tenant,
 ) -> ApiResult<types::TemplateList> {
-    let default = state.manager.default_template();
+    let default = state.manager.catalog.default_template();
     let templates = state
         .manager
+        .catalog
         .templates_of(tenant.as_deref())
         .iter()
         .map(|t| (&**t, default.as_str()).try_api())
@@ -47,7 +48,10 @@ pub(super) async fn get(
     Path(name): Path<String>,
 ) -> ApiResult<types::Template> {
     name_of(&name)?;
-    let t = state.manager.template_for(tenant.as_deref(), &name)?;
+    let t = state
+        .manager
+        .catalog
+        .template_for(tenant.as_deref(), &name)?;
     Ok(Json(shown(&state, &t)?))
 }
 
@@ -105,6 +109,7 @@ pub(super) async fn create(
     };
     let t = state
         .manager
+        .templates
         .create_template(req, tenant.as_deref())
         .await?;
     Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
@@ -118,6 +123,7 @@ pub(super) async fn delete(
     name_of(&name)?;
     state
         .manager
+        .templates
         .delete_template(tenant.as_deref(), &name)
         .await?;
     Ok(Json(types::DeleteTemplateResult {
@@ -165,6 +171,7 @@ pub(super) async fn import(
         file.flush().await.map_err(EngineError::Templates)?;
         state
             .manager
+            .templates
             .import_template(tenant.as_deref(), &name, path.clone())
             .await
     }

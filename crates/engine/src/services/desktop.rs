@@ -2,13 +2,21 @@
 //! size. Its agent runs the display; every desktop call carries the size, so a display that is
 //! gone (a restore stopped every process, the agent was restarted) comes back by itself.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CreateRequest, Manager, SandboxView, lock};
+use super::agent::AgentClient;
+use super::catalog::Catalog;
+use super::lifecycle::Lifecycle;
+use super::pool::Pools;
+use super::registry::Registry;
+use super::{CreateRequest, SandboxView};
+use crate::driver::DriverHandle;
 use crate::error::EngineError;
 use sandbox_mcp_protocol::keys;
 use sandbox_mcp_protocol::{Input, InputAction, Screen, Screenshot, Shot, StartDesktop};
 use sandbox_mcp_storage::templates::DESKTOP;
+use sandbox_mcp_sys::lock;
 
 /// The display every desktop uses (`DISPLAY`, set for every command): the agent's.
 pub(crate) use sandbox_mcp_protocol::DISPLAY;
@@ -187,7 +195,35 @@ impl ActionRequest<'_> {
     }
 }
 
-impl Manager {
+/// Desktops: sandboxes with a display, and what a model does with it.
+pub(crate) struct Desktops {
+    driver: DriverHandle,
+    registry: Arc<Registry>,
+    catalog: Arc<Catalog>,
+    lifecycle: Arc<Lifecycle>,
+    agent: Arc<AgentClient>,
+    pools: Arc<Pools>,
+}
+
+impl Desktops {
+    pub(crate) fn new(
+        driver: DriverHandle,
+        registry: Arc<Registry>,
+        catalog: Arc<Catalog>,
+        lifecycle: Arc<Lifecycle>,
+        agent: Arc<AgentClient>,
+        pools: Arc<Pools>,
+    ) -> Self {
+        Self {
+            driver,
+            registry,
+            catalog,
+            lifecycle,
+            agent,
+            pools,
+        }
+    }
+
     /// Creates a sandbox and starts its desktop; a sandbox whose desktop cannot start is killed
     /// again, so a failed call leaves nothing behind.
     pub(crate) async fn create_computer(
@@ -196,15 +232,15 @@ impl Manager {
         screen: Screen,
     ) -> Result<SandboxView, EngineError> {
         if req.template.is_none() {
-            if self.template(DESKTOP).is_err()
-                && self.driver().capabilities().image_templates.is_some()
+            if self.catalog.template(DESKTOP).is_err()
+                && self.driver.capabilities().image_templates.is_some()
             {
                 return Err(EngineError::InvalidArgument(format!(
                     "there is no `{DESKTOP}` template: on the {} driver templates are images; start the engine with --template-image {DESKTOP}=IMAGE (an image with Xvfb), or name such a template",
-                    self.driver().capabilities().name
+                    self.driver.capabilities().name
                 )));
             }
-            if self.template(DESKTOP).is_err() {
+            if self.catalog.template(DESKTOP).is_err() {
                 return Err(EngineError::InvalidArgument(format!(
                     "there is no `{DESKTOP}` template: the engine's host has no Xvfb. Install it there (apt-get install xvfb; matchbox-window-manager for a window manager) and restart the engine, or name a template that has Xvfb"
                 )));
@@ -215,9 +251,10 @@ impl Manager {
         req.env.retain(|(name, _)| name != "DISPLAY");
         req.env.push(("DISPLAY".into(), DISPLAY.into()));
         let tenant = req.tenant.clone();
-        let view = self.create(req).await?;
+        let view = self.pools.create(req).await?;
         let id = view.record.id.clone();
         match self
+            .agent
             .call(
                 &id,
                 tenant.as_deref(),
@@ -228,7 +265,7 @@ impl Manager {
         {
             Ok(_) => Ok(view),
             Err(e) => {
-                let _ = self.kill(&id, tenant.as_deref()).await;
+                let _ = self.lifecycle.kill(&id, tenant.as_deref()).await;
                 Err(e)
             }
         }
@@ -236,7 +273,7 @@ impl Manager {
 
     /// The sandbox's screen, or a 409 saying how to get a desktop.
     pub(crate) fn desktop_of(&self, id: &str, tenant: Option<&str>) -> Result<Screen, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let desktop = lock(&entry.record).desktop;
         desktop.ok_or_else(|| {
             EngineError::Conflict(format!(
@@ -254,6 +291,7 @@ impl Manager {
     ) -> Result<(Screen, Shot), EngineError> {
         let screen = self.desktop_of(id, tenant)?;
         let shot = self
+            .agent
             .call(
                 id,
                 tenant,
@@ -289,6 +327,7 @@ impl Manager {
             Action::Input(input) => input,
         };
         let done = self
+            .agent
             .call(id, tenant, Input { screen, action }, CALL_DEADLINE)
             .await?;
         Ok((done.cursor_x, done.cursor_y))

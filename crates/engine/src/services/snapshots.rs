@@ -10,16 +10,25 @@
 //! a `kill -9` nothing half-made is listed, and nothing acknowledged is lost.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Entry, Manager, Runtime, blocking, exchange, lock};
-use crate::error::EngineError;
-use crate::state::{Record, Snapshot, Status};
 use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsLayers, FsRef};
 use sandbox_mcp_model::ids;
-use sandbox_mcp_protocol::{JobState, ListContexts, WriteFile};
+use sandbox_mcp_protocol::{JobState, WriteFile};
 use sandbox_mcp_storage::diff::{self, Diff};
+use sandbox_mcp_sys::lock;
+
+use super::agent::AgentClient;
+use super::catalog::Catalog;
+use super::lifecycle::Lifecycle;
+use super::networks::Networks;
+use super::registry::{Entry, Registry, Runtime};
+use super::secrets::Secrets;
+use crate::driver::{DriverHandle, blocking};
+use crate::error::EngineError;
+use crate::records::Records;
+use crate::state::{Record, Snapshot, Status};
 
 /// Most snapshots one sandbox keeps.
 pub(crate) const MAX_SNAPSHOTS: usize = 16;
@@ -53,7 +62,42 @@ pub(crate) struct Diffed {
     pub saved_to: Option<String>,
 }
 
-impl Manager {
+/// Snapshots, forks, diffs and merges.
+pub(crate) struct Snapshots {
+    driver: DriverHandle,
+    records: Arc<Records>,
+    registry: Arc<Registry>,
+    networks: Arc<Networks>,
+    secrets: Arc<Secrets>,
+    catalog: Arc<Catalog>,
+    lifecycle: Arc<Lifecycle>,
+    agent: Arc<AgentClient>,
+}
+
+impl Snapshots {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        driver: DriverHandle,
+        records: Arc<Records>,
+        registry: Arc<Registry>,
+        networks: Arc<Networks>,
+        secrets: Arc<Secrets>,
+        catalog: Arc<Catalog>,
+        lifecycle: Arc<Lifecycle>,
+        agent: Arc<AgentClient>,
+    ) -> Self {
+        Self {
+            driver,
+            records,
+            registry,
+            networks,
+            secrets,
+            catalog,
+            lifecycle,
+            agent,
+        }
+    }
+
     /// Runs `work` with the sandbox's processes frozen (when it is running), so the files it
     /// reads are one moment's: a command half way through writing a file cannot tear the copy.
     async fn frozen<T>(
@@ -78,26 +122,6 @@ impl Manager {
         Ok(out)
     }
 
-    /// Stops a sandbox's processes for good (its files are about to change under them); the
-    /// next call starts a fresh agent. Returns how many processes there were.
-    async fn stop_for_files(
-        &self,
-        id: &str,
-        entry: &Entry,
-        runtime: &mut Runtime,
-    ) -> Result<u64, EngineError> {
-        entry.interruptions.fetch_add(1, Ordering::AcqRel);
-        let stopped = self.driver.processes(id).await;
-        self.driver.stop(id).await?;
-        // A paused sandbox's cgroup stays frozen after its processes die: the next agent must
-        // not start frozen.
-        self.driver.thaw(id).await?;
-        *runtime = Runtime::Stopped;
-        entry.set_visible(Runtime::Stopped);
-        self.set_status(id, Status::Paused).await?;
-        Ok(stopped)
-    }
-
     fn fs_of(entry: &Entry, id: &str) -> FsRef {
         FsRef {
             name: id.to_string(),
@@ -110,9 +134,7 @@ impl Manager {
     }
 
     async fn snapshots_of(&self, id: Option<&str>) -> Result<Vec<Snapshot>, EngineError> {
-        let store = self.store.clone();
-        let id = id.map(str::to_string);
-        Ok(blocking(move || store.snapshots(id.as_deref())).await??)
+        self.records.snapshots(id).await
     }
 
     /// The snapshot `snap` of sandbox `id` (ready); any other answers as not found.
@@ -163,7 +185,7 @@ impl Manager {
         tenant: Option<&str>,
         name: Option<String>,
     ) -> Result<Snapshot, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let runtime = entry.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -195,7 +217,7 @@ impl Manager {
             size_bytes: own,
             created_at: ids::now_ms(),
         };
-        self.put_snapshot(&snap).await?;
+        self.records.put_snapshot(&snap).await?;
         let from = Self::fs_of(&entry, id);
         let made = self
             .frozen(
@@ -217,20 +239,14 @@ impl Manager {
         if let Some(charged) = self.driver.disk_charge(id).await {
             snap.size_bytes = charged;
         }
-        self.put_snapshot(&snap).await?;
+        self.records.put_snapshot(&snap).await?;
         Ok(snap)
-    }
-
-    async fn put_snapshot(&self, snap: &Snapshot) -> Result<(), EngineError> {
-        let (store, snap) = (self.store.clone(), snap.clone());
-        Ok(blocking(move || store.put_snapshot(&snap)).await??)
     }
 
     /// Deletes a snapshot's files, then its row (best effort: recovery finishes the job).
     async fn drop_snapshot(&self, snap: &str) {
         if self.driver.remove_fs(snap).await.is_ok() {
-            let (store, snap) = (self.store.clone(), snap.to_string());
-            let _ = blocking(move || store.delete_snapshot(&snap)).await;
+            let _ = self.records.delete_snapshot(snap).await;
         }
     }
 
@@ -239,7 +255,7 @@ impl Manager {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<Vec<Snapshot>, EngineError> {
-        self.entry(id, tenant)?;
+        self.registry.entry(id, tenant)?;
         Ok(self
             .snapshots_of(Some(id))
             .await?
@@ -254,15 +270,14 @@ impl Manager {
         tenant: Option<&str>,
         snap: &str,
     ) -> Result<(), EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let _runtime = entry.lifecycle.lock().await;
         let mut snapshot = self.own_snapshot(id, snap).await?;
         // Marked first: a crash while its files go leaves a row recovery finishes deleting.
         snapshot.ready = false;
-        self.put_snapshot(&snapshot).await?;
+        self.records.put_snapshot(&snapshot).await?;
         self.driver.remove_fs(snap).await?;
-        let (store, sid) = (self.store.clone(), snap.to_string());
-        Ok(blocking(move || store.delete_snapshot(&sid)).await??)
+        self.records.delete_snapshot(snap).await
     }
 
     pub(crate) async fn snapshot_restore(
@@ -271,22 +286,25 @@ impl Manager {
         tenant: Option<&str>,
         snap: &str,
     ) -> Result<Restored, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let snapshot = self.own_snapshot(id, snap).await?;
         // What the restore ends, counted while the agent still answers.
-        let ended_jobs = self.jobs(id, tenant).await.map_or(0, |jobs| {
+        let ended_jobs = self.agent.jobs(id, tenant).await.map_or(0, |jobs| {
             jobs.iter()
                 .filter(|j| j.status == JobState::Running)
                 .count() as u64
         });
-        let lost_contexts = self.context_count(id, &entry).await;
+        let lost_contexts = self.agent.context_count(id, &entry).await;
         let mut runtime = entry.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
         }
         // Again under the lock: a delete may have taken it meanwhile.
         let snapshot = self.own_snapshot(id, &snapshot.id).await?;
-        let stopped_processes = self.stop_for_files(id, &entry, &mut runtime).await?;
+        let stopped_processes = self
+            .lifecycle
+            .stop_for_files(id, &entry, &mut runtime)
+            .await?;
         let from = FsRef {
             name: snap.to_string(),
             slot: None,
@@ -294,7 +312,7 @@ impl Manager {
         let limit = Self::disk_limit(&lock(&entry.record));
         let method = self.driver.replace_fs(id, from, limit).await?;
         drop(runtime);
-        self.ensure_running(id, &entry).await?;
+        self.lifecycle.ensure_running(id, &entry).await?;
         Ok(Restored {
             snapshot,
             method,
@@ -302,22 +320,6 @@ impl Manager {
             ended_jobs,
             lost_contexts,
         })
-    }
-
-    /// REPL contexts alive in a running sandbox (0 when it is not running).
-    async fn context_count(&self, id: &str, entry: &Entry) -> u64 {
-        if *lock(&entry.visible_status) != Status::Running {
-            return 0;
-        }
-        let Ok(mut conn) = self.driver.connect(id).await else {
-            return 0;
-        };
-        match tokio::time::timeout(Duration::from_secs(5), exchange(&mut conn, ListContexts {}))
-            .await
-        {
-            Ok(Ok(Ok(list))) => list.contexts.len() as u64,
-            _ => 0,
-        }
     }
 
     pub(crate) async fn fork(
@@ -332,7 +334,7 @@ impl Manager {
                 "count must be 1 to {MAX_FORKS}; got {count}"
             )));
         }
-        let parent = self.entry(id, tenant)?;
+        let parent = self.registry.entry(id, tenant)?;
         let runtime = parent.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -360,7 +362,7 @@ impl Manager {
             }),
             Err(e) => {
                 for child in &children {
-                    self.discard_child(child).await;
+                    self.lifecycle.discard(&child.id, child.uid_slot).await;
                 }
                 Err(e)
             }
@@ -375,18 +377,12 @@ impl Manager {
         count: u32,
         labels: BTreeMap<String, String>,
     ) -> Result<Vec<Record>, EngineError> {
-        let _guard = self.create_lock.lock().await;
-        let (existing, used_slots): (usize, Vec<u32>) = {
-            let map = lock(&self.sandboxes);
-            (
-                map.len(),
-                map.values().map(|e| lock(&e.record).uid_slot).collect(),
-            )
-        };
-        if existing + count as usize > self.config.max_sandboxes {
+        let _guard = self.registry.adding().await;
+        let (existing, used_slots) = self.registry.slots();
+        let max = self.lifecycle.max_sandboxes();
+        if existing + count as usize > max {
             return Err(EngineError::QuotaExceeded(format!(
-                "the engine allows at most {} sandboxes and {existing} exist, so {count} more do not fit; kill some or fork fewer",
-                self.config.max_sandboxes
+                "the engine allows at most {max} sandboxes and {existing} exist, so {count} more do not fit; kill some or fork fewer"
             )));
         }
         let wanted: BTreeMap<String, String> = parent
@@ -407,7 +403,7 @@ impl Manager {
         };
         let mut children = Vec::new();
         for &slot in &slots {
-            let secrets = match self.bind_new(parent.tenant.as_deref(), &wanted) {
+            let secrets = match self.secrets.bind_new(parent.tenant.as_deref(), &wanted) {
                 Ok(s) => s,
                 Err(e) => {
                     release(&slots).await;
@@ -426,33 +422,19 @@ impl Manager {
                 ..parent.clone()
             });
         }
-        let (store, rs) = (self.store.clone(), children.clone());
-        if let Err(e) = blocking(move || store.insert_all(&rs)).await? {
+        if let Err(e) = self.records.insert_all(&children).await {
             release(&slots).await;
-            return Err(e.into());
+            return Err(e);
         }
         for child in &children {
             // The parent's rules as stored: they are what its policy was made from.
-            let net = self.sandbox_net(child);
-            lock(&self.sandboxes).insert(
+            let net = self.networks.sandbox_net(child);
+            self.registry.insert(
                 child.id.clone(),
                 Entry::new(child.clone(), Runtime::Stopped, false, net),
             );
         }
         Ok(children)
-    }
-
-    /// Deletes a child that was never acknowledged: processes, files, record, slot.
-    async fn discard_child(&self, child: &Record) {
-        if let Some(entry) = lock(&self.sandboxes).remove(&child.id) {
-            entry.net.close();
-        }
-        if self.driver.destroy(&child.id).await.is_ok() {
-            let (store, id) = (self.store.clone(), child.id.clone());
-            if matches!(blocking(move || store.delete(&id)).await, Ok(Ok(()))) {
-                self.driver.release_slot(child.uid_slot).await;
-            }
-        }
     }
 
     /// Copies the parent's files to every child (the parent frozen once, so all children start
@@ -473,25 +455,18 @@ impl Manager {
             .frozen(id, runtime, driver.clone_many(from, targets))
             .await??;
         let started = futures::future::join_all(children.iter().map(|child| async move {
-            let spec = self.start_spec(child)?;
+            let spec = self.lifecycle.start_spec(child)?;
             self.driver.start(&spec).await?;
-            let entry = self.entry_any(&child.id)?;
-            self.attach_network(&child.id, &entry).await?;
+            let entry = self.registry.entry_any(&child.id)?;
+            self.networks.attach(&child.id, &entry).await?;
             Ok::<_, EngineError>(())
         }))
         .await;
         started.into_iter().collect::<Result<Vec<()>, _>>()?;
-        let (store, ids): (_, Vec<String>) = (
-            self.store.clone(),
-            children.iter().map(|c| c.id.clone()).collect(),
-        );
-        blocking(move || store.set_status_all(&ids, Status::Running)).await??;
+        let ids = children.iter().map(|c| c.id.clone()).collect();
+        self.records.set_status_all(ids, Status::Running).await?;
         for child in children {
-            let entry = self.entry_any(&child.id)?;
-            *entry.lifecycle.lock().await = Runtime::Running;
-            entry.set_visible(Runtime::Running);
-            lock(&entry.record).status = Status::Running;
-            entry.ready.store(true, Ordering::Release);
+            self.registry.entry_any(&child.id)?.commit_running().await;
         }
         Ok(method)
     }
@@ -504,8 +479,8 @@ impl Manager {
         under: &str,
         save_to: Option<String>,
     ) -> Result<Diffed, EngineError> {
-        let entry = self.entry(id, tenant)?;
-        let template = self.template(&lock(&entry.record).template)?;
+        let entry = self.registry.entry(id, tenant)?;
+        let template = self.catalog.template(&lock(&entry.record).template)?;
         let (base, base_template) = if ids::is_snapshot_id(against) {
             let snap = self
                 .snapshots_of(None)
@@ -513,13 +488,13 @@ impl Manager {
                 .into_iter()
                 .find(|s| s.id == against && s.ready);
             // Another tenant's snapshot answers exactly like one that does not exist.
-            let owner = snap.and_then(|s| self.entry(&s.sandbox_id, tenant).ok());
+            let owner = snap.and_then(|s| self.registry.entry(&s.sandbox_id, tenant).ok());
             let owner = owner.ok_or_else(|| {
                 EngineError::NotFound(format!(
                     "snapshot {against} not found; sandbox_snapshot_list shows a sandbox's snapshots"
                 ))
             })?;
-            let owner_template = self.template(&lock(&owner.record).template)?;
+            let owner_template = self.catalog.template(&lock(&owner.record).template)?;
             (
                 FsRef {
                     name: against.to_string(),
@@ -528,8 +503,8 @@ impl Manager {
                 owner_template,
             )
         } else if ids::is_sandbox_id(against) {
-            let other = self.entry(against, tenant)?;
-            let other_template = self.template(&lock(&other.record).template)?;
+            let other = self.registry.entry(against, tenant)?;
+            let other_template = self.catalog.template(&lock(&other.record).template)?;
             (Self::fs_of(&other, against), other_template)
         } else {
             return Err(EngineError::InvalidArgument(format!(
@@ -609,6 +584,7 @@ impl Manager {
             );
         }
         let written = self
+            .agent
             .call(
                 id,
                 tenant,
@@ -634,7 +610,10 @@ impl Manager {
                 "source_id and target_id are the same sandbox".into(),
             ));
         }
-        let (src, dst) = (self.entry(source, tenant)?, self.entry(target, tenant)?);
+        let (src, dst) = (
+            self.registry.entry(source, tenant)?,
+            self.registry.entry(target, tenant)?,
+        );
         let (src_record, dst_record) = (src.record(), dst.record());
         if src_record.template != dst_record.template {
             return Err(EngineError::Conflict(format!(
@@ -666,7 +645,7 @@ impl Manager {
                     "one of the sandboxes was killed meanwhile".into(),
                 ));
             }
-            self.stop_for_files(target, &dst, dst_rt).await?;
+            self.lifecycle.stop_for_files(target, &dst, dst_rt).await?;
             let (driver, tid, from) = (
                 self.driver.clone(),
                 target.to_string(),
@@ -677,8 +656,8 @@ impl Manager {
                 .frozen(source, *src_rt, driver.replace_fs(&tid, from, limit))
                 .await??;
             drop((a, b));
-            self.kill(source, tenant).await?;
-            self.ensure_running(target, &dst).await?;
+            self.lifecycle.kill(source, tenant).await?;
+            self.lifecycle.ensure_running(target, &dst).await?;
             Ok(method)
         }
     }
@@ -692,8 +671,10 @@ impl Manager {
                 if !seen.insert(id.clone()) {
                     break;
                 }
-                next = lock(&self.sandboxes)
-                    .get(&id)
+                next = self
+                    .registry
+                    .entry_any(&id)
+                    .ok()
                     .and_then(|e| lock(&e.record).metadata.get(FORKED_FROM).cloned());
             }
             seen
@@ -703,8 +684,13 @@ impl Manager {
 
     /// After a restart: snapshots whose files were being made or deleted, or whose sandbox is
     /// gone, are deleted.
-    pub(super) async fn recover_snapshots(&self) -> Result<(), EngineError> {
-        let live: BTreeSet<String> = lock(&self.sandboxes).keys().cloned().collect();
+    pub(crate) async fn recover(&self) -> Result<(), EngineError> {
+        let live: BTreeSet<String> = self
+            .registry
+            .entries()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
         for snap in self.snapshots_of(None).await? {
             if !snap.ready || !live.contains(&snap.sandbox_id) {
                 tracing::info!(snapshot = %snap.id, "deleting an unfinished snapshot");

@@ -5,11 +5,15 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Entry, Manager, SandboxView, blocking, lock};
+use super::SandboxView;
+use super::networks::bindings;
+use super::registry::{Entry, Registry};
+use crate::driver::{DriverHandle, blocking};
 use crate::error::EngineError;
+use crate::records::Records;
 use crate::state::Binding;
-use sandbox_mcp_network::Bindings;
-use sandbox_mcp_network::secrets::{self, NewSecret, SecretError, SecretMeta};
+use sandbox_mcp_network::secrets::{self, NewSecret, SecretError, SecretMeta, SecretStore};
+use sandbox_mcp_sys::lock;
 
 /// Most secrets bound to one sandbox.
 pub(crate) const MAX_BINDINGS: usize = 32;
@@ -30,7 +34,7 @@ fn standins(secrets: &BTreeMap<String, Binding>) -> impl Iterator<Item = (String
 }
 
 /// What every command started in the sandbox gets ahead of its own environment.
-pub(super) fn bound_env(entry: &Entry) -> Vec<(String, String)> {
+pub(crate) fn bound_env(entry: &Entry) -> Vec<(String, String)> {
     let record = lock(&entry.record);
     // The sandbox's own variables too: a sandbox handed out from a warm pool was started
     // before they were known (for others they are already in the agent's environment).
@@ -65,9 +69,31 @@ impl From<SecretError> for EngineError {
     }
 }
 
-impl Manager {
+/// Secrets and their bindings to sandboxes.
+pub(crate) struct Secrets {
+    store: Arc<SecretStore>,
+    registry: Arc<Registry>,
+    records: Arc<Records>,
+    driver: DriverHandle,
+}
+
+impl Secrets {
+    pub(crate) fn new(
+        store: Arc<SecretStore>,
+        registry: Arc<Registry>,
+        records: Arc<Records>,
+        driver: DriverHandle,
+    ) -> Self {
+        Self {
+            store,
+            registry,
+            records,
+            driver,
+        }
+    }
+
     /// Checks bindings for a new sandbox and gives each a stand-in.
-    pub(super) fn bind_new(
+    pub(crate) fn bind_new(
         &self,
         tenant: Option<&str>,
         wanted: &BTreeMap<String, String>,
@@ -90,10 +116,10 @@ impl Manager {
         env: &str,
         secret: &str,
     ) -> Result<Binding, EngineError> {
-        if self.driver().capabilities().network_unfiltered {
+        if self.driver.capabilities().network_unfiltered {
             return Err(EngineError::InvalidArgument(format!(
                 "the {} driver cannot broker secrets: its sandboxes' traffic does not pass through the engine; pass the value another way",
-                self.driver().capabilities().name
+                self.driver.capabilities().name
             )));
         }
         if !valid_env(env) {
@@ -105,7 +131,7 @@ impl Manager {
         // Another tenant's secret answers exactly like one that does not exist.
         // (An argument that names nothing, like a bad name: 400, so that the sandbox's own
         // not-found message is not borrowed for it.)
-        let Some(meta) = self.secrets.meta(tenant, secret)? else {
+        let Some(meta) = self.store.meta(tenant, secret)? else {
             return Err(EngineError::InvalidArgument(format!(
                 "secret {secret} does not exist; secret_list shows the ones you may bind"
             )));
@@ -117,35 +143,16 @@ impl Manager {
         })
     }
 
-    /// What the egress path needs to know of a sandbox's bindings.
-    pub(super) fn net_bindings(&self, record: &crate::state::Record) -> Bindings {
-        Bindings {
-            tenant: record.tenant.clone(),
-            by_standin: record
-                .secrets
-                .iter()
-                .map(|(env, b)| (b.standin.clone(), (env.clone(), b.secret.clone())))
-                .collect(),
-            hosts_when_bound: record
-                .secrets
-                .values()
-                .map(|b| (b.secret.clone(), b.hosts.clone()))
-                .collect(),
-        }
-    }
-
     async fn store_bindings(
         &self,
         id: &str,
         entry: &Arc<Entry>,
         secrets: BTreeMap<String, Binding>,
     ) -> Result<(), EngineError> {
-        let store = self.store.clone();
-        let (sid, stored) = (id.to_string(), secrets.clone());
-        blocking(move || store.set_secrets(&sid, &stored)).await??;
+        self.records.set_secrets(id, secrets.clone()).await?;
         let mut record = lock(&entry.record);
         record.secrets = secrets;
-        entry.net.set_bindings(self.net_bindings(&record));
+        entry.net.set_bindings(bindings(&record));
         Ok(())
     }
 
@@ -157,7 +164,7 @@ impl Manager {
         env: &str,
         secret: &str,
     ) -> Result<SandboxView, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let binding = self.binding(tenant, env, secret)?;
         let mut secrets = lock(&entry.record).secrets.clone();
         if !secrets.contains_key(env) && secrets.len() >= MAX_BINDINGS {
@@ -167,7 +174,7 @@ impl Manager {
         }
         secrets.insert(env.to_string(), binding);
         self.store_bindings(id, &entry, secrets).await?;
-        Ok(self.view(&entry))
+        Ok(self.registry.view(&entry))
     }
 
     /// Unbinds `env`: its stand-in stops working at once.
@@ -177,7 +184,7 @@ impl Manager {
         tenant: Option<&str>,
         env: &str,
     ) -> Result<SandboxView, EngineError> {
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let mut secrets = lock(&entry.record).secrets.clone();
         if secrets.remove(env).is_none() {
             return Err(EngineError::NotFound(format!(
@@ -185,7 +192,7 @@ impl Manager {
             )));
         }
         self.store_bindings(id, &entry, secrets).await?;
-        Ok(self.view(&entry))
+        Ok(self.registry.view(&entry))
     }
 
     /// The tenant's secrets, with the tenant's sandboxes that bind each.
@@ -193,12 +200,13 @@ impl Manager {
         &self,
         tenant: Option<&str>,
     ) -> Result<Vec<SecretView>, EngineError> {
-        let store = self.secrets.clone();
+        let store = self.store.clone();
         let t = tenant.map(str::to_string);
         let metas = blocking(move || store.list(t.as_deref())).await??;
-        let sandboxes: Vec<(String, Vec<String>)> = lock(&self.sandboxes)
-            .values()
-            .map(|e| lock(&e.record).clone())
+        let sandboxes: Vec<(String, Vec<String>)> = self
+            .registry
+            .records()
+            .into_iter()
             .filter(|r| r.tenant.as_deref() == tenant)
             .map(|r| (r.id, r.secrets.into_values().map(|b| b.secret).collect()))
             .collect();
@@ -223,7 +231,7 @@ impl Manager {
         new: NewSecret,
         value: String,
     ) -> Result<SecretView, EngineError> {
-        let store = self.secrets.clone();
+        let store = self.store.clone();
         let t = tenant.map(str::to_string);
         let meta = blocking(move || {
             let value = secrets::Value::from(value);
@@ -247,7 +255,7 @@ impl Manager {
         name: &str,
     ) -> Result<bool, EngineError> {
         secrets::check_name(name)?;
-        let store = self.secrets.clone();
+        let store = self.store.clone();
         let (t, n) = (tenant.map(str::to_string), name.to_string());
         Ok(blocking(move || store.remove(t.as_deref(), &n)).await??)
     }

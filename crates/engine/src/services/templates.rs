@@ -7,16 +7,23 @@
 //! template names it. So a crash leaves a failed template whose finished steps are cached, and
 //! never a template naming a layer that is not there.
 
-use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
-use super::{CreateRequest, Manager, Runtime, blocking, lock};
+use super::CreateRequest;
+use super::agent::AgentClient;
+use super::catalog::Catalog;
+use super::lifecycle::Lifecycle;
+use super::pool::Pools;
+use super::registry::{Entry, Registry, Runtime};
+use crate::driver::{DriverHandle, blocking};
 use crate::error::EngineError;
 use crate::state::NetworkRules;
+use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::ExecSpec;
@@ -113,118 +120,48 @@ pub(crate) struct TemplateRequest {
     pub timeout: Option<Duration>,
 }
 
-impl Manager {
-    pub(crate) fn templates_dir(&self) -> std::path::PathBuf {
-        self.config.templates_dir()
-    }
+/// Making and deleting templates.
+pub(crate) struct Templates {
+    /// For imports: where the data dir and its layer store are.
+    pub(super) config: EngineConfig,
+    pub(super) catalog: Arc<Catalog>,
+    driver: DriverHandle,
+    registry: Arc<Registry>,
+    lifecycle: Arc<Lifecycle>,
+    agent: Arc<AgentClient>,
+    pools: Arc<Pools>,
+    /// Serializes making and deleting templates (names, layer collection).
+    pub(super) lock: tokio::sync::Mutex<()>,
+    /// Builds running now (layers are not collected meanwhile).
+    builds: AtomicUsize,
+    /// Cancelled when the engine stops: builds end with it.
+    stopping: CancellationToken,
+}
 
-    pub(crate) fn layers_dir(&self) -> std::path::PathBuf {
-        layers::dir(&self.config.data_dir)
-    }
-
-    /// Every template, `base` first.
-    pub(crate) fn templates(&self) -> Vec<Arc<Template>> {
-        self.templates
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// The template `create` uses when none is named.
-    pub(crate) fn default_template(&self) -> String {
-        self.config
-            .default_template
-            .clone()
-            .unwrap_or_else(|| BASE.to_string())
-    }
-
-    /// The template the engine knows by `key` (a record's `template`; see
-    /// [`templates::TemplateFile::key`]).
-    pub(super) fn template(&self, key: &str) -> Result<Arc<Template>, EngineError> {
-        // Looked up under the lock: this runs on every sandbox start.
-        let all = self.templates.read().unwrap_or_else(|e| e.into_inner());
-        all.iter().find(|t| t.key == key).cloned().ok_or_else(|| {
-            EngineError::NotFound(format!(
-                "template {} does not exist",
-                templates::name_of_key(key)
-            ))
-        })
-    }
-
-    /// The templates `tenant` may see: its own and the shared ones, `base` first.
-    pub(crate) fn templates_of(&self, tenant: Option<&str>) -> Vec<Arc<Template>> {
-        self.templates()
-            .into_iter()
-            .filter(|t| t.visible_to(tenant))
-            .collect()
-    }
-
-    /// Template `name` as `tenant` names it: its own, else a shared one. Another tenant's
-    /// answers exactly like one that does not exist.
-    pub(crate) fn template_for(
-        &self,
-        tenant: Option<&str>,
-        name: &str,
-    ) -> Result<Arc<Template>, EngineError> {
-        let visible = self.templates_of(tenant);
-        visible
-            .iter()
-            .find(|t| t.name == name && t.owner().is_some())
-            .or_else(|| {
-                visible
-                    .iter()
-                    .find(|t| t.name == name && t.owner().is_none())
-            })
-            .cloned()
-            .ok_or_else(|| {
-                EngineError::NotFound(format!(
-                    "template {name} does not exist; templates: {}",
-                    visible
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })
-    }
-
-    /// A template sandboxes of `tenant` can start from now.
-    pub(super) fn ready_template(
-        &self,
-        tenant: Option<&str>,
-        name: &str,
-    ) -> Result<Arc<Template>, EngineError> {
-        let t = self.template_for(tenant, name)?;
-        match t.status() {
-            TemplateStatus::Ready => Ok(t),
-            TemplateStatus::Building => Err(EngineError::Conflict(format!(
-                "template {name} is still building; poll list_templates until it is ready"
-            ))),
-            TemplateStatus::Failed => Err(EngineError::Conflict(format!(
-                "template {name} failed to build ({}); delete it and create it again",
-                t.file.failure.as_ref().map_or("", |f| f.message.as_str())
-            ))),
+impl Templates {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        config: EngineConfig,
+        catalog: Arc<Catalog>,
+        driver: DriverHandle,
+        registry: Arc<Registry>,
+        lifecycle: Arc<Lifecycle>,
+        agent: Arc<AgentClient>,
+        pools: Arc<Pools>,
+        stopping: CancellationToken,
+    ) -> Self {
+        Self {
+            config,
+            catalog,
+            driver,
+            registry,
+            lifecycle,
+            agent,
+            pools,
+            lock: tokio::sync::Mutex::new(()),
+            builds: AtomicUsize::new(0),
+            stopping,
         }
-    }
-
-    /// Writes a template's file and puts it in the registry (replacing one of the same name).
-    pub(super) async fn put_template(
-        &self,
-        file: TemplateFile,
-    ) -> Result<Arc<Template>, EngineError> {
-        let (tdir, ldir) = (self.templates_dir(), self.layers_dir());
-        let t = blocking(move || -> std::io::Result<Template> {
-            templates::save(&tdir, &file)?;
-            Ok(Template::new(&tdir, &ldir, file))
-        })
-        .await?
-        .map_err(EngineError::Templates)?;
-        let t = Arc::new(t);
-        let mut all = self.templates.write().unwrap_or_else(|e| e.into_inner());
-        all.retain(|x| x.key != t.key);
-        all.push(t.clone());
-        all.sort_by(|a, b| (a.key != BASE, &a.key).cmp(&(b.key != BASE, &b.key)));
-        Ok(t)
     }
 
     /// Starts a build (returns the template at once, `building`) or captures a sandbox (returns
@@ -256,20 +193,22 @@ impl Manager {
                 "a build has at most {MAX_STEPS} steps; combine commands with &&"
             )));
         }
-        let _guard = self.template_lock.lock().await;
+        let _guard = self.lock.lock().await;
         // The template goes in the caller's namespace; a shared name is taken for everyone.
         let owner = tenant
             .filter(|t| !super::pool::internal(t))
             .map(str::to_string);
         if owner.is_some()
-            && let Ok(shared) = self.template(&req.name)
+            && let Ok(shared) = self.catalog.template(&req.name)
         {
             return Err(EngineError::Conflict(format!(
                 "{} is a shared template (the engine's operator's); choose another name",
                 shared.name
             )));
         }
-        if let Ok(t) = self.template(&templates::key_of(owner.as_deref(), &req.name))
+        if let Ok(t) = self
+            .catalog
+            .template(&templates::key_of(owner.as_deref(), &req.name))
             && t.status() != TemplateStatus::Failed
         {
             return Err(EngineError::Conflict(format!(
@@ -279,12 +218,13 @@ impl Manager {
         }
         let (parent, source) = match &req.from_sandbox {
             Some(id) => {
-                let entry = self.entry(id, tenant)?;
+                let entry = self.registry.entry(id, tenant)?;
                 let key = entry.record().template;
-                (self.template(&key)?, Some((id.clone(), entry)))
+                (self.catalog.template(&key)?, Some((id.clone(), entry)))
             }
             None => (
-                self.ready_template(tenant, req.from.as_deref().unwrap_or(BASE))?,
+                self.catalog
+                    .ready_template(tenant, req.from.as_deref().unwrap_or(BASE))?,
                 None,
             ),
         };
@@ -321,11 +261,11 @@ impl Manager {
             file.layers.push(layer);
             file.size_bytes = bytes;
             file.status = TemplateStatus::Ready;
-            let t = self.put_template(file).await?;
-            self.refill_pool(&t);
+            let t = self.catalog.put(file).await?;
+            self.pools.refill(&t);
             return Ok(t);
         }
-        let t = self.put_template(file.clone()).await?;
+        let t = self.catalog.put(file.clone()).await?;
         self.builds.fetch_add(1, Ordering::AcqRel);
         let this = self.clone();
         let timeout = req.timeout.unwrap_or(DEFAULT_BUILD_TIMEOUT);
@@ -349,8 +289,8 @@ impl Manager {
                     return;
                 }
             }
-            match this.put_template(file).await {
-                Ok(t) => this.refill_pool(&t),
+            match this.catalog.put(file).await {
+                Ok(t) => this.pools.refill(&t),
                 Err(e) => tracing::error!("cannot record the end of a template build: {e}"),
             }
             this.builds.fetch_sub(1, Ordering::AcqRel);
@@ -393,8 +333,7 @@ impl Manager {
                 }
                 Step::Run(command) => command,
             };
-            let layer = self.layers_dir().join(&key);
-            if layer.is_dir() {
+            if self.catalog.has_layer(&key) {
                 // Cached: this parent ran this step before.
                 file.layers.push(key.clone());
                 continue;
@@ -419,7 +358,8 @@ impl Manager {
                 ));
             };
             // The build sandbox starts from the template as built so far.
-            self.put_template(file.clone())
+            self.catalog
+                .put(file.clone())
                 .await
                 .map_err(|e| BuildFailure::new(n, &text, e.to_string()))?;
             let made = self
@@ -446,9 +386,11 @@ impl Manager {
     ) -> Result<u64, BuildFailure> {
         let fail = |message: String| BuildFailure::new(n, text, message);
         let template = self
+            .catalog
             .template(&file.key())
             .map_err(|e| fail(e.to_string()))?;
         let view = self
+            .lifecycle
             .create_from(
                 CreateRequest {
                     name: Some(format!("build of {}", file.name)),
@@ -463,6 +405,7 @@ impl Manager {
             .map_err(|e| fail(format!("cannot start the build sandbox: {e}")))?;
         let id = view.record.id.clone();
         let result = self
+            .agent
             .exec(
                 &id,
                 Some(BUILD_TENANT),
@@ -519,7 +462,7 @@ impl Manager {
                 .map_err(|e| fail(format!("cannot save step {n}'s result: {e}"))),
             Err(f) => Err(f),
         };
-        if let Err(e) = self.kill(&id, Some(BUILD_TENANT)).await {
+        if let Err(e) = self.lifecycle.kill(&id, Some(BUILD_TENANT)).await {
             tracing::warn!(sandbox = %id, "cannot delete a build sandbox: {e}");
         }
         captured
@@ -532,13 +475,13 @@ impl Manager {
         file: &TemplateFile,
         key: &str,
     ) -> Result<u64, EngineError> {
-        let entry = self.entry_any(id)?;
+        let entry = self.registry.entry_any(id)?;
         let slot = entry.record().uid_slot;
         let mut rt = entry.lifecycle.lock().await;
         self.driver.stop(id).await?;
         *rt = Runtime::Stopped;
         drop(rt);
-        let template = self.template(&file.key())?;
+        let template = self.catalog.template(&file.key())?;
         self.copy_to_layer(id, slot, &template, key.to_string())
             .await
     }
@@ -558,7 +501,7 @@ impl Manager {
             .iter()
             .map(|m| m.target.clone())
             .collect();
-        let store = self.layers_dir();
+        let store = self.catalog.layers_dir();
         let scratch = store.clone();
         let tmp = blocking(move || layers::scratch(&scratch))
             .await?
@@ -586,7 +529,7 @@ impl Manager {
     async fn capture_sandbox(
         &self,
         id: &str,
-        entry: &Arc<super::Entry>,
+        entry: &Arc<Entry>,
         parent: &Template,
     ) -> Result<(String, u64), EngineError> {
         let slot = entry.record().uid_slot;
@@ -615,8 +558,8 @@ impl Manager {
         tenant: Option<&str>,
         name: &str,
     ) -> Result<(), EngineError> {
-        let _guard = self.template_lock.lock().await;
-        let t = self.template_for(tenant, name)?;
+        let _guard = self.lock.lock().await;
+        let t = self.catalog.template_for(tenant, name)?;
         if tenant.is_some() && t.owner().is_none() {
             return Err(EngineError::PermissionDenied(format!(
                 "template {name} is shared (built in or the engine operator's): every tenant may use it, none may delete it"
@@ -628,7 +571,7 @@ impl Manager {
                 "{name} is built in and cannot be deleted"
             )));
         }
-        if key == self.default_template() {
+        if key == self.catalog.default_template() {
             return Err(EngineError::Conflict(format!(
                 "template {name} is the engine's default template (--default-template); restart the engine with another default first"
             )));
@@ -638,9 +581,10 @@ impl Manager {
                 "template {name} is still building; wait until list_templates shows it ready or failed"
             )));
         }
-        let users: Vec<String> = lock(&self.sandboxes)
-            .values()
-            .map(|e| e.record())
+        let users: Vec<String> = self
+            .registry
+            .records()
+            .into_iter()
             .filter(|r| {
                 r.template == key && !r.tenant.as_deref().is_some_and(super::pool::internal)
             })
@@ -653,33 +597,19 @@ impl Manager {
                 users.join(", ")
             )));
         }
-        self.drain_pool(&key).await;
-        let tdir = self.templates_dir();
-        let k = key.clone();
-        blocking(move || templates::remove(&tdir, &k))
-            .await?
-            .map_err(EngineError::Templates)?;
-        self.templates
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|x| x.key != key);
+        self.pools.drain(&key).await;
+        self.catalog.remove(&key).await?;
         self.collect_layers().await;
         Ok(())
     }
 
     /// Deletes layers no template names, unless a build is running (its next step may be a
     /// cached layer no template names yet).
-    pub(super) async fn collect_layers(&self) {
+    pub(crate) async fn collect_layers(&self) {
         if self.builds.load(Ordering::Acquire) > 0 {
             return;
         }
-        let used: HashSet<String> = self
-            .templates()
-            .iter()
-            .flat_map(|t| t.file.layers.clone())
-            .collect();
-        let store = self.layers_dir();
-        let _ = blocking(move || layers::collect_garbage(&store, &used)).await;
+        self.catalog.collect_layers().await;
     }
 }
 

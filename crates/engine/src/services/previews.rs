@@ -2,14 +2,18 @@
 //! found by the preview proxy (`engine::preview`) without a tenant — the token is the credential
 //! there — and reached through the sandbox's network namespace.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Entry, InFlight, Manager, blocking, lock};
+use super::lifecycle::Lifecycle;
+use super::registry::{Entry, InFlight, Registry};
+use crate::driver::DriverHandle;
 use crate::error::EngineError;
+use crate::records::Records;
 use crate::state::Preview;
 use sandbox_mcp_model::ids;
+use sandbox_mcp_sys::lock;
 
 /// The query parameter a private preview's URL carries its token in (the proxy trades it for a
 /// cookie).
@@ -19,9 +23,9 @@ pub(crate) const TOKEN_PARAM: &str = "preview_token";
 pub(crate) const MAX_PREVIEWS: usize = 32;
 
 /// A preview in memory: its record, and what closes the connections made through it.
-pub(super) struct Live {
-    pub(super) preview: Preview,
-    pub(super) closed: CancellationToken,
+pub(crate) struct Live {
+    pub(crate) preview: Preview,
+    pub(crate) closed: CancellationToken,
 }
 
 /// A preview as the API reports it.
@@ -77,18 +81,47 @@ impl Urls {
 /// Keeps a sandbox active (not idle-paused) while a preview connection is open.
 pub(crate) struct Activity(#[allow(dead_code)] InFlight);
 
-impl Manager {
+/// Previews of sandboxes' ports.
+pub(crate) struct Previews {
+    /// The domain preview URLs are written with.
+    domain: String,
+    /// How preview URLs are written, once the preview listener is bound.
+    urls: OnceLock<Urls>,
+    driver: DriverHandle,
+    records: Arc<Records>,
+    registry: Arc<Registry>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+impl Previews {
+    pub(crate) fn new(
+        domain: String,
+        driver: DriverHandle,
+        records: Arc<Records>,
+        registry: Arc<Registry>,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Self {
+        Self {
+            domain,
+            urls: OnceLock::new(),
+            driver,
+            records,
+            registry,
+            lifecycle,
+        }
+    }
+
     /// Sets where previews are served (once the listener is bound).
-    pub(crate) fn set_preview_port(&self, port: u16) {
-        let _ = self.preview_urls.set(Urls {
-            domain: self.config.preview.domain.clone(),
+    pub(crate) fn set_port(&self, port: u16) {
+        let _ = self.urls.set(Urls {
+            domain: self.domain.clone(),
             port,
         });
     }
 
     /// How preview URLs are written; `None` when previews are off.
-    pub(crate) fn preview_urls(&self) -> Option<&Urls> {
-        self.preview_urls.get()
+    pub(crate) fn urls(&self) -> Option<&Urls> {
+        self.urls.get()
     }
 
     fn view_preview(&self, id: &str, preview: &Preview, urls: &Urls) -> PreviewView {
@@ -105,7 +138,7 @@ impl Manager {
     }
 
     fn urls_or_refuse(&self) -> Result<&Urls, EngineError> {
-        self.preview_urls().ok_or_else(|| {
+        self.urls().ok_or_else(|| {
             EngineError::Conflict(
                 "previews are off on this engine (its operator set --preview-listen off)".into(),
             )
@@ -123,13 +156,13 @@ impl Manager {
         expires_in: Option<u64>,
     ) -> Result<PreviewView, EngineError> {
         let urls = self.urls_or_refuse()?;
-        if !self.driver().capabilities().serves_ports {
+        if !self.driver.capabilities().serves_ports {
             return Err(EngineError::Conflict(format!(
                 "the {} driver cannot serve a sandbox's ports as preview URLs; use sandbox_exec (curl localhost:{port}) to reach the port from inside",
-                self.driver().capabilities().name
+                self.driver.capabilities().name
             )));
         }
-        let entry = self.entry(id, tenant)?;
+        let entry = self.registry.entry(id, tenant)?;
         let now = ids::now_ms();
         let preview = {
             let previews = lock(&entry.previews);
@@ -147,9 +180,7 @@ impl Manager {
                 expires_at: expires_in.map(|s| now + (s as i64) * 1000),
             }
         };
-        let store = self.store.clone();
-        let (sid, stored) = (id.to_string(), preview.clone());
-        blocking(move || store.put_preview(&sid, &stored)).await??;
+        self.records.put_preview(id, &preview).await?;
         let mut previews = lock(&entry.previews);
         match previews.get_mut(&port) {
             Some(live) => live.preview = preview.clone(),
@@ -172,8 +203,8 @@ impl Manager {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<Vec<PreviewView>, EngineError> {
-        let entry = self.entry(id, tenant)?;
-        let Some(urls) = self.preview_urls() else {
+        let entry = self.registry.entry(id, tenant)?;
+        let Some(urls) = self.urls() else {
             return Ok(Vec::new());
         };
         Ok(lock(&entry.previews)
@@ -189,10 +220,8 @@ impl Manager {
         tenant: Option<&str>,
         port: u16,
     ) -> Result<bool, EngineError> {
-        let entry = self.entry(id, tenant)?;
-        let store = self.store.clone();
-        let sid = id.to_string();
-        let existed = blocking(move || store.delete_preview(&sid, port)).await??;
+        let entry = self.registry.entry(id, tenant)?;
+        let existed = self.records.delete_preview(id, port).await?;
         if let Some(live) = lock(&entry.previews).remove(&port) {
             live.closed.cancel();
             return Ok(true);
@@ -202,7 +231,7 @@ impl Manager {
 
     /// The preview of `port` in sandbox `id`, whoever asks (the proxy checks its token).
     pub(crate) fn preview_find(&self, id: &str, port: u16) -> Option<(Preview, CancellationToken)> {
-        let entry = self.entry(id, None).ok()?;
+        let entry = self.registry.entry(id, None).ok()?;
         let previews = lock(&entry.previews);
         let live = previews.get(&port)?;
         Some((live.preview.clone(), live.closed.clone()))
@@ -214,12 +243,18 @@ impl Manager {
         id: &str,
         port: u16,
     ) -> Result<(tokio::net::TcpStream, Activity), PreviewError> {
-        let entry = self.entry(id, None).map_err(|_| PreviewError::Gone)?;
+        let entry = self
+            .registry
+            .entry(id, None)
+            .map_err(|_| PreviewError::Gone)?;
         let activity = Activity(InFlight::new(entry.clone()));
-        self.ensure_running(id, &entry).await.map_err(|e| match e {
-            EngineError::NotFound(_) => PreviewError::Gone,
-            other => PreviewError::Resume(other),
-        })?;
+        self.lifecycle
+            .ensure_running(id, &entry)
+            .await
+            .map_err(|e| match e {
+                EngineError::NotFound(_) => PreviewError::Gone,
+                other => PreviewError::Resume(other),
+            })?;
         // As root the engine enters the sandbox's namespace itself; unprivileged it cannot, and
         // the agent connects for it.
         let connected = if entry.net.can_enter() {
@@ -240,13 +275,10 @@ impl Manager {
     }
 
     /// Loads the previews stored for sandboxes that came back after a restart.
-    pub(super) async fn recover_previews(&self) -> Result<(), EngineError> {
-        let store = self.store.clone();
-        let all = blocking(move || store.previews()).await??;
-        let sandboxes = lock(&self.sandboxes);
-        for (id, preview) in all {
-            if let Some(entry) = sandboxes.get(&id) {
-                insert_live(entry, preview);
+    pub(crate) async fn recover(&self) -> Result<(), EngineError> {
+        for (id, preview) in self.records.previews().await? {
+            if let Ok(entry) = self.registry.entry_any(&id) {
+                insert_live(&entry, preview);
             }
         }
         Ok(())

@@ -1,19 +1,31 @@
-//! Warm pools: a template with `warm: N` keeps N sandboxes started and idle, so `create` hands
-//! one out at once and starts a replacement in the background. A pooled sandbox has run nothing
-//! but one `true` (to warm its shell's lookups, see [`Manager::warm_up`]) and has its own id;
+//! Creating sandboxes, and warm pools: a template with `warm: N` keeps N sandboxes started and
+//! idle, so `create` hands one out at once and starts a replacement in the background. A pooled
+//! sandbox has run nothing but one `true` (to warm its shell's lookups, see [`Pools::warm_up`])
+//! and has its own id;
 //! `create` gives it the request's name, labels, environment,
 //! network rules, secrets and expiry, and it is then like any other. Pooled sandboxes belong to
 //! an internal tenant no API key can name, so no listing shows them. They are killed when the
 //! engine stops (and any a crash left are killed at the next start), and the pools refilled.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{CreateRequest, Manager, SandboxView, blocking, lock};
-use crate::error::EngineError;
 use sandbox_mcp_model::ids;
 use sandbox_mcp_storage::templates::{Template, TemplateStatus};
+use sandbox_mcp_sys::lock;
+use tokio_util::sync::CancellationToken;
+
+use super::agent::AgentClient;
+use super::catalog::Catalog;
+use super::lifecycle::{Lifecycle, record_of};
+use super::networks::Networks;
+use super::registry::Registry;
+use super::secrets::Secrets;
+use super::{CreateRequest, SandboxView};
+use crate::error::EngineError;
+use crate::records::Records;
 
 /// How long after a handover its replacement starts.
 const REFILL_DELAY: Duration = Duration::from_millis(200);
@@ -28,17 +40,78 @@ pub(crate) fn internal(tenant: &str) -> bool {
 
 /// One template's pool.
 #[derive(Default)]
-pub(super) struct Pool {
+struct Pool {
     /// Started sandboxes waiting to be handed out.
     idle: Vec<String>,
     /// Sandboxes being started for the pool.
     starting: usize,
 }
 
-impl Manager {
+/// Creates sandboxes, from a template's pool when it has one.
+pub(crate) struct Pools {
+    pools: Mutex<HashMap<String, Pool>>,
+    records: Arc<Records>,
+    registry: Arc<Registry>,
+    networks: Arc<Networks>,
+    secrets: Arc<Secrets>,
+    catalog: Arc<Catalog>,
+    lifecycle: Arc<Lifecycle>,
+    agent: Arc<AgentClient>,
+    /// Cancelled when the engine stops: refills end with it.
+    stopping: CancellationToken,
+}
+
+impl Pools {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        records: Arc<Records>,
+        registry: Arc<Registry>,
+        networks: Arc<Networks>,
+        secrets: Arc<Secrets>,
+        catalog: Arc<Catalog>,
+        lifecycle: Arc<Lifecycle>,
+        agent: Arc<AgentClient>,
+        stopping: CancellationToken,
+    ) -> Self {
+        Self {
+            pools: Mutex::new(HashMap::new()),
+            records,
+            registry,
+            networks,
+            secrets,
+            catalog,
+            lifecycle,
+            agent,
+            stopping,
+        }
+    }
+
+    /// Creates a sandbox for `req`: a pooled one when its template keeps a pool and the request
+    /// asks for the template's shape, else a new one.
+    pub(crate) async fn create(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<SandboxView, EngineError> {
+        let template_name = req
+            .template
+            .clone()
+            .unwrap_or_else(|| self.catalog.default_template());
+        let template = self
+            .catalog
+            .ready_template(req.tenant.as_deref(), &template_name)?;
+        let shape = req.shape.within(&template)?;
+        // A pooled sandbox has the template's shape: only a request for that one takes it.
+        if shape == template.shape
+            && let Some(view) = self.take_warm(&template, &req).await?
+        {
+            return Ok(view);
+        }
+        self.lifecycle.create_from(req, &template, shape).await
+    }
+
     /// Hands out a pooled sandbox of `template`, adopted for `req`, and starts a replacement.
-    pub(super) async fn take_warm(
-        &self,
+    async fn take_warm(
+        self: &Arc<Self>,
         template: &Arc<Template>,
         req: &CreateRequest,
     ) -> Result<Option<SandboxView>, EngineError> {
@@ -46,18 +119,18 @@ impl Manager {
             return Ok(None);
         }
         // Everything that can refuse the request is checked before a sandbox leaves the pool.
-        let policy = self.rules(&req.network)?;
-        let secrets = self.bind_new(req.tenant.as_deref(), &req.secrets)?;
+        let policy = self.networks.rules(&req.network)?;
+        let secrets = self.secrets.bind_new(req.tenant.as_deref(), &req.secrets)?;
         let Some((id, entry)) = lock(&self.pools)
             .get_mut(&template.key)
             .and_then(|p| p.idle.pop())
-            .and_then(|id| Some((id.clone(), self.entry_any(&id).ok()?)))
+            .and_then(|id| Some((id.clone(), self.registry.entry_any(&id).ok()?)))
         else {
             return Ok(None);
         };
         let now = ids::now_ms();
         let pooled = entry.record();
-        let record = Self::record_of(
+        let record = record_of(
             req,
             pooled.id,
             &pooled.template,
@@ -67,21 +140,18 @@ impl Manager {
             now,
             secrets,
         );
-        let (store, r) = (self.store.clone(), record.clone());
-        if let Err(e) = blocking(move || store.adopt(&r)).await? {
+        if let Err(e) = self.records.adopt(&record).await {
             // Not adopted: the sandbox is the pool's no more; it goes, and the request fails.
-            let _ = self.kill(&id, Some(POOL_TENANT)).await;
-            self.refill_pool(template);
-            return Err(e.into());
+            let _ = self.lifecycle.kill(&id, Some(POOL_TENANT)).await;
+            self.refill(template);
+            return Err(e);
         }
-        entry.net.set_policy(policy);
-        entry.net.set_bindings(self.net_bindings(&record));
         entry.last_active.store(now, Ordering::Relaxed);
-        *lock(&entry.record) = record;
+        self.lifecycle.rebind(&entry, record, policy);
         // The replacement starts a moment after the handover: starting a sandbox takes the
         // CPU for tens of milliseconds, which the first commands of this one would feel.
-        self.refill_pool_after(template, REFILL_DELAY);
-        Ok(Some(self.view(&entry)))
+        self.refill_after(template, REFILL_DELAY);
+        Ok(Some(self.registry.view(&entry)))
     }
 
     /// Runs `true` once in a pooled sandbox, so that the first command after the handover finds
@@ -98,19 +168,19 @@ impl Manager {
             max_output_bytes: 4096,
             stream: false,
         };
-        if let Err(e) = self.exec(id, Some(POOL_TENANT), spec).await {
+        if let Err(e) = self.agent.exec(id, Some(POOL_TENANT), spec).await {
             tracing::debug!(sandbox = %id, "warming a pooled sandbox failed: {e}");
         }
     }
 
     /// Starts sandboxes until the template's pool holds `warm` of them (in the background).
-    pub(super) fn refill_pool(&self, template: &Arc<Template>) {
-        self.refill_pool_after(template, Duration::ZERO);
+    pub(crate) fn refill(self: &Arc<Self>, template: &Arc<Template>) {
+        self.refill_after(template, Duration::ZERO);
     }
 
-    /// [`Self::refill_pool`], the starts `delay` from now (counted as starting already, so
-    /// other creates meanwhile do not start more).
-    fn refill_pool_after(&self, template: &Arc<Template>, delay: Duration) {
+    /// [`Self::refill`], the starts `delay` from now (counted as starting already, so other
+    /// creates meanwhile do not start more).
+    fn refill_after(self: &Arc<Self>, template: &Arc<Template>, delay: Duration) {
         if template.status() != TemplateStatus::Ready {
             return;
         }
@@ -122,14 +192,11 @@ impl Manager {
             pool.starting += missing;
             missing
         };
-        let Some(this) = self.me.get().and_then(std::sync::Weak::upgrade) else {
-            return;
-        };
         for _ in 0..missing {
-            let (this, template) = (this.clone(), template.clone());
+            let (this, template) = (self.clone(), template.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let start = this.create_from(
+                let start = this.lifecycle.create_from(
                     CreateRequest {
                         tenant: Some(POOL_TENANT.to_string()),
                         ..Default::default()
@@ -160,29 +227,26 @@ impl Manager {
     }
 
     /// Kills the pooled sandboxes of the template `key` (it is being deleted).
-    pub(super) async fn drain_pool(&self, key: &str) {
+    pub(crate) async fn drain(&self, key: &str) {
         let idle = lock(&self.pools)
             .remove(key)
             .map(|p| p.idle)
             .unwrap_or_default();
         for id in idle {
-            let _ = self.kill(&id, Some(POOL_TENANT)).await;
+            let _ = self.lifecycle.kill(&id, Some(POOL_TENANT)).await;
         }
     }
 
     /// After a restart: the engine's own sandboxes of before (pooled ones, which may be stale,
     /// and those of interrupted builds) are killed, and every template's pool is refilled.
-    pub(super) async fn restart_internal(&self) {
-        let stale: Vec<(String, Option<String>)> = lock(&self.sandboxes)
-            .iter()
-            .map(|(id, e)| (id.clone(), lock(&e.record).tenant.clone()))
-            .filter(|(_, t)| t.as_deref().is_some_and(internal))
-            .collect();
-        for (id, tenant) in stale {
-            let _ = self.kill(&id, tenant.as_deref()).await;
+    pub(crate) async fn restart_internal(self: &Arc<Self>) {
+        for (id, entry) in self.registry.entries() {
+            if entry.internal() {
+                let _ = self.lifecycle.kill(&id, entry.tenant().as_deref()).await;
+            }
         }
-        for t in self.templates() {
-            self.refill_pool(&t);
+        for t in self.catalog.templates() {
+            self.refill(&t);
         }
     }
 }

@@ -8,7 +8,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Manager, blocking};
+use super::templates::Templates;
+use crate::driver::blocking;
 use crate::error::EngineError;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_storage::oci;
@@ -23,7 +24,7 @@ const BUNDLE: &str = "etc/ssl/certs/ca-certificates.crt";
 /// Largest image file the engine reads (`/etc/passwd`, the CA bundle).
 const MAX_READ: u64 = 8 << 20;
 
-impl Manager {
+impl Templates {
     /// Imports the image archive at `source` (a file or an OCI layout directory) as template
     /// `name` of `tenant` (none: a shared one, the operator's), ready at once.
     pub(crate) async fn import_template(
@@ -32,15 +33,19 @@ impl Manager {
         name: &str,
         source: PathBuf,
     ) -> Result<Arc<Template>, EngineError> {
-        let _guard = self.template_lock.lock().await;
-        let (config, existing, n) = (self.config.clone(), self.templates(), name.to_string());
+        let _guard = self.lock.lock().await;
+        let (config, existing, n) = (
+            self.config.clone(),
+            self.catalog.templates(),
+            name.to_string(),
+        );
         let owner = tenant.map(str::to_string);
         let file = blocking(move || {
             let existing: Vec<&Template> = existing.iter().map(|t| &**t).collect();
             import(&config, &existing, owner.as_deref(), &n, &source)
         })
         .await??;
-        self.put_template(file).await
+        self.catalog.put(file).await
     }
 }
 

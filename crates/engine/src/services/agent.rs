@@ -1,0 +1,285 @@
+//! The agent client: every request to a sandbox's agent goes through here — resuming or
+//! restarting the sandbox first, bounding the exchange by a deadline, and telling an agent that
+//! crashed (restarted on the next call, never trusted again) from one the engine stopped on
+//! purpose (a restore, a merge, a kill) and from one that is slow.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::Stream;
+use sandbox_mcp_model::driver::{AgentConn, DriverError, Liveness};
+use sandbox_mcp_protocol::{
+    AgentError, Call, ExecSpec, Frame, JobInfo, KillAll, ListContexts, ListJobs, Ping,
+    read_frame_limited, write_frame,
+};
+use sandbox_mcp_sys::lock;
+
+use super::lifecycle::Lifecycle;
+use super::registry::{Entry, InFlight, Registry};
+use super::secrets::bound_env;
+use super::{AGENT_TIMEOUT, EXEC_GRACE, Event, ExecResult};
+use crate::driver::DriverHandle;
+use crate::error::EngineError;
+use crate::state::Status;
+
+/// One exchange with an agent on `conn` (see [`sandbox_mcp_protocol::exchange`]), its
+/// broken connection or protocol as the driver's error.
+pub(crate) async fn exchange<C: Call>(
+    conn: &mut AgentConn,
+    call: C,
+) -> Result<Result<C::Reply, AgentError>, DriverError> {
+    sandbox_mcp_protocol::exchange(conn, call)
+        .await
+        .map_err(|e| DriverError::Agent(e.to_string()))
+}
+
+pub(crate) struct AgentClient {
+    driver: DriverHandle,
+    registry: Arc<Registry>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+impl AgentClient {
+    pub(crate) fn new(
+        driver: DriverHandle,
+        registry: Arc<Registry>,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Self {
+        Self {
+            driver,
+            registry,
+            lifecycle,
+        }
+    }
+
+    /// Sends `call` to the sandbox's agent (resuming or restarting the sandbox first) and returns
+    /// its reply; output frames are skipped. `deadline` bounds the whole exchange.
+    pub(crate) async fn call<C: Call>(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        call: C,
+        deadline: Duration,
+    ) -> Result<C::Reply, EngineError> {
+        let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        let mut call = call;
+        call.add_env(&bound_env(&entry));
+        let since = entry.interruptions.load(Ordering::Acquire);
+        let exchange = exchange(&mut conn, call);
+        match tokio::time::timeout(deadline, exchange).await {
+            Ok(Ok(answer)) => answer.map_err(EngineError::from),
+            Ok(Err(e)) => Err(self
+                .interrupted(id, &entry, since)
+                .await
+                .unwrap_or_else(|| e.into())),
+            Err(_) => Err(self.timed_out(id, &entry, deadline).await),
+        }
+    }
+
+    /// Sends `call` and returns the agent's output as it arrives, ending with the reply.
+    /// Dropping the stream closes the connection, which the agent takes as a cancellation.
+    pub(crate) async fn stream<C: Call>(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+        call: C,
+        deadline: Duration,
+    ) -> Result<
+        impl Stream<Item = Result<Event<C::Reply>, EngineError>> + Send + 'static,
+        EngineError,
+    >
+    where
+        C::Reply: Send + 'static,
+    {
+        let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        let mut call = call;
+        call.add_env(&bound_env(&entry));
+        let limit = call.reply_limit();
+        write_frame(&mut conn, &call.into())
+            .await
+            .map_err(|e| EngineError::Sandbox(format!("the sandbox's agent hung up: {e}")))?;
+        let until = tokio::time::Instant::now() + deadline;
+        let since = entry.interruptions.load(Ordering::Acquire);
+        let state = Some((conn, inflight, entry, self.clone(), id.to_string()));
+        Ok(futures::stream::unfold(state, move |state| async move {
+            let (mut conn, inflight, entry, client, id) = state?;
+            let frame = tokio::time::timeout_at(
+                until,
+                read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit),
+            )
+            .await;
+            match frame {
+                Ok(Ok(Some(Frame::Output(output)))) => Some((
+                    Ok(Event::Output(output)),
+                    Some((conn, inflight, entry, client, id)),
+                )),
+                Ok(Ok(Some(Frame::Reply(reply)))) => Some((Ok(Event::Reply(reply)), None)),
+                Ok(Ok(Some(Frame::Error(e)))) => Some((Err(EngineError::from(e)), None)),
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    let error = client.interrupted(&id, &entry, since).await.unwrap_or_else(|| {
+                        EngineError::Sandbox(
+                            "the sandbox's agent closed the connection (it may have run out of memory)".into(),
+                        )
+                    });
+                    Some((Err(error), None))
+                }
+                Err(_) => Some((Err(client.timed_out(&id, &entry, deadline).await), None)),
+            }
+        }))
+    }
+
+    /// Runs a command to completion; on an OOM kill, the sandbox's other processes go too (v1
+    /// cgroups have no oom.group), so it never limps on half-dead.
+    pub(crate) async fn exec(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        spec: ExecSpec,
+    ) -> Result<ExecResult, EngineError> {
+        let before = self.oom_mark(id);
+        let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+        let outcome = self.call(id, tenant, spec, deadline).await?;
+        let oom_killed = self.settle_oom(id, tenant, before).await;
+        Ok(ExecResult {
+            outcome,
+            oom_killed,
+        })
+    }
+
+    /// Oom kills counted so far, to tell whether a command ran out of memory.
+    pub(crate) fn oom_mark(&self, id: &str) -> u64 {
+        self.driver.oom_kills_now(id)
+    }
+
+    /// After a command finished: whether the sandbox ran out of memory since `before`; if so,
+    /// its remaining processes are killed (v1 cgroups have no oom.group).
+    pub(crate) async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
+        let oom = self.oom_mark(id) > before;
+        if oom {
+            let _ = self.call(id, tenant, KillAll {}, AGENT_TIMEOUT).await;
+        }
+        oom
+    }
+
+    /// Background jobs of a running sandbox (a paused one is not woken up to list them).
+    pub(crate) async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
+        let entry = self.registry.lookup(id, tenant).await.ok()?;
+        // Asked directly: looking at a sandbox is not activity, and must not keep it from
+        // being paused when idle.
+        let list = self.ask_running(id, &entry, ListJobs {}).await?;
+        Some(list.jobs)
+    }
+
+    /// REPL contexts alive in a running sandbox (0 when it is not running).
+    pub(crate) async fn context_count(&self, id: &str, entry: &Entry) -> u64 {
+        self.ask_running(id, entry, ListContexts {})
+            .await
+            .map_or(0, |list| list.contexts.len() as u64)
+    }
+
+    /// `call`'s answer from a running sandbox's agent, asked directly and briefly (not resumed,
+    /// not counted as activity); `None` when it is not running or does not answer.
+    async fn ask_running<C: Call>(&self, id: &str, entry: &Entry, call: C) -> Option<C::Reply> {
+        if *lock(&entry.visible_status) != Status::Running {
+            return None;
+        }
+        let mut conn = self.driver.connect(id).await.ok()?;
+        match tokio::time::timeout(Duration::from_secs(5), exchange(&mut conn, call)).await {
+            Ok(Ok(Ok(reply))) => Some(reply),
+            _ => None,
+        }
+    }
+
+    /// A connection to the sandbox's agent, resuming or restarting the sandbox as needed.
+    async fn agent_conn(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<(Arc<Entry>, InFlight, AgentConn), EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let inflight = InFlight::new(entry.clone());
+        self.lifecycle.ensure_running(id, &entry).await?;
+        // Nothing has been sent if the agent cannot be reached: when it turns out to be dead
+        // (crashed, OOM-killed), restart it and go on, so the caller never sees the crash.
+        let conn = match self.driver.connect(id).await {
+            Ok(conn) => conn,
+            Err(DriverError::Gone(why)) => {
+                self.registry.forget(id, Some(why.clone())).await;
+                return Err(EngineError::Gone(why));
+            }
+            Err(_) => {
+                self.note_agent_failure(id, &entry).await;
+                self.lifecycle.ensure_running(id, &entry).await?;
+                self.driver.connect(id).await?
+            }
+        };
+        Ok((entry, inflight, conn))
+    }
+
+    /// After the agent hung up on a call: the error to give when the engine stopped the
+    /// sandbox's processes on purpose since the call began (`since`); `None` for a real agent
+    /// failure, which is noted (see [`Self::note_agent_failure`]).
+    async fn interrupted(&self, id: &str, entry: &Arc<Entry>, since: u64) -> Option<EngineError> {
+        if entry.interruptions.load(Ordering::Acquire) == since {
+            self.note_agent_failure(id, entry).await;
+            // Its pod went while the call ran: say so rather than how the connection broke.
+            return self
+                .registry
+                .gone_reason(id, None)
+                .filter(|_| !self.registry.contains(id))
+                .map(EngineError::Gone);
+        }
+        Some(if !entry.killing.load(Ordering::Acquire) {
+            EngineError::Conflict(format!(
+                "sandbox {id}'s files were replaced (a snapshot restore or a merge) while this call ran, which stopped its processes; run it again"
+            ))
+        } else {
+            EngineError::NotFound(format!("sandbox {id} was killed while this call ran"))
+        })
+    }
+
+    /// After an agent failure (it hung up, or broke the protocol): an agent that is gone, or that
+    /// no longer answers a ping as it should, is not trusted again — its processes are stopped and
+    /// the next call starts a fresh one on the sandbox's files.
+    async fn note_agent_failure(&self, id: &str, entry: &Arc<Entry>) {
+        let liveness = self.driver.liveness(id).await;
+        if liveness == Liveness::Gone {
+            self.registry.forget(id, None).await;
+            return;
+        }
+        if liveness == Liveness::Stopped || !self.ping(id).await {
+            self.lifecycle.stop_agent(id, entry).await;
+        }
+    }
+
+    /// The error for a call the agent did not answer in time. The agent is asked once more, with
+    /// a ping: one that cannot answer that is wedged and is not trusted again — the sandbox's
+    /// processes are stopped, and the next call starts a fresh agent on its files.
+    async fn timed_out(&self, id: &str, entry: &Arc<Entry>, deadline: Duration) -> EngineError {
+        if self.ping(id).await {
+            return EngineError::Timeout(format!(
+                "the sandbox did not answer within {} s",
+                deadline.as_secs()
+            ));
+        }
+        tracing::warn!(sandbox = %id, "the agent stopped answering; stopping the sandbox");
+        self.lifecycle.stop_agent(id, entry).await;
+        EngineError::Sandbox(format!(
+            "the sandbox's agent stopped answering (no reply within {} s, none to a ping either), so the sandbox's processes were stopped; its files are kept and the next call restarts it",
+            deadline.as_secs()
+        ))
+    }
+
+    /// Whether the agent answers a ping within two seconds.
+    async fn ping(&self, id: &str) -> bool {
+        let ping = async {
+            let mut conn = self.driver.connect(id).await.ok()?;
+            exchange(&mut conn, Ping {}).await.ok()?.ok()
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), ping).await,
+            Ok(Some(_))
+        )
+    }
+}

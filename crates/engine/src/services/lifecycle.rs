@@ -1,0 +1,560 @@
+//! Sandbox lifecycles: create (from a template, as a caller, a pool or a build asks), find,
+//! update, pause, resume, kill; quotas; recovery after a restart; shutdown.
+//!
+//! Invariants:
+//! - A sandbox's record is committed `creating` before it is built and `running` once it is;
+//!   `killing` before it is torn down, and deleted after.
+//! - Lifecycle transitions of one sandbox are serialized by its `lifecycle` lock.
+//! - The in-memory runtime state can always be rebuilt from the database and the driver.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use sandbox_mcp_model::driver::{Liveness, Shape, StartSpec};
+use sandbox_mcp_model::ids;
+use sandbox_mcp_network::log as netlog;
+use sandbox_mcp_storage::templates::Template;
+use sandbox_mcp_sys::lock;
+
+use super::catalog::Catalog;
+use super::networks::{Networks, bindings};
+use super::registry::{Entry, Registry, Runtime};
+use super::secrets::Secrets;
+use super::{CreateRequest, Metrics, NetworkLogPage, SandboxView};
+use crate::driver::{DriverHandle, blocking};
+use crate::error::EngineError;
+use crate::records::Records;
+use crate::state::{Binding, NetworkRules, Record, Status};
+
+pub(crate) struct Lifecycle {
+    max_sandboxes: usize,
+    driver: DriverHandle,
+    records: Arc<Records>,
+    registry: Arc<Registry>,
+    networks: Arc<Networks>,
+    catalog: Arc<Catalog>,
+    secrets: Arc<Secrets>,
+}
+
+impl Lifecycle {
+    pub(crate) fn new(
+        max_sandboxes: usize,
+        driver: DriverHandle,
+        records: Arc<Records>,
+        registry: Arc<Registry>,
+        networks: Arc<Networks>,
+        catalog: Arc<Catalog>,
+        secrets: Arc<Secrets>,
+    ) -> Self {
+        Self {
+            max_sandboxes,
+            driver,
+            records,
+            registry,
+            networks,
+            catalog,
+            secrets,
+        }
+    }
+
+    /// Most sandboxes the engine keeps at once.
+    pub(crate) fn max_sandboxes(&self) -> usize {
+        self.max_sandboxes
+    }
+
+    /// After a restart: finish interrupted creates and kills; every other sandbox comes back
+    /// paused — frozen with its processes if they survived, stopped (files kept) if not.
+    pub(crate) async fn recover(&self) -> Result<(), EngineError> {
+        // Slots still in use: those of sandboxes that stay, and of any whose cleanup failed (its
+        // files or processes may still hold the ids, so the range must not be handed out again).
+        let mut held = Vec::new();
+        for record in self.records.all().await? {
+            let id = record.id.clone();
+            match record.status {
+                Status::Creating | Status::Killing => {
+                    let cleaned = match self.destroy_with_snapshots(&id).await {
+                        Err(e) => {
+                            tracing::warn!(sandbox = %id, "cleanup after restart failed: {e}");
+                            false
+                        }
+                        Ok(()) => {
+                            let _ = self.records.delete(&id).await;
+                            true
+                        }
+                    };
+                    if !cleaned {
+                        held.push(record.uid_slot);
+                    }
+                }
+                Status::Running | Status::Paused => {
+                    let runtime = match self.driver.liveness(&id).await {
+                        Liveness::Gone => {
+                            // Killed by another replica, or deleted behind the engine's back.
+                            self.records.delete(&id).await?;
+                            continue;
+                        }
+                        Liveness::Frozen => Runtime::Frozen,
+                        Liveness::Stopped => Runtime::Stopped,
+                        Liveness::Running => match self.driver.freeze(&id).await {
+                            Ok(()) => Runtime::Frozen,
+                            Err(_) => Runtime::Running,
+                        },
+                    };
+                    let status = if runtime == Runtime::Running {
+                        Status::Running
+                    } else {
+                        Status::Paused
+                    };
+                    self.records.set_status(&id, status).await?;
+                    let mut record = record;
+                    record.status = status;
+                    let net = self.networks.sandbox_net(&record);
+                    let entry = Entry::new(record, runtime, true, net);
+                    if runtime != Runtime::Stopped {
+                        // The agent survived the engine: serve its network again.
+                        self.networks.reattach(&id, &entry).await;
+                    }
+                    self.registry.insert(id, entry);
+                }
+            }
+        }
+        // The registry of uid ranges must agree: slots of sandboxes cleaned up above (or lost
+        // with a crash) are released, and those still held stay claimed.
+        held.extend(self.registry.slots().1);
+        self.driver.reconcile_slots(held).await;
+        if self.records.local_only() {
+            // Logs of sandboxes that went while no engine ran (or in a crash mid-kill) go too.
+            let live = self.registry.entries().into_iter().map(|(id, _)| id);
+            self.networks.retain_logs(live.collect());
+        }
+        Ok(())
+    }
+
+    /// What the driver needs to start the sandbox of `record`.
+    pub(crate) fn start_spec(&self, record: &Record) -> Result<StartSpec, EngineError> {
+        let template = self.catalog.template(&record.template)?;
+        Ok(StartSpec {
+            id: record.id.clone(),
+            uid_slot: record.uid_slot,
+            shape: record.shape,
+            template: template.layout.clone(),
+            // The agent's own environment: what REPL interpreters start with, too: the
+            // template's (an image's `Env`), the egress CA's, the sandbox's own.
+            // Bound secrets' stand-ins are not here: each command gets them when it starts
+            // (`Call::add_env`), so a detach applies to the next command.
+            env: template
+                .file
+                .env
+                .iter()
+                .cloned()
+                .chain(sandbox_mcp_network::intercept::trust_env())
+                .chain(record.env.iter().cloned())
+                .collect(),
+            workdir: template.file.workdir.clone(),
+            user: template.file.user,
+            record: record.clone(),
+        })
+    }
+
+    /// Creates a sandbox from `template` (ready or, for a build sandbox, building).
+    pub(crate) async fn create_from(
+        &self,
+        req: CreateRequest,
+        template: &Template,
+        shape: Shape,
+    ) -> Result<SandboxView, EngineError> {
+        let policy = self.networks.rules(&req.network)?;
+        let now = ids::now_ms();
+        let record = {
+            let _guard = self.registry.adding().await;
+            let (count, used_slots) = self.registry.slots();
+            if count >= self.max_sandboxes {
+                return Err(EngineError::QuotaExceeded(format!(
+                    "the engine allows at most {} sandboxes and {count} exist",
+                    self.max_sandboxes
+                )));
+            }
+            let uid_slot = self.driver.claim_slot(used_slots).await?;
+            let record = record_of(
+                &req,
+                ids::sandbox_id(),
+                &template.key,
+                shape,
+                uid_slot,
+                Status::Creating,
+                now,
+                self.secrets.bind_new(req.tenant.as_deref(), &req.secrets)?,
+            );
+            if let Err(e) = self.records.insert(&record).await {
+                self.driver.release_slot(uid_slot).await;
+                return Err(e);
+            }
+            let net = self.networks.new_net(&record, policy);
+            self.registry.insert(
+                record.id.clone(),
+                Entry::new(record.clone(), Runtime::Stopped, false, net),
+            );
+            record
+        };
+
+        let spec = self.start_spec(&record)?;
+        let entry = self.registry.entry_any(&record.id)?;
+        let started = match self.driver.start(&spec).await {
+            Ok(()) => match self.networks.attach(&record.id, &entry).await {
+                Ok(()) => {
+                    let mut acked = record.clone();
+                    acked.status = Status::Running;
+                    self.records.acknowledge(&acked).await
+                }
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        if let Err(e) = started {
+            entry.net.close();
+            self.discard(&record.id, record.uid_slot).await;
+            return Err(e.into());
+        }
+        self.records.set_status(&record.id, Status::Running).await?;
+        entry.commit_running().await;
+        Ok(self.registry.view(&entry))
+    }
+
+    /// [`Registry::list`] after taking in what other replicas changed (drivers that share
+    /// records).
+    pub(crate) async fn list_current(
+        &self,
+        status: Option<Status>,
+        metadata: &[(String, String)],
+        tenant: Option<&str>,
+    ) -> Result<Vec<Record>, EngineError> {
+        self.registry.sync_shared().await?;
+        Ok(self.registry.list(status, metadata, tenant))
+    }
+
+    pub(crate) async fn get(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        with_usage: bool,
+    ) -> Result<SandboxView, EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let usage = if with_usage {
+            Some((
+                self.driver.usage(id).await,
+                self.driver.disk_bytes(id).await,
+            ))
+        } else {
+            None
+        };
+        Ok(SandboxView {
+            usage,
+            ..self.registry.view(&entry)
+        })
+    }
+
+    /// Replaces what is given of the metadata and the egress rules. New rules apply to the next
+    /// connection and DNS query (connections already open are not cut).
+    pub(crate) async fn update(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        metadata: Option<BTreeMap<String, String>>,
+        network: Option<NetworkRules>,
+    ) -> Result<SandboxView, EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let policy = network
+            .as_ref()
+            .map(|n| self.networks.rules(n))
+            .transpose()?;
+        self.records
+            .update(id, metadata.clone(), network.clone())
+            .await?;
+        {
+            let mut record = lock(&entry.record);
+            if let Some(m) = metadata {
+                record.metadata = m;
+            }
+            if let (Some(n), Some(policy)) = (network, policy) {
+                record.network = n;
+                entry.net.set_policy(policy);
+            }
+        }
+        // Other replicas read the change from where the driver keeps the record.
+        self.records.acknowledge(&entry.record()).await?;
+        Ok(self.registry.view(&entry))
+    }
+
+    /// A page of the sandbox's network log (readable whatever the sandbox's state).
+    pub(crate) async fn network_log(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        query: netlog::Query,
+    ) -> Result<NetworkLogPage, EngineError> {
+        self.registry.lookup(id, tenant).await?;
+        self.networks.log_page(id, query).await
+    }
+
+    pub(crate) async fn metrics(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Metrics, EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let (usage, disk_bytes) = (
+            self.driver.usage(id).await,
+            self.driver.disk_bytes(id).await,
+        );
+        let record = entry.record();
+        let capabilities = self.driver.capabilities();
+        Ok(Metrics {
+            status: record.status,
+            usage,
+            disk_bytes,
+            disk_limit_bytes: record.shape.disk_mb * 1024 * 1024,
+            limits_enforced: capabilities.limits_enforced,
+            disk_limit_enforced: capabilities.disk_limits_enforced,
+        })
+    }
+
+    pub(crate) async fn set_status(&self, id: &str, status: Status) -> Result<(), EngineError> {
+        self.records.set_status(id, status).await
+    }
+
+    pub(crate) async fn pause(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        self.pause_entry(id, &entry).await?;
+        Ok(self.registry.view(&entry))
+    }
+
+    pub(crate) async fn pause_entry(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+    ) -> Result<(), EngineError> {
+        let mut rt = entry.lifecycle.lock().await;
+        match *rt {
+            Runtime::Running => {
+                self.driver.freeze(id).await?;
+                self.set_status(id, Status::Paused).await?;
+                *rt = Runtime::Frozen;
+                entry.set_visible(Runtime::Frozen);
+                self.flush_active(id, entry).await;
+                Ok(())
+            }
+            Runtime::Frozen | Runtime::Stopped => Ok(()),
+            Runtime::Killed => Err(EngineError::sandbox_not_found(id)),
+        }
+    }
+
+    pub(crate) async fn resume(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        self.ensure_running(id, &entry).await?;
+        Ok(self.registry.view(&entry))
+    }
+
+    /// Thaws a frozen sandbox or restarts a stopped one.
+    pub(crate) async fn ensure_running(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+    ) -> Result<(), EngineError> {
+        let mut rt = entry.lifecycle.lock().await;
+        match *rt {
+            Runtime::Running => return Ok(()),
+            Runtime::Killed => return Err(EngineError::sandbox_not_found(id)),
+            Runtime::Frozen => {
+                self.driver.thaw(id).await?;
+            }
+            Runtime::Stopped if !self.driver.capabilities().restarts_stopped => {
+                // Its pod is gone (a wedged agent's is deleted): nothing to restart.
+                drop(rt);
+                let why = format!(
+                    "sandbox {id} is gone: its agent stopped answering, so its pod was deleted; create a new sandbox"
+                );
+                self.registry.forget(id, Some(why.clone())).await;
+                return Err(EngineError::Gone(why));
+            }
+            Runtime::Stopped => {
+                let spec = self.start_spec(&lock(&entry.record))?;
+                self.driver.start(&spec).await?;
+                // A new agent has a new network namespace.
+                self.networks.reattach(id, entry).await;
+            }
+        }
+        self.set_status(id, Status::Running).await?;
+        *rt = Runtime::Running;
+        entry.set_visible(Runtime::Running);
+        Ok(())
+    }
+
+    /// Stops a running sandbox's processes and marks it so the next call restarts it.
+    pub(crate) async fn stop_agent(&self, id: &str, entry: &Arc<Entry>) {
+        let mut rt = entry.lifecycle.lock().await;
+        if *rt == Runtime::Running {
+            let _ = self.driver.stop(id).await;
+            *rt = Runtime::Stopped;
+            entry.set_visible(Runtime::Stopped);
+            let _ = self.set_status(id, Status::Paused).await;
+        }
+    }
+
+    /// Stops a sandbox's processes for good (its files are about to change under them); the
+    /// next call starts a fresh agent. Returns how many processes there were. The caller holds
+    /// the sandbox's `lifecycle` lock: `runtime` is what it guards.
+    pub(crate) async fn stop_for_files(
+        &self,
+        id: &str,
+        entry: &Entry,
+        runtime: &mut Runtime,
+    ) -> Result<u64, EngineError> {
+        entry.interruptions.fetch_add(1, Ordering::AcqRel);
+        let stopped = self.driver.processes(id).await;
+        self.driver.stop(id).await?;
+        // A paused sandbox's cgroup stays frozen after its processes die: the next agent must
+        // not start frozen.
+        self.driver.thaw(id).await?;
+        *runtime = Runtime::Stopped;
+        entry.set_visible(Runtime::Stopped);
+        self.set_status(id, Status::Paused).await?;
+        Ok(stopped)
+    }
+
+    /// Destroys a sandbox's processes and files, and its snapshots' files (their rows go with
+    /// its record).
+    pub(crate) async fn destroy_with_snapshots(&self, id: &str) -> Result<(), EngineError> {
+        self.driver.destroy(id).await?;
+        for snap in self.records.snapshots(Some(id)).await? {
+            self.driver.remove_fs(&snap.id).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes back a sandbox that was never acknowledged: its processes, files, record and slot
+    /// (the slot only once the rest is gone, so its ids are never reused too soon).
+    pub(crate) async fn discard(&self, id: &str, slot: u32) {
+        if let Some(entry) = self.registry.remove(id) {
+            entry.net.close();
+        }
+        if self.driver.destroy(id).await.is_ok() && self.records.delete(id).await.is_ok() {
+            self.driver.release_slot(slot).await;
+        }
+    }
+
+    pub(crate) async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let mut rt = entry.lifecycle.lock().await;
+        if *rt == Runtime::Killed {
+            return Err(EngineError::sandbox_not_found(id));
+        }
+        self.set_status(id, Status::Killing).await?;
+        entry.killing.store(true, Ordering::Release);
+        entry.interruptions.fetch_add(1, Ordering::AcqRel);
+        let slot = lock(&entry.record).uid_slot;
+        self.destroy_with_snapshots(id).await.map_err(|e| match e {
+            EngineError::Host(e) => EngineError::KillIncomplete(e),
+            e => e,
+        })?;
+        self.records.delete(id).await?;
+        self.driver.release_slot(slot).await;
+        *rt = Runtime::Killed;
+        entry.ready.store(false, Ordering::Release);
+        entry.net.close();
+        self.networks.forget(id);
+        self.registry.remove(id);
+        // What the engine held for the sandbox (relay buffers, decrypted connections) goes back
+        // to the kernel, not only to the allocator. Its connections end as the network closes.
+        tokio::spawn(async {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            let _ = blocking(sandbox_mcp_sys::budget::give_back).await;
+        });
+        Ok(())
+    }
+
+    /// Writes the sandbox's last activity down, if it changed since last time.
+    pub(crate) async fn flush_active(&self, id: &str, entry: &Arc<Entry>) {
+        if entry.active_dirty.swap(false, Ordering::Relaxed) {
+            let at = entry.last_active.load(Ordering::Relaxed);
+            let _ = self.records.set_last_active(id, at).await;
+        }
+    }
+
+    /// Clean shutdown: running sandboxes are frozen (their processes and memory are kept, no CPU
+    /// is used) and marked paused; the next engine resumes them on first use.
+    pub(crate) async fn shutdown(&self) {
+        for (id, entry) in self.registry.entries() {
+            // The engine's own sandboxes (pools, builds) would be killed at the next start
+            // anyway: killed now, they leave no frozen processes behind meanwhile.
+            if entry.internal() {
+                if let Err(e) = self.kill(&id, entry.tenant().as_deref()).await {
+                    tracing::debug!(sandbox = %id, "not killed at shutdown: {e}");
+                }
+                continue;
+            }
+            if entry.ready.load(Ordering::Acquire)
+                && let Err(e) = self.pause_entry(&id, &entry).await
+            {
+                tracing::debug!(sandbox = %id, "not paused at shutdown: {e}");
+            }
+            self.flush_active(&id, &entry).await;
+            // Its relay and preview connections end with this engine; the next one serves them.
+            entry.net.close();
+        }
+        self.driver.close().await;
+    }
+
+    /// Gives a sandbox new network rules' policy and its record's secret bindings (a pooled
+    /// sandbox handed out to a request).
+    pub(crate) fn rebind(
+        &self,
+        entry: &Entry,
+        record: Record,
+        policy: sandbox_mcp_network::policy::Policy,
+    ) {
+        entry.net.set_policy(policy);
+        entry.net.set_bindings(bindings(&record));
+        *lock(&entry.record) = record;
+    }
+}
+
+/// The record of a sandbox made for `req` (a new one, or a pooled one it adopts), with the
+/// secret bindings already made for it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn record_of(
+    req: &CreateRequest,
+    id: String,
+    template: &str,
+    shape: Shape,
+    uid_slot: u32,
+    status: Status,
+    now: i64,
+    secrets: BTreeMap<String, Binding>,
+) -> Record {
+    Record {
+        id,
+        name: req.name.clone(),
+        template: template.to_string(),
+        status,
+        metadata: req.metadata.clone(),
+        env: req.env.clone(),
+        shape,
+        uid_slot,
+        created_at: now,
+        last_active_at: now,
+        expires_at: req.timeout_seconds.map(|s| now + (s as i64) * 1000),
+        tenant: req.tenant.clone(),
+        network: req.network.clone(),
+        secrets,
+        desktop: req.desktop,
+    }
+}

@@ -1,0 +1,79 @@
+//! The timers: expired sandboxes are killed, idle ones paused, activity written down; on a
+//! driver whose engine replicas share records, what the others changed is taken in.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sandbox_mcp_model::ids;
+use tokio_util::sync::CancellationToken;
+
+use super::lifecycle::Lifecycle;
+use super::registry::Registry;
+use crate::state::Status;
+
+pub(crate) struct Timers {
+    /// How often they run.
+    tick: Duration,
+    /// Idle time after which a running sandbox is paused (`None`: never).
+    idle_pause: Option<Duration>,
+    registry: Arc<Registry>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+impl Timers {
+    pub(crate) fn new(
+        tick: Duration,
+        idle_pause: Option<Duration>,
+        registry: Arc<Registry>,
+        lifecycle: Arc<Lifecycle>,
+    ) -> Self {
+        Self {
+            tick,
+            idle_pause,
+            registry,
+            lifecycle,
+        }
+    }
+
+    /// One pass of the timers: kill expired sandboxes, pause idle ones, persist activity.
+    pub(crate) async fn tick(&self) {
+        if let Err(e) = self.registry.sync_shared().await {
+            tracing::warn!("cannot read the sandboxes other replicas made: {e}");
+        }
+        let now = ids::now_ms();
+        for (id, entry) in self.registry.ready() {
+            let record = entry.record();
+            if record.expires_at.is_some_and(|t| t <= now) {
+                tracing::info!(sandbox = %id, "timeout reached; killing");
+                if let Err(e) = self.lifecycle.kill(&id, None).await {
+                    tracing::warn!(sandbox = %id, "auto-kill failed: {e}");
+                }
+                continue;
+            }
+            if let Some(idle) = self.idle_pause
+                && record.status == Status::Running
+                && entry.inflight.load(Ordering::Relaxed) == 0
+                && now - entry.last_active.load(Ordering::Relaxed) >= idle.as_millis() as i64
+            {
+                tracing::info!(sandbox = %id, "idle; pausing");
+                if let Err(e) = self.lifecycle.pause_entry(&id, &entry).await {
+                    tracing::debug!(sandbox = %id, "auto-pause skipped: {e}");
+                }
+            }
+            self.lifecycle.flush_active(&id, &entry).await;
+        }
+    }
+
+    /// Runs the timers until `stop` fires.
+    pub(crate) async fn run(self: Arc<Self>, stop: CancellationToken) {
+        let mut interval = tokio::time::interval(self.tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                _ = interval.tick() => self.tick().await,
+            }
+        }
+    }
+}
