@@ -1,7 +1,7 @@
-//! One sandbox's cgroups: made under [`PARENT`](super::PARENT) with its limits (memory without
-//! swap, pids, CPU quota), frozen and thawed (v2 `cgroup.freeze` first, the v1 freezer else),
-//! killed (`cgroup.kill`, else every process while frozen, so nothing forks away), removed, and
-//! read for usage and OOM kills.
+//! One sandbox's cgroups: made under [`PARENT`] with its limits (memory without swap, pids, CPU
+//! quota), frozen and thawed (v2 `cgroup.freeze` first, the v1 freezer else), killed
+//! (`cgroup.kill`, else every process while frozen, so nothing forks away), removed, and read for
+//! usage and OOM kills.
 
 use std::fs;
 use std::io;
