@@ -217,7 +217,7 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
 
     // Enter the new root; detach the host's.
     ctx(nix::unistd::chdir(rootfs), "enter new root")?;
-    ctx(sys::pivot_root_here(), "pivot_root")?;
+    ctx(nix::unistd::pivot_root(".", "."), "pivot_root")?;
     ctx(umount2(".", MntFlags::MNT_DETACH), "detach host root")?;
     ctx(nix::unistd::chdir("/"), "chdir /")?;
     ctx(

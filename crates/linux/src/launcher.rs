@@ -115,7 +115,7 @@ fn launch() -> Result<i32, BuildError> {
         fs::File::open("/proc/self/exe").map(OwnedFd::from),
         "open own executable",
     )?;
-    let plan_fd = ctx(sys::memfd_with(b"sandbox-plan\0", &input), "store plan")?;
+    let plan_fd = ctx(sys::memfd_with(c"sandbox-plan", &input), "store plan")?;
     let _ = fs::remove_file(&plan.socket_path);
     let listener = ctx(UnixListener::bind(&plan.socket_path), "bind agent socket")?;
     ctx(
@@ -458,7 +458,7 @@ fn child(plan: &LaunchPlan, sync: &OwnedFd, fds: Inherited) -> BuildError {
     ) {
         return e;
     }
-    let err = sys::exec_fd(exe.as_raw_fd(), &["sandbox-agent", "__agent"], &[]);
+    let err = sys::exec_fd(&exe, &["sandbox-agent", "__agent"], &[]);
     BuildError::Step {
         step: "exec agent".into(),
         source: err.into(),

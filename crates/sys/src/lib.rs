@@ -1,7 +1,8 @@
 //! Host primitives every other layer of sandbox-mcp stands on, and which know nothing of what a
 //! sandbox means:
 //!
-//! - [`syscalls`]: one-syscall wrappers the launcher and the agent need and nix does not have;
+//! - [`syscalls`]: one-syscall wrappers the launcher and the agent need and nix does not have,
+//!   and the few sequences of nix calls whose order or check every caller needs;
 //! - [`mounts`]: the one `/proc/self/mountinfo` parser;
 //! - [`fs_tree`]: walking, measuring and deleting trees a sandbox wrote, iteratively and never
 //!   through a link;

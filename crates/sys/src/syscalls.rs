@@ -1,9 +1,15 @@
-//! Thin wrappers for the syscalls that the launcher and the agent need and nix does not wrap.
-//! Each is one syscall; callers own the policy. Shared by both sides, so it belongs to neither.
+//! Thin wrappers for the syscalls that the launcher and the agent need and nix does not wrap
+//! (each is one syscall; callers own the policy), and the few sequences of nix calls whose order
+//! or check every caller must get right (ids, filesystem ids, a filled memfd, exec by
+//! descriptor). Shared by both sides, so it belongs to neither.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::fcntl::AtFlags;
+use nix::sys::memfd::{MFdFlags, memfd_create};
+use nix::unistd::{Gid, Uid, setfsgid, setfsuid, setresgid, setresuid};
 
 /// Milliseconds since the Unix epoch (the clock the engine's records and the agent's jobs share).
 pub fn now_ms() -> i64 {
@@ -157,18 +163,6 @@ pub fn userns_with_map(map: &str) -> io::Result<OwnedFd> {
     made
 }
 
-/// `pivot_root(".", ".")`: the caller must have chdir'ed into the new root.
-pub fn pivot_root_here() -> io::Result<()> {
-    let dot = cstr(".")?;
-    // SAFETY: valid NUL-terminated paths.
-    let ret = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
 /// Marks every descriptor from `first` up close-on-exec.
 pub fn cloexec_from(first: u32) -> io::Result<()> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
@@ -183,7 +177,7 @@ pub fn cloexec_from(first: u32) -> io::Result<()> {
 
 /// `execveat(fd, "", argv, envp, AT_EMPTY_PATH)`: runs the program open at `fd`, which need not
 /// be reachable from the current root. Returns only on failure.
-pub fn exec_fd(fd: RawFd, argv: &[&str], env: &[(String, String)]) -> io::Error {
+pub fn exec_fd(fd: impl AsFd, argv: &[&str], env: &[(String, String)]) -> io::Error {
     let Ok(argv_c) = argv.iter().map(|a| cstr(a)).collect::<io::Result<Vec<_>>>() else {
         return io::Error::new(io::ErrorKind::InvalidInput, "argument contains a NUL byte");
     };
@@ -197,23 +191,10 @@ pub fn exec_fd(fd: RawFd, argv: &[&str], env: &[(String, String)]) -> io::Error 
             "environment contains a NUL byte",
         );
     };
-    let mut argv_p: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
-    argv_p.push(std::ptr::null());
-    let mut env_p: Vec<*const libc::c_char> = env_c.iter().map(|c| c.as_ptr()).collect();
-    env_p.push(std::ptr::null());
-    let empty = c"";
-    // SAFETY: argv and envp are NULL-terminated arrays of valid C strings that outlive the call.
-    unsafe {
-        libc::syscall(
-            libc::SYS_execveat,
-            fd,
-            empty.as_ptr(),
-            argv_p.as_ptr(),
-            env_p.as_ptr(),
-            libc::AT_EMPTY_PATH,
-        );
+    match nix::unistd::execveat(fd, c"", &argv_c, &env_c, AtFlags::AT_EMPTY_PATH) {
+        Ok(never) => match never {},
+        Err(e) => e.into(),
     }
-    io::Error::last_os_error()
 }
 
 /// Brings the loopback interface up (a new network namespace starts with it down).
@@ -410,52 +391,39 @@ pub fn keep_caps_across_exec() -> io::Result<()> {
 
 /// Sets real, effective and saved uid *and* gid (gids first, while still privileged).
 pub fn set_ids(real: u32, effective: u32, saved: u32) -> io::Result<()> {
-    let check = |ret: libc::c_int| {
-        if ret < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
+    let uids = || setresuid(Uid::from(real), Uid::from(effective), Uid::from(saved));
+    let gids = || setresgid(Gid::from(real), Gid::from(effective), Gid::from(saved));
     // Going to root, the uid must change first to regain the right to change gids; leaving
     // root, the gids must change while that right is still held.
-    // SAFETY: plain id-setting calls on integer arguments.
-    unsafe {
-        if effective == 0 {
-            check(libc::setresuid(real, effective, saved))?;
-            check(libc::setresgid(real, effective, saved))
-        } else {
-            check(libc::setresgid(real, effective, saved))?;
-            check(libc::setresuid(real, effective, saved))
-        }
+    if effective == 0 {
+        uids()?;
+        gids()?;
+    } else {
+        gids()?;
+        uids()?;
     }
+    Ok(())
 }
 
 /// The filesystem uid and gid of the calling thread (and of threads it creates later): the ids
 /// files are created with and permissions are checked against.
 pub fn set_fs_ids(id: u32) -> io::Result<()> {
-    // SAFETY: plain id-setting calls; they return the previous id and cannot fail otherwise.
-    unsafe {
-        libc::setfsgid(id);
-        libc::setfsuid(id);
-        // setfs*id report no error: read the ids back to know.
-        if libc::setfsuid(u32::MAX) as u32 != id || libc::setfsgid(u32::MAX) as u32 != id {
-            return Err(io::Error::from_raw_os_error(libc::EPERM));
-        }
+    setfsgid(Gid::from(id));
+    setfsuid(Uid::from(id));
+    // setfs*id report no error, only the id before the call: asking for an id no process can
+    // have (-1) changes nothing and reads back the one in force.
+    let now_uid = setfsuid(Uid::from(u32::MAX));
+    let now_gid = setfsgid(Gid::from(u32::MAX));
+    if now_uid.as_raw() != id || now_gid.as_raw() != id {
+        return Err(io::Error::from_raw_os_error(libc::EPERM));
     }
     Ok(())
 }
 
 /// An anonymous in-memory file holding `data`, positioned at its start (close-on-exec: a child
-/// that should inherit it gets a copy at a fixed number). `name` must end with a NUL.
-pub fn memfd_with(name: &[u8], data: &[u8]) -> io::Result<OwnedFd> {
-    // SAFETY: `name` is NUL-terminated; memfd_create returns a new descriptor or -1.
-    let fd = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: memfd_create returned a new descriptor that we now own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+/// that should inherit it gets a copy at a fixed number).
+pub fn memfd_with(name: &CStr, data: &[u8]) -> io::Result<OwnedFd> {
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC)?;
     let mut file = std::fs::File::from(fd);
     std::io::Write::write_all(&mut file, data)?;
     std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(0))?;

@@ -1,0 +1,109 @@
+//! Requests on the sandbox's files, resolved by the agent inside the sandbox's root: read, write,
+//! list, delete, move, and a directory as a zip. Contents travel base64-encoded, so a reply may be
+//! as large as the bytes asked for, encoded.
+
+use serde::{Deserialize, Serialize};
+
+use crate::call::encoded;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReadFile {
+    pub path: String,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileData {
+    pub path: String,
+    pub data_b64: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WriteFile {
+    pub path: String,
+    pub data_b64: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Written {
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ListDir {
+    pub path: String,
+    pub max_entries: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Dir {
+    pub path: String,
+    pub entries: Vec<DirEntry>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Seconds since the Unix epoch.
+    pub mtime: i64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Delete {
+    pub path: String,
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Deleted {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Move {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Moved {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ZipDir {
+    pub path: String,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Zip {
+    pub path: String,
+    pub zip_b64: String,
+    pub zip_bytes: u64,
+    pub files: u64,
+    pub skipped: Vec<String>,
+}
+
+call!(ReadFile(ReadFile) => FileData, limit: |r: &ReadFile| encoded(r.max_bytes));
+call!(WriteFile(WriteFile) => Written);
+// Up to 1000 entries of names up to 255 bytes, escaped.
+call!(ListDir(ListDir) => Dir, limit: |_: &ListDir| 4 * 1024 * 1024);
+call!(Delete(Delete) => Deleted);
+call!(Move(Move) => Moved);
+call!(ZipDir(ZipDir) => Zip, limit: |r: &ZipDir| encoded(r.max_bytes));

@@ -1,0 +1,223 @@
+//! Frames on the wire: a 4-byte big-endian length and that many bytes of JSON, at most
+//! [`MAX_FRAME`] (or a request's own smaller limit, checked before anything is buffered). The
+//! agent answers a request with `Output` frames (exec and run_code only), then its reply or an
+//! `Error`; [`exchange`] is the engine's side of one request.
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::{Call, Done};
+
+/// Largest frame either side accepts: an 8 MiB file base64-encoded, or a 10 MiB zip, plus JSON.
+pub const MAX_FRAME: usize = 24 * 1024 * 1024;
+
+/// What the agent sends back: output as it happens (exec and run_code only), then the reply or
+/// an error.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Frame<R> {
+    Output(Output),
+    Reply(R),
+    Error(AgentError),
+}
+
+/// Output a command printed, streamed while it runs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Output {
+    pub stream: Stream,
+    pub data: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Why a request failed; the engine maps the kind to an API error code.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl AgentError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Why an agent request failed; the engine maps each to an API error code.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    NotFound,
+    InvalidArgument,
+    PermissionDenied,
+    Conflict,
+    PayloadTooLarge,
+    /// The sandbox's disk is full (its quota, or the store).
+    DiskFull,
+    Io,
+}
+
+/// Reads one frame of at most [`MAX_FRAME`] bytes; `Ok(None)` on a clean EOF before a frame
+/// starts.
+pub async fn read_frame<R, T>(r: &mut R) -> std::io::Result<Option<T>>
+where
+    R: AsyncRead + Unpin,
+    T: for<'de> Deserialize<'de>,
+{
+    read_frame_limited(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `limit` bytes (checked before anything is buffered).
+pub async fn read_frame_limited<R, T>(r: &mut R, limit: usize) -> std::io::Result<Option<T>>
+where
+    R: AsyncRead + Unpin,
+    T: for<'de> Deserialize<'de>,
+{
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > limit.min(MAX_FRAME) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "a frame of {len} bytes exceeds the {}-byte limit",
+                limit.min(MAX_FRAME)
+            ),
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    serde_json::from_slice(&buf)
+        .map(Some)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Writes an `Output` frame (its reply type does not matter: the frame carries none).
+pub async fn write_output<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    stream: Stream,
+    data: String,
+) -> std::io::Result<()> {
+    write_frame(w, &Frame::<Done>::Output(Output { stream, data })).await
+}
+
+/// Writes one frame.
+pub async fn write_frame<W, T>(w: &mut W, value: &T) -> std::io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+    T: Serialize,
+{
+    let body = serde_json::to_vec(value)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+    if body.len() > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "response too large for one frame",
+        ));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame).await?;
+    w.flush().await
+}
+
+/// Why an exchange with an agent ended without its reply or its error.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("the sandbox's agent hung up: {0}")]
+    HungUp(#[source] std::io::Error),
+    #[error("the sandbox's agent closed the connection (it may have run out of memory)")]
+    Closed,
+    #[error("the sandbox's agent broke the protocol: {0}")]
+    Broken(#[source] std::io::Error),
+}
+
+/// One exchange with an agent on `conn`: sends `call` and reads frames until its reply or the
+/// agent's error (output frames are skipped). The outer error is a broken connection or
+/// protocol; deadlines, activity and recovery are the caller's.
+pub async fn exchange<S, C>(
+    conn: &mut S,
+    call: C,
+) -> Result<Result<C::Reply, AgentError>, ExchangeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    C: Call,
+{
+    let limit = call.reply_limit();
+    write_frame(conn, &call.into())
+        .await
+        .map_err(ExchangeError::HungUp)?;
+    loop {
+        match read_frame_limited::<_, Frame<C::Reply>>(conn, limit).await {
+            Ok(Some(Frame::Output(_))) => continue,
+            Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
+            Ok(Some(Frame::Error(e))) => return Ok(Err(e)),
+            Ok(None) => return Err(ExchangeError::Closed),
+            Err(e) => return Err(ExchangeError::Broken(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::{Call, Deleted, KillJob, ListJobs, Ping, Pong, ReadFile, Request};
+
+    #[tokio::test]
+    async fn a_frame_over_the_request_s_limit_is_refused_before_it_is_read() {
+        // A header claiming 20 MiB, and nothing behind it: refused on the header alone.
+        let claimed = (20u32 << 20).to_be_bytes();
+        let mut input: &[u8] = &claimed;
+        let err = read_frame_limited::<_, Frame<Pong>>(&mut input, Ping {}.reply_limit())
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("exceeds"), "{err}");
+        // Requests that carry file contents allow what they can carry, and no more.
+        let read = ReadFile {
+            path: "x".into(),
+            max_bytes: 1 << 20,
+        };
+        assert!(read.reply_limit() > (1 << 20) * 4 / 3 && read.reply_limit() < 2 << 20);
+        assert!(ListJobs {}.reply_limit() <= MAX_FRAME);
+    }
+
+    #[tokio::test]
+    async fn a_reply_of_another_request_fails_to_decode() {
+        let mut wire = Vec::new();
+        let pong: Frame<Pong> = Frame::Reply(Pong {
+            pid: 1,
+            version: "x".into(),
+        });
+        write_frame(&mut wire, &pong).await.unwrap();
+        let mut input: &[u8] = &wire;
+        let decoded = read_frame::<_, Frame<Deleted>>(&mut input).await;
+        assert!(decoded.is_err(), "a Pong decoded as a delete's reply");
+        // And the right one round-trips, with requests tagged by `op`.
+        let mut input: &[u8] = &wire;
+        let decoded = read_frame::<_, Frame<Pong>>(&mut input).await.unwrap();
+        assert_eq!(decoded, Some(pong));
+        let request: Request = KillJob {
+            job_id: "job_1".into(),
+        }
+        .into();
+        assert_eq!(
+            serde_json::to_value(&request).unwrap(),
+            serde_json::json!({"op": "kill_job", "job_id": "job_1"})
+        );
+    }
+}
