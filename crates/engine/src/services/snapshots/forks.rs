@@ -1,0 +1,248 @@
+//! Forks (children that start from one moment of their parent's files) and merges (one
+//! sandbox's files replacing another's).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use sandbox_mcp_model::driver::CloneMethod;
+use sandbox_mcp_model::ids;
+use sandbox_mcp_sys::lock;
+
+use super::{FORKED_FROM, Forked, MAX_FORKS, MAX_LABELS, Snapshots};
+use crate::error::EngineError;
+use crate::services::registry::{Entry, Runtime};
+use crate::state::{Record, Status};
+
+impl Snapshots {
+    pub(crate) async fn fork(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        count: u32,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<Forked, EngineError> {
+        if !(1..=MAX_FORKS).contains(&count) {
+            return Err(EngineError::InvalidArgument(format!(
+                "count must be 1 to {MAX_FORKS}; got {count}"
+            )));
+        }
+        let parent = self.registry.entry(id, tenant)?;
+        let runtime = parent.lifecycle.lock().await;
+        if *runtime == Runtime::Killed {
+            return Err(EngineError::sandbox_not_found(id));
+        }
+        let record = lock(&parent.record).clone();
+        let snapshots = self.snapshots_of(Some(id)).await?;
+        let (used, _) = self.disk_use(id, &snapshots).await?;
+        Self::check_disk(id, &record, used, "its forks would start full")?;
+        let mut labels = record.metadata.clone();
+        labels.extend(metadata.clone());
+        labels.insert(FORKED_FROM.to_string(), id.to_string());
+        if labels.len() > MAX_LABELS {
+            return Err(EngineError::InvalidArgument(format!(
+                "the children would have {} metadata labels (the parent's, yours and forked_from); at most {MAX_LABELS} are allowed",
+                labels.len()
+            )));
+        }
+        let children = self.reserve_children(&record, count, labels).await?;
+        let made = self.make_children(id, &parent, *runtime, &children).await;
+        drop(runtime);
+        match made {
+            Ok(method) => Ok(Forked {
+                ids: children.iter().map(|c| c.id.clone()).collect(),
+                method,
+            }),
+            Err(e) => {
+                for child in &children {
+                    self.lifecycle.discard(&child.id, child.uid_slot).await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The children's records, committed as `creating` (so a crash from here on leaves nothing
+    /// a restart would list), with their slots and secret bindings.
+    async fn reserve_children(
+        &self,
+        parent: &Record,
+        count: u32,
+        labels: BTreeMap<String, String>,
+    ) -> Result<Vec<Record>, EngineError> {
+        let _guard = self.registry.adding().await;
+        let (existing, used_slots) = self.registry.slots();
+        let max = self.lifecycle.max_sandboxes();
+        if existing + count as usize > max {
+            return Err(EngineError::QuotaExceeded(format!(
+                "the engine allows at most {max} sandboxes and {existing} exist, so {count} more do not fit; kill some or fork fewer"
+            )));
+        }
+        let wanted: BTreeMap<String, String> = parent
+            .secrets
+            .iter()
+            .map(|(env, b)| (env.clone(), b.secret.clone()))
+            .collect();
+        let now = ids::now_ms();
+        // One claim and one commit for all of them: each would pay its own fsyncs otherwise.
+        let slots = self.driver.claim_slots(used_slots, count as usize).await?;
+        let release = |slots: &[u32]| {
+            let slots = slots.to_vec();
+            async move {
+                for s in slots {
+                    self.driver.release_slot(s).await;
+                }
+            }
+        };
+        let mut children = Vec::new();
+        for &slot in &slots {
+            let secrets = match self.secrets.bind_new(parent.tenant.as_deref(), &wanted) {
+                Ok(s) => s,
+                Err(e) => {
+                    release(&slots).await;
+                    return Err(e);
+                }
+            };
+            children.push(Record {
+                id: ids::sandbox_id(),
+                name: None,
+                status: Status::Creating,
+                metadata: labels.clone(),
+                uid_slot: slot,
+                created_at: now,
+                last_active_at: now,
+                secrets,
+                ..parent.clone()
+            });
+        }
+        if let Err(e) = self.records.insert_all(&children).await {
+            release(&slots).await;
+            return Err(e);
+        }
+        for child in &children {
+            // The parent's rules as stored: they are what its policy was made from.
+            let net = self.networks.sandbox_net(child);
+            self.registry.insert(
+                child.id.clone(),
+                Entry::new(child.clone(), Runtime::Stopped, false, net),
+            );
+        }
+        Ok(children)
+    }
+
+    /// Copies the parent's files to every child (the parent frozen once, so all children start
+    /// from the same moment), starts them side by side, and commits them as running.
+    async fn make_children(
+        &self,
+        id: &str,
+        parent: &Entry,
+        runtime: Runtime,
+        children: &[Record],
+    ) -> Result<CloneMethod, EngineError> {
+        let (driver, from) = (self.driver.clone(), Self::fs_of(parent, id));
+        let targets: Vec<(String, u64)> = children
+            .iter()
+            .map(|c| (c.id.clone(), Self::disk_limit(c)))
+            .collect();
+        let method = self
+            .frozen(id, runtime, driver.clone_many(from, targets))
+            .await??;
+        let started = futures::future::join_all(children.iter().map(|child| async move {
+            let spec = self.lifecycle.start_spec(child)?;
+            self.driver.start(&spec).await?;
+            let entry = self.registry.entry_any(&child.id)?;
+            self.networks.attach(&child.id, &entry).await?;
+            Ok::<_, EngineError>(())
+        }))
+        .await;
+        started.into_iter().collect::<Result<Vec<()>, _>>()?;
+        let ids = children.iter().map(|c| c.id.clone()).collect();
+        self.records.set_status_all(ids, Status::Running).await?;
+        for child in children {
+            self.registry.entry_any(&child.id)?.commit_running().await;
+        }
+        Ok(method)
+    }
+
+    pub(crate) async fn merge(
+        &self,
+        source: &str,
+        target: &str,
+        tenant: Option<&str>,
+        force: bool,
+    ) -> Result<CloneMethod, EngineError> {
+        if source == target {
+            return Err(EngineError::InvalidArgument(
+                "source_id and target_id are the same sandbox".into(),
+            ));
+        }
+        let (src, dst) = (
+            self.registry.entry(source, tenant)?,
+            self.registry.entry(target, tenant)?,
+        );
+        let (src_record, dst_record) = (src.record(), dst.record());
+        if src_record.template != dst_record.template {
+            return Err(EngineError::Conflict(format!(
+                "{source} runs template {} and {target} template {}: only sandboxes of one template can be merged",
+                src_record.template, dst_record.template
+            )));
+        }
+        if !force && !self.related(&src_record, &dst_record) {
+            return Err(EngineError::Conflict(format!(
+                "{source} and {target} are unrelated (neither was forked from the other or from a common parent); pass force: true to replace {target}'s files anyway"
+            )));
+        }
+        {
+            // Locked in id order: a merge the other way round cannot deadlock with this one.
+            let (first, second) = if source < target {
+                (&src, &dst)
+            } else {
+                (&dst, &src)
+            };
+            let mut a = first.lifecycle.lock().await;
+            let mut b = second.lifecycle.lock().await;
+            let (src_rt, dst_rt) = if source < target {
+                (&mut *a, &mut *b)
+            } else {
+                (&mut *b, &mut *a)
+            };
+            if *src_rt == Runtime::Killed || *dst_rt == Runtime::Killed {
+                return Err(EngineError::NotFound(
+                    "one of the sandboxes was killed meanwhile".into(),
+                ));
+            }
+            self.lifecycle.stop_for_files(target, &dst, dst_rt).await?;
+            let (driver, tid, from) = (
+                self.driver.clone(),
+                target.to_string(),
+                Self::fs_of(&src, source),
+            );
+            let limit = Self::disk_limit(&dst_record);
+            let method = self
+                .frozen(source, *src_rt, driver.replace_fs(&tid, from, limit))
+                .await??;
+            drop((a, b));
+            self.lifecycle.kill(source, tenant).await?;
+            self.lifecycle.ensure_running(target, &dst).await?;
+            Ok(method)
+        }
+    }
+
+    /// Whether two sandboxes share an ancestor through `forked_from` (or one is the other's).
+    fn related(&self, a: &Record, b: &Record) -> bool {
+        let family = |r: &Record| -> BTreeSet<String> {
+            let mut seen = BTreeSet::from([r.id.clone()]);
+            let mut next = r.metadata.get(FORKED_FROM).cloned();
+            while let Some(id) = next.take() {
+                if !seen.insert(id.clone()) {
+                    break;
+                }
+                next = self
+                    .registry
+                    .entry_any(&id)
+                    .ok()
+                    .and_then(|e| lock(&e.record).metadata.get(FORKED_FROM).cloned());
+            }
+            seen
+        };
+        !family(a).is_disjoint(&family(b))
+    }
+}
