@@ -5,11 +5,13 @@
 //! embedded, standalone and remote engines), [`lifecycle`] (exit, session sandboxes, the data dir)
 //! and [`settings`] (help, RUST_LOG, flags).
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+use sandbox_mcp_testkit::engine::free_port;
+use sandbox_mcp_testkit::stdio::JsonLines;
 
 use crate::common::BIN;
 
@@ -18,58 +20,47 @@ mod lifecycle;
 mod protocol;
 mod settings;
 
-struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+/// The binary as a child process speaking JSON-RPC lines ([`JsonLines`], whose stdin, stdout
+/// and child the tests reach through it), with what these tests ask of it.
+struct Server(JsonLines);
+
+impl std::ops::Deref for Server {
+    type Target = JsonLines;
+    fn deref(&self) -> &JsonLines {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Server {
+    fn deref_mut(&mut self) -> &mut JsonLines {
+        &mut self.0
+    }
 }
 
 impl Server {
     fn spawn(envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(BIN);
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null()); // debug logs would fill an unread pipe
+        cmd.stderr(Stdio::null()); // debug logs would fill an unread pipe
         cmd.env_remove("SANDBOX_MCP_URL").env("RUST_LOG", "debug");
         for (k, v) in envs {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().unwrap();
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        Self {
-            child,
-            stdin,
-            stdout,
-        }
+        Self(JsonLines::spawn(&mut cmd))
     }
 
     /// A server whose control plane is a closed port: fine for anything but tool calls.
     fn offline() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         Self::spawn(&[("SANDBOX_MCP_URL", &format!("http://127.0.0.1:{port}"))])
     }
 
-    fn send_raw(&mut self, bytes: &[u8]) {
-        let stdin = self.stdin.as_mut().unwrap();
-        stdin.write_all(bytes).unwrap();
-        stdin.flush().unwrap();
-    }
-
     fn send(&mut self, message: Value) {
-        let mut line = serde_json::to_vec(&message).unwrap();
-        line.push(b'\n');
-        self.send_raw(&line);
+        self.0.send(&message);
     }
 
     /// The next line on stdout, which must be a JSON-RPC message.
     fn recv(&mut self) -> Value {
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
+        let line = self.read_line();
         let value: Value = serde_json::from_str(&line)
             .unwrap_or_else(|e| panic!("stdout carried a non-JSON line {line:?}: {e}"));
         assert_eq!(value["jsonrpc"], "2.0", "{line}");

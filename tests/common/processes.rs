@@ -8,6 +8,8 @@ use serde_json::{Value, json};
 use sandbox_mcp_api::ApiKey;
 use sandbox_mcp_server::backend::Backend;
 
+use sandbox_mcp_testkit::engine::{self, free_port};
+
 use super::{BIN, KEY};
 use super::{McpClient, call, mcp_for};
 
@@ -41,18 +43,9 @@ pub async fn spawn_engine_with(
     stderr: std::process::Stdio,
     configure: impl FnOnce(&mut std::process::Command),
 ) -> (std::process::Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut command = std::process::Command::new(BIN);
+    let port = free_port();
+    let mut command = engine::command(BIN, data, KEY, port);
     command
-        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
-        .env("SANDBOX_MCP_DATA_DIR", data)
-        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
-        .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
-        .env("SANDBOX_MCP_IDLE_PAUSE", "0")
         .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
         .stderr(stderr);
@@ -98,11 +91,7 @@ pub async fn unprivileged_engine(
     use std::os::unix::process::CommandExt;
     let nobody = 65534;
     std::os::unix::fs::chown(dir, Some(nobody), Some(nobody)).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let engine = std::process::Command::new(BIN)
         .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)

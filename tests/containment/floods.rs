@@ -3,18 +3,14 @@
 
 use serde_json::json;
 
+use sandbox_mcp_testkit::procfs::status_kib;
+
 use crate::common::{TestEngine, call, create, ok, sh, text};
 use crate::require_sandboxes;
 
-use super::proc_field;
-
+/// Resident memory of this process (the engine's), in KiB.
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
+    status_kib(std::process::id(), "VmRSS:").unwrap()
 }
 
 #[tokio::test]
@@ -47,12 +43,7 @@ async fn a_gigabyte_of_output_is_capped_with_exact_counts_and_bounded_memory() {
 
 /// Peak resident memory of a process, in KiB.
 fn peak_rss_kib(pid: u32) -> u64 {
-    proc_field(pid as i32, "status", "VmHWM:")
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap()
+    status_kib(pid, "VmHWM:").unwrap()
 }
 
 #[tokio::test]

@@ -3,6 +3,8 @@
 
 use std::process::Command;
 
+use sandbox_mcp_testkit::engine::free_port;
+
 use crate::common::BIN;
 
 #[test]
@@ -36,11 +38,7 @@ fn help_documents_every_setting() {
 #[test]
 fn rust_log_is_applied_or_refused_by_name() {
     let run = |filter: &str| {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let out = Command::new(BIN)
             .env("SANDBOX_MCP_URL", format!("http://127.0.0.1:{port}"))
             .env("RUST_LOG", filter)
