@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use sandbox_mcp_testkit::procfs::status_kib;
+
 use crate::common::*;
 use crate::require_sandboxes;
 use crate::testnet::TestNet;
@@ -41,13 +43,7 @@ impl Engine {
 
     /// The engine's resident memory, in MiB.
     fn rss_mib(&self) -> f64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kb / 1024.0
+        status_kib(self.pid(), "VmRSS:").unwrap() as f64 / 1024.0
     }
 
     fn open_fds(&self) -> usize {

@@ -3,6 +3,9 @@
 // Fixtures for tests and benchmarks: one that cannot be made fails the test that asked for it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod engine;
 pub mod images;
 pub mod kubernetes;
 pub mod netlinks;
+pub mod procfs;
+pub mod stdio;

@@ -1,5 +1,5 @@
 //! The links of a test internet, shared by the tests (`tests/testnet.rs`) and the benchmarks
-//! (`benches/bench.rs`): a network namespace of its own, joined to the host by
+//! (`benches/bench/main.rs`): a network namespace of its own, joined to the host by
 //! a veth pair addressed from a /28 of 198.51.100.0/24 (TEST-NET-2, reserved for documentation:
 //! no real host has it, and it is neither private nor this machine's own).
 //!

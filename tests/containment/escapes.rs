@@ -1,22 +1,12 @@
-//! Escape attempts from inside a sandbox, each asserted contained: the host's files, processes,
-//! network and privileges are out of reach.
+//! Escapes: the host's files, processes, loopback services, abstract sockets and privileges, and
+//! other sandboxes, are out of sight and out of reach of the code in a sandbox.
 
 use serde_json::json;
 
 use crate::common::{TestEngine, create, exec, ok, sh};
 use crate::require_sandboxes;
 
-/// Runs Python in the sandbox and returns its stdout.
-async fn py(client: &crate::common::McpClient, id: &str, code: &str) -> String {
-    let r = ok(
-        client,
-        "sandbox_exec",
-        json!({"sandbox_id": id, "command": format!("python3 - <<'EOF'\n{code}\nEOF")}),
-    )
-    .await;
-    assert_eq!(r["exit_code"], 0, "{r}");
-    r["stdout"].as_str().unwrap().to_string()
-}
+use super::py;
 
 #[tokio::test]
 async fn host_files_are_not_visible() {

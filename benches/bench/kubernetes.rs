@@ -1,0 +1,159 @@
+//! The kubernetes driver on the k8s-local cluster (`SANDBOX_MCP_TEST_K8S_RIG`), beside the
+//! namespaces driver on this machine, in the same run.
+
+use std::path::Path;
+
+use serde_json::json;
+
+use sandbox_mcp_testkit::kubernetes;
+
+use crate::figures::{Figure, figure, median_p95, ms, time};
+use crate::servers::{Engine, THIS_BUILD};
+
+/// The kubernetes driver on the k8s-local cluster (`SANDBOX_MCP_TEST_K8S_RIG`), beside the
+/// namespaces driver on this machine, in the same run.
+pub(crate) fn kubernetes_figures(out: &mut Vec<Figure>) -> String {
+    let heading = "\n## Kubernetes driver\n\n";
+    let target = Path::new(THIS_BUILD).parent().unwrap().parent().unwrap();
+    let rig = match kubernetes::Rig::start(Path::new(env!("CARGO_MANIFEST_DIR")), target, true) {
+        Ok(rig) => rig,
+        Err(why) => return format!("{heading}Not measured: {why}.\n"),
+    };
+    match measure_kubernetes(&rig, out) {
+        Ok(text) => format!("{heading}{text}\n"),
+        Err(why) => {
+            eprintln!("kubernetes figures FAILED: {why}");
+            format!("{heading}Not (all) measured: {why}\n")
+        }
+    }
+}
+
+fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<String, String> {
+    // Small pods: fifty of them share this one node.
+    let shape = json!({"shape": {"vcpus": 0.1, "memory_mb": 64, "disk_mb": 64}});
+    let create = |engine: &Engine| -> Result<String, String> {
+        let made = engine.call("POST", "/v1/sandboxes", Some(shape.clone()))?;
+        Ok(made["id"].as_str().unwrap_or_default().to_string())
+    };
+    let first_exec = |engine: &Engine, runs: usize| -> Result<Vec<f64>, String> {
+        let mut samples = Vec::new();
+        for _ in 0..runs {
+            let (d, id) = time(|| -> Result<String, String> {
+                let id = create(engine)?;
+                let r = engine.call(
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    Some(json!({"command": "true"})),
+                )?;
+                if r["exit_code"] != 0 {
+                    return Err(format!("`true` failed: {r}"));
+                }
+                Ok(id)
+            });
+            let id = id?;
+            samples.push(ms(d));
+            engine.call("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
+        }
+        Ok(samples)
+    };
+    let warm = |engine: &Engine, runs: usize| -> Result<Vec<f64>, String> {
+        let id = create(engine)?;
+        let mut samples = Vec::new();
+        for _ in 0..runs {
+            let (d, r) = time(|| {
+                engine.call(
+                    "POST",
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    Some(json!({"command": "true"})),
+                )
+            });
+            r?;
+            samples.push(ms(d));
+        }
+        engine.call("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
+        Ok(samples)
+    };
+
+    let ns = kubernetes::Namespace::new(rig);
+    let env = rig.engine_env(&ns.name);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
+    let kube = Engine::start_with(&env);
+    let local = Engine::start();
+
+    let k = first_exec(&kube, 10)?;
+    let n = first_exec(&local, 10)?;
+    let ratio = |a: &[f64], b: &[f64]| median_p95(a).0 / median_p95(b).0;
+    let first_ratio = ratio(&k, &n);
+    out.push(figure(
+        "Kubernetes: create → first exec result (`true`)",
+        "ms",
+        k,
+        None,
+        "HTTP API; a pod scheduled, its init container copying the agent, then the first exec through the API server",
+    ));
+    out.push(figure(
+        "Kubernetes, beside it: the namespaces driver's create → first exec",
+        "ms",
+        n,
+        None,
+        "HTTP API, same run, same shape",
+    ));
+    let k = warm(&kube, 100)?;
+    let n = warm(&local, 100)?;
+    let warm_ratio = ratio(&k, &n);
+    out.push(figure(
+        "Kubernetes: exec round trip in a warm sandbox (`true`)",
+        "ms",
+        k,
+        None,
+        "HTTP API; one stream on the pod's multiplexed exec",
+    ));
+    out.push(figure(
+        "Kubernetes, beside it: the namespaces driver's warm exec round trip",
+        "ms",
+        n,
+        None,
+        "HTTP API, same run",
+    ));
+    drop(local);
+
+    // Fifty creates at once, each on its own connection.
+    let (wall, results) = time(|| {
+        std::thread::scope(|scope| {
+            let tasks: Vec<_> = (0..50).map(|_| scope.spawn(|| create(&kube))).collect();
+            tasks
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err("panicked".into())))
+                .collect::<Vec<_>>()
+        })
+    });
+    let errors: Vec<String> = results.iter().filter_map(|r| r.clone().err()).collect();
+    let made = results.len() - errors.len();
+    out.push(figure(
+        "Kubernetes: 50 sandboxes created concurrently (wall time)",
+        "s",
+        vec![wall.as_secs_f64()],
+        None,
+        &format!("{made} created, {} errors", errors.len()),
+    ));
+    let listed = kube.get("/v1/sandboxes")?;
+    let running = listed["sandboxes"].as_array().map_or(0, Vec::len);
+    drop(kube);
+    drop(ns);
+    let mut text = format!(
+        "The kubernetes driver against a single-node Kubernetes 1.20 on this machine (the \
+         k8s-local rig: containerd and runc, pods reached through the API server's exec), \
+         with the namespaces driver measured beside it in the same run. Pods ask for 0.1 vCPU \
+         (overcommitted 50 times, as the tests do), 64 MiB and 64 MiB of disk. Create → first \
+         exec is {first_ratio:.0}× the namespaces driver's, most of it the kubelet starting two \
+         containers; a warm exec round trip is {warm_ratio:.1}× (one hop through the API \
+         server and the pod's multiplexed exec). Fifty concurrent creates: {made} made, {} \
+         errors, {running} listed running afterwards, in {:.1} s.",
+        errors.len(),
+        wall.as_secs_f64()
+    );
+    if let Some(first) = errors.first() {
+        text.push_str(&format!(" First error: {first}."));
+    }
+    Ok(text)
+}

@@ -1,0 +1,114 @@
+//! Every benchmark, in one run: `cargo bench` measures and rewrites docs/benchmarks.md.
+//!
+//! The engine runs as its own process (`sandbox-mcp engine`), as in production; the MCP server is
+//! the real binary over stdio. Figures are medians and 95th percentiles of repeated runs on this
+//! machine; targets come from the issues that set them. Timed assertions do not belong in tests on
+//! shared machines, so the targets are checked here and reported, not enforced.
+//!
+//! A/B mode: `SANDBOX_MCP_BENCH_BASELINE=<another sandbox-mcp binary> cargo bench` measures that
+//! build and this one in alternating rounds (`SANDBOX_MCP_BENCH_ROUNDS`, default 2) in the same
+//! run, and writes docs/benchmarks-ab.md: per figure, each build's median over its rounds and the
+//! ratio. That is how a change shows it costs nothing, on a machine whose speed drifts by the hour.
+//!
+//! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
+//! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
+//! `…=desktop` the computer-use section, `…=kubernetes` the kubernetes driver's section, and
+//! prints its table and text instead of writing any file: for working on it. The kubernetes
+//! section needs `SANDBOX_MCP_TEST_K8S_RIG` (as its tests do); without it, it says so.
+//!
+//! One file per section beside this one in `benches/bench/`, beside what they share: the binary measured and
+//! its clients (`servers.rs`), figures and timing (`figures.rs`), the test internet (`testnet.rs`)
+//! and its client (`probe.rs`, running `benches/probe.py`), the report (`report.rs`) and A/B mode
+//! (`ab.rs`). Fixtures the tests use too come from the `sandbox-mcp-testkit` crate.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+mod ab;
+mod desktop;
+mod engine;
+mod figures;
+mod forks;
+mod http;
+mod kubernetes;
+mod mcp;
+mod memory;
+mod network;
+mod previews;
+mod probe;
+mod report;
+mod secrets;
+mod servers;
+mod templates;
+mod testnet;
+
+use std::path::{Path, PathBuf};
+
+use crate::ab::ab;
+use crate::desktop::desktop_figures;
+use crate::engine::engine_figures;
+use crate::figures::Figure;
+use crate::forks::fork_figures;
+use crate::http::http_figures;
+use crate::kubernetes::kubernetes_figures;
+use crate::mcp::mcp_figures;
+use crate::memory::idle_memory;
+use crate::network::network_figures;
+use crate::report::render;
+use crate::servers::Engine;
+use crate::templates::template_figures;
+
+/// Every figure of the binary `bin()` names, with the side-by-side section when `with_peer`.
+fn suite(with_peer: bool) -> (Vec<Figure>, String) {
+    let mut figures = Vec::new();
+    // First, on an engine of its own: the sandboxes the other figures kill leave the kernel
+    // tearing down their network namespaces for a while, which the transfers would feel.
+    let mut network = Vec::new();
+    let network_section = network_figures(&mut network);
+    let engine = Engine::start();
+    let side_by_side = mcp_figures(&engine, &mut figures, with_peer);
+    http_figures(&engine, &mut figures);
+    engine_figures(&engine, &mut figures);
+    idle_memory(&engine, &mut figures);
+    drop(engine);
+    template_figures(&mut figures);
+    let forks_section = fork_figures(&mut figures);
+    let desktop_section = desktop_figures(&mut figures);
+    let kubernetes_section = kubernetes_figures(&mut figures);
+    // In the table, after the engine's own figures.
+    figures.append(&mut network);
+    (
+        figures,
+        side_by_side + &network_section + &forks_section + &desktop_section + &kubernetes_section,
+    )
+}
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` would pass nothing useful: skip then.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("benches/bench/main.rs: run with `cargo bench`");
+        return;
+    }
+    let only = std::env::var("SANDBOX_MCP_BENCH_ONLY").unwrap_or_default();
+    if ["network", "templates", "forks", "desktop", "kubernetes"].contains(&only.as_str()) {
+        let mut figures = Vec::new();
+        let section = match only.as_str() {
+            "network" => network_figures(&mut figures),
+            "templates" => template_figures(&mut figures),
+            "desktop" => desktop_figures(&mut figures),
+            "kubernetes" => kubernetes_figures(&mut figures),
+            _ => fork_figures(&mut figures),
+        };
+        eprintln!("{}", render(&figures, &section));
+        return;
+    }
+    let (doc, file) = match std::env::var("SANDBOX_MCP_BENCH_BASELINE") {
+        Ok(baseline) if !baseline.is_empty() => (ab(&baseline), "docs/benchmarks-ab.md"),
+        _ => {
+            let (figures, side_by_side) = suite(true);
+            (render(&figures, &side_by_side), "docs/benchmarks.md")
+        }
+    };
+    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, doc).unwrap();
+    eprintln!("wrote {}", path.display());
+}

@@ -1,0 +1,206 @@
+//! The command line's grammar: the top-level parser, its subcommands and their arguments, from
+//! which clap derives the parser and every `--help`. What each subcommand does is in a module of
+//! its own beside this one; the engine's settings, which `serve` and `engine` share, are in
+//! `args/engine.rs`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+mod engine;
+
+pub(crate) use engine::{AutoOff, DriverArg, EgressArg, EngineArgs, EngineSettings, KubeArgs};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "sandbox-mcp",
+    version,
+    about = "MCP server that gives AI agents isolated Linux sandboxes",
+    long_about = "MCP server that gives AI agents isolated Linux sandboxes: create one, run commands in it, \
+read and write its files, pause, resume and kill it.\n\n\
+With no subcommand it serves MCP on stdin/stdout. Unless SANDBOX_MCP_URL is set, it runs the sandbox \
+engine in-process (or shares the one another sandbox-mcp already runs on the same data dir).\n\n\
+Add it to Claude Code with: claude mcp add sandbox -- sandbox-mcp",
+    after_help = "Logs go to stderr; set RUST_LOG (e.g. RUST_LOG=sandbox_mcp=debug) for more.",
+    args_conflicts_with_subcommands = true
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Option<Command>,
+    #[command(flatten)]
+    pub(crate) serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// Serve MCP on stdin/stdout (the default).
+    Serve(ServeArgs),
+    /// Run the sandbox engine (the control plane) alone, over HTTP.
+    Engine(EngineArgs),
+    /// Print the tools this server offers, for people.
+    Tools(ToolsArgs),
+    /// Manage the access keys of the HTTP transport (`serve --http`).
+    Keys(KeysArgs),
+    /// Manage secrets that sandboxes may use without seeing (values are read from stdin).
+    Secrets(SecretsArgs),
+    /// Manage templates (import an OCI image).
+    Template(TemplateArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct TemplateArgs {
+    #[command(flatten)]
+    pub(crate) data: DataDirArg,
+    #[command(subcommand)]
+    pub(crate) command: TemplateCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum TemplateCommand {
+    /// Import an OCI image as template NAME: a `docker save` tarball, an OCI archive, or an
+    /// OCI image layout directory (e.g. `docker save python:3.12-alpine > py.tar`). Goes
+    /// through the engine that serves the data dir, or straight into the data dir when none does.
+    Import {
+        /// The template's name.
+        name: String,
+        /// The image archive or layout directory.
+        image: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct SecretsArgs {
+    #[command(flatten)]
+    pub(crate) data: DataDirArg,
+    #[command(subcommand)]
+    pub(crate) command: SecretsCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum SecretsCommand {
+    /// Create or replace a secret; its value is read from stdin (never an argument, never
+    /// echoed), e.g. `printenv OPENAI_API_KEY | sandbox-mcp secrets set openai --host api.openai.com`.
+    Set {
+        /// Its name, which sandboxes bind it by.
+        name: String,
+        /// A host (or `*.domain`) its value may be sent to; repeat for more.
+        #[arg(long = "host", required = true, value_name = "HOST")]
+        hosts: Vec<String>,
+        /// A request header its value may go in (default: Authorization); repeat for more. A
+        /// stand-in in any other header is refused.
+        #[arg(long = "header", value_name = "HEADER")]
+        headers: Vec<String>,
+        /// The header's whole value, `{value}` replaced (e.g. 'Bearer {value}'); default: the
+        /// stand-in alone is replaced.
+        #[arg(long)]
+        format: Option<String>,
+        /// The tenant it belongs to (as `keys create`); none: the untenanted engine's.
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// List secrets (never their values).
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Delete a secret; sandboxes that bind it get a clear error on their next request.
+    Rm {
+        name: String,
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct KeysArgs {
+    #[command(flatten)]
+    pub(crate) data: DataDirArg,
+    #[command(subcommand)]
+    pub(crate) command: KeysCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum KeysCommand {
+    /// Create a key for a tenant and print its token (shown once, never stored).
+    Create {
+        /// Tenant the key belongs to: it sees and touches only that tenant's sandboxes.
+        #[arg(long)]
+        tenant: String,
+    },
+    /// List keys (ids, tenants, state; never tokens).
+    List,
+    /// Revoke a key by id; a running server refuses it at once.
+    Revoke {
+        /// The key's id, as `keys list` shows it.
+        id: String,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ServeArgs {
+    /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
+    #[arg(long, env = "SANDBOX_MCP_URL")]
+    pub(crate) url: Option<String>,
+    /// Bearer key sent to the control plane at SANDBOX_MCP_URL. Never shown to the model or logged.
+    #[arg(long, env = "SANDBOX_MCP_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+    /// Tools to offer: `all`, a toolset (`core`: create, exec, files read/write/list, kill), or a
+    /// comma-separated list of tool names.
+    #[arg(long, env = "SANDBOX_MCP_TOOLS", default_value = "all")]
+    pub(crate) tools: String,
+    /// Seconds a tool call may take before it fails with an actionable error. Calls with their own
+    /// timeout (sandbox_exec's timeout_ms) get that plus 15 s.
+    #[arg(long, env = "SANDBOX_MCP_TIMEOUT", default_value_t = 60)]
+    pub(crate) request_timeout: u64,
+    /// Give each MCP session its own sandbox, created on first use and killed when the session
+    /// ends; tools then take no sandbox_id.
+    #[arg(long, env = "SANDBOX_MCP_SESSION_SANDBOX")]
+    pub(crate) session_sandbox: bool,
+    /// Serve MCP over Streamable HTTP at http://ADDR/mcp instead of stdio (e.g. 127.0.0.1:8080).
+    #[arg(long, env = "SANDBOX_MCP_HTTP", value_name = "ADDR")]
+    pub(crate) http: Option<std::net::SocketAddr>,
+    /// HTTP: serve without authentication (refused unless ADDR is loopback).
+    #[arg(long)]
+    pub(crate) dev: bool,
+    /// HTTP: also accept this host name in Host and Origin headers (loopback names always are).
+    #[arg(
+        long = "allow-host",
+        env = "SANDBOX_MCP_ALLOW_HOSTS",
+        value_delimiter = ','
+    )]
+    pub(crate) allow_hosts: Vec<String>,
+    /// HTTP: also accept this browser Origin (`https://app.example.com`).
+    #[arg(
+        long = "allow-origin",
+        env = "SANDBOX_MCP_ALLOW_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub(crate) allow_origins: Vec<String>,
+    /// HTTP: requests per second per tenant (bursts of twice that); 0 for no limit.
+    #[arg(long, env = "SANDBOX_MCP_RATE_LIMIT", default_value_t = 100.0)]
+    pub(crate) rate_limit: f64,
+    /// HTTP: close a session (and kill its session sandbox) after this many idle seconds.
+    #[arg(long, env = "SANDBOX_MCP_SESSION_IDLE", default_value_t = 1800)]
+    pub(crate) session_idle_timeout: u64,
+    #[command(flatten)]
+    pub(crate) engine: EngineSettings,
+}
+
+/// The data dir, shared by the engine and the key store.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct DataDirArg {
+    /// Where sandboxes, templates, state and keys live [default: $XDG_DATA_HOME/sandbox-mcp, or
+    /// /var/lib/sandbox-mcp for root].
+    #[arg(long, env = "SANDBOX_MCP_DATA_DIR")]
+    pub(crate) data_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ToolsArgs {
+    /// Tools to show: `all`, a toolset, or a comma-separated list of tool names.
+    #[arg(long, env = "SANDBOX_MCP_TOOLS", default_value = "all")]
+    pub(crate) tools: String,
+    /// Print the tools/list JSON the model receives instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}

@@ -1,0 +1,111 @@
+//! `sandbox-mcp` and `sandbox-mcp serve`: MCP for a client, on stdin/stdout or over Streamable
+//! HTTP (`--http`), in front of the embedded engine or the control plane at `--url`.
+
+use std::time::Duration;
+
+use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::server::{SandboxMcp, ServerSettings};
+use sandbox_mcp_server::tooldefs::registry;
+
+use super::args::ServeArgs;
+use super::process;
+
+pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    process::init_logging("warn,rmcp::service=error");
+    let profile = args
+        .session_sandbox
+        .then_some(sandbox_mcp_server::server::SESSION_PROFILE);
+    let selection = registry()
+        .select_in(profile, &args.tools)
+        .map_err(anyhow::Error::msg)?;
+    let backend = match &args.url {
+        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
+            .map_err(anyhow::Error::msg)?,
+        None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
+            args.engine.config(),
+        ))),
+    };
+    tracing::debug!(
+        control_plane = args.url.as_deref().unwrap_or("the local engine"),
+        tools = selection.len(),
+        "serving MCP"
+    );
+    let settings = ServerSettings {
+        request_timeout: Duration::from_secs(args.request_timeout.max(1)),
+        ..ServerSettings::default()
+    };
+    let outcome = match args.http {
+        Some(listen) => serve_http(&args, listen, backend.clone(), selection, settings).await,
+        None => serve_stdio(&args, backend.clone(), selection, settings).await,
+    };
+    backend.shutdown().await;
+    outcome
+}
+
+async fn serve_stdio(
+    args: &ServeArgs,
+    backend: Backend,
+    selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
+    settings: ServerSettings,
+) -> anyhow::Result<()> {
+    let mut server = SandboxMcp::new(backend, selection, settings);
+    if args.session_sandbox {
+        server = server.with_session(sandbox_mcp_server::session::SessionSandboxes::default());
+    }
+    let session = server.clone();
+    let io = sandbox_mcp_server::stdio::frame(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        |input, output| async move {
+            use rmcp::ServiceExt;
+            let running = server.serve((input, output)).await?;
+            running.waiting().await?;
+            Ok(())
+        },
+    );
+    let outcome = tokio::select! {
+        r = io => r,
+        () = process::terminated() => Ok(()),
+    };
+    // stdin EOF or SIGTERM ends the (only) session.
+    session.end_session().await;
+    outcome
+}
+
+async fn serve_http(
+    args: &ServeArgs,
+    listen: std::net::SocketAddr,
+    backend: Backend,
+    selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
+    settings: ServerSettings,
+) -> anyhow::Result<()> {
+    use sandbox_mcp_server::http::{HttpOptions, HttpServer};
+    let config = args.engine.config();
+    let keys = std::sync::Arc::new(sandbox_mcp_server::keys::KeyStore::open(&config.data_dir));
+    if !args.dev
+        && keys
+            .list()
+            .map(|k| k.iter().all(|k| k.revoked_at.is_some()))
+            .unwrap_or(true)
+    {
+        tracing::warn!(
+            "no access keys yet: every request will get 401. Create one with `sandbox-mcp keys create --tenant NAME` (it works without a restart)"
+        );
+    }
+    let opts = HttpOptions {
+        listen,
+        dev: args.dev,
+        allowed_hosts: args.allow_hosts.clone(),
+        allowed_origins: args.allow_origins.clone(),
+        rate_limit: args.rate_limit,
+        session_idle: Duration::from_secs(args.session_idle_timeout.max(1)),
+        session_sandbox: args.session_sandbox,
+    };
+    let server = HttpServer::start(opts, backend, Some(keys), selection, settings).await?;
+    eprintln!("sandbox-mcp: serving MCP on http://{}/mcp", server.addr);
+    process::terminated().await;
+    tracing::info!("shutting down: finishing in-flight calls");
+    server.shutdown(Duration::from_secs(30)).await;
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! A real engine in this process on a temporary data dir, serving HTTP on loopback; and a
+//! temporary data dir for engines run as processes of their own.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::RoleClient;
+use rmcp::service::RunningService;
+use tokio::net::TcpListener;
+
+use sandbox_mcp::wiring::open_manager;
+use sandbox_mcp_api::{ApiKey, Client, connect};
+use sandbox_mcp_engine::manager::Manager;
+use sandbox_mcp_engine::server::EngineServer;
+use sandbox_mcp_model::config::EngineConfig;
+use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_server::server::ServerSettings;
+
+use super::{BIN, KEY};
+use super::{McpClient, mcp_for, mcp_with_handler};
+
+/// A real engine on a temporary data dir, serving HTTP on loopback.
+pub struct TestEngine {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+    pub manager: Arc<Manager>,
+    server: Option<EngineServer>,
+    /// Destroy every sandbox on drop (off once the data dir is handed to another engine).
+    cleanup: bool,
+}
+
+impl TestEngine {
+    pub async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    pub fn config_for(dir: &std::path::Path) -> EngineConfig {
+        let mut config = EngineConfig::new(dir.join("data"));
+        config.exe = PathBuf::from(BIN);
+        config.idle_pause = None;
+        config.tick = Duration::from_millis(100);
+        config.preview.listen = Some(([127, 0, 0, 1], 0).into());
+        config
+    }
+
+    pub async fn start_with(adjust: impl FnOnce(&mut EngineConfig)) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("smcp")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let mut config = Self::config_for(dir.path());
+        adjust(&mut config);
+        Self::start_on(dir, config).await
+    }
+
+    pub async fn start_on(dir: tempfile::TempDir, config: EngineConfig) -> Self {
+        sandbox_mcp_engine::local::prepare_data_dir(&config).unwrap();
+        let manager = open_manager(&config).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server = EngineServer::start(
+            manager.clone(),
+            listener,
+            sandbox_mcp_engine::api::keys([KEY.to_string()], None),
+        )
+        .unwrap();
+        Self {
+            dir,
+            url: server.url.clone(),
+            manager,
+            server: Some(server),
+            cleanup: true,
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The generated API client, authenticated.
+    pub fn client(&self) -> Client {
+        connect(&self.url, Some(&ApiKey::new(KEY))).unwrap()
+    }
+
+    /// A raw HTTP client for requests the typed client cannot make (bad input on purpose).
+    pub fn http(&self) -> reqwest::Client {
+        sandbox_mcp_api::http_builder().no_proxy().build().unwrap()
+    }
+
+    /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+        self.cleanup = false;
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
+
+    /// An MCP client connected in-process to a real MCP server that uses this engine.
+    pub async fn mcp(&self) -> McpClient {
+        self.mcp_with(ServerSettings::default(), "all").await
+    }
+
+    pub async fn mcp_with(&self, settings: ServerSettings, tools: &str) -> McpClient {
+        mcp_for(
+            Backend::remote(&self.url, Some(ApiKey::new(KEY))).unwrap(),
+            settings,
+            tools,
+        )
+        .await
+    }
+
+    /// A client whose notifications go to `handler`.
+    pub async fn mcp_handled<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+    ) -> RunningService<RoleClient, H> {
+        mcp_with_handler(
+            Backend::remote(&self.url, Some(ApiKey::new(KEY))).unwrap(),
+            ServerSettings::default(),
+            "all",
+            handler,
+        )
+        .await
+    }
+}
+
+impl Drop for TestEngine {
+    fn drop(&mut self) {
+        if !self.cleanup {
+            return;
+        }
+        // Sandboxes outlive an engine by design; tests must not leave any behind.
+        let driver = self.manager.driver().isolation();
+        for record in self.manager.list(None, &[], None) {
+            let _ = driver.destroy(&record.id);
+        }
+        if let Ok(entries) = std::fs::read_dir(self.data_dir().join("sandboxes")) {
+            for e in entries.flatten() {
+                let _ = driver.destroy(&e.file_name().to_string_lossy());
+            }
+        }
+        sandbox_mcp_linux::disk::release(&self.data_dir().join("sandboxes"));
+    }
+}
+
+/// A temporary directory for engines run as separate processes: on drop, the sandbox store an
+/// engine mounted under `<dir>/data` is unmounted so the directory can go.
+pub struct TempData {
+    pub dir: tempfile::TempDir,
+}
+
+impl TempData {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("smcp")
+                .tempdir_in("/tmp")
+                .unwrap(),
+        }
+    }
+
+    /// The data dir (`<dir>/data`).
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+impl Drop for TempData {
+    fn drop(&mut self) {
+        sandbox_mcp_linux::disk::release(&self.data().join("sandboxes"));
+    }
+}

@@ -1,0 +1,137 @@
+//! Engines as processes of their own (the real binary, as root or as `nobody`), the engine API
+//! they serve, and flags both commands must refuse.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use sandbox_mcp_api::ApiKey;
+use sandbox_mcp_server::backend::Backend;
+
+use sandbox_mcp_testkit::engine::{self, free_port};
+
+use super::{BIN, KEY};
+use super::{McpClient, call, mcp_for};
+
+/// An engine process on `data` (a new port each time), ready to serve.
+pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Child, String) {
+    spawn_engine_process_env(data, &[]).await
+}
+
+/// [`spawn_engine_process`] with more environment variables (settings).
+pub async fn spawn_engine_process_env(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+) -> (std::process::Child, String) {
+    spawn_engine_logged(data, env, std::process::Stdio::null()).await
+}
+
+/// [`spawn_engine_process_env`] with the engine's log going to `stderr`.
+pub async fn spawn_engine_logged(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+    stderr: std::process::Stdio,
+) -> (std::process::Child, String) {
+    spawn_engine_with(data, env, stderr, |_| {}).await
+}
+
+/// [`spawn_engine_logged`], with the command adjusted by `configure` before it runs (limits
+/// set in a `pre_exec`, say).
+pub async fn spawn_engine_with(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+    stderr: std::process::Stdio,
+    configure: impl FnOnce(&mut std::process::Command),
+) -> (std::process::Child, String) {
+    let port = free_port();
+    let mut command = engine::command(BIN, data, KEY, port);
+    command
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr);
+    configure(&mut command);
+    let child = command.spawn().unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while http
+        .get(format!("{url}/v1/health"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .is_err()
+    {
+        assert!(std::time::Instant::now() < deadline, "engine did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (child, url)
+}
+
+/// Calls the engine API at `base` with the test key: the status, and the body as JSON (`Null`
+/// when it is not JSON).
+pub async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
+    let mut req = http
+        .request(method.parse().unwrap(), format!("{base}{path}"))
+        .bearer_auth(KEY);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// An engine process run as user `nobody` on a data dir in `dir` (which it is given), with
+/// `args` added; and an MCP client for it once it answers.
+pub async fn unprivileged_engine(
+    dir: &std::path::Path,
+    args: &[&str],
+) -> (std::process::Child, McpClient) {
+    use std::os::unix::process::CommandExt;
+    let nobody = 65534;
+    std::os::unix::fs::chown(dir, Some(nobody), Some(nobody)).unwrap();
+    let port = free_port();
+    let engine = std::process::Command::new(BIN)
+        .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env_clear()
+        .env("HOME", dir)
+        .env("SANDBOX_MCP_DATA_DIR", dir.join("data"))
+        .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
+        .uid(nobody)
+        .gid(nobody)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let backend =
+        Backend::remote(&format!("http://127.0.0.1:{port}"), Some(ApiKey::new(KEY))).unwrap();
+    let client = mcp_for(backend, Default::default(), "all").await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while call(&client, "sandbox_list", json!({})).await.is_error == Some(true) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the unprivileged engine did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (engine, client)
+}
+
+/// `flag value` is refused with `expected` in the message, on both `sandbox-mcp` and
+/// `sandbox-mcp engine` (checked at parse time: `--help` never runs).
+pub fn assert_flag_refused_on_both_commands(flag: &str, value: &str, expected: &str) {
+    for args in [
+        vec![flag, value, "--help"],
+        vec!["engine", flag, value, "--help"],
+    ] {
+        let out = std::process::Command::new(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,207 @@
+//! The binary: the keys CLI, `--dev` refused off loopback, and a graceful shutdown on SIGTERM.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::common::{BIN, KEY, TestEngine};
+use crate::require_sandboxes;
+
+use super::Raw;
+
+fn cli(data: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("SANDBOX_MCP_DATA_DIR", data)
+        .env_remove("SANDBOX_MCP_URL")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn keys_cli_prints_the_token_alone_and_stores_only_its_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cli(dir.path(), &["keys", "create", "--tenant", "team-a"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(
+        stdout.lines().count(),
+        1,
+        "stdout must be the token alone: {stdout:?}"
+    );
+    let token = stdout.trim_end_matches('\n');
+    assert!(
+        token.starts_with("smcp_") && token.len() > 30 && !token.contains(' '),
+        "{token}"
+    );
+
+    let file = dir.path().join("mcp-keys.json");
+    let stored = std::fs::read_to_string(&file).unwrap();
+    assert!(!stored.contains(token), "the token must not be stored");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let list = cli(dir.path(), &["keys", "list"]);
+    let listed = String::from_utf8(list.stdout).unwrap();
+    assert!(
+        listed.contains("team-a") && listed.contains("active"),
+        "{listed}"
+    );
+    assert!(!listed.contains(token));
+    let id = listed
+        .lines()
+        .find(|l| l.contains("team-a"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let revoke = cli(dir.path(), &["keys", "revoke", &id]);
+    assert!(revoke.status.success());
+    assert!(revoke.stdout.is_empty());
+    let listed = String::from_utf8(cli(dir.path(), &["keys", "list"]).stdout).unwrap();
+    assert!(listed.contains("revoked"), "{listed}");
+
+    let bad = cli(dir.path(), &["keys", "create", "--tenant", "Bad Name!"]);
+    assert!(!bad.status.success());
+    assert!(bad.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid tenant name"));
+    let missing = cli(dir.path(), &["keys", "revoke", "key_nope"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("keys list"));
+}
+
+#[test]
+fn dev_mode_is_refused_off_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = cli(
+        dir.path(),
+        &[
+            "serve",
+            "--http",
+            "0.0.0.0:0",
+            "--dev",
+            "--url",
+            "http://127.0.0.1:9",
+        ],
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--dev") && stderr.contains("loopback"),
+        "{stderr}"
+    );
+}
+
+/// A `serve --http` process on a free port, pointed at `engine`; its address once it listens.
+fn spawn_http_server(
+    data: &std::path::Path,
+    engine: &TestEngine,
+    extra: &[&str],
+) -> (std::process::Child, String) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(BIN)
+        .args(["serve", "--http", "127.0.0.1:0"])
+        .args(extra)
+        .env("SANDBOX_MCP_DATA_DIR", data)
+        .env("SANDBOX_MCP_URL", &engine.url)
+        .env("SANDBOX_MCP_API_KEY", KEY)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    let addr = loop {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "server exited before listening"
+        );
+        if let Some(rest) = line.trim().strip_prefix("sandbox-mcp: serving MCP on ") {
+            break rest.to_string();
+        }
+    };
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    (child, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_in_flight_calls_then_exits() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let token =
+        String::from_utf8(cli(data.path(), &["keys", "create", "--tenant", "alpha"]).stdout)
+            .unwrap()
+            .trim()
+            .to_string();
+    let (mut child, url) = spawn_http_server(data.path(), &engine, &[]);
+    let raw = Raw {
+        http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
+        url,
+    };
+    let session = raw.open_session(Some(&token)).await;
+    let created = raw
+        .call(&token, &session, 2, "sandbox_create", json!({}))
+        .await;
+    let id = created["structuredContent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let slow = {
+        let raw = Raw {
+            http: raw.http.clone(),
+            url: raw.url.clone(),
+        };
+        let (token, session, id) = (token.clone(), session.clone(), id.clone());
+        tokio::spawn(async move {
+            raw.call(
+                &token,
+                &session,
+                3,
+                "sandbox_exec",
+                json!({"sandbox_id": id, "command": "sleep 2; echo finished"}),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let result = slow.await.unwrap();
+    assert_eq!(
+        result["structuredContent"]["stdout"], "finished\n",
+        "{result}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    // The sandbox is the tenant's, not the session's: it outlives the server.
+    assert_eq!(engine.manager.list(None, &[], None).len(), 1);
+    engine
+        .client()
+        .kill_sandbox()
+        .sandbox_id(id)
+        .send()
+        .await
+        .unwrap();
+}
