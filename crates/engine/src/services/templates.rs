@@ -9,28 +9,28 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::CreateRequest;
 use super::agent::AgentClient;
 use super::catalog::Catalog;
 use super::lifecycle::Lifecycle;
 use super::pool::Pools;
-use super::registry::{Entry, Registry, Runtime};
-use crate::driver::{DriverHandle, blocking};
+use super::registry::Registry;
+use crate::driver::DriverHandle;
 use crate::error::EngineError;
 use crate::state::NetworkRules;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
-use sandbox_mcp_protocol::ExecSpec;
 use sandbox_mcp_storage::templates::{
-    self, BASE, BuildFailure, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
+    self, BASE, MAX_LAYERS, Template, TemplateFile, TemplateStatus,
 };
-use sandbox_mcp_sys::layers;
+
+mod build;
+mod capture;
 
 /// The tenant of build sandboxes: no API key can name it (tenant names are checked), and
 /// listings leave its sandboxes out.
@@ -298,258 +298,6 @@ impl Templates {
         Ok(t)
     }
 
-    /// Runs the steps, one build sandbox per `run` step, each step's result a layer added to
-    /// `file`. Returns why the build failed, if it did.
-    async fn build(
-        self: &Arc<Self>,
-        file: &mut TemplateFile,
-        steps: &[Step],
-        network: &NetworkRules,
-        timeout: Duration,
-    ) -> Result<(), BuildFailure> {
-        let started = Instant::now();
-        // The cache key of everything below the first step: the parent's stack — and the
-        // owner, for a tenant's build: tenants never share a cached layer (one would learn what
-        // another built, and when).
-        let mut key = layers::id_of(&[file.layers.join("/").as_bytes(), &[u8::from(file.foreign)]]);
-        if let Some(owner) = &file.owner {
-            key = layers::id_of(&[key.as_bytes(), b"owner", owner.as_bytes()]);
-        }
-        let mut bytes = 0u64;
-        for (i, step) in steps.iter().enumerate() {
-            let n = i + 1;
-            let text = step.describe();
-            let json = serde_json::to_vec(step).unwrap_or_default();
-            key = layers::id_of(&[key.as_bytes(), &json]);
-            let command = match step {
-                Step::Env(k, v) => {
-                    file.env.retain(|(name, _)| name != k);
-                    file.env.push((k.clone(), v.clone()));
-                    continue;
-                }
-                Step::Workdir(d) => {
-                    file.workdir = Some(d.clone());
-                    continue;
-                }
-                Step::Run(command) => command,
-            };
-            if self.catalog.has_layer(&key) {
-                // Cached: this parent ran this step before.
-                file.layers.push(key.clone());
-                continue;
-            }
-            if file.layers.len() >= MAX_LAYERS {
-                return Err(BuildFailure::new(
-                    n,
-                    &text,
-                    format!(
-                        "the template would stack more than {MAX_LAYERS} layers; combine run steps with &&"
-                    ),
-                ));
-            }
-            let Some(left) = timeout.checked_sub(started.elapsed()) else {
-                return Err(BuildFailure::new(
-                    n,
-                    &text,
-                    format!(
-                        "the build ran past its time limit of {} s",
-                        timeout.as_secs()
-                    ),
-                ));
-            };
-            // The build sandbox starts from the template as built so far.
-            self.catalog
-                .put(file.clone())
-                .await
-                .map_err(|e| BuildFailure::new(n, &text, e.to_string()))?;
-            let made = self
-                .run_step(file, command, network, left, n, &text, &key)
-                .await?;
-            bytes += made;
-            file.size_bytes = bytes;
-            file.layers.push(key.clone());
-        }
-        Ok(())
-    }
-
-    /// Runs one `run` step in a fresh build sandbox and publishes its result as layer `key`.
-    #[allow(clippy::too_many_arguments)]
-    async fn run_step(
-        self: &Arc<Self>,
-        file: &TemplateFile,
-        command: &str,
-        network: &NetworkRules,
-        left: Duration,
-        n: usize,
-        text: &str,
-        key: &str,
-    ) -> Result<u64, BuildFailure> {
-        let fail = |message: String| BuildFailure::new(n, text, message);
-        let template = self
-            .catalog
-            .template(&file.key())
-            .map_err(|e| fail(e.to_string()))?;
-        let view = self
-            .lifecycle
-            .create_from(
-                CreateRequest {
-                    name: Some(format!("build of {}", file.name)),
-                    tenant: Some(BUILD_TENANT.to_string()),
-                    network: network.clone(),
-                    ..Default::default()
-                },
-                &template,
-                template.shape,
-            )
-            .await
-            .map_err(|e| fail(format!("cannot start the build sandbox: {e}")))?;
-        let id = view.record.id.clone();
-        let result = self
-            .agent
-            .exec(
-                &id,
-                Some(BUILD_TENANT),
-                ExecSpec {
-                    command: command.to_string(),
-                    cwd: file.workdir.clone(),
-                    env: Vec::new(),
-                    timeout_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-                    max_output_bytes: TAIL as u64,
-                    stream: false,
-                },
-            )
-            .await;
-        let outcome = match result {
-            Ok(r) => {
-                let o = r.outcome;
-                let exit_code = o.exit_code.map(i64::from);
-                let message = if o.timed_out {
-                    Some(format!(
-                        "step {n} ran past the build's time limit ({} s were left when it started)",
-                        left.as_secs()
-                    ))
-                } else if r.oom_killed {
-                    Some(format!(
-                        "step {n} ran out of memory (the template's shape allows {} MB); raise shape.memory_mb",
-                        file.shape.memory_mb
-                    ))
-                } else if o.exit_code != Some(0) {
-                    Some(format!(
-                        "step {n} exited with {}",
-                        o.exit_code.map_or_else(
-                            || format!("signal {}", o.signal.unwrap_or(0)),
-                            |c| format!("code {c}")
-                        )
-                    ))
-                } else {
-                    None
-                };
-                match message {
-                    Some(m) => Err(BuildFailure {
-                        exit_code: exit_code.filter(|_| !o.timed_out),
-                        output_tail: tail_of(&o.stdout, &o.stderr),
-                        ..fail(m)
-                    }),
-                    None => Ok(()),
-                }
-            }
-            Err(e) => Err(fail(format!("step {n} could not run: {e}"))),
-        };
-        let captured = match outcome {
-            Ok(()) => self
-                .capture_stopped(&id, file, key)
-                .await
-                .map_err(|e| fail(format!("cannot save step {n}'s result: {e}"))),
-            Err(f) => Err(f),
-        };
-        if let Err(e) = self.lifecycle.kill(&id, Some(BUILD_TENANT)).await {
-            tracing::warn!(sandbox = %id, "cannot delete a build sandbox: {e}");
-        }
-        captured
-    }
-
-    /// Stops a build sandbox's processes and publishes its writable layer as layer `key`.
-    async fn capture_stopped(
-        &self,
-        id: &str,
-        file: &TemplateFile,
-        key: &str,
-    ) -> Result<u64, EngineError> {
-        let entry = self.registry.entry_any(id)?;
-        let slot = entry.record().uid_slot;
-        let mut rt = entry.lifecycle.lock().await;
-        self.driver.stop(id).await?;
-        *rt = Runtime::Stopped;
-        drop(rt);
-        let template = self.catalog.template(&file.key())?;
-        self.copy_to_layer(id, slot, &template, key.to_string())
-            .await
-    }
-
-    /// Copies a stopped or frozen sandbox's writable layers (of `template`'s overlays) into a
-    /// new layer `key` of the store; nothing is left in the store if that fails.
-    async fn copy_to_layer(
-        &self,
-        id: &str,
-        slot: u32,
-        template: &Template,
-        key: String,
-    ) -> Result<u64, EngineError> {
-        let targets: Vec<String> = template
-            .layout
-            .mounts
-            .iter()
-            .map(|m| m.target.clone())
-            .collect();
-        let store = self.catalog.layers_dir();
-        let scratch = store.clone();
-        let tmp = blocking(move || layers::scratch(&scratch))
-            .await?
-            .map_err(EngineError::Templates)?;
-        let captured = self
-            .driver
-            .capture(id, slot, targets, tmp.clone())
-            .await
-            .map_err(EngineError::from);
-        blocking(move || match captured {
-            Ok(bytes) => {
-                layers::publish(&tmp, &store, &key).map_err(EngineError::Templates)?;
-                Ok(bytes)
-            }
-            Err(e) => {
-                let _ = sandbox_mcp_sys::fs_tree::remove_tree(&tmp);
-                Err(e)
-            }
-        })
-        .await?
-    }
-
-    /// Copies a live sandbox's writable layer into a new layer, freezing it meanwhile so the
-    /// copy is one moment of its filesystem.
-    async fn capture_sandbox(
-        &self,
-        id: &str,
-        entry: &Arc<Entry>,
-        parent: &Template,
-    ) -> Result<(String, u64), EngineError> {
-        let slot = entry.record().uid_slot;
-        let rt = entry.lifecycle.lock().await;
-        let frozen_here = *rt == Runtime::Running;
-        if *rt == Runtime::Killed {
-            return Err(EngineError::sandbox_not_found(id));
-        }
-        if frozen_here {
-            self.driver.freeze(id).await?;
-        }
-        let key = layers::id_of(&[id.as_bytes(), sandbox_mcp_model::ids::nonce().as_bytes()]);
-        let copied = self.copy_to_layer(id, slot, parent, key.clone()).await;
-        if frozen_here {
-            self.driver.thaw(id).await?;
-        }
-        drop(rt);
-        Ok((key, copied?))
-    }
-
     /// Deletes `tenant`'s template `name`: refused for a shared one (unless the operator asks),
     /// the default template, one still building, and one sandboxes use (the error names them).
     /// Its layers go unless another template uses them.
@@ -611,25 +359,4 @@ impl Templates {
         }
         self.catalog.collect_layers().await;
     }
-}
-
-/// The end of a step's output: stdout's tail, then stderr's, at most [`TAIL`] bytes.
-fn tail_of(stdout: &str, stderr: &str) -> String {
-    let both = if stderr.is_empty() {
-        stdout.to_string()
-    } else if stdout.is_empty() {
-        stderr.to_string()
-    } else if stdout.ends_with('\n') {
-        format!("{stdout}{stderr}")
-    } else {
-        format!("{stdout}\n{stderr}")
-    };
-    if both.len() <= TAIL {
-        return both;
-    }
-    let mut start = both.len() - TAIL;
-    while !both.is_char_boundary(start) {
-        start += 1;
-    }
-    both[start..].to_string()
 }
