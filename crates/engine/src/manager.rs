@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::driver::{DriverHandle, blocking};
 use crate::error::EngineError;
 use crate::records::Records;
+use crate::services::Making;
 use crate::services::agent::AgentClient;
 use crate::services::catalog::Catalog;
 use crate::services::desktop::Desktops;
@@ -169,16 +170,16 @@ impl Manager {
             registry.clone(),
             lifecycle.clone(),
         ));
-        let pools = Arc::new(Pools::new(
-            records.clone(),
-            registry.clone(),
-            networks.clone(),
-            secrets.clone(),
-            catalog.clone(),
-            lifecycle.clone(),
-            agent.clone(),
-            stopping.clone(),
-        ));
+        let making = Making {
+            records: records.clone(),
+            registry: registry.clone(),
+            networks: networks.clone(),
+            secrets: secrets.clone(),
+            catalog: catalog.clone(),
+            lifecycle: lifecycle.clone(),
+            agent: agent.clone(),
+        };
+        let pools = Arc::new(Pools::new(making.clone(), stopping.clone()));
         let templates = Arc::new(Templates::new(
             config.clone(),
             catalog.clone(),
@@ -189,16 +190,7 @@ impl Manager {
             pools.clone(),
             stopping.clone(),
         ));
-        let snapshots = Arc::new(Snapshots::new(
-            driver.clone(),
-            records.clone(),
-            registry.clone(),
-            networks.clone(),
-            secrets.clone(),
-            catalog.clone(),
-            lifecycle.clone(),
-            agent.clone(),
-        ));
+        let snapshots = Arc::new(Snapshots::new(driver.clone(), making));
         let previews = Arc::new(Previews::new(
             config.preview.domain.clone(),
             driver.clone(),

@@ -24,7 +24,23 @@ use sandbox_mcp_network::EgressDefault;
 use sandbox_mcp_network::log as netlog;
 use sandbox_mcp_protocol::{ExecOutcome, JobInfo, Output};
 
+use std::sync::Arc;
+
+use crate::records::Records;
 use crate::state::{NetworkRules, Record, Status};
+
+/// The services a service that makes sandboxes ([`pool`]'s creates, [`snapshots`]' forks)
+/// goes through: records and entries, networks and secrets, templates, lifecycles, the agent.
+#[derive(Clone)]
+pub(crate) struct Making {
+    pub records: Arc<Records>,
+    pub registry: Arc<registry::Registry>,
+    pub networks: Arc<networks::Networks>,
+    pub secrets: Arc<secrets::Secrets>,
+    pub catalog: Arc<catalog::Catalog>,
+    pub lifecycle: Arc<lifecycle::Lifecycle>,
+    pub agent: Arc<agent::AgentClient>,
+}
 
 pub(crate) mod agent;
 pub(crate) mod catalog;

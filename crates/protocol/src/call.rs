@@ -75,7 +75,8 @@ macro_rules! call {
     ($variant:ident($request:ident) => $reply:ty) => {
         call!($variant($request) => $reply, limit: $crate::call::small);
     };
-    ($variant:ident($request:ident) => $reply:ty, limit: $limit:expr) => {
+    // With `env`: a request that starts a command with an environment of its own.
+    ($variant:ident($request:ident) => $reply:ty, limit: $limit:expr $(, $env:ident)?) => {
         impl From<$request> for $crate::Request {
             fn from(r: $request) -> Self {
                 $crate::Request::$variant(r)
@@ -87,24 +88,12 @@ macro_rules! call {
             fn reply_limit(&self) -> usize {
                 ($limit)(self)
             }
+            $(call!(@$env);)?
         }
     };
-    // A request that starts a command with an environment of its own.
-    ($variant:ident($request:ident) => $reply:ty, limit: $limit:expr, env) => {
-        impl From<$request> for $crate::Request {
-            fn from(r: $request) -> Self {
-                $crate::Request::$variant(r)
-            }
-        }
-        impl $crate::Call for $request {
-            type Reply = $reply;
-            #[allow(clippy::redundant_closure_call)]
-            fn reply_limit(&self) -> usize {
-                ($limit)(self)
-            }
-            fn add_env(&mut self, env: &[(String, String)]) {
-                $crate::call::prepend(&mut self.env, env);
-            }
+    (@env) => {
+        fn add_env(&mut self, env: &[(String, String)]) {
+            $crate::call::prepend(&mut self.env, env);
         }
     };
 }

@@ -365,34 +365,49 @@ mod tests {
         }
     }
 
+    /// Checks `r` on the test screen and asserts it is refused with words containing each of
+    /// `says`.
+    fn refused(r: ActionRequest<'_>, says: &[&str]) {
+        let action = r.action;
+        let e = check(r).unwrap_err();
+        for words in says {
+            assert!(e.contains(words), "{action}: {e}");
+        }
+    }
+
     #[test]
     fn coordinates_off_the_screen_name_its_size() {
-        let e = check(ActionRequest {
-            action: "click",
-            x: Some(1280),
-            y: Some(10),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("(1280, 10) is off the 1280x800 screen"), "{e}");
-        assert!(e.contains("x must be 0-1279 and y 0-799"), "{e}");
-        let e = check(ActionRequest {
-            action: "drag",
-            x: Some(1),
-            y: Some(1),
-            to_x: Some(5),
-            to_y: Some(900),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("the drag's end (5, 900)"), "{e}");
-        let e = check(ActionRequest {
-            action: "move",
-            x: Some(3),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("give x and y together"), "{e}");
+        refused(
+            ActionRequest {
+                action: "click",
+                x: Some(1280),
+                y: Some(10),
+                ..Default::default()
+            },
+            &[
+                "(1280, 10) is off the 1280x800 screen",
+                "x must be 0-1279 and y 0-799",
+            ],
+        );
+        refused(
+            ActionRequest {
+                action: "drag",
+                x: Some(1),
+                y: Some(1),
+                to_x: Some(5),
+                to_y: Some(900),
+                ..Default::default()
+            },
+            &["the drag's end (5, 900)"],
+        );
+        refused(
+            ActionRequest {
+                action: "move",
+                x: Some(3),
+                ..Default::default()
+            },
+            &["give x and y together"],
+        );
     }
 
     #[test]
@@ -403,34 +418,32 @@ mod tests {
             ("scroll", "needs direction"),
             ("type", "needs text"),
             ("key", "needs keys"),
+            ("fly", "unknown action \"fly\""),
         ] {
-            let e = check(ActionRequest {
-                action,
-                ..Default::default()
-            })
-            .unwrap_err();
-            assert!(e.contains(missing), "{action}: {e}");
+            refused(
+                ActionRequest {
+                    action,
+                    ..Default::default()
+                },
+                &[missing],
+            );
         }
-        let e = check(ActionRequest {
-            action: "key",
-            keys: Some("ctrl+nope"),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("unknown key \"nope\""), "{e}");
-        let e = check(ActionRequest {
-            action: "fly",
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("unknown action \"fly\""), "{e}");
-        let e = check(ActionRequest {
-            action: "wait",
-            amount: Some(31),
-            ..Default::default()
-        })
-        .unwrap_err();
-        assert!(e.contains("1-30 seconds"), "{e}");
+        refused(
+            ActionRequest {
+                action: "key",
+                keys: Some("ctrl+nope"),
+                ..Default::default()
+            },
+            &["unknown key \"nope\""],
+        );
+        refused(
+            ActionRequest {
+                action: "wait",
+                amount: Some(31),
+                ..Default::default()
+            },
+            &["1-30 seconds"],
+        );
     }
 
     #[test]

@@ -328,8 +328,30 @@ impl Lifecycle {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<SandboxView, EngineError> {
+        self.set_paused(id, tenant, true).await
+    }
+
+    pub(crate) async fn resume(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
+        self.set_paused(id, tenant, false).await
+    }
+
+    /// Pauses (freezes) or resumes (thaws, or restarts if stopped) one of `tenant`'s sandboxes.
+    async fn set_paused(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        paused: bool,
+    ) -> Result<SandboxView, EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
-        self.pause_entry(id, &entry).await?;
+        if paused {
+            self.pause_entry(id, &entry).await?;
+        } else {
+            self.ensure_running(id, &entry).await?;
+        }
         Ok(self.registry.view(&entry))
     }
 
@@ -351,16 +373,6 @@ impl Lifecycle {
             Runtime::Frozen | Runtime::Stopped => Ok(()),
             Runtime::Killed => Err(EngineError::sandbox_not_found(id)),
         }
-    }
-
-    pub(crate) async fn resume(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-    ) -> Result<SandboxView, EngineError> {
-        let entry = self.registry.lookup(id, tenant).await?;
-        self.ensure_running(id, &entry).await?;
-        Ok(self.registry.view(&entry))
     }
 
     /// Thaws a frozen sandbox or restarts a stopped one.

@@ -17,15 +17,10 @@ use sandbox_mcp_storage::templates::{Template, TemplateStatus};
 use sandbox_mcp_sys::lock;
 use tokio_util::sync::CancellationToken;
 
-use super::agent::AgentClient;
-use super::catalog::Catalog;
-use super::lifecycle::{Lifecycle, record_of};
-use super::networks::Networks;
-use super::registry::Registry;
-use super::secrets::Secrets;
+use super::Making;
+use super::lifecycle::record_of;
 use super::{CreateRequest, SandboxView};
 use crate::error::EngineError;
-use crate::records::Records;
 
 /// How long after a handover its replacement starts.
 const REFILL_DELAY: Duration = Duration::from_millis(200);
@@ -50,38 +45,16 @@ struct Pool {
 /// Creates sandboxes, from a template's pool when it has one.
 pub(crate) struct Pools {
     pools: Mutex<HashMap<String, Pool>>,
-    records: Arc<Records>,
-    registry: Arc<Registry>,
-    networks: Arc<Networks>,
-    secrets: Arc<Secrets>,
-    catalog: Arc<Catalog>,
-    lifecycle: Arc<Lifecycle>,
-    agent: Arc<AgentClient>,
+    making: Making,
     /// Cancelled when the engine stops: refills end with it.
     stopping: CancellationToken,
 }
 
 impl Pools {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        records: Arc<Records>,
-        registry: Arc<Registry>,
-        networks: Arc<Networks>,
-        secrets: Arc<Secrets>,
-        catalog: Arc<Catalog>,
-        lifecycle: Arc<Lifecycle>,
-        agent: Arc<AgentClient>,
-        stopping: CancellationToken,
-    ) -> Self {
+    pub(crate) fn new(making: Making, stopping: CancellationToken) -> Self {
         Self {
             pools: Mutex::new(HashMap::new()),
-            records,
-            registry,
-            networks,
-            secrets,
-            catalog,
-            lifecycle,
-            agent,
+            making,
             stopping,
         }
     }
@@ -95,8 +68,9 @@ impl Pools {
         let template_name = req
             .template
             .clone()
-            .unwrap_or_else(|| self.catalog.default_template());
+            .unwrap_or_else(|| self.making.catalog.default_template());
         let template = self
+            .making
             .catalog
             .ready_template(req.tenant.as_deref(), &template_name)?;
         let shape = req.shape.within(&template)?;
@@ -106,7 +80,10 @@ impl Pools {
         {
             return Ok(view);
         }
-        self.lifecycle.create_from(req, &template, shape).await
+        self.making
+            .lifecycle
+            .create_from(req, &template, shape)
+            .await
     }
 
     /// Hands out a pooled sandbox of `template`, adopted for `req`, and starts a replacement.
@@ -119,12 +96,15 @@ impl Pools {
             return Ok(None);
         }
         // Everything that can refuse the request is checked before a sandbox leaves the pool.
-        let policy = self.networks.rules(&req.network)?;
-        let secrets = self.secrets.bind_new(req.tenant.as_deref(), &req.secrets)?;
+        let policy = self.making.networks.rules(&req.network)?;
+        let secrets = self
+            .making
+            .secrets
+            .bind_new(req.tenant.as_deref(), &req.secrets)?;
         let Some((id, entry)) = lock(&self.pools)
             .get_mut(&template.key)
             .and_then(|p| p.idle.pop())
-            .and_then(|id| Some((id.clone(), self.registry.entry_any(&id).ok()?)))
+            .and_then(|id| Some((id.clone(), self.making.registry.entry_any(&id).ok()?)))
         else {
             return Ok(None);
         };
@@ -140,18 +120,18 @@ impl Pools {
             now,
             secrets,
         );
-        if let Err(e) = self.records.adopt(&record).await {
+        if let Err(e) = self.making.records.adopt(&record).await {
             // Not adopted: the sandbox is the pool's no more; it goes, and the request fails.
-            let _ = self.lifecycle.kill(&id, Some(POOL_TENANT)).await;
+            let _ = self.making.lifecycle.kill(&id, Some(POOL_TENANT)).await;
             self.refill(template);
             return Err(e);
         }
         entry.last_active.store(now, Ordering::Relaxed);
-        self.lifecycle.rebind(&entry, record, policy);
+        self.making.lifecycle.rebind(&entry, record, policy);
         // The replacement starts a moment after the handover: starting a sandbox takes the
         // CPU for tens of milliseconds, which the first commands of this one would feel.
         self.refill_after(template, REFILL_DELAY);
-        Ok(Some(self.registry.view(&entry)))
+        Ok(Some(self.making.registry.view(&entry)))
     }
 
     /// Runs `true` once in a pooled sandbox, so that the first command after the handover finds
@@ -168,7 +148,7 @@ impl Pools {
             max_output_bytes: 4096,
             stream: false,
         };
-        if let Err(e) = self.agent.exec(id, Some(POOL_TENANT), spec).await {
+        if let Err(e) = self.making.agent.exec(id, Some(POOL_TENANT), spec).await {
             tracing::debug!(sandbox = %id, "warming a pooled sandbox failed: {e}");
         }
     }
@@ -196,7 +176,7 @@ impl Pools {
             let (this, template) = (self.clone(), template.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                let start = this.lifecycle.create_from(
+                let start = this.making.lifecycle.create_from(
                     CreateRequest {
                         tenant: Some(POOL_TENANT.to_string()),
                         ..Default::default()
@@ -233,19 +213,23 @@ impl Pools {
             .map(|p| p.idle)
             .unwrap_or_default();
         for id in idle {
-            let _ = self.lifecycle.kill(&id, Some(POOL_TENANT)).await;
+            let _ = self.making.lifecycle.kill(&id, Some(POOL_TENANT)).await;
         }
     }
 
     /// After a restart: the engine's own sandboxes of before (pooled ones, which may be stale,
     /// and those of interrupted builds) are killed, and every template's pool is refilled.
     pub(crate) async fn restart_internal(self: &Arc<Self>) {
-        for (id, entry) in self.registry.entries() {
+        for (id, entry) in self.making.registry.entries() {
             if entry.internal() {
-                let _ = self.lifecycle.kill(&id, entry.tenant().as_deref()).await;
+                let _ = self
+                    .making
+                    .lifecycle
+                    .kill(&id, entry.tenant().as_deref())
+                    .await;
             }
         }
-        for t in self.catalog.templates() {
+        for t in self.making.catalog.templates() {
             self.refill(&t);
         }
     }

@@ -10,7 +10,6 @@
 //! a `kill -9` nothing half-made is listed, and nothing acknowledged is lost.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
 use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsRef};
 use sandbox_mcp_model::ids;
@@ -18,15 +17,10 @@ use sandbox_mcp_protocol::JobState;
 use sandbox_mcp_storage::diff::Diff;
 use sandbox_mcp_sys::lock;
 
-use super::agent::AgentClient;
-use super::catalog::Catalog;
-use super::lifecycle::Lifecycle;
-use super::networks::Networks;
-use super::registry::{Entry, Registry, Runtime};
-use super::secrets::Secrets;
+use super::Making;
+use super::registry::{Entry, Runtime};
 use crate::driver::DriverHandle;
 use crate::error::EngineError;
-use crate::records::Records;
 use crate::state::{Record, Snapshot};
 
 mod diffs;
@@ -67,37 +61,12 @@ pub(crate) struct Diffed {
 /// Snapshots, forks, diffs and merges.
 pub(crate) struct Snapshots {
     driver: DriverHandle,
-    records: Arc<Records>,
-    registry: Arc<Registry>,
-    networks: Arc<Networks>,
-    secrets: Arc<Secrets>,
-    catalog: Arc<Catalog>,
-    lifecycle: Arc<Lifecycle>,
-    agent: Arc<AgentClient>,
+    making: Making,
 }
 
 impl Snapshots {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        driver: DriverHandle,
-        records: Arc<Records>,
-        registry: Arc<Registry>,
-        networks: Arc<Networks>,
-        secrets: Arc<Secrets>,
-        catalog: Arc<Catalog>,
-        lifecycle: Arc<Lifecycle>,
-        agent: Arc<AgentClient>,
-    ) -> Self {
-        Self {
-            driver,
-            records,
-            registry,
-            networks,
-            secrets,
-            catalog,
-            lifecycle,
-            agent,
-        }
+    pub(crate) fn new(driver: DriverHandle, making: Making) -> Self {
+        Self { driver, making }
     }
 
     /// Runs `work` with the sandbox's processes frozen (when it is running), so the files it
@@ -136,7 +105,7 @@ impl Snapshots {
     }
 
     async fn snapshots_of(&self, id: Option<&str>) -> Result<Vec<Snapshot>, EngineError> {
-        self.records.snapshots(id).await
+        self.making.records.snapshots(id).await
     }
 
     /// The snapshot `snap` of sandbox `id` (ready); any other answers as not found.
@@ -187,7 +156,7 @@ impl Snapshots {
         tenant: Option<&str>,
         name: Option<String>,
     ) -> Result<Snapshot, EngineError> {
-        let entry = self.registry.entry(id, tenant)?;
+        let entry = self.making.registry.entry(id, tenant)?;
         let runtime = entry.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -219,7 +188,7 @@ impl Snapshots {
             size_bytes: own,
             created_at: ids::now_ms(),
         };
-        self.records.put_snapshot(&snap).await?;
+        self.making.records.put_snapshot(&snap).await?;
         let from = Self::fs_of(&entry, id);
         let made = self
             .frozen(
@@ -241,14 +210,14 @@ impl Snapshots {
         if let Some(charged) = self.driver.disk_charge(id).await {
             snap.size_bytes = charged;
         }
-        self.records.put_snapshot(&snap).await?;
+        self.making.records.put_snapshot(&snap).await?;
         Ok(snap)
     }
 
     /// Deletes a snapshot's files, then its row (best effort: recovery finishes the job).
     async fn drop_snapshot(&self, snap: &str) {
         if self.driver.remove_fs(snap).await.is_ok() {
-            let _ = self.records.delete_snapshot(snap).await;
+            let _ = self.making.records.delete_snapshot(snap).await;
         }
     }
 
@@ -257,7 +226,7 @@ impl Snapshots {
         id: &str,
         tenant: Option<&str>,
     ) -> Result<Vec<Snapshot>, EngineError> {
-        self.registry.entry(id, tenant)?;
+        self.making.registry.entry(id, tenant)?;
         Ok(self
             .snapshots_of(Some(id))
             .await?
@@ -272,14 +241,14 @@ impl Snapshots {
         tenant: Option<&str>,
         snap: &str,
     ) -> Result<(), EngineError> {
-        let entry = self.registry.entry(id, tenant)?;
+        let entry = self.making.registry.entry(id, tenant)?;
         let _runtime = entry.lifecycle.lock().await;
         let mut snapshot = self.own_snapshot(id, snap).await?;
         // Marked first: a crash while its files go leaves a row recovery finishes deleting.
         snapshot.ready = false;
-        self.records.put_snapshot(&snapshot).await?;
+        self.making.records.put_snapshot(&snapshot).await?;
         self.driver.remove_fs(snap).await?;
-        self.records.delete_snapshot(snap).await
+        self.making.records.delete_snapshot(snap).await
     }
 
     pub(crate) async fn snapshot_restore(
@@ -288,15 +257,15 @@ impl Snapshots {
         tenant: Option<&str>,
         snap: &str,
     ) -> Result<Restored, EngineError> {
-        let entry = self.registry.entry(id, tenant)?;
+        let entry = self.making.registry.entry(id, tenant)?;
         let snapshot = self.own_snapshot(id, snap).await?;
         // What the restore ends, counted while the agent still answers.
-        let ended_jobs = self.agent.jobs(id, tenant).await.map_or(0, |jobs| {
+        let ended_jobs = self.making.agent.jobs(id, tenant).await.map_or(0, |jobs| {
             jobs.iter()
                 .filter(|j| j.status == JobState::Running)
                 .count() as u64
         });
-        let lost_contexts = self.agent.context_count(id, &entry).await;
+        let lost_contexts = self.making.agent.context_count(id, &entry).await;
         let mut runtime = entry.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -304,6 +273,7 @@ impl Snapshots {
         // Again under the lock: a delete may have taken it meanwhile.
         let snapshot = self.own_snapshot(id, &snapshot.id).await?;
         let stopped_processes = self
+            .making
             .lifecycle
             .stop_for_files(id, &entry, &mut runtime)
             .await?;
@@ -314,7 +284,7 @@ impl Snapshots {
         let limit = Self::disk_limit(&lock(&entry.record));
         let method = self.driver.replace_fs(id, from, limit).await?;
         drop(runtime);
-        self.lifecycle.ensure_running(id, &entry).await?;
+        self.making.lifecycle.ensure_running(id, &entry).await?;
         Ok(Restored {
             snapshot,
             method,
@@ -328,6 +298,7 @@ impl Snapshots {
     /// gone, are deleted.
     pub(crate) async fn recover(&self) -> Result<(), EngineError> {
         let live: BTreeSet<String> = self
+            .making
             .registry
             .entries()
             .into_iter()

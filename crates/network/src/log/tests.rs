@@ -60,16 +60,7 @@ async fn repeats_fold_reads_flush_and_each_sandbox_is_bounded() {
     for i in 0..(MAX_ROWS + 20) {
         log.record("sbx_c", row(&format!("h{i}.test"), "allowed", 5_000 + i, 1));
     }
-    let page = log
-        .read(
-            "sbx_c",
-            Query {
-                limit: 10,
-                ..Query::default()
-            },
-        )
-        .await
-        .unwrap();
+    let page = newest(&log, "sbx_c", 10).await;
     assert_eq!(
         page[0].row.host.as_deref(),
         Some(&*format!("h{}.test", MAX_ROWS + 19))
@@ -181,28 +172,10 @@ async fn rows_an_older_engine_kept_in_the_state_database_move_over() {
     {
         let old = NetLog::open(&state, None).unwrap();
         old.record("sbx_old", row("pypi.test", "allowed", 1_000, 7));
-        let _ = old
-            .read(
-                "sbx_old",
-                Query {
-                    limit: 10,
-                    ..Query::default()
-                },
-            )
-            .await
-            .unwrap();
+        let _ = newest(&old, "sbx_old", 10).await;
     }
     let log = NetLog::open(&dir.path().join("network-log.db"), Some(&state)).unwrap();
-    let rows = log
-        .read(
-            "sbx_old",
-            Query {
-                limit: 10,
-                ..Query::default()
-            },
-        )
-        .await
-        .unwrap();
+    let rows = newest(&log, "sbx_old", 10).await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].row.sent, 7);
     let conn = Connection::open(&state).unwrap();
@@ -218,19 +191,7 @@ async fn rows_an_older_engine_kept_in_the_state_database_move_over() {
     drop(log);
     let again = NetLog::open(&dir.path().join("network-log.db"), Some(&state)).unwrap();
     again.retain(vec![]);
-    assert!(
-        again
-            .read(
-                "sbx_old",
-                Query {
-                    limit: 10,
-                    ..Query::default()
-                }
-            )
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(newest(&again, "sbx_old", 10).await.is_empty());
 }
 
 /// The engine's state connection writes all the time (activity, statuses); a log flush
@@ -271,4 +232,17 @@ async fn reads_and_writes_hold_up_while_the_state_is_written() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     other.join().unwrap();
+}
+
+/// The newest `limit` entries of `sandbox`'s log, of every verdict.
+async fn newest(log: &NetLog, sandbox: &str, limit: usize) -> Vec<Stored> {
+    log.read(
+        sandbox,
+        Query {
+            limit,
+            ..Query::default()
+        },
+    )
+    .await
+    .unwrap()
 }

@@ -21,8 +21,11 @@ impl Snapshots {
         under: &str,
         save_to: Option<String>,
     ) -> Result<Diffed, EngineError> {
-        let entry = self.registry.entry(id, tenant)?;
-        let template = self.catalog.template(&lock(&entry.record).template)?;
+        let entry = self.making.registry.entry(id, tenant)?;
+        let template = self
+            .making
+            .catalog
+            .template(&lock(&entry.record).template)?;
         let (base, base_template) = if ids::is_snapshot_id(against) {
             let snap = self
                 .snapshots_of(None)
@@ -30,13 +33,16 @@ impl Snapshots {
                 .into_iter()
                 .find(|s| s.id == against && s.ready);
             // Another tenant's snapshot answers exactly like one that does not exist.
-            let owner = snap.and_then(|s| self.registry.entry(&s.sandbox_id, tenant).ok());
+            let owner = snap.and_then(|s| self.making.registry.entry(&s.sandbox_id, tenant).ok());
             let owner = owner.ok_or_else(|| {
                 EngineError::NotFound(format!(
                     "snapshot {against} not found; sandbox_snapshot_list shows a sandbox's snapshots"
                 ))
             })?;
-            let owner_template = self.catalog.template(&lock(&owner.record).template)?;
+            let owner_template = self
+                .making
+                .catalog
+                .template(&lock(&owner.record).template)?;
             (
                 FsRef {
                     name: against.to_string(),
@@ -45,8 +51,11 @@ impl Snapshots {
                 owner_template,
             )
         } else if ids::is_sandbox_id(against) {
-            let other = self.registry.entry(against, tenant)?;
-            let other_template = self.catalog.template(&lock(&other.record).template)?;
+            let other = self.making.registry.entry(against, tenant)?;
+            let other_template = self
+                .making
+                .catalog
+                .template(&lock(&other.record).template)?;
             (Self::fs_of(&other, against), other_template)
         } else {
             return Err(EngineError::InvalidArgument(format!(
@@ -126,6 +135,7 @@ impl Snapshots {
             );
         }
         let written = self
+            .making
             .agent
             .call(
                 id,

@@ -25,7 +25,7 @@ impl Snapshots {
                 "count must be 1 to {MAX_FORKS}; got {count}"
             )));
         }
-        let parent = self.registry.entry(id, tenant)?;
+        let parent = self.making.registry.entry(id, tenant)?;
         let runtime = parent.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -53,7 +53,10 @@ impl Snapshots {
             }),
             Err(e) => {
                 for child in &children {
-                    self.lifecycle.discard(&child.id, child.uid_slot).await;
+                    self.making
+                        .lifecycle
+                        .discard(&child.id, child.uid_slot)
+                        .await;
                 }
                 Err(e)
             }
@@ -68,9 +71,9 @@ impl Snapshots {
         count: u32,
         labels: BTreeMap<String, String>,
     ) -> Result<Vec<Record>, EngineError> {
-        let _guard = self.registry.adding().await;
-        let (existing, used_slots) = self.registry.slots();
-        let max = self.lifecycle.max_sandboxes();
+        let _guard = self.making.registry.adding().await;
+        let (existing, used_slots) = self.making.registry.slots();
+        let max = self.making.lifecycle.max_sandboxes();
         if existing + count as usize > max {
             return Err(EngineError::QuotaExceeded(format!(
                 "the engine allows at most {max} sandboxes and {existing} exist, so {count} more do not fit; kill some or fork fewer"
@@ -94,7 +97,11 @@ impl Snapshots {
         };
         let mut children = Vec::new();
         for &slot in &slots {
-            let secrets = match self.secrets.bind_new(parent.tenant.as_deref(), &wanted) {
+            let secrets = match self
+                .making
+                .secrets
+                .bind_new(parent.tenant.as_deref(), &wanted)
+            {
                 Ok(s) => s,
                 Err(e) => {
                     release(&slots).await;
@@ -113,14 +120,14 @@ impl Snapshots {
                 ..parent.clone()
             });
         }
-        if let Err(e) = self.records.insert_all(&children).await {
+        if let Err(e) = self.making.records.insert_all(&children).await {
             release(&slots).await;
             return Err(e);
         }
         for child in &children {
             // The parent's rules as stored: they are what its policy was made from.
-            let net = self.networks.sandbox_net(child);
-            self.registry.insert(
+            let net = self.making.networks.sandbox_net(child);
+            self.making.registry.insert(
                 child.id.clone(),
                 Entry::new(child.clone(), Runtime::Stopped, false, net),
             );
@@ -146,18 +153,25 @@ impl Snapshots {
             .frozen(id, runtime, driver.clone_many(from, targets))
             .await??;
         let started = futures::future::join_all(children.iter().map(|child| async move {
-            let spec = self.lifecycle.start_spec(child)?;
+            let spec = self.making.lifecycle.start_spec(child)?;
             self.driver.start(&spec).await?;
-            let entry = self.registry.entry_any(&child.id)?;
-            self.networks.attach(&child.id, &entry).await?;
+            let entry = self.making.registry.entry_any(&child.id)?;
+            self.making.networks.attach(&child.id, &entry).await?;
             Ok::<_, EngineError>(())
         }))
         .await;
         started.into_iter().collect::<Result<Vec<()>, _>>()?;
         let ids = children.iter().map(|c| c.id.clone()).collect();
-        self.records.set_status_all(ids, Status::Running).await?;
+        self.making
+            .records
+            .set_status_all(ids, Status::Running)
+            .await?;
         for child in children {
-            self.registry.entry_any(&child.id)?.commit_running().await;
+            self.making
+                .registry
+                .entry_any(&child.id)?
+                .commit_running()
+                .await;
         }
         Ok(method)
     }
@@ -175,8 +189,8 @@ impl Snapshots {
             ));
         }
         let (src, dst) = (
-            self.registry.entry(source, tenant)?,
-            self.registry.entry(target, tenant)?,
+            self.making.registry.entry(source, tenant)?,
+            self.making.registry.entry(target, tenant)?,
         );
         let (src_record, dst_record) = (src.record(), dst.record());
         if src_record.template != dst_record.template {
@@ -209,7 +223,10 @@ impl Snapshots {
                     "one of the sandboxes was killed meanwhile".into(),
                 ));
             }
-            self.lifecycle.stop_for_files(target, &dst, dst_rt).await?;
+            self.making
+                .lifecycle
+                .stop_for_files(target, &dst, dst_rt)
+                .await?;
             let (driver, tid, from) = (
                 self.driver.clone(),
                 target.to_string(),
@@ -220,8 +237,8 @@ impl Snapshots {
                 .frozen(source, *src_rt, driver.replace_fs(&tid, from, limit))
                 .await??;
             drop((a, b));
-            self.lifecycle.kill(source, tenant).await?;
-            self.lifecycle.ensure_running(target, &dst).await?;
+            self.making.lifecycle.kill(source, tenant).await?;
+            self.making.lifecycle.ensure_running(target, &dst).await?;
             Ok(method)
         }
     }
@@ -236,6 +253,7 @@ impl Snapshots {
                     break;
                 }
                 next = self
+                    .making
                     .registry
                     .entry_any(&id)
                     .ok()
