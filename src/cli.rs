@@ -282,7 +282,7 @@ struct EngineSettings {
         long = "preview-listen",
         env = "SANDBOX_MCP_PREVIEW_LISTEN",
         value_name = "ADDR|off",
-        value_parser = |s: &str| sandbox_mcp_engine::preview::parse_listen(s).map(PreviewListen)
+        value_parser = |s: &str| sandbox_mcp_engine_http::preview::parse_listen(s).map(PreviewListen)
     )]
     preview_listen: Option<PreviewListen>,
     /// The domain of preview host names, `{port}-{sandbox id}.{domain}`: `localhost` needs no
@@ -292,7 +292,7 @@ struct EngineSettings {
         env = "SANDBOX_MCP_PREVIEW_DOMAIN",
         value_name = "DOMAIN",
         default_value = "localhost",
-        value_parser = sandbox_mcp_engine::preview::parse_domain
+        value_parser = sandbox_mcp_engine_http::preview::parse_domain
     )]
     preview_domain: String,
     /// The template sandboxes start from when a request names none (it must exist and be
@@ -638,7 +638,7 @@ async fn serve_http(
 
 #[allow(clippy::print_stdout)] // the summary line is the command's output
 async fn template(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()> {
-    use sandbox_mcp_engine::local;
+    use sandbox_mcp_engine_http::local;
     let TemplateCommand::Import { name, image } = cmd;
     sandbox_mcp_storage::templates::check_name(&name).map_err(anyhow::Error::msg)?;
     if !image.exists() {
@@ -736,7 +736,7 @@ fn tempfile_in(dir: &std::path::Path) -> std::io::Result<TempFile> {
 fn secrets(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
     use sandbox_mcp_network::secrets::{NewSecret, SecretStore, Value};
     let config = EngineConfig::new(data.path());
-    sandbox_mcp_engine::local::prepare_data_dir(&config)?;
+    sandbox_mcp_engine_http::local::prepare_data_dir(&config)?;
     let store = SecretStore::open(&config.state_db(), &config.data_dir.join("secrets.key"))?;
     match cmd {
         SecretsCommand::Set {
@@ -847,7 +847,7 @@ async fn terminated() {
 }
 
 async fn engine(args: EngineArgs) -> anyhow::Result<()> {
-    use sandbox_mcp_engine::local;
+    use sandbox_mcp_engine_http::local;
     init_logging("info");
     let mut config = args.settings.config();
     config.kubernetes = args.kubernetes.options()?;

@@ -48,7 +48,7 @@ struct Pool {
 }
 
 /// Creates sandboxes, from a template's pool when it has one.
-pub(crate) struct Pools {
+pub struct Pools {
     pools: Mutex<HashMap<String, Pool>>,
     records: Arc<Records>,
     registry: Arc<Registry>,
@@ -88,10 +88,7 @@ impl Pools {
 
     /// Creates a sandbox for `req`: a pooled one when its template keeps a pool and the request
     /// asks for the template's shape, else a new one.
-    pub(crate) async fn create(
-        self: &Arc<Self>,
-        req: CreateRequest,
-    ) -> Result<SandboxView, EngineError> {
+    pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxView, EngineError> {
         let template_name = req
             .template
             .clone()

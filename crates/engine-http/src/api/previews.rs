@@ -1,4 +1,4 @@
-//! Preview URLs of a sandbox's ports (served by `engine::preview`).
+//! Preview URLs of a sandbox's ports (served by [`crate::preview`]).
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -6,8 +6,8 @@ use axum::http::StatusCode;
 
 use super::convert::TryApi;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
 
 /// Shortest and longest `expires_in`, in seconds (a minute; 30 days).
 const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=2_592_000;

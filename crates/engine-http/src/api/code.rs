@@ -10,9 +10,9 @@ use axum::response::Response;
 use super::convert::{Api, TryApi};
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{EXEC_GRACE, EXEC_OUTPUT_CAP};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{EXEC_GRACE, EXEC_OUTPUT_CAP};
 use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 
 /// Longest `timeout_ms` of a cell.

@@ -11,17 +11,17 @@ use serde::Deserialize;
 use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, check_env, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{CreateRequest, SandboxView};
-use crate::state::NetworkRules;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
+use sandbox_mcp_engine::state::NetworkRules;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;
 
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
 /// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
-const MAX_METADATA_PAIRS: usize = crate::services::MAX_LABELS;
+const MAX_METADATA_PAIRS: usize = sandbox_mcp_engine::services::MAX_LABELS;
 /// Longest metadata filter accepted.
 const MAX_FILTER: usize = 2048;
 /// Longest `timeout_seconds` (30 days).

@@ -10,9 +10,9 @@ use serde::Deserialize;
 
 use super::convert::Api;
 use super::request::{ApiJson, ApiQuery, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
 use sandbox_mcp_protocol::{Delete, ListDir, Move, ReadFile, WriteFile, ZipDir};
 
 /// Deadline of a file operation.

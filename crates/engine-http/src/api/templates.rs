@@ -11,9 +11,9 @@ use tokio::io::AsyncWriteExt;
 
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, AppState, Tenant, check_env};
-use crate::error::EngineError;
-use crate::services::{Step, TemplateRequest};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{Step, TemplateRequest};
 use sandbox_mcp_storage::templates::{Template, check_name};
 
 type ApiResult<T> = Result<Json<T>, EngineError>;

@@ -9,7 +9,7 @@
 //! impls, in [`convert`]; streamed answers in [`ndjson`]. A new operation is one handler in its resource's
 //! module and one line in [`router`]; its errors are [`EngineError`]s.
 //!
-//! [`EngineError`]: crate::error::EngineError
+//! [`EngineError`]: sandbox_mcp_engine::error::EngineError
 
 mod code;
 mod convert;

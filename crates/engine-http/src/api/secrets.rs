@@ -6,8 +6,8 @@ use axum::extract::{Path, State};
 use super::convert::TryApi;
 use super::request::{ApiJson, AppState, Tenant, sandbox_id};
 use super::sandboxes::sandbox;
-use crate::error::EngineError;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_network::secrets::NewSecret;
 
 type ApiResult<T> = Result<Json<T>, EngineError>;

@@ -10,8 +10,8 @@ use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
 use super::request::NDJSON;
-use crate::error::EngineError;
-use crate::services::Event;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::Event;
 use sandbox_mcp_model::ids;
 
 /// An NDJSON response from the agent's events; `finish` turns the reply into the `result`.

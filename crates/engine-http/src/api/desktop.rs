@@ -9,9 +9,9 @@ use serde::Deserialize;
 use super::convert::{api_sandbox_id, internal};
 use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
 use super::sandboxes::{create_request, sandbox};
-use crate::error::EngineError;
-use crate::services::{ActionRequest, parse_resolution};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{ActionRequest, parse_resolution};
 use sandbox_mcp_protocol::{Screen, Shot};
 
 pub(super) async fn create(

@@ -26,9 +26,9 @@ use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::chain;
-use crate::manager::Manager;
-use crate::services::{PreviewError, TOKEN_PARAM};
+use sandbox_mcp_engine::error::chain;
+use sandbox_mcp_engine::manager::Manager;
+use sandbox_mcp_engine::services::{PreviewError, TOKEN_PARAM};
 use sandbox_mcp_model::config::PreviewConfig;
 use sandbox_mcp_model::ids;
 use sandbox_mcp_network::proxy::{page, strip_hop_by_hop};

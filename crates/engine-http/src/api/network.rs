@@ -6,8 +6,8 @@ use serde::Deserialize;
 
 use super::convert::TryApi;
 use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_network::log::{MAX_LIMIT, Query};
 
 /// Entries returned when no `limit` is given.

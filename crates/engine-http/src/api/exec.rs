@@ -9,9 +9,9 @@ use axum::response::Response;
 use super::convert::Api;
 use super::ndjson;
 use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
 use sandbox_mcp_protocol::{ExecSpec, StartJob};
 
 /// Longest `timeout_ms` of a command.

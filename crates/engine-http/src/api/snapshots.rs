@@ -7,9 +7,9 @@ use axum::http::StatusCode;
 use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
 use super::request::{ApiJson, ApiJsonOrEmpty, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::MAX_SNAPSHOTS;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::MAX_SNAPSHOTS;
 use sandbox_mcp_model::ids;
 
 /// A snapshot id from a path, checked before anything is looked up.

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 
-use crate::error::EngineError;
-use crate::services::{
+use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{
     Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
     ShapeRequest,
 };
-use crate::state::{NetworkRules, Snapshot, Status};
-use sandbox_mcp_api::types;
+use sandbox_mcp_engine::state::{NetworkRules, Snapshot, Status};
 use sandbox_mcp_model::driver::CloneMethod;
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
@@ -266,7 +266,7 @@ impl TryApi<types::Sandbox> for &SandboxView {
             desktop: r.desktop.map(|d| types::Desktop {
                 width: d.width.into(),
                 height: d.height.into(),
-                display: crate::services::DISPLAY.into(),
+                display: sandbox_mcp_protocol::DISPLAY.into(),
             }),
             created_at: ids::time(r.created_at),
             last_active_at: ids::time(r.last_active_at),

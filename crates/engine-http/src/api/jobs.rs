@@ -8,9 +8,9 @@ use serde::Deserialize;
 
 use super::convert::TryApi;
 use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::JOB_PAGE;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::JOB_PAGE;
 use sandbox_mcp_protocol::{JobStatus, KillJob};
 
 const DEADLINE: Duration = Duration::from_secs(30);
