@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use sandbox_mcp_api::limits;
 use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_engine::services::{
@@ -364,14 +365,20 @@ impl TryApi<ShapeRequest> for &types::ShapeRequest {
             Some(x) if !(lo..=hi).contains(&x) => Err(bad(f, lo as f64, hi as f64)),
             _ => Ok(()),
         };
+        use limits::shape_request as bounds;
         if let Some(v) = s.vcpus
-            && !(0.1..=64.0).contains(&v)
+            && !(bounds::VCPUS_MINIMUM..=bounds::VCPUS_MAXIMUM).contains(&v)
         {
-            return Err(bad("vcpus", 0.1, 64.0));
+            return Err(bad("vcpus", bounds::VCPUS_MINIMUM, bounds::VCPUS_MAXIMUM));
         }
-        int(s.memory_mb, "memory_mb", 64, 262_144)?;
-        int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
-        int(s.max_pids, "max_pids", 16, 65_536)?;
+        let (memory, disk, pids) = (
+            (bounds::MEMORY_MB_MINIMUM, bounds::MEMORY_MB_MAXIMUM),
+            (bounds::DISK_MB_MINIMUM, bounds::DISK_MB_MAXIMUM),
+            (bounds::MAX_PIDS_MINIMUM, bounds::MAX_PIDS_MAXIMUM),
+        );
+        int(s.memory_mb, "memory_mb", memory.0, memory.1)?;
+        int(s.disk_mb, "disk_mb", disk.0, disk.1)?;
+        int(s.max_pids, "max_pids", pids.0, pids.1)?;
         Ok(ShapeRequest {
             vcpus: s.vcpus,
             memory_mb: s.memory_mb,

@@ -1,64 +1,66 @@
 //! Preview URLs of a sandbox's ports (served by [`crate::preview`]).
 
-use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-
 use super::convert::TryApi;
-use super::request::{ApiJson, AppState, Tenant, sandbox_id};
+use super::request::AppState;
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::Caller;
 use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
 
 /// Shortest and longest `expires_in`, in seconds (a minute; 30 days).
-const EXPIRES_IN: std::ops::RangeInclusive<u64> = 60..=2_592_000;
+const EXPIRES_IN: std::ops::RangeInclusive<u64> = limits::create_preview_request::EXPIRES_IN_MINIMUM
+    ..=limits::create_preview_request::EXPIRES_IN_MAXIMUM;
 
 pub(super) async fn create(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::CreatePreviewRequest>,
-) -> Result<(StatusCode, Json<types::Preview>), EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::CreatePreviewRequest,
+) -> Result<types::Preview, EngineError> {
     if let Some(s) = body.expires_in
         && !EXPIRES_IN.contains(&s)
     {
         return Err(EngineError::InvalidArgument(format!(
-            "expires_in is {s}; give 60 to 2592000 seconds (30 days), or leave it out for a preview that lasts as long as the sandbox"
+            "expires_in is {s}; give {} to {} seconds (30 days), or leave it out for a preview that lasts as long as the sandbox",
+            EXPIRES_IN.start(),
+            EXPIRES_IN.end()
         )));
     }
     let view = state
         .manager
         .previews
         .preview_create(
-            sandbox_id(&id)?,
-            tenant.as_deref(),
+            &id,
+            caller.tenant(),
             body.port.get(),
             body.public,
             body.expires_in,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(view.try_api()?)))
+    view.try_api()
 }
 
 pub(super) async fn list(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> Result<Json<types::PreviewList>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::PreviewList, EngineError> {
     let previews = state
         .manager
         .previews
-        .previews(sandbox_id(&id)?, tenant.as_deref())?
+        .previews(&id, caller.tenant())?
         .into_iter()
         .map(TryApi::try_api)
         .collect::<Result<_, _>>()?;
-    Ok(Json(types::PreviewList { previews }))
+    Ok(types::PreviewList { previews })
 }
 
 pub(super) async fn delete(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, port)): Path<(String, String)>,
-) -> Result<Json<types::DeletePreviewResult>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    port: String,
+) -> Result<types::DeletePreviewResult, EngineError> {
     let port = port
         .parse::<u16>()
         .ok()
@@ -69,10 +71,10 @@ pub(super) async fn delete(
     let deleted = state
         .manager
         .previews
-        .preview_delete(sandbox_id(&id)?, tenant.as_deref(), port.get())
+        .preview_delete(&id, caller.tenant(), port.get())
         .await?;
-    Ok(Json(types::DeletePreviewResult {
+    Ok(types::DeletePreviewResult {
         port: port.into(),
         deleted,
-    }))
+    })
 }

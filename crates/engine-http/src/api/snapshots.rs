@@ -1,12 +1,9 @@
 //! Snapshots, forks, diffs and merges of a sandbox's files (`manager::snapshots`).
 
-use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-
 use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
-use super::request::{ApiJson, ApiJsonOrEmpty, AppState, Tenant, sandbox_id};
+use super::request::AppState;
+use sandbox_mcp_api::server::Caller;
 use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_engine::services::MAX_SNAPSHOTS;
@@ -24,77 +21,79 @@ fn snapshot_id(raw: &str) -> Result<&str, EngineError> {
 }
 
 pub(super) async fn create(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSnapshotRequest>,
-) -> Result<(StatusCode, Json<types::Snapshot>), EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::CreateSnapshotRequest,
+) -> Result<types::Snapshot, EngineError> {
     let name = body.name.map(|n| n.to_string());
     let snap = state
         .manager
         .snapshots
-        .snapshot_create(sandbox_id(&id)?, tenant.as_deref(), name)
+        .snapshot_create(&id, caller.tenant(), name)
         .await?;
-    Ok((StatusCode::CREATED, Json(snap.try_api()?)))
+    snap.try_api()
 }
 
 pub(super) async fn list(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> Result<Json<types::SnapshotList>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::SnapshotList, EngineError> {
     let snapshots = state
         .manager
         .snapshots
-        .snapshot_list(sandbox_id(&id)?, tenant.as_deref())
+        .snapshot_list(&id, caller.tenant())
         .await?
         .into_iter()
         .map(TryApi::try_api)
         .collect::<Result<_, _>>()?;
-    Ok(Json(types::SnapshotList {
+    Ok(types::SnapshotList {
         snapshots,
         limit: MAX_SNAPSHOTS as u64,
-    }))
+    })
 }
 
 pub(super) async fn delete(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, snap)): Path<(String, String)>,
-) -> Result<Json<types::DeleteSnapshotResult>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    snap: String,
+) -> Result<types::DeleteSnapshotResult, EngineError> {
     let snap = snapshot_id(&snap)?;
     state
         .manager
         .snapshots
-        .snapshot_delete(sandbox_id(&id)?, tenant.as_deref(), snap)
+        .snapshot_delete(&id, caller.tenant(), snap)
         .await?;
-    Ok(Json(types::DeleteSnapshotResult {
+    Ok(types::DeleteSnapshotResult {
         id: super::convert::api_snapshot_id(snap)?,
         deleted: true,
-    }))
+    })
 }
 
 pub(super) async fn restore(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, snap)): Path<(String, String)>,
-) -> Result<Json<types::RestoreResult>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    snap: String,
+) -> Result<types::RestoreResult, EngineError> {
     let snap = snapshot_id(&snap)?;
     let restored = state
         .manager
         .snapshots
-        .snapshot_restore(sandbox_id(&id)?, tenant.as_deref(), snap)
+        .snapshot_restore(&id, caller.tenant(), snap)
         .await?;
-    Ok(Json(restored.try_api()?))
+    restored.try_api()
 }
 
 pub(super) async fn fork(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::ForkRequest>,
-) -> Result<(StatusCode, Json<types::ForkResult>), EngineError> {
-    let id = sandbox_id(&id)?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::ForkRequest,
+) -> Result<types::ForkResult, EngineError> {
+    let id: &str = &id;
     let metadata = match &body.metadata {
         Some(m) => super::sandboxes::check_metadata(&m.0)?,
         None => Default::default(),
@@ -102,28 +101,25 @@ pub(super) async fn fork(
     let forked = state
         .manager
         .snapshots
-        .fork(id, tenant.as_deref(), body.count.get(), metadata)
+        .fork(id, caller.tenant(), body.count.get(), metadata)
         .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(types::ForkResult {
-            parent_id: api_sandbox_id(id)?,
-            ids: forked
-                .ids
-                .iter()
-                .map(|c| api_sandbox_id(c))
-                .collect::<Result<_, _>>()?,
-            method: forked.method.api(),
-        }),
-    ))
+    Ok(types::ForkResult {
+        parent_id: api_sandbox_id(id)?,
+        ids: forked
+            .ids
+            .iter()
+            .map(|c| api_sandbox_id(c))
+            .collect::<Result<_, _>>()?,
+        method: forked.method.api(),
+    })
 }
 
 pub(super) async fn diff(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::DiffRequest>,
-) -> Result<Json<types::DiffResult>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::DiffRequest,
+) -> Result<types::DiffResult, EngineError> {
     let against = body.against.to_string();
     let under = body.path.to_string();
     if under.split('/').any(|c| c == "..") {
@@ -136,33 +132,33 @@ pub(super) async fn diff(
         .manager
         .snapshots
         .diff(
-            sandbox_id(&id)?,
-            tenant.as_deref(),
+            &id,
+            caller.tenant(),
             &against,
             &under,
             body.save_to.map(|p| p.to_string()),
         )
         .await?;
-    Ok(Json(super::convert::diff_result(against, diffed, limit)?))
+    super::convert::diff_result(against, diffed, limit)
 }
 
 pub(super) async fn merge(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::MergeRequest>,
-) -> Result<Json<types::MergeResult>, EngineError> {
-    let target = sandbox_id(&id)?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::MergeRequest,
+) -> Result<types::MergeResult, EngineError> {
+    let target: &str = &id;
     let source = body.source_id.to_string();
     let method = state
         .manager
         .snapshots
-        .merge(&source, target, tenant.as_deref(), body.force)
+        .merge(&source, target, caller.tenant(), body.force)
         .await?;
-    Ok(Json(types::MergeResult {
+    Ok(types::MergeResult {
         target_id: api_sandbox_id(target)?,
         source_id: api_sandbox_id(&source)?,
         source_killed: true,
         method: method.api(),
-    }))
+    })
 }
