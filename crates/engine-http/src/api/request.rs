@@ -138,3 +138,41 @@ pub(super) fn check_env(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::super::convert::{api_sandbox_id, api_snapshot_id};
+    use super::*;
+    use sandbox_mcp_model::ids;
+
+    /// The spec's id patterns are exactly the engine's id formats: every id the engine makes is
+    /// valid API data, and a character outside its alphabet is refused by both (the router
+    /// checks a path's sandbox id with the spec's pattern).
+    #[test]
+    fn the_spec_id_patterns_are_the_engine_id_formats() {
+        for _ in 0..100 {
+            assert!(api_sandbox_id(&ids::sandbox_id()).is_ok());
+            assert!(api_snapshot_id(&ids::snapshot_id()).is_ok());
+        }
+        for c in (b'!'..=b'~').map(char::from) {
+            let sandbox = format!("sbx_{c}{}", "0".repeat(25));
+            let snapshot = format!("snap_{c}{}", "0".repeat(25));
+            assert_eq!(
+                types::SandboxId::try_from(sandbox.clone()).is_ok(),
+                ids::is_sandbox_id(&sandbox),
+                "{sandbox}"
+            );
+            assert_eq!(
+                types::SnapshotId::try_from(snapshot.clone()).is_ok(),
+                ids::is_snapshot_id(&snapshot),
+                "{snapshot}"
+            );
+        }
+        let against = |s: &str| types::DiffRequest::builder().against(s).try_into();
+        let ok: Result<types::DiffRequest, _> = against(&ids::snapshot_id());
+        assert!(ok.is_ok());
+        let bad: Result<types::DiffRequest, _> = against("sbx_iiiiiiiiiiiiiiiiiiiiiiiiii");
+        assert!(bad.is_err());
+    }
+}
