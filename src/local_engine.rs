@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 
 use futures::future::BoxFuture;
 use sandbox_mcp_api::ApiKey;
-use sandbox_mcp_engine::local::{self, LocalError};
+use sandbox_mcp_engine_http::local::{self, LocalError};
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_server::backend::{LocalEngine, LocalEngines};
 

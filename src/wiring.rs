@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use sandbox_mcp_engine::local::LocalError;
 use sandbox_mcp_engine::manager::Manager;
+use sandbox_mcp_engine_http::local::LocalError;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_model::driver::{Driver, DriverError};
 

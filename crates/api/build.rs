@@ -1,5 +1,7 @@
-//! Generates the typed control-plane client (`OUT_DIR/client.rs`) from the spec in the
-//! workspace's top-level `openapi/`, with `sandbox-mcp-codegen`.
+//! Generates, from the spec in the workspace's top-level `openapi/` with `sandbox-mcp-codegen`,
+//! the typed control-plane client (`OUT_DIR/client.rs`), the engine's side of the same
+//! operations (`OUT_DIR/server.rs`, compiled only with the `server` feature) and the limits the
+//! spec states (`OUT_DIR/limits.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,9 @@ fn main() {
         build_print::error!("cannot enter the workspace root {}: {e}", root.display());
         std::process::exit(1);
     }
-    if let Err(errors) = sandbox_mcp_codegen::generate_client(Path::new(SPEC), &out_dir) {
+    let generated = sandbox_mcp_codegen::generate_client(Path::new(SPEC), &out_dir)
+        .and_then(|()| sandbox_mcp_codegen::generate_server(Path::new(SPEC), &out_dir));
+    if let Err(errors) = generated {
         for e in &errors {
             build_print::error!("{e}");
         }

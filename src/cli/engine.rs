@@ -5,7 +5,7 @@ use super::args::{DriverArg, EngineArgs, KubeArgs};
 use super::process;
 
 pub(super) async fn run(args: EngineArgs) -> anyhow::Result<()> {
-    use sandbox_mcp_engine::local;
+    use sandbox_mcp_engine_http::local;
     process::init_logging("info");
     let mut config = args.settings.config();
     config.kubernetes = args.kubernetes.options()?;

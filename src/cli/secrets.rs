@@ -9,7 +9,7 @@ use super::args::{DataDirArg, SecretsCommand};
 pub(super) fn run(data: &DataDirArg, cmd: SecretsCommand) -> anyhow::Result<()> {
     use sandbox_mcp_network::secrets::{NewSecret, SecretStore, Value};
     let config = EngineConfig::new(data.path());
-    sandbox_mcp_engine::local::prepare_data_dir(&config)?;
+    sandbox_mcp_engine_http::local::prepare_data_dir(&config)?;
     let store = SecretStore::open(&config.state_db(), &config.data_dir.join("secrets.key"))?;
     match cmd {
         SecretsCommand::Set {

@@ -9,7 +9,7 @@ use super::args::{DataDirArg, TemplateCommand};
 
 #[allow(clippy::print_stdout)] // the summary line is the command's output
 pub(super) async fn run(data: &DataDirArg, cmd: TemplateCommand) -> anyhow::Result<()> {
-    use sandbox_mcp_engine::local;
+    use sandbox_mcp_engine_http::local;
     let TemplateCommand::Import { name, image } = cmd;
     sandbox_mcp_storage::templates::check_name(&name).map_err(anyhow::Error::msg)?;
     if !image.exists() {

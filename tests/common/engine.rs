@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use sandbox_mcp::wiring::open_manager;
 use sandbox_mcp_api::{ApiKey, Client, connect};
 use sandbox_mcp_engine::manager::Manager;
-use sandbox_mcp_engine::server::EngineServer;
+use sandbox_mcp_engine_http::server::EngineServer;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_server::backend::Backend;
 use sandbox_mcp_server::server::ServerSettings;
@@ -55,13 +55,13 @@ impl TestEngine {
     }
 
     pub async fn start_on(dir: tempfile::TempDir, config: EngineConfig) -> Self {
-        sandbox_mcp_engine::local::prepare_data_dir(&config).unwrap();
+        sandbox_mcp_engine_http::local::prepare_data_dir(&config).unwrap();
         let manager = open_manager(&config).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let server = EngineServer::start(
             manager.clone(),
             listener,
-            sandbox_mcp_engine::api::keys([KEY.to_string()], None),
+            sandbox_mcp_engine_http::api::keys([KEY.to_string()], None),
         )
         .unwrap();
         Self {

@@ -4,9 +4,20 @@
 //!
 //! Both sides speak these types: the MCP layer calls the engine through [`Client`], and the engine
 //! deserializes requests into the very [`types`] the client sends, so both validate the same
-//! constraints.
+//! constraints. The engine implements the same operations as the trait of [`server`] (feature
+//! `server`), generated from the same spec; [`limits`] are the bounds the spec states.
 
 pub mod auth;
+#[cfg(feature = "server")]
+pub mod server;
+
+/// The limits the spec states (`maximum`, `maxLength`, `maxProperties`…), generated from it:
+/// `limits::exec_request::TIMEOUT_MS_MAXIMUM` is `ExecRequest.timeout_ms`'s maximum, and
+/// `limits::parameters::{operation}` holds those of operations' own parameters.
+#[allow(clippy::all, missing_docs)]
+pub mod limits {
+    include!(concat!(env!("OUT_DIR"), "/limits.rs"));
+}
 
 #[allow(
     dead_code,
@@ -53,7 +64,7 @@ pub fn connect(base_url: &str, key: Option<&ApiKey>) -> Result<Client, reqwest::
 }
 
 /// Like [`connect`], acting for one tenant: the engine then shows and creates only that tenant's
-/// sandboxes (the `x-sandbox-tenant` header, see `engine::server::Tenant`).
+/// sandboxes (the `x-sandbox-tenant` header, see `server::Caller`).
 pub fn connect_as(
     base_url: &str,
     key: Option<&ApiKey>,

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::{bind, dispatch, model, raw, spec};
+use crate::{bind, dispatch, limits, model, raw, server, spec};
 
 /// One problem found in the spec or a tool-def, located as precisely as possible.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +75,24 @@ pub fn generate_client(spec_path: &Path, out_dir: &Path) -> Result<(), Vec<Codeg
         .generate_tokens(&spec.api)
         .map_err(|e| one(&spec_file, format!("the client generator failed: {e}")))?;
     std::fs::write(out_dir.join("client.rs"), render(client)?).map_err(|e| one("client.rs", e))
+}
+
+/// Reads the spec at `spec_path` and writes into `out_dir` the engine's side of the API
+/// (`server.rs`: the `EngineApi` trait, its query types, its router) and the limits the spec
+/// states (`limits.rs`). The API crate's build script, beside [`generate_client`].
+pub fn generate_server(spec_path: &Path, out_dir: &Path) -> Result<(), Vec<CodegenError>> {
+    let spec_file = spec_path.display().to_string();
+    let spec_text = std::fs::read_to_string(spec_path).map_err(|e| one(&spec_file, e))?;
+    let spec = spec::Spec::parse(&spec_file, &spec_text).map_err(|e| vec![e])?;
+    let server = server::generate(&spec).map_err(|e| one(&spec_file, e))?;
+    let writes = [
+        ("server.rs", render(server)?),
+        ("limits.rs", render(limits::generate(&spec))?),
+    ];
+    for (name, content) in writes {
+        std::fs::write(out_dir.join(name), content).map_err(|e| one(name, e))?;
+    }
+    Ok(())
 }
 
 /// Reads the spec at `spec_path` and the tool-defs in `tool_defs`, and writes into `out_dir` the

@@ -12,6 +12,9 @@
 //! 4. `dispatch` emits the Rust `match` from tool name to typed client call; `generate_tools`
 //!    writes it, with the registry, to the MCP layer's `OUT_DIR`, and `generate_client` writes
 //!    progenitor's typed client to the API crate's.
+//! 5. `server` emits the engine's side of the same operations (the `EngineApi` trait, its query
+//!    types and its axum router) and `limits` the bounds the spec states as constants;
+//!    `generate_server` writes both to the API crate's `OUT_DIR`.
 //!
 //! Every mistake is reported with the file, the tool and the fix, and all of them at once.
 
@@ -25,7 +28,11 @@ pub mod dispatch;
 #[cfg(feature = "generate")]
 mod generate;
 #[cfg(feature = "generate")]
+pub mod limits;
+#[cfg(feature = "generate")]
 pub mod raw;
+#[cfg(feature = "generate")]
+pub mod server;
 #[cfg(feature = "generate")]
 pub mod spec;
 
@@ -33,6 +40,6 @@ pub mod spec;
 pub(crate) use generate::did_you_mean;
 #[cfg(feature = "generate")]
 pub use generate::{
-    CodegenError, Generated, ToolDefFile, build_registry, generate_client, generate_tools,
-    read_tool_defs,
+    CodegenError, Generated, ToolDefFile, build_registry, generate_client, generate_server,
+    generate_tools, read_tool_defs,
 };

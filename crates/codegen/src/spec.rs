@@ -40,6 +40,8 @@ pub struct OpArg {
     pub required: bool,
     /// JSON Schema of the value, description included.
     pub schema: Value,
+    /// The `components.schemas` entry a parameter's schema refers to, if it is a `$ref`.
+    pub schema_ref: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +60,15 @@ pub struct Operation {
     /// The request body is raw bytes (`application/octet-stream`, an upload): such an
     /// operation has no arguments to give a model and can only be excluded from tools.
     pub raw_body: bool,
+    /// The request body must be given (`requestBody.required`).
+    pub body_required: bool,
+    /// The success status code (the one 2xx response).
+    pub status: u16,
+    /// The operation's `summary`, else its `description`.
+    pub summary: Option<String>,
+    /// The operation acts for a caller, whose tenant it may narrow itself to; `false` where the
+    /// spec says `x-tenant-scoped: false` (the engine's health, the same for everyone).
+    pub tenant_scoped: bool,
 }
 
 /// Media type of streamed responses.
@@ -94,6 +105,11 @@ impl Spec {
         };
         spec.operations = spec.walk().map_err(fail)?;
         Ok(spec)
+    }
+
+    /// `components.schemas` as the spec writes them (OpenAPI 3.0 schemas, `$ref`s unresolved).
+    pub fn components(&self) -> &Map<String, Value> {
+        &self.schemas
     }
 
     pub fn operation(&self, id: &str) -> Option<&Operation> {
@@ -144,12 +160,15 @@ impl Spec {
                                 name: field,
                                 location: Location::Body,
                                 schema,
+                                schema_ref: None,
                             });
                         }
                         Some(name)
                     }
                 };
-                let (response_schema, streaming) = self.success_schema(&id, op)?;
+                let body_required =
+                    matches!(&op.request_body, Some(ReferenceOr::Item(b)) if b.required);
+                let (response_schema, streaming, status) = self.success_schema(&id, op)?;
                 out.push(Operation {
                     id,
                     method: method.to_string(),
@@ -159,6 +178,14 @@ impl Spec {
                     response_schema,
                     streaming,
                     raw_body,
+                    body_required,
+                    status,
+                    summary: op.summary.clone().or_else(|| op.description.clone()),
+                    tenant_scoped: op
+                        .extensions
+                        .get("x-tenant-scoped")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(true),
                 });
             }
         }
@@ -224,6 +251,12 @@ impl Spec {
                 data.name
             ));
         };
+        let schema_ref = match schema {
+            ReferenceOr::Reference { reference } => reference
+                .strip_prefix("#/components/schemas/")
+                .map(String::from),
+            ReferenceOr::Item(_) => None,
+        };
         let raw = serde_json::to_value(schema).map_err(|e| e.to_string())?;
         let mut schema = self.to_json_schema(&raw, 0)?;
         if let Some(desc) = &data.description
@@ -243,6 +276,7 @@ impl Spec {
             location,
             required: data.required,
             schema,
+            schema_ref,
         })
     }
 
@@ -320,7 +354,7 @@ impl Spec {
         &self,
         op_id: &str,
         op: &openapiv3::Operation,
-    ) -> Result<(Value, bool), String> {
+    ) -> Result<(Value, bool, u16), String> {
         let success: Vec<_> = op
             .responses
             .responses
@@ -329,7 +363,7 @@ impl Spec {
                 matches!(code, openapiv3::StatusCode::Code(c) if (200..300).contains(c))
             })
             .collect();
-        let [(_, response)] = success.as_slice() else {
+        let [(code, response)] = success.as_slice() else {
             return Err(format!(
                 "operation `{op_id}` must declare exactly one 2xx response"
             ));
@@ -362,7 +396,11 @@ impl Spec {
                 "operation `{op_id}`: success response must be an object (MCP structuredContent is an object)"
             ));
         }
-        Ok((schema, streaming))
+        let status = match code {
+            openapiv3::StatusCode::Code(c) => *c,
+            openapiv3::StatusCode::Range(_) => 200,
+        };
+        Ok((schema, streaming, status))
     }
 
     /// Converts an OpenAPI 3.0 schema to a self-contained JSON Schema: `$ref`s inlined,

@@ -67,7 +67,7 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    pub(crate) fn sandbox_not_found(id: &str) -> Self {
+    pub fn sandbox_not_found(id: &str) -> Self {
         Self::NotFound(format!("sandbox {id} not found"))
     }
 
@@ -120,7 +120,7 @@ impl EngineError {
 }
 
 /// An error with its whole chain of causes, for the log.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -137,7 +137,7 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 impl EngineError {
     /// Logs the whole chain of an engine failure (a server error) under the request id: the
     /// caller's message says the log has the details.
-    pub(crate) fn log(&self, request_id: &str) {
+    pub fn log(&self, request_id: &str) {
         let (status, code) = self.status_and_code();
         if status.is_server_error() {
             tracing::warn!(%request_id, code, "{}", chain(self));

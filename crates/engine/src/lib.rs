@@ -1,19 +1,15 @@
-//! The engine: the control plane behind `openapi/sandbox-mcp.json`.
+//! The engine core: the control plane behind `openapi/sandbox-mcp.json`, without its HTTP side
+//! (`sandbox-mcp-engine-http` serves it).
 //!
-//! [`server`] serves the API over HTTP with bearer keys; [`api`] implements each operation on the
-//! generated types; [`manager`] composes the [`services`] (sandbox lifecycles, quotas, timers, snapshots, templates…); [`state`] keeps every
-//! acknowledged record in SQLite; a [`driver::Driver`] does the isolation (today
-//! [`linux`]'s namespaces driver; a microVM driver would implement the same trait). [`local`]
-//! runs or finds the engine for a data dir when the MCP server embeds it. [`network`] carries sandboxes'
-//! traffic out under their egress rules; [`preview`] serves their ports as preview URLs.
+//! [`manager`] composes the [`services`] (sandbox lifecycles, quotas, timers, the agent client,
+//! snapshots, templates, previews, secrets, desktops…); [`state`] keeps every acknowledged record
+//! in SQLite; [`driver`] is the one async handle through which the services reach the isolation
+//! and storage of a driver (known only by the model's interface); [`error`] is every way an
+//! operation fails, and the HTTP status and `error_code` each failure leaves the engine with.
 
-pub mod api;
 pub mod driver;
 pub mod error;
-pub mod local;
 pub mod manager;
-pub mod preview;
 pub(crate) mod records;
-pub mod server;
 pub mod services;
 pub mod state;

@@ -37,16 +37,16 @@ pub struct Manager {
     config: EngineConfig,
     driver: DriverHandle,
     pub(crate) registry: Arc<Registry>,
-    pub(crate) networks: Arc<Networks>,
-    pub(crate) catalog: Arc<Catalog>,
-    pub(crate) secrets: Arc<Secrets>,
-    pub(crate) lifecycle: Arc<Lifecycle>,
-    pub(crate) agent: Arc<AgentClient>,
-    pub(crate) pools: Arc<Pools>,
-    pub(crate) templates: Arc<Templates>,
-    pub(crate) snapshots: Arc<Snapshots>,
-    pub(crate) previews: Arc<Previews>,
-    pub(crate) desktops: Arc<Desktops>,
+    pub networks: Arc<Networks>,
+    pub catalog: Arc<Catalog>,
+    pub secrets: Arc<Secrets>,
+    pub lifecycle: Arc<Lifecycle>,
+    pub agent: Arc<AgentClient>,
+    pub pools: Arc<Pools>,
+    pub templates: Arc<Templates>,
+    pub snapshots: Arc<Snapshots>,
+    pub previews: Arc<Previews>,
+    pub desktops: Arc<Desktops>,
     timers: Arc<Timers>,
     /// Cancelled when the engine stops: builds and pool refills end with it.
     stopping: CancellationToken,
@@ -235,7 +235,7 @@ impl Manager {
         }))
     }
 
-    pub(crate) fn config(&self) -> &EngineConfig {
+    pub fn config(&self) -> &EngineConfig {
         &self.config
     }
 
@@ -254,14 +254,14 @@ impl Manager {
     }
 
     /// Runs the timers until `stop` fires.
-    pub(crate) async fn run_timers(self: Arc<Self>, stop: CancellationToken) {
+    pub async fn run_timers(self: Arc<Self>, stop: CancellationToken) {
         self.timers.clone().run(stop).await;
     }
 
     /// Clean shutdown: builds and pool refills end; running sandboxes are frozen (their
     /// processes and memory are kept, no CPU is used) and marked paused; the next engine resumes
     /// them on first use.
-    pub(crate) async fn shutdown(&self) {
+    pub async fn shutdown(&self) {
         self.stopping.cancel();
         self.lifecycle.shutdown().await;
     }

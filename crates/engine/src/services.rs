@@ -42,42 +42,42 @@ pub(crate) struct Making {
     pub agent: Arc<agent::AgentClient>,
 }
 
-pub(crate) mod agent;
-pub(crate) mod catalog;
-pub(crate) mod desktop;
-pub(crate) mod import;
-pub(crate) mod lifecycle;
-pub(crate) mod networks;
-pub(crate) mod pool;
-pub(crate) mod previews;
+pub mod agent;
+pub mod catalog;
+pub mod desktop;
+pub mod import;
+pub mod lifecycle;
+pub mod networks;
+pub mod pool;
+pub mod previews;
 pub(crate) mod registry;
-pub(crate) mod secrets;
-pub(crate) mod snapshots;
-pub(crate) mod templates;
+pub mod secrets;
+pub mod snapshots;
+pub mod templates;
 pub(crate) mod timers;
 
-pub(crate) use desktop::{ActionRequest, DISPLAY, parse_resolution};
+pub use desktop::{ActionRequest, parse_resolution};
 pub use import::import;
-pub(crate) use previews::{PreviewError, PreviewView, TOKEN_PARAM};
-pub(crate) use secrets::SecretView;
-pub(crate) use snapshots::{Diffed, MAX_LABELS, MAX_SNAPSHOTS, Restored};
+pub use previews::{PreviewError, PreviewView, TOKEN_PARAM};
+pub use secrets::SecretView;
+pub use snapshots::{Diffed, MAX_LABELS, MAX_SNAPSHOTS, Restored};
 pub use templates::ShapeRequest;
-pub(crate) use templates::{Step, TemplateRequest};
+pub use templates::{Step, TemplateRequest};
 
 /// Cap on each of stdout and stderr in an exec result.
-pub(crate) const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
+pub const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
 /// Largest file `read_file` returns.
-pub(crate) const READ_LIMIT: u64 = 1024 * 1024;
+pub const READ_LIMIT: u64 = 1024 * 1024;
 /// Largest decoded file `write_file` accepts.
-pub(crate) const WRITE_LIMIT: usize = 8 * 1024 * 1024;
+pub const WRITE_LIMIT: usize = 8 * 1024 * 1024;
 /// Largest zip `download_dir` returns.
-pub(crate) const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
+pub const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
 /// Most entries `list_files` returns.
-pub(crate) const LIST_LIMIT: u64 = 1000;
+pub const LIST_LIMIT: u64 = 1000;
 /// Slack over an exec's own timeout before the engine gives up on the agent.
-pub(crate) const EXEC_GRACE: Duration = Duration::from_secs(10);
+pub const EXEC_GRACE: Duration = Duration::from_secs(10);
 /// Most output returned by one job status call.
-pub(crate) const JOB_PAGE: u64 = 32 * 1024;
+pub const JOB_PAGE: u64 = 32 * 1024;
 /// Deadline for agent operations other than exec.
 pub(crate) const AGENT_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -118,7 +118,7 @@ pub struct NetworkInfo {
 
 /// A page of a sandbox's network log.
 #[derive(Debug, Clone)]
-pub(crate) struct NetworkLogPage {
+pub struct NetworkLogPage {
     pub entries: Vec<netlog::Stored>,
     pub next_cursor: Option<i64>,
 }

@@ -83,7 +83,7 @@ pub(crate) struct EngineSettings {
         long = "preview-listen",
         env = "SANDBOX_MCP_PREVIEW_LISTEN",
         value_name = "ADDR|off",
-        value_parser = |s: &str| sandbox_mcp_engine::preview::parse_listen(s).map(PreviewListen)
+        value_parser = |s: &str| sandbox_mcp_engine_http::preview::parse_listen(s).map(PreviewListen)
     )]
     pub(crate) preview_listen: Option<PreviewListen>,
     /// The domain of preview host names, `{port}-{sandbox id}.{domain}`: `localhost` needs no
@@ -93,7 +93,7 @@ pub(crate) struct EngineSettings {
         env = "SANDBOX_MCP_PREVIEW_DOMAIN",
         value_name = "DOMAIN",
         default_value = "localhost",
-        value_parser = sandbox_mcp_engine::preview::parse_domain
+        value_parser = sandbox_mcp_engine_http::preview::parse_domain
     )]
     pub(crate) preview_domain: String,
     /// The template sandboxes start from when a request names none (it must exist and be

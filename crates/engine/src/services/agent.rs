@@ -34,7 +34,7 @@ pub(crate) async fn exchange<C: Call>(
         .map_err(|e| DriverError::Agent(e.to_string()))
 }
 
-pub(crate) struct AgentClient {
+pub struct AgentClient {
     driver: DriverHandle,
     registry: Arc<Registry>,
     lifecycle: Arc<Lifecycle>,
@@ -55,7 +55,7 @@ impl AgentClient {
 
     /// Sends `call` to the sandbox's agent (resuming or restarting the sandbox first) and returns
     /// its reply; output frames are skipped. `deadline` bounds the whole exchange.
-    pub(crate) async fn call<C: Call>(
+    pub async fn call<C: Call>(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -79,7 +79,7 @@ impl AgentClient {
 
     /// Sends `call` and returns the agent's output as it arrives, ending with the reply.
     /// Dropping the stream closes the connection, which the agent takes as a cancellation.
-    pub(crate) async fn stream<C: Call>(
+    pub async fn stream<C: Call>(
         self: &Arc<Self>,
         id: &str,
         tenant: Option<&str>,
@@ -131,7 +131,7 @@ impl AgentClient {
 
     /// Runs a command to completion; on an OOM kill, the sandbox's other processes go too (v1
     /// cgroups have no oom.group), so it never limps on half-dead.
-    pub(crate) async fn exec(
+    pub async fn exec(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -148,13 +148,13 @@ impl AgentClient {
     }
 
     /// Oom kills counted so far, to tell whether a command ran out of memory.
-    pub(crate) fn oom_mark(&self, id: &str) -> u64 {
+    pub fn oom_mark(&self, id: &str) -> u64 {
         self.driver.oom_kills_now(id)
     }
 
     /// After a command finished: whether the sandbox ran out of memory since `before`; if so,
     /// its remaining processes are killed (v1 cgroups have no oom.group).
-    pub(crate) async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
+    pub async fn settle_oom(&self, id: &str, tenant: Option<&str>, before: u64) -> bool {
         let oom = self.oom_mark(id) > before;
         if oom {
             let _ = self.call(id, tenant, KillAll {}, AGENT_TIMEOUT).await;
@@ -163,7 +163,7 @@ impl AgentClient {
     }
 
     /// Background jobs of a running sandbox (a paused one is not woken up to list them).
-    pub(crate) async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
+    pub async fn jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
         let entry = self.registry.lookup(id, tenant).await.ok()?;
         // Asked directly: looking at a sandbox is not activity, and must not keep it from
         // being paused when idle.

@@ -10,7 +10,7 @@ use sandbox_mcp_sys::layers;
 use crate::driver::blocking;
 use crate::error::EngineError;
 
-pub(crate) struct Catalog {
+pub struct Catalog {
     templates_dir: PathBuf,
     layers_dir: PathBuf,
     default_template: Option<String>,
@@ -55,7 +55,7 @@ impl Catalog {
     }
 
     /// The template `create` uses when none is named.
-    pub(crate) fn default_template(&self) -> String {
+    pub fn default_template(&self) -> String {
         self.default_template
             .clone()
             .unwrap_or_else(|| BASE.to_string())
@@ -75,7 +75,7 @@ impl Catalog {
     }
 
     /// The templates `tenant` may see: its own and the shared ones, `base` first.
-    pub(crate) fn templates_of(&self, tenant: Option<&str>) -> Vec<Arc<Template>> {
+    pub fn templates_of(&self, tenant: Option<&str>) -> Vec<Arc<Template>> {
         self.templates()
             .into_iter()
             .filter(|t| t.visible_to(tenant))
@@ -84,7 +84,7 @@ impl Catalog {
 
     /// Template `name` as `tenant` names it: its own, else a shared one. Another tenant's
     /// answers exactly like one that does not exist.
-    pub(crate) fn template_for(
+    pub fn template_for(
         &self,
         tenant: Option<&str>,
         name: &str,

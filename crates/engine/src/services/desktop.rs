@@ -44,7 +44,7 @@ pub(crate) enum Action {
 }
 
 /// Parses `1280x800` within [`MIN_SCREEN`]..=[`MAX_SCREEN`].
-pub(crate) fn parse_resolution(s: &str) -> Result<Screen, EngineError> {
+pub fn parse_resolution(s: &str) -> Result<Screen, EngineError> {
     let bad = || {
         EngineError::InvalidArgument(format!(
             "resolution {s:?} is not WIDTHxHEIGHT between {}x{} and {}x{} (e.g. 1280x800)",
@@ -89,7 +89,7 @@ pub(crate) fn on_screen(
 
 /// What an API action request asks for, checked against the screen.
 #[derive(Debug, Default)]
-pub(crate) struct ActionRequest<'a> {
+pub struct ActionRequest<'a> {
     pub action: &'a str,
     pub x: Option<u32>,
     pub y: Option<u32>,
@@ -196,7 +196,7 @@ impl ActionRequest<'_> {
 }
 
 /// Desktops: sandboxes with a display, and what a model does with it.
-pub(crate) struct Desktops {
+pub struct Desktops {
     driver: DriverHandle,
     registry: Arc<Registry>,
     catalog: Arc<Catalog>,
@@ -226,7 +226,7 @@ impl Desktops {
 
     /// Creates a sandbox and starts its desktop; a sandbox whose desktop cannot start is killed
     /// again, so a failed call leaves nothing behind.
-    pub(crate) async fn create_computer(
+    pub async fn create_computer(
         &self,
         mut req: CreateRequest,
         screen: Screen,
@@ -272,7 +272,7 @@ impl Desktops {
     }
 
     /// The sandbox's screen, or a 409 saying how to get a desktop.
-    pub(crate) fn desktop_of(&self, id: &str, tenant: Option<&str>) -> Result<Screen, EngineError> {
+    pub fn desktop_of(&self, id: &str, tenant: Option<&str>) -> Result<Screen, EngineError> {
         let entry = self.registry.entry(id, tenant)?;
         let desktop = lock(&entry.record).desktop;
         desktop.ok_or_else(|| {
@@ -282,7 +282,7 @@ impl Desktops {
         })
     }
 
-    pub(crate) async fn screenshot(
+    pub async fn screenshot(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -307,7 +307,7 @@ impl Desktops {
     }
 
     /// Performs one action; returns where the pointer is afterwards.
-    pub(crate) async fn computer_action(
+    pub async fn computer_action(
         &self,
         id: &str,
         tenant: Option<&str>,

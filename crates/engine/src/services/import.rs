@@ -27,7 +27,7 @@ const MAX_READ: u64 = 8 << 20;
 impl Templates {
     /// Imports the image archive at `source` (a file or an OCI layout directory) as template
     /// `name` of `tenant` (none: a shared one, the operator's), ready at once.
-    pub(crate) async fn import_template(
+    pub async fn import_template(
         &self,
         tenant: Option<&str>,
         name: &str,

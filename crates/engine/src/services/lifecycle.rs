@@ -27,7 +27,7 @@ use crate::error::EngineError;
 use crate::records::Records;
 use crate::state::{Binding, NetworkRules, Record, Status};
 
-pub(crate) struct Lifecycle {
+pub struct Lifecycle {
     max_sandboxes: usize,
     driver: DriverHandle,
     records: Arc<Records>,
@@ -223,7 +223,7 @@ impl Lifecycle {
 
     /// [`Registry::list`] after taking in what other replicas changed (drivers that share
     /// records).
-    pub(crate) async fn list_current(
+    pub async fn list_current(
         &self,
         status: Option<Status>,
         metadata: &[(String, String)],
@@ -233,7 +233,7 @@ impl Lifecycle {
         Ok(self.registry.list(status, metadata, tenant))
     }
 
-    pub(crate) async fn get(
+    pub async fn get(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -256,7 +256,7 @@ impl Lifecycle {
 
     /// Replaces what is given of the metadata and the egress rules. New rules apply to the next
     /// connection and DNS query (connections already open are not cut).
-    pub(crate) async fn update(
+    pub async fn update(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -287,7 +287,7 @@ impl Lifecycle {
     }
 
     /// A page of the sandbox's network log (readable whatever the sandbox's state).
-    pub(crate) async fn network_log(
+    pub async fn network_log(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -297,11 +297,7 @@ impl Lifecycle {
         self.networks.log_page(id, query).await
     }
 
-    pub(crate) async fn metrics(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-    ) -> Result<Metrics, EngineError> {
+    pub async fn metrics(&self, id: &str, tenant: Option<&str>) -> Result<Metrics, EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
         let (usage, disk_bytes) = (
             self.driver.usage(id).await,
@@ -323,19 +319,11 @@ impl Lifecycle {
         self.records.set_status(id, status).await
     }
 
-    pub(crate) async fn pause(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-    ) -> Result<SandboxView, EngineError> {
+    pub async fn pause(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
         self.set_paused(id, tenant, true).await
     }
 
-    pub(crate) async fn resume(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-    ) -> Result<SandboxView, EngineError> {
+    pub async fn resume(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
         self.set_paused(id, tenant, false).await
     }
 
@@ -463,7 +451,7 @@ impl Lifecycle {
         }
     }
 
-    pub(crate) async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+    pub async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
         let mut rt = entry.lifecycle.lock().await;
         if *rt == Runtime::Killed {

@@ -15,7 +15,7 @@ use crate::driver::DriverHandle;
 use crate::error::EngineError;
 use crate::state::{NetworkRules, Record};
 
-pub(crate) struct Networks {
+pub struct Networks {
     hub: Arc<Hub>,
     driver: DriverHandle,
 }
@@ -26,12 +26,12 @@ impl Networks {
     }
 
     /// The engine's descriptors that sandbox traffic (relayed connections, previews) may use.
-    pub(crate) fn descriptors(&self) -> &Arc<sandbox_mcp_sys::budget::Descriptors> {
+    pub fn descriptors(&self) -> &Arc<sandbox_mcp_sys::budget::Descriptors> {
         self.hub.fds()
     }
 
     /// What the engine gives sandboxes' networks.
-    pub(crate) fn info(&self) -> NetworkInfo {
+    pub fn info(&self) -> NetworkInfo {
         NetworkInfo {
             default: self.hub.config().egress,
             filtered: self.driver.capabilities().egress,

@@ -43,7 +43,7 @@ struct Pool {
 }
 
 /// Creates sandboxes, from a template's pool when it has one.
-pub(crate) struct Pools {
+pub struct Pools {
     pools: Mutex<HashMap<String, Pool>>,
     making: Making,
     /// Cancelled when the engine stops: refills end with it.
@@ -61,10 +61,7 @@ impl Pools {
 
     /// Creates a sandbox for `req`: a pooled one when its template keeps a pool and the request
     /// asks for the template's shape, else a new one.
-    pub(crate) async fn create(
-        self: &Arc<Self>,
-        req: CreateRequest,
-    ) -> Result<SandboxView, EngineError> {
+    pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxView, EngineError> {
         let template_name = req
             .template
             .clone()

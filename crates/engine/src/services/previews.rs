@@ -1,6 +1,6 @@
 //! Previews of sandbox ports: kept with their sandbox (in memory and in the state database),
-//! found by the preview proxy (`engine::preview`) without a tenant — the token is the credential
-//! there — and reached through the sandbox's network namespace.
+//! found by the preview proxy (`sandbox_mcp_engine_http::preview`) without a tenant — the token
+//! is the credential there — and reached through the sandbox's network namespace.
 
 use std::sync::{Arc, OnceLock};
 
@@ -17,29 +17,29 @@ use sandbox_mcp_sys::lock;
 
 /// The query parameter a private preview's URL carries its token in (the proxy trades it for a
 /// cookie).
-pub(crate) const TOKEN_PARAM: &str = "preview_token";
+pub const TOKEN_PARAM: &str = "preview_token";
 
 /// Most previews one sandbox may have.
 pub(crate) const MAX_PREVIEWS: usize = 32;
 
 /// A preview in memory: its record, and what closes the connections made through it.
-pub(crate) struct Live {
+pub struct Live {
     pub(crate) preview: Preview,
     pub(crate) closed: CancellationToken,
 }
 
 /// A preview as the API reports it.
 #[derive(Debug, Clone)]
-pub(crate) struct PreviewView {
-    pub(crate) preview: Preview,
-    pub(crate) url: String,
-    pub(crate) path_url: String,
+pub struct PreviewView {
+    pub preview: Preview,
+    pub url: String,
+    pub path_url: String,
 }
 
 /// Why the proxy cannot reach a preview's port. The first two are the visitor's to know; the
 /// others are the engine's failures, for its log.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum PreviewError {
+pub enum PreviewError {
     /// The sandbox or the preview is gone.
     #[error("the sandbox or the preview is gone")]
     Gone,
@@ -56,9 +56,9 @@ pub(crate) enum PreviewError {
 
 /// How the engine writes its previews' URLs.
 #[derive(Debug, Clone)]
-pub(crate) struct Urls {
-    pub(crate) domain: String,
-    pub(crate) port: u16,
+pub struct Urls {
+    pub domain: String,
+    pub port: u16,
 }
 
 impl Urls {
@@ -79,10 +79,10 @@ impl Urls {
 }
 
 /// Keeps a sandbox active (not idle-paused) while a preview connection is open.
-pub(crate) struct Activity(#[allow(dead_code)] InFlight);
+pub struct Activity(#[allow(dead_code)] InFlight);
 
 /// Previews of sandboxes' ports.
-pub(crate) struct Previews {
+pub struct Previews {
     /// The domain preview URLs are written with.
     domain: String,
     /// How preview URLs are written, once the preview listener is bound.
@@ -112,7 +112,7 @@ impl Previews {
     }
 
     /// Sets where previews are served (once the listener is bound).
-    pub(crate) fn set_port(&self, port: u16) {
+    pub fn set_port(&self, port: u16) {
         let _ = self.urls.set(Urls {
             domain: self.domain.clone(),
             port,
@@ -120,7 +120,7 @@ impl Previews {
     }
 
     /// How preview URLs are written; `None` when previews are off.
-    pub(crate) fn urls(&self) -> Option<&Urls> {
+    pub fn urls(&self) -> Option<&Urls> {
         self.urls.get()
     }
 
@@ -147,7 +147,7 @@ impl Previews {
 
     /// Creates (or, for a port that has one, updates) a preview. An existing preview keeps its
     /// token, so URLs already handed out keep working.
-    pub(crate) async fn preview_create(
+    pub async fn preview_create(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -198,7 +198,7 @@ impl Previews {
     }
 
     /// The sandbox's previews, by port.
-    pub(crate) fn previews(
+    pub fn previews(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -214,7 +214,7 @@ impl Previews {
     }
 
     /// Deletes a preview and closes its connections; whether there was one.
-    pub(crate) async fn preview_delete(
+    pub async fn preview_delete(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -230,7 +230,7 @@ impl Previews {
     }
 
     /// The preview of `port` in sandbox `id`, whoever asks (the proxy checks its token).
-    pub(crate) fn preview_find(&self, id: &str, port: u16) -> Option<(Preview, CancellationToken)> {
+    pub fn preview_find(&self, id: &str, port: u16) -> Option<(Preview, CancellationToken)> {
         let entry = self.registry.entry(id, None).ok()?;
         let previews = lock(&entry.previews);
         let live = previews.get(&port)?;
@@ -238,7 +238,7 @@ impl Previews {
     }
 
     /// Connects to `port` inside the sandbox, resuming it first if it is paused.
-    pub(crate) async fn preview_connect(
+    pub async fn preview_connect(
         &self,
         id: &str,
         port: u16,

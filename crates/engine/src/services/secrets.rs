@@ -20,10 +20,10 @@ pub(crate) const MAX_BINDINGS: usize = 32;
 
 /// A secret as `list_secrets` reports it.
 #[derive(Debug, Clone)]
-pub(crate) struct SecretView {
-    pub(crate) meta: SecretMeta,
+pub struct SecretView {
+    pub meta: SecretMeta,
     /// The caller's sandboxes that bind it.
-    pub(crate) used_by: Vec<String>,
+    pub used_by: Vec<String>,
 }
 
 /// The variables a sandbox's bindings set: each to its stand-in.
@@ -70,7 +70,7 @@ impl From<SecretError> for EngineError {
 }
 
 /// Secrets and their bindings to sandboxes.
-pub(crate) struct Secrets {
+pub struct Secrets {
     store: Arc<SecretStore>,
     registry: Arc<Registry>,
     records: Arc<Records>,
@@ -157,7 +157,7 @@ impl Secrets {
     }
 
     /// Binds `secret` to `env` in a sandbox (replacing what `env` had).
-    pub(crate) async fn attach_secret(
+    pub async fn attach_secret(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -178,7 +178,7 @@ impl Secrets {
     }
 
     /// Unbinds `env`: its stand-in stops working at once.
-    pub(crate) async fn detach_secret(
+    pub async fn detach_secret(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -196,10 +196,7 @@ impl Secrets {
     }
 
     /// The tenant's secrets, with the tenant's sandboxes that bind each.
-    pub(crate) async fn secret_list(
-        &self,
-        tenant: Option<&str>,
-    ) -> Result<Vec<SecretView>, EngineError> {
+    pub async fn secret_list(&self, tenant: Option<&str>) -> Result<Vec<SecretView>, EngineError> {
         let store = self.store.clone();
         let t = tenant.map(str::to_string);
         let metas = blocking(move || store.list(t.as_deref())).await??;
@@ -225,7 +222,7 @@ impl Secrets {
     }
 
     /// Creates or replaces a secret of the tenant.
-    pub(crate) async fn secret_set(
+    pub async fn secret_set(
         &self,
         tenant: Option<&str>,
         new: NewSecret,
@@ -249,7 +246,7 @@ impl Secrets {
     }
 
     /// Deletes a secret of the tenant; whether it existed.
-    pub(crate) async fn secret_delete(
+    pub async fn secret_delete(
         &self,
         tenant: Option<&str>,
         name: &str,

@@ -27,24 +27,24 @@ mod diffs;
 mod forks;
 
 /// Most snapshots one sandbox keeps.
-pub(crate) const MAX_SNAPSHOTS: usize = 16;
+pub const MAX_SNAPSHOTS: usize = 16;
 /// Most children one fork makes.
 pub(crate) const MAX_FORKS: u32 = 32;
 /// Most changes a diff remembers (the counts are exact beyond it): what `save_to` can write.
 const DIFF_MEMORY: usize = 100_000;
 /// Most metadata labels a sandbox has (the API checks them against it too).
-pub(crate) const MAX_LABELS: usize = 32;
+pub const MAX_LABELS: usize = 32;
 /// Key of a fork's metadata naming its parent.
 pub(crate) const FORKED_FROM: &str = "forked_from";
 
 /// A fork's outcome.
-pub(crate) struct Forked {
+pub struct Forked {
     pub ids: Vec<String>,
     pub method: CloneMethod,
 }
 
 /// A restore's outcome, with what it ended.
-pub(crate) struct Restored {
+pub struct Restored {
     pub snapshot: Snapshot,
     pub method: CloneMethod,
     pub stopped_processes: u64,
@@ -53,13 +53,13 @@ pub(crate) struct Restored {
 }
 
 /// A diff, and where its full list was written.
-pub(crate) struct Diffed {
+pub struct Diffed {
     pub diff: Diff,
     pub saved_to: Option<String>,
 }
 
 /// Snapshots, forks, diffs and merges.
-pub(crate) struct Snapshots {
+pub struct Snapshots {
     driver: DriverHandle,
     making: Making,
 }
@@ -150,7 +150,7 @@ impl Snapshots {
         Ok(())
     }
 
-    pub(crate) async fn snapshot_create(
+    pub async fn snapshot_create(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -221,7 +221,7 @@ impl Snapshots {
         }
     }
 
-    pub(crate) async fn snapshot_list(
+    pub async fn snapshot_list(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -235,7 +235,7 @@ impl Snapshots {
             .collect())
     }
 
-    pub(crate) async fn snapshot_delete(
+    pub async fn snapshot_delete(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -251,7 +251,7 @@ impl Snapshots {
         self.making.records.delete_snapshot(snap).await
     }
 
-    pub(crate) async fn snapshot_restore(
+    pub async fn snapshot_restore(
         &self,
         id: &str,
         tenant: Option<&str>,

@@ -45,7 +45,7 @@ const TAIL: usize = 2000;
 /// One build step.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum Step {
+pub enum Step {
     /// A shell command (`sh -c`), as root in the build sandbox.
     Run(String),
     /// An environment variable for the steps after it and for the template's sandboxes.
@@ -105,7 +105,7 @@ impl ShapeRequest {
 
 /// A request to make a template, validated by the API layer.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct TemplateRequest {
+pub struct TemplateRequest {
     pub name: String,
     pub description: Option<String>,
     /// Parent template (`base` when omitted).
@@ -121,7 +121,7 @@ pub(crate) struct TemplateRequest {
 }
 
 /// Making and deleting templates.
-pub(crate) struct Templates {
+pub struct Templates {
     /// For imports: where the data dir and its layer store are.
     pub(super) config: EngineConfig,
     pub(super) catalog: Arc<Catalog>,
@@ -166,7 +166,7 @@ impl Templates {
 
     /// Starts a build (returns the template at once, `building`) or captures a sandbox (returns
     /// it `ready`).
-    pub(crate) async fn create_template(
+    pub async fn create_template(
         self: &Arc<Self>,
         req: TemplateRequest,
         tenant: Option<&str>,
@@ -301,7 +301,7 @@ impl Templates {
     /// Deletes `tenant`'s template `name`: refused for a shared one (unless the operator asks),
     /// the default template, one still building, and one sandboxes use (the error names them).
     /// Its layers go unless another template uses them.
-    pub(crate) async fn delete_template(
+    pub async fn delete_template(
         &self,
         tenant: Option<&str>,
         name: &str,

@@ -13,7 +13,7 @@ use crate::driver::blocking;
 use crate::error::EngineError;
 
 impl Snapshots {
-    pub(crate) async fn diff(
+    pub async fn diff(
         &self,
         id: &str,
         tenant: Option<&str>,

@@ -13,7 +13,7 @@ use crate::services::registry::{Entry, Runtime};
 use crate::state::{Record, Status};
 
 impl Snapshots {
-    pub(crate) async fn fork(
+    pub async fn fork(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -176,7 +176,7 @@ impl Snapshots {
         Ok(method)
     }
 
-    pub(crate) async fn merge(
+    pub async fn merge(
         &self,
         source: &str,
         target: &str,

@@ -1,24 +1,21 @@
 //! Desktop sandboxes (computer use): create one, screenshot it, act on it, stop it
 //! (`manager::desktop`).
 
-use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use serde::Deserialize;
-
 use super::convert::{api_sandbox_id, internal};
-use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, sandbox_id};
+use super::request::AppState;
 use super::sandboxes::{create_request, sandbox};
-use crate::error::EngineError;
-use crate::services::{ActionRequest, parse_resolution};
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::{self, Caller};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{ActionRequest, parse_resolution};
 use sandbox_mcp_protocol::{Screen, Shot};
 
 pub(super) async fn create(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateComputerRequest>,
-) -> Result<(StatusCode, Json<types::Sandbox>), EngineError> {
+    state: &AppState,
+    caller: Caller,
+    body: types::CreateComputerRequest,
+) -> Result<types::Sandbox, EngineError> {
     let screen = parse_resolution(&body.resolution)?;
     // The rest of the body is create_sandbox's: the same checks apply.
     let mut fields = serde_json::to_value(&body).map_err(internal)?;
@@ -29,9 +26,9 @@ pub(super) async fn create(
     let view = state
         .manager
         .desktops
-        .create_computer(create_request(&plain, tenant)?, screen)
+        .create_computer(create_request(&plain, caller)?, screen)
         .await?;
-    Ok((StatusCode::CREATED, sandbox(&view)?))
+    sandbox(&view)
 }
 
 fn api_screenshot(screen: Screen, shot: Shot) -> types::Screenshot {
@@ -46,44 +43,50 @@ fn api_screenshot(screen: Screen, shot: Shot) -> types::Screenshot {
     }
 }
 
+/// Smallest and largest `scale` of a screenshot.
+const SCALE: std::ops::RangeInclusive<f64> = limits::parameters::take_screenshot::SCALE_MINIMUM
+    ..=limits::parameters::take_screenshot::SCALE_MAXIMUM;
+// An action's screenshot is scaled within the same bounds.
+const _: () = assert!(
+    limits::computer_action_request::SCALE_MINIMUM == *SCALE.start()
+        && limits::computer_action_request::SCALE_MAXIMUM == *SCALE.end()
+);
+
 /// `scale` from a query or a body: 0.1-1.
 fn check_scale(scale: f64) -> Result<f64, EngineError> {
-    if scale.is_finite() && (0.1..=1.0).contains(&scale) {
+    if scale.is_finite() && SCALE.contains(&scale) {
         Ok(scale)
     } else {
         Err(EngineError::InvalidArgument(format!(
-            "scale {scale} is not between 0.1 and 1"
+            "scale {scale} is not between {} and {}",
+            SCALE.start(),
+            SCALE.end()
         )))
     }
 }
 
-#[derive(Deserialize)]
-pub(super) struct ScreenshotQuery {
-    scale: Option<f64>,
-}
-
 pub(super) async fn screenshot(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiQuery(query): ApiQuery<ScreenshotQuery>,
-) -> Result<Json<types::Screenshot>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    query: server::TakeScreenshotQuery,
+) -> Result<types::Screenshot, EngineError> {
     let scale = check_scale(query.scale.unwrap_or(1.0))?;
     let (screen, shot) = state
         .manager
         .desktops
-        .screenshot(sandbox_id(&id)?, tenant.as_deref(), scale, false)
+        .screenshot(&id, caller.tenant(), scale, false)
         .await?;
-    Ok(Json(api_screenshot(screen, shot)))
+    Ok(api_screenshot(screen, shot))
 }
 
 pub(super) async fn action(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::ComputerActionRequest>,
-) -> Result<Json<types::ComputerActionResult>, EngineError> {
-    let id = sandbox_id(&id)?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::ComputerActionRequest,
+) -> Result<types::ComputerActionResult, EngineError> {
+    let id: &str = &id;
     let scale = check_scale(body.scale)?;
     // The generated enums print as the spec writes them.
     let (action, button, direction) = (
@@ -106,43 +109,43 @@ pub(super) async fn action(
     let (cursor_x, cursor_y) = state
         .manager
         .desktops
-        .computer_action(id, tenant.as_deref(), &request)
+        .computer_action(id, caller.tenant(), &request)
         .await?;
     let screenshot = if body.screenshot {
         let (screen, shot) = state
             .manager
             .desktops
-            .screenshot(id, tenant.as_deref(), scale, true)
+            .screenshot(id, caller.tenant(), scale, true)
             .await?;
         Some(api_screenshot(screen, shot))
     } else {
         None
     };
-    Ok(Json(types::ComputerActionResult {
+    Ok(types::ComputerActionResult {
         action: body.action,
         cursor_x,
         cursor_y,
         screenshot,
-    }))
+    })
 }
 
 pub(super) async fn stop(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::StopComputerRequest>,
-) -> Result<Json<types::StopComputerResult>, EngineError> {
-    let id = sandbox_id(&id)?;
-    state.manager.desktops.desktop_of(id, tenant.as_deref())?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::StopComputerRequest,
+) -> Result<types::StopComputerResult, EngineError> {
+    let id: &str = &id;
+    state.manager.desktops.desktop_of(id, caller.tenant())?;
     let status = if body.kill {
-        state.manager.lifecycle.kill(id, tenant.as_deref()).await?;
+        state.manager.lifecycle.kill(id, caller.tenant()).await?;
         types::StopComputerResultStatus::Killed
     } else {
-        state.manager.lifecycle.pause(id, tenant.as_deref()).await?;
+        state.manager.lifecycle.pause(id, caller.tenant()).await?;
         types::StopComputerResultStatus::Paused
     };
-    Ok(Json(types::StopComputerResult {
+    Ok(types::StopComputerResult {
         id: api_sandbox_id(id)?,
         status,
-    }))
+    })
 }

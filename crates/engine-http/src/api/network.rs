@@ -1,32 +1,27 @@
 //! The sandbox's network: its log (the policy itself is part of the sandbox, see [`super::sandboxes`]).
 
-use axum::Json;
-use axum::extract::{Path, State};
-use serde::Deserialize;
-
 use super::convert::TryApi;
-use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
+use super::request::AppState;
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::{self, Caller};
 use sandbox_mcp_api::types;
-use sandbox_mcp_network::log::{MAX_LIMIT, Query};
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_network::log::Query;
+
+/// Most entries of one page.
+const MAX_LIMIT: usize = limits::parameters::get_network_log::LIMIT_MAXIMUM as usize;
+// The log keeps pages to its own maximum: the spec's.
+const _: () = assert!(MAX_LIMIT == sandbox_mcp_network::log::MAX_LIMIT);
 
 /// Entries returned when no `limit` is given.
 const DEFAULT_LIMIT: usize = 50;
 
-#[derive(Deserialize)]
-pub(super) struct LogQuery {
-    verdict: Option<types::GetNetworkLogVerdict>,
-    since: Option<chrono::DateTime<chrono::Utc>>,
-    limit: Option<u64>,
-    cursor: Option<String>,
-}
-
 pub(super) async fn log(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<LogQuery>,
-) -> Result<Json<types::NetworkLog>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    q: server::GetNetworkLogQuery,
+) -> Result<types::NetworkLog, EngineError> {
     let limit = q.limit.map_or(DEFAULT_LIMIT, |l| l as usize);
     if limit == 0 || limit > MAX_LIMIT {
         return Err(EngineError::InvalidArgument(format!(
@@ -46,8 +41,8 @@ pub(super) async fn log(
         .manager
         .lifecycle
         .network_log(
-            sandbox_id(&id)?,
-            tenant.as_deref(),
+            &id,
+            caller.tenant(),
             Query {
                 verdict: q.verdict.map(|v| v.to_string()),
                 since: q.since.map(|t| t.timestamp_millis()),
@@ -56,5 +51,5 @@ pub(super) async fn log(
             },
         )
         .await?;
-    Ok(Json(page.try_api()?))
+    page.try_api()
 }

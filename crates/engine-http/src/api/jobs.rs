@@ -2,24 +2,15 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::{Path, State};
-use serde::Deserialize;
-
 use super::convert::TryApi;
-use super::request::{ApiQuery, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::JOB_PAGE;
+use super::request::AppState;
+use sandbox_mcp_api::server::{self, Caller};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::JOB_PAGE;
 use sandbox_mcp_protocol::{JobStatus, KillJob};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-#[derive(Deserialize)]
-pub(super) struct JobQuery {
-    #[serde(default)]
-    since_offset: u64,
-}
 
 /// A path's job id; a malformed one is simply not found.
 fn job_id(raw: &str) -> Result<String, EngineError> {
@@ -34,11 +25,12 @@ fn job_id(raw: &str) -> Result<String, EngineError> {
 }
 
 pub(super) async fn get(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, job)): Path<(String, String)>,
-    ApiQuery(q): ApiQuery<JobQuery>,
-) -> Result<Json<types::JobStatus>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    job: String,
+    q: server::GetJobQuery,
+) -> Result<types::JobStatus, EngineError> {
     let status = JobStatus {
         job_id: job_id(&job)?,
         since_offset: q.since_offset,
@@ -47,23 +39,24 @@ pub(super) async fn get(
     let job = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), status, DEADLINE)
+        .call(&id, caller.tenant(), status, DEADLINE)
         .await?;
-    Ok(Json(job.try_api()?))
+    job.try_api()
 }
 
 pub(super) async fn kill(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, job)): Path<(String, String)>,
-) -> Result<Json<types::JobStatus>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    job: String,
+) -> Result<types::JobStatus, EngineError> {
     let kill = KillJob {
         job_id: job_id(&job)?,
     };
     let job = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), kill, DEADLINE)
+        .call(&id, caller.tenant(), kill, DEADLINE)
         .await?;
-    Ok(Json(job.try_api()?))
+    job.try_api()
 }

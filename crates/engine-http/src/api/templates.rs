@@ -2,21 +2,22 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use super::convert::{Api, TryApi};
-use super::request::{ApiJson, AppState, Tenant, check_env};
-use crate::error::EngineError;
-use crate::services::{Step, TemplateRequest};
+use super::request::{AppState, check_env};
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::Caller;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{Step, TemplateRequest};
 use sandbox_mcp_storage::templates::{Template, check_name};
 
-type ApiResult<T> = Result<Json<T>, EngineError>;
+/// Most warm sandboxes a template keeps.
+const MAX_WARM: u64 = limits::create_template_request::WARM_MAXIMUM;
+/// Longest build.
+const MAX_TIMEOUT_SECONDS: u64 = limits::create_template_request::TIMEOUT_SECONDS_MAXIMUM;
 
 /// A template as the API shows it (whether it is the engine's default is part of that).
 fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError> {
@@ -24,18 +25,18 @@ fn shown(state: &AppState, t: &Template) -> Result<types::Template, EngineError>
 }
 
 pub(super) async fn list(
-    State(state): State<AppState>,
-    tenant: Tenant,
-) -> ApiResult<types::TemplateList> {
+    state: &AppState,
+    caller: Caller,
+) -> Result<types::TemplateList, EngineError> {
     let default = state.manager.catalog.default_template();
     let templates = state
         .manager
         .catalog
-        .templates_of(tenant.as_deref())
+        .templates_of(caller.tenant())
         .iter()
         .map(|t| (&**t, default.as_str()).try_api())
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(types::TemplateList { templates }))
+    Ok(types::TemplateList { templates })
 }
 
 fn name_of(name: &str) -> Result<(), EngineError> {
@@ -43,30 +44,32 @@ fn name_of(name: &str) -> Result<(), EngineError> {
 }
 
 pub(super) async fn get(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(name): Path<String>,
-) -> ApiResult<types::Template> {
+    state: &AppState,
+    caller: Caller,
+    name: String,
+) -> Result<types::Template, EngineError> {
     name_of(&name)?;
-    let t = state
-        .manager
-        .catalog
-        .template_for(tenant.as_deref(), &name)?;
-    Ok(Json(shown(&state, &t)?))
+    let t = state.manager.catalog.template_for(caller.tenant(), &name)?;
+    shown(state, &t)
 }
 
 pub(super) async fn create(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    ApiJson(body): ApiJson<types::CreateTemplateRequest>,
-) -> Result<(StatusCode, Json<types::Template>), EngineError> {
-    if body.warm.is_some_and(|w| w > 16) {
-        return Err(EngineError::InvalidArgument("warm is at most 16".into()));
+    state: &AppState,
+    caller: Caller,
+    body: types::CreateTemplateRequest,
+) -> Result<types::Template, EngineError> {
+    if body.warm.is_some_and(|w| u64::from(w) > MAX_WARM) {
+        return Err(EngineError::InvalidArgument(format!(
+            "warm is at most {MAX_WARM}"
+        )));
     }
-    if body.timeout_seconds.is_some_and(|t| t.get() > 86_400) {
-        return Err(EngineError::InvalidArgument(
-            "timeout_seconds is at most 86400 (a day)".into(),
-        ));
+    if body
+        .timeout_seconds
+        .is_some_and(|t| t.get() > MAX_TIMEOUT_SECONDS)
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "timeout_seconds is at most {MAX_TIMEOUT_SECONDS} (a day)"
+        )));
     }
     let mut steps = Vec::new();
     for (i, s) in body.steps.iter().flatten().enumerate() {
@@ -110,26 +113,26 @@ pub(super) async fn create(
     let t = state
         .manager
         .templates
-        .create_template(req, tenant.as_deref())
+        .create_template(req, caller.tenant())
         .await?;
-    Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
+    shown(state, &t)
 }
 
 pub(super) async fn delete(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(name): Path<String>,
-) -> ApiResult<types::DeleteTemplateResult> {
+    state: &AppState,
+    caller: Caller,
+    name: String,
+) -> Result<types::DeleteTemplateResult, EngineError> {
     name_of(&name)?;
     state
         .manager
         .templates
-        .delete_template(tenant.as_deref(), &name)
+        .delete_template(caller.tenant(), &name)
         .await?;
-    Ok(Json(types::DeleteTemplateResult {
+    Ok(types::DeleteTemplateResult {
         name: types::TemplateName::try_from(name).map_err(|e| EngineError::Response(e.into()))?,
         deleted: true,
-    }))
+    })
 }
 
 /// Largest image archive accepted (the unpacked files have their own limit).
@@ -137,11 +140,11 @@ const MAX_ARCHIVE: u64 = 16 << 30;
 
 /// Streams the archive to a file in the data dir, then imports it.
 pub(super) async fn import(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(name): Path<String>,
-    body: Body,
-) -> Result<(StatusCode, Json<types::Template>), EngineError> {
+    state: &AppState,
+    caller: Caller,
+    name: String,
+    body: axum::body::Body,
+) -> Result<types::Template, EngineError> {
     name_of(&name)?;
     let dir = state.manager.config().data_dir.join("uploads");
     tokio::fs::create_dir_all(&dir)
@@ -172,11 +175,11 @@ pub(super) async fn import(
         state
             .manager
             .templates
-            .import_template(tenant.as_deref(), &name, path.clone())
+            .import_template(caller.tenant(), &name, path.clone())
             .await
     }
     .await;
     let _ = tokio::fs::remove_file(&path).await;
     let t = result?;
-    Ok((StatusCode::CREATED, Json(shown(&state, &t)?)))
+    shown(state, &t)
 }

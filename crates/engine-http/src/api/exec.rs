@@ -2,20 +2,18 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::{Path, State};
-use axum::response::Response;
-
 use super::convert::Api;
 use super::ndjson;
-use super::request::{ApiJson, AppState, Tenant, check_env, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
+use super::request::{AppState, check_env};
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::{Caller, Ndjson};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
 use sandbox_mcp_protocol::{ExecSpec, StartJob};
 
 /// Longest `timeout_ms` of a command.
-const MAX_TIMEOUT_MS: u64 = 600_000;
+const MAX_TIMEOUT_MS: u64 = limits::exec_request::TIMEOUT_MS_MAXIMUM;
 
 /// Checks an exec request; the command, cwd and environment for the agent.
 fn exec_spec(body: &types::ExecRequest, stream: bool) -> Result<ExecSpec, EngineError> {
@@ -66,35 +64,31 @@ async fn start_job(
 }
 
 pub(super) async fn exec_command(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::ExecRequest>,
-) -> Result<Json<types::ExecResult>, EngineError> {
-    let id = sandbox_id(&id)?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::ExecRequest,
+) -> Result<types::ExecResult, EngineError> {
+    let id: &str = &id;
     let spec = exec_spec(&body, false)?;
     if body.background {
-        return Ok(Json(start_job(&state, id, tenant.as_deref(), spec).await?));
+        return start_job(state, id, caller.tenant(), spec).await;
     }
-    let result = state
-        .manager
-        .agent
-        .exec(id, tenant.as_deref(), spec)
-        .await?;
-    Ok(Json(result.api()))
+    let result = state.manager.agent.exec(id, caller.tenant(), spec).await?;
+    Ok(result.api())
 }
 
 pub(super) async fn exec_command_stream(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::ExecRequest>,
-) -> Result<Response, EngineError> {
-    let id = sandbox_id(&id)?.to_string();
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::ExecRequest,
+) -> Result<Ndjson, EngineError> {
+    let id = id.to_string();
     let spec = exec_spec(&body, true)?;
     if body.background {
         // Nothing to stream: the job starts and the answer is immediate.
-        let job = start_job(&state, &id, tenant.as_deref(), spec).await?;
+        let job = start_job(state, &id, caller.tenant(), spec).await?;
         return Ok(ndjson::result_only(
             serde_json::to_value(job).map_err(|e| EngineError::Response(e.into()))?,
         ));
@@ -104,10 +98,10 @@ pub(super) async fn exec_command_stream(
     let events = state
         .manager
         .agent
-        .stream(&id, tenant.as_deref(), spec, deadline)
+        .stream(&id, caller.tenant(), spec, deadline)
         .await?;
     let manager = state.manager.clone();
-    let tenant = tenant.0;
+    let tenant = caller.into_tenant();
     Ok(ndjson::events(events, move |outcome| {
         let (manager, id, tenant) = (manager.clone(), id.clone(), tenant.clone());
         async move {

@@ -4,21 +4,19 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::response::{IntoResponse, Response};
 use futures::{Stream, StreamExt};
 use serde_json::{Value, json};
 
-use super::request::NDJSON;
-use crate::error::EngineError;
-use crate::services::Event;
+use sandbox_mcp_api::server::Ndjson;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::Event;
 use sandbox_mcp_model::ids;
 
-/// An NDJSON response from the agent's events; `finish` turns the reply into the `result`.
+/// An NDJSON answer from the agent's events; `finish` turns the reply into the `result`.
 pub(super) fn events<R, F, Fut>(
     events: impl Stream<Item = Result<Event<R>, EngineError>> + Send + 'static,
     finish: F,
-) -> Response
+) -> Ndjson
 where
     R: Send + 'static,
     F: Fn(R) -> Fut + Send + Sync + 'static,
@@ -26,11 +24,11 @@ where
 {
     let request_id = ids::current_request_id();
     let finish = Arc::new(finish);
-    let lines = events.then(move |event| {
+    Ndjson::stream(events.then(move |event| {
         let finish = finish.clone();
         let request_id = request_id.clone();
         async move {
-            let line = match event {
+            match event {
                 Ok(Event::Output(o)) => {
                     json!({"type": "output", "stream": o.stream, "data": o.data})
                 }
@@ -39,31 +37,18 @@ where
                     Err(e) => error_event(e, &request_id),
                 },
                 Err(e) => error_event(e, &request_id),
-            };
-            Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(line_of(&line)))
+            }
         }
-    });
-    (
-        [(axum::http::header::CONTENT_TYPE, NDJSON)],
-        Body::from_stream(lines),
-    )
-        .into_response()
+    }))
 }
 
-/// A response of one `result` event, for an answer that has nothing to stream.
-pub(super) fn result_only(result: Value) -> Response {
-    let line = line_of(&json!({"type": "result", "result": result}));
-    ([(axum::http::header::CONTENT_TYPE, NDJSON)], line).into_response()
+/// An answer of one `result` event, for a request that has nothing to stream.
+pub(super) fn result_only(result: Value) -> Ndjson {
+    Ndjson::single(&json!({"type": "result", "result": result}))
 }
 
 fn error_event(e: EngineError, request_id: &str) -> Value {
     e.log(request_id);
     let body = e.body(request_id);
     json!({"type": "error", "error": body})
-}
-
-fn line_of(event: &Value) -> Vec<u8> {
-    let mut line = serde_json::to_vec(event).unwrap_or_default();
-    line.push(b'\n');
-    line
 }

@@ -3,29 +3,26 @@
 
 use std::collections::BTreeMap;
 
-use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use serde::Deserialize;
-
 use super::convert::api_sandbox_id;
 use super::convert::{Api, TryApi};
-use super::request::{ApiJson, ApiJsonOrEmpty, ApiQuery, AppState, Tenant, check_env, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{CreateRequest, SandboxView};
-use crate::state::NetworkRules;
+use super::request::{AppState, check_env};
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::{self, Caller};
 use sandbox_mcp_api::types;
-
-type ApiResult<T> = Result<Json<T>, EngineError>;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
+use sandbox_mcp_engine::state::NetworkRules;
 
 /// Longest metadata key accepted.
 const MAX_METADATA_KEY: usize = 64;
 /// Most metadata pairs (the spec's `maxProperties`; the generated type does not check it).
-const MAX_METADATA_PAIRS: usize = crate::services::MAX_LABELS;
+const MAX_METADATA_PAIRS: usize = limits::metadata::MAX_PROPERTIES;
+// What the API allows is what the services keep (a fork copies its parent's metadata).
+const _: () = assert!(MAX_METADATA_PAIRS == sandbox_mcp_engine::services::MAX_LABELS);
 /// Longest metadata filter accepted.
-const MAX_FILTER: usize = 2048;
+const MAX_FILTER: usize = limits::metadata_filter::MAX_LENGTH;
 /// Longest `timeout_seconds` (30 days).
-const MAX_TIMEOUT_SECONDS: u64 = 2_592_000;
+const MAX_TIMEOUT_SECONDS: u64 = limits::create_sandbox_request::TIMEOUT_SECONDS_MAXIMUM;
 
 /// Metadata keys: the list filter is written `key=value,…`, so keys cannot hold `,` or `=`.
 pub(super) fn check_metadata(
@@ -80,35 +77,35 @@ fn parse_metadata_filter(s: &str) -> Result<Vec<(String, String)>, EngineError> 
         .collect()
 }
 
-pub(super) fn sandbox(view: &SandboxView) -> ApiResult<types::Sandbox> {
-    Ok(Json(view.try_api()?))
+pub(super) fn sandbox(view: &SandboxView) -> Result<types::Sandbox, EngineError> {
+    view.try_api()
 }
 
-pub(super) async fn health(State(state): State<AppState>) -> ApiResult<types::Health> {
-    Ok(Json(types::Health {
+pub(super) async fn health(state: &AppState) -> Result<types::Health, EngineError> {
+    Ok(types::Health {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         driver: state.manager.driver().capabilities().name.into(),
-    }))
+    })
 }
 
 pub(super) async fn create(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    ApiJsonOrEmpty(body): ApiJsonOrEmpty<types::CreateSandboxRequest>,
-) -> Result<(StatusCode, Json<types::Sandbox>), EngineError> {
+    state: &AppState,
+    caller: Caller,
+    body: types::CreateSandboxRequest,
+) -> Result<types::Sandbox, EngineError> {
     let view = state
         .manager
         .pools
-        .create(create_request(&body, tenant)?)
+        .create(create_request(&body, caller)?)
         .await?;
-    Ok((StatusCode::CREATED, sandbox(&view)?))
+    sandbox(&view)
 }
 
 /// The manager's request for a create_sandbox body, every field checked.
 pub(super) fn create_request(
     body: &types::CreateSandboxRequest,
-    tenant: Tenant,
+    caller: Caller,
 ) -> Result<CreateRequest, EngineError> {
     let metadata = match &body.metadata {
         Some(m) => check_metadata(&m.0)?,
@@ -131,7 +128,7 @@ pub(super) fn create_request(
         metadata,
         env,
         timeout_seconds: body.timeout_seconds.map(|t| t.get()),
-        tenant: tenant.0,
+        tenant: caller.into_tenant(),
         network: body.network.as_ref().map(Api::api).unwrap_or_default(),
         shape: body
             .shape
@@ -152,17 +149,11 @@ pub(super) fn create_request(
     })
 }
 
-#[derive(Deserialize)]
-pub(super) struct ListQuery {
-    status: Option<types::SandboxStatus>,
-    metadata: Option<String>,
-}
-
 pub(super) async fn list(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    ApiQuery(query): ApiQuery<ListQuery>,
-) -> ApiResult<types::SandboxList> {
+    state: &AppState,
+    caller: Caller,
+    query: server::ListSandboxesQuery,
+) -> Result<types::SandboxList, EngineError> {
     let filter = match &query.metadata {
         Some(m) => parse_metadata_filter(m)?,
         None => Vec::new(),
@@ -172,7 +163,7 @@ pub(super) async fn list(
     let sandboxes = state
         .manager
         .lifecycle
-        .list_current(status, &filter, tenant.as_deref())
+        .list_current(status, &filter, caller.tenant())
         .await?
         .into_iter()
         .map(|record| {
@@ -185,35 +176,35 @@ pub(super) async fn list(
                 .try_api()
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(types::SandboxList { sandboxes }))
+    Ok(types::SandboxList { sandboxes })
 }
 
 pub(super) async fn get(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> ApiResult<types::Sandbox> {
-    let id = sandbox_id(&id)?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::Sandbox, EngineError> {
+    let id: &str = &id;
     let mut view = state
         .manager
         .lifecycle
-        .get(id, tenant.as_deref(), true)
+        .get(id, caller.tenant(), true)
         .await?;
     view.jobs = state
         .manager
         .agent
-        .jobs(id, tenant.as_deref())
+        .jobs(id, caller.tenant())
         .await
         .unwrap_or_default();
     sandbox(&view)
 }
 
 pub(super) async fn update(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::UpdateSandboxRequest>,
-) -> ApiResult<types::Sandbox> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::UpdateSandboxRequest,
+) -> Result<types::Sandbox, EngineError> {
     let metadata = match &body.metadata {
         Some(m) => Some(check_metadata(&m.0)?),
         None => None,
@@ -227,62 +218,50 @@ pub(super) async fn update(
     let view = state
         .manager
         .lifecycle
-        .update(sandbox_id(&id)?, tenant.as_deref(), metadata, network)
+        .update(&id, caller.tenant(), metadata, network)
         .await?;
     sandbox(&view)
 }
 
 pub(super) async fn kill(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> ApiResult<types::KillResult> {
-    let id = sandbox_id(&id)?;
-    state.manager.lifecycle.kill(id, tenant.as_deref()).await?;
-    Ok(Json(types::KillResult {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::KillResult, EngineError> {
+    let id: &str = &id;
+    state.manager.lifecycle.kill(id, caller.tenant()).await?;
+    Ok(types::KillResult {
         id: api_sandbox_id(id)?,
         killed: true,
-    }))
+    })
 }
 
 pub(super) async fn pause(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> ApiResult<types::Sandbox> {
-    let view = state
-        .manager
-        .lifecycle
-        .pause(sandbox_id(&id)?, tenant.as_deref())
-        .await?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::Sandbox, EngineError> {
+    let view = state.manager.lifecycle.pause(&id, caller.tenant()).await?;
     sandbox(&view)
 }
 
 pub(super) async fn resume(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> ApiResult<types::Sandbox> {
-    let view = state
-        .manager
-        .lifecycle
-        .resume(sandbox_id(&id)?, tenant.as_deref())
-        .await?;
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::Sandbox, EngineError> {
+    let view = state.manager.lifecycle.resume(&id, caller.tenant()).await?;
     sandbox(&view)
 }
 
 pub(super) async fn metrics(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> ApiResult<types::SandboxMetrics> {
-    let id = sandbox_id(&id)?;
-    let m = state
-        .manager
-        .lifecycle
-        .metrics(id, tenant.as_deref())
-        .await?;
-    Ok(Json(types::SandboxMetrics {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::SandboxMetrics, EngineError> {
+    let id: &str = &id;
+    let m = state.manager.lifecycle.metrics(id, caller.tenant()).await?;
+    Ok(types::SandboxMetrics {
         id: api_sandbox_id(id)?,
         status: m.status.api(),
         cpu_seconds: m.usage.cpu_seconds,
@@ -295,5 +274,5 @@ pub(super) async fn metrics(
         disk_limit_bytes: m.disk_limit_bytes,
         limits_enforced: m.limits_enforced,
         disk_limit_enforced: m.disk_limit_enforced,
-    }))
+    })
 }

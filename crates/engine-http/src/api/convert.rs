@@ -4,14 +4,16 @@
 //! `.try_api()`.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 
-use crate::error::EngineError;
-use crate::services::{
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{
     Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
     ShapeRequest,
 };
-use crate::state::{NetworkRules, Snapshot, Status};
-use sandbox_mcp_api::types;
+use sandbox_mcp_engine::state::{NetworkRules, Snapshot, Status};
 use sandbox_mcp_model::driver::CloneMethod;
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
@@ -266,7 +268,7 @@ impl TryApi<types::Sandbox> for &SandboxView {
             desktop: r.desktop.map(|d| types::Desktop {
                 width: d.width.into(),
                 height: d.height.into(),
-                display: crate::services::DISPLAY.into(),
+                display: sandbox_mcp_protocol::DISPLAY.into(),
             }),
             created_at: ids::time(r.created_at),
             last_active_at: ids::time(r.last_active_at),
@@ -356,22 +358,29 @@ impl Api<NetworkRules> for &types::NetworkRules {
 /// generated type does not check.
 impl TryApi<ShapeRequest> for &types::ShapeRequest {
     fn try_api(self) -> Result<ShapeRequest, EngineError> {
+        use limits::shape_request::*;
         let s = self;
         let bad = |f: &str, lo: f64, hi: f64| {
             EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
         };
-        let int = |v: Option<u64>, f: &str, lo: u64, hi: u64| match v {
-            Some(x) if !(lo..=hi).contains(&x) => Err(bad(f, lo as f64, hi as f64)),
+        let int = |v: Option<u64>, f: &str, range: RangeInclusive<u64>| match v {
+            Some(x) if !range.contains(&x) => {
+                Err(bad(f, *range.start() as f64, *range.end() as f64))
+            }
             _ => Ok(()),
         };
         if let Some(v) = s.vcpus
-            && !(0.1..=64.0).contains(&v)
+            && !(VCPUS_MINIMUM..=VCPUS_MAXIMUM).contains(&v)
         {
-            return Err(bad("vcpus", 0.1, 64.0));
+            return Err(bad("vcpus", VCPUS_MINIMUM, VCPUS_MAXIMUM));
         }
-        int(s.memory_mb, "memory_mb", 64, 262_144)?;
-        int(s.disk_mb, "disk_mb", 64, 1_048_576)?;
-        int(s.max_pids, "max_pids", 16, 65_536)?;
+        int(
+            s.memory_mb,
+            "memory_mb",
+            MEMORY_MB_MINIMUM..=MEMORY_MB_MAXIMUM,
+        )?;
+        int(s.disk_mb, "disk_mb", DISK_MB_MINIMUM..=DISK_MB_MAXIMUM)?;
+        int(s.max_pids, "max_pids", MAX_PIDS_MINIMUM..=MAX_PIDS_MAXIMUM)?;
         Ok(ShapeRequest {
             vcpus: s.vcpus,
             memory_mb: s.memory_mb,
@@ -555,39 +564,4 @@ pub(super) fn diff_result(
         entries,
         saved_to,
     })
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    /// The spec's id patterns are exactly the engine's id formats: every id the engine makes is
-    /// valid API data, and a character outside its alphabet is refused by both.
-    #[test]
-    fn the_spec_id_patterns_are_the_engine_id_formats() {
-        for _ in 0..100 {
-            assert!(api_sandbox_id(&ids::sandbox_id()).is_ok());
-            assert!(api_snapshot_id(&ids::snapshot_id()).is_ok());
-        }
-        for c in (b'!'..=b'~').map(char::from) {
-            let sandbox = format!("sbx_{c}{}", "0".repeat(25));
-            let snapshot = format!("snap_{c}{}", "0".repeat(25));
-            assert_eq!(
-                types::SandboxId::try_from(sandbox.clone()).is_ok(),
-                ids::is_sandbox_id(&sandbox),
-                "{sandbox}"
-            );
-            assert_eq!(
-                types::SnapshotId::try_from(snapshot.clone()).is_ok(),
-                ids::is_snapshot_id(&snapshot),
-                "{snapshot}"
-            );
-        }
-        let against = |s: &str| types::DiffRequest::builder().against(s).try_into();
-        let ok: Result<types::DiffRequest, _> = against(&ids::snapshot_id());
-        assert!(ok.is_ok());
-        let bad: Result<types::DiffRequest, _> = against("sbx_iiiiiiiiiiiiiiiiiiiiiiiiii");
-        assert!(bad.is_err());
-    }
 }

@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
-use crate::manager::Manager;
 use crate::server::EngineServer;
+use sandbox_mcp_engine::manager::Manager;
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_model::driver::Driver;
 use sandbox_mcp_model::ids;
@@ -34,8 +34,8 @@ pub enum LocalError {
     Driver(#[from] sandbox_mcp_model::driver::DriverError),
     // Not a `#[source]`: the message already carries its whole chain (the operator needs the
     // detail a client is not told), and `{:#}` would print it twice.
-    #[error("cannot open the engine's state: {}", crate::error::chain(.0))]
-    Engine(crate::error::EngineError),
+    #[error("cannot open the engine's state: {}", sandbox_mcp_engine::error::chain(.0))]
+    Engine(sandbox_mcp_engine::error::EngineError),
     #[error("cannot listen for the engine API: {0}")]
     Listen(#[source] std::io::Error),
     #[error(
@@ -45,8 +45,8 @@ pub enum LocalError {
     Unresponsive(PathBuf),
 }
 
-impl From<crate::error::EngineError> for LocalError {
-    fn from(e: crate::error::EngineError) -> Self {
+impl From<sandbox_mcp_engine::error::EngineError> for LocalError {
+    fn from(e: sandbox_mcp_engine::error::EngineError) -> Self {
         LocalError::Engine(e)
     }
 }

@@ -1,38 +1,34 @@
 //! Secrets (the operator's: set, list, delete) and their bindings to sandboxes.
 
-use axum::Json;
-use axum::extract::{Path, State};
-
 use super::convert::TryApi;
-use super::request::{ApiJson, AppState, Tenant, sandbox_id};
+use super::request::AppState;
 use super::sandboxes::sandbox;
-use crate::error::EngineError;
+use sandbox_mcp_api::server::Caller;
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_network::secrets::NewSecret;
 
-type ApiResult<T> = Result<Json<T>, EngineError>;
-
 pub(super) async fn list(
-    State(state): State<AppState>,
-    tenant: Tenant,
-) -> ApiResult<types::SecretList> {
+    state: &AppState,
+    caller: Caller,
+) -> Result<types::SecretList, EngineError> {
     let secrets = state
         .manager
         .secrets
-        .secret_list(tenant.as_deref())
+        .secret_list(caller.tenant())
         .await?
         .into_iter()
         .map(TryApi::try_api)
         .collect::<Result<_, _>>()?;
-    Ok(Json(types::SecretList { secrets }))
+    Ok(types::SecretList { secrets })
 }
 
 pub(super) async fn set(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(name): Path<String>,
-    ApiJson(body): ApiJson<types::SetSecretRequest>,
-) -> ApiResult<types::Secret> {
+    state: &AppState,
+    caller: Caller,
+    name: String,
+    body: types::SetSecretRequest,
+) -> Result<types::Secret, EngineError> {
     if body.headers.as_ref().is_some_and(|h| h.is_empty()) {
         return Err(EngineError::InvalidArgument(
             "headers is empty: name at least one header its value may go in, or leave it out for Authorization".into(),
@@ -52,52 +48,53 @@ pub(super) async fn set(
     let view = state
         .manager
         .secrets
-        .secret_set(tenant.as_deref(), new, body.value.to_string())
+        .secret_set(caller.tenant(), new, body.value.to_string())
         .await?;
-    Ok(Json(view.try_api()?))
+    view.try_api()
 }
 
 pub(super) async fn delete(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(name): Path<String>,
-) -> ApiResult<types::DeleteSecretResult> {
+    state: &AppState,
+    caller: Caller,
+    name: String,
+) -> Result<types::DeleteSecretResult, EngineError> {
     let deleted = state
         .manager
         .secrets
-        .secret_delete(tenant.as_deref(), &name)
+        .secret_delete(caller.tenant(), &name)
         .await?;
-    Ok(Json(types::DeleteSecretResult {
+    Ok(types::DeleteSecretResult {
         name: name
             .parse()
             .map_err(|e: types::error::ConversionError| EngineError::Response(e.into()))?,
         deleted,
-    }))
+    })
 }
 
 pub(super) async fn attach(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::AttachSecretRequest>,
-) -> ApiResult<types::Sandbox> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::AttachSecretRequest,
+) -> Result<types::Sandbox, EngineError> {
     let view = state
         .manager
         .secrets
-        .attach_secret(sandbox_id(&id)?, tenant.as_deref(), &body.env, &body.secret)
+        .attach_secret(&id, caller.tenant(), &body.env, &body.secret)
         .await?;
     sandbox(&view)
 }
 
 pub(super) async fn detach(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, env)): Path<(String, String)>,
-) -> ApiResult<types::Sandbox> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    env: String,
+) -> Result<types::Sandbox, EngineError> {
     let view = state
         .manager
         .secrets
-        .detach_secret(sandbox_id(&id)?, tenant.as_deref(), &env)
+        .detach_secret(&id, caller.tenant(), &env)
         .await?;
     sandbox(&view)
 }

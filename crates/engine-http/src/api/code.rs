@@ -2,21 +2,18 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::response::Response;
-
 use super::convert::{Api, TryApi};
 use super::ndjson;
-use super::request::{ApiJson, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{EXEC_GRACE, EXEC_OUTPUT_CAP};
+use super::request::AppState;
+use sandbox_mcp_api::limits;
+use sandbox_mcp_api::server::{Caller, Ndjson};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{EXEC_GRACE, EXEC_OUTPUT_CAP};
 use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 
 /// Longest `timeout_ms` of a cell.
-const MAX_TIMEOUT_MS: u64 = 600_000;
+const MAX_TIMEOUT_MS: u64 = limits::run_code_request::TIMEOUT_MS_MAXIMUM;
 /// Deadline of the context operations.
 const CONTEXT_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -43,33 +40,33 @@ fn deadline(spec: &RunCodeSpec) -> Duration {
 }
 
 pub(super) async fn run_code(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::RunCodeRequest>,
-) -> Result<Json<types::RunCodeResult>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::RunCodeRequest,
+) -> Result<types::RunCodeResult, EngineError> {
     let spec = code_spec(body, false)?;
     let deadline = deadline(&spec);
     let outcome = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
+        .call(&id, caller.tenant(), spec, deadline)
         .await?;
-    Ok(Json(outcome.try_api()?))
+    outcome.try_api()
 }
 
 pub(super) async fn run_code_stream(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::RunCodeRequest>,
-) -> Result<Response, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::RunCodeRequest,
+) -> Result<Ndjson, EngineError> {
     let spec = code_spec(body, true)?;
     let deadline = deadline(&spec);
     let events = state
         .manager
         .agent
-        .stream(sandbox_id(&id)?, tenant.as_deref(), spec, deadline)
+        .stream(&id, caller.tenant(), spec, deadline)
         .await?;
     Ok(ndjson::events(events, |outcome| async move {
         let result: types::RunCodeResult = outcome.try_api()?;
@@ -78,35 +75,30 @@ pub(super) async fn run_code_stream(
 }
 
 pub(super) async fn list_contexts(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-) -> Result<Json<types::CodeContextList>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+) -> Result<types::CodeContextList, EngineError> {
     let list = state
         .manager
         .agent
-        .call(
-            sandbox_id(&id)?,
-            tenant.as_deref(),
-            ListContexts {},
-            CONTEXT_DEADLINE,
-        )
+        .call(&id, caller.tenant(), ListContexts {}, CONTEXT_DEADLINE)
         .await?;
-    Ok(Json(types::CodeContextList {
+    Ok(types::CodeContextList {
         contexts: list
             .contexts
             .into_iter()
             .map(TryApi::try_api)
             .collect::<Result<_, _>>()?,
-    }))
+    })
 }
 
 pub(super) async fn create_context(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::CreateContextRequest>,
-) -> Result<(StatusCode, Json<types::CodeContext>), EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::CreateContextRequest,
+) -> Result<types::CodeContext, EngineError> {
     let create = CreateContext {
         language: body.language.api(),
         cwd: body.cwd.map(|c| c.to_string()),
@@ -116,21 +108,17 @@ pub(super) async fn create_context(
     let context = state
         .manager
         .agent
-        .call(
-            sandbox_id(&id)?,
-            tenant.as_deref(),
-            create,
-            Duration::from_secs(60),
-        )
+        .call(&id, caller.tenant(), create, Duration::from_secs(60))
         .await?;
-    Ok((StatusCode::CREATED, Json(context.try_api()?)))
+    context.try_api()
 }
 
 pub(super) async fn delete_context(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path((id, context_id)): Path<(String, String)>,
-) -> Result<Json<types::DeleteContextResult>, EngineError> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    context_id: String,
+) -> Result<types::DeleteContextResult, EngineError> {
     let context = types::ContextId::try_from(context_id.clone()).map_err(|_| {
         EngineError::NotFound(format!(
             "code context {} does not exist; call sandbox_code_context_list to see the contexts",
@@ -143,15 +131,10 @@ pub(super) async fn delete_context(
     state
         .manager
         .agent
-        .call(
-            sandbox_id(&id)?,
-            tenant.as_deref(),
-            delete,
-            CONTEXT_DEADLINE,
-        )
+        .call(&id, caller.tenant(), delete, CONTEXT_DEADLINE)
         .await?;
-    Ok(Json(types::DeleteContextResult {
+    Ok(types::DeleteContextResult {
         context_id: context,
         deleted: true,
-    }))
+    })
 }

@@ -13,218 +13,39 @@
 //!   with its `Host`) is refused rather than guessed at;
 //! - each request makes its own connection into the sandbox (nothing is pooled across visitors).
 
-use std::net::{IpAddr, SocketAddr};
+mod request;
+mod settings;
+
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::header::{self, HeaderMap, HeaderValue};
-use axum::http::{Method, Request, Response, StatusCode, Uri};
+use axum::http::header::{self, HeaderValue};
+use axum::http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::chain;
-use crate::manager::Manager;
-use crate::services::{PreviewError, TOKEN_PARAM};
-use sandbox_mcp_model::config::PreviewConfig;
+use sandbox_mcp_engine::error::chain;
+use sandbox_mcp_engine::manager::Manager;
+use sandbox_mcp_engine::services::{PreviewError, TOKEN_PARAM};
 use sandbox_mcp_model::ids;
 use sandbox_mcp_network::proxy::{page, strip_hop_by_hop};
 
+use request::{
+    COOKIE, Target, from_host, from_path, is_upgrade, redirect, request_host, strip_port,
+    take_cookie, take_param,
+};
+pub(crate) use settings::bind;
+pub use settings::{parse_domain, parse_listen};
+
 /// The header non-browser clients send the token in.
 pub(crate) const TOKEN_HEADER: &str = "x-preview-token";
-/// The cookie holding the token: host-only for the host form, scoped to the preview's path for
-/// the path form. HttpOnly, so the app's scripts cannot read it.
-const COOKIE: &str = "sandbox_preview";
 /// How long a visitor may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Parses `--preview-listen`: an address, or `off`.
-pub fn parse_listen(s: &str) -> Result<Option<SocketAddr>, String> {
-    let s = s.trim();
-    if s.eq_ignore_ascii_case("off") {
-        return Ok(None);
-    }
-    s.parse().map(Some).map_err(|_| {
-        format!("{s:?} is not an address to listen on (write 127.0.0.1:8989, 0.0.0.0:8989, or off)")
-    })
-}
-
-/// Parses `--preview-domain`: a host name (its labels letters, digits and `-`).
-pub fn parse_domain(s: &str) -> Result<String, String> {
-    let d = s.trim().trim_end_matches('.').to_ascii_lowercase();
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    };
-    if d.len() <= 200 && d.split('.').all(label_ok) {
-        Ok(d)
-    } else {
-        Err(format!(
-            "{s:?} is not a domain (write localhost, or a wildcard DNS name such as preview.example.com)"
-        ))
-    }
-}
-
-/// Binds the preview listener, if previews are on.
-pub(crate) fn bind(config: &PreviewConfig) -> std::io::Result<Option<std::net::TcpListener>> {
-    let Some(addr) = config.listen else {
-        return Ok(None);
-    };
-    let bound = match std::net::TcpListener::bind(addr) {
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && config.fallback => {
-            let any = SocketAddr::new(addr.ip(), 0);
-            let l = std::net::TcpListener::bind(any)?;
-            tracing::warn!(
-                "{addr} is taken (another engine?): previews are served on {} instead; set --preview-listen to choose",
-                l.local_addr()?
-            );
-            Ok(l)
-        }
-        other => other,
-    }
-    .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen for previews on {addr}: {e}")))?;
-    bound.set_nonblocking(true)?;
-    Ok(Some(bound))
-}
-
-/// Where a request is going, read from its host or its path.
-#[derive(Debug, PartialEq, Eq)]
-struct Target {
-    id: String,
-    port: u16,
-    /// Path and query to forward to the app.
-    forward: String,
-    /// The path form's prefix (`/preview/{id}/{port}`), for `X-Forwarded-Prefix` and the cookie.
-    prefix: Option<String>,
-}
-
-/// Reads `{port}-{id}.{domain}` from a host name (without its port).
-fn from_host(host: &str, domain: &str) -> Option<(String, u16)> {
-    let host = host.trim_end_matches('.').to_ascii_lowercase();
-    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
-    let (port, id) = label.split_once('-')?;
-    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
-    // `sbx-…` in a host name is the id `sbx_…`.
-    let id = match id.strip_prefix("sbx-") {
-        Some(rest) => format!("sbx_{rest}"),
-        None => id.to_string(),
-    };
-    ids::is_sandbox_id(&id).then_some((id, port))
-}
-
-/// Reads `/preview/{id}/{port}/rest` from a path; `Err` with the path to redirect to when the
-/// prefix lacks its final `/` (relative links of the app would resolve wrongly without it).
-fn from_path(path_and_query: &str) -> Option<Result<Target, String>> {
-    let rest = path_and_query.strip_prefix("/preview/")?;
-    let (id, rest) = rest.split_once('/')?;
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let port: u16 = rest[..end].parse().ok().filter(|p| *p > 0)?;
-    if !ids::is_sandbox_id(id) {
-        return None;
-    }
-    let prefix = format!("/preview/{id}/{port}");
-    let after = &rest[end..];
-    if !after.starts_with('/') {
-        return Some(Err(format!("{prefix}/{after}")));
-    }
-    Some(Ok(Target {
-        id: id.to_string(),
-        port,
-        forward: after.to_string(),
-        prefix: Some(prefix),
-    }))
-}
-
-/// The one host a request names, or why it is refused.
-fn request_host(uri: &Uri, headers: &HeaderMap) -> Result<String, &'static str> {
-    let mut hosts = headers.get_all(header::HOST).iter();
-    let header = hosts.next();
-    if hosts.next().is_some() {
-        return Err("the request has more than one Host header");
-    }
-    let header = header
-        .map(|h| h.to_str().map_err(|_| "the Host header is not text"))
-        .transpose()?;
-    match (uri.authority(), header) {
-        (Some(a), Some(h)) if !a.as_str().eq_ignore_ascii_case(h) => {
-            Err("the request's URI and its Host header name different hosts")
-        }
-        (Some(a), _) => Ok(a.as_str().to_string()),
-        (None, Some(h)) => Ok(h.to_string()),
-        (None, None) => Err("the request has no Host header"),
-    }
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host
-            .split_once(']')
-            .map_or(host, |(h, _)| &host[..h.len() + 1]);
-    }
-    host.rsplit_once(':').map_or(host, |(h, _)| h)
-}
-
-/// Removes `name=…` pairs from a query string; returns the rest and the removed values.
-fn take_param(query: &str, name: &str) -> (String, Vec<String>) {
-    let mut kept = Vec::new();
-    let mut taken = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some((k, v)) if k == name => taken.push(v.to_string()),
-            None if pair == name => taken.push(String::new()),
-            _ => kept.push(pair),
-        }
-    }
-    (kept.join("&"), taken)
-}
-
-/// Removes the engine's cookie from the `Cookie` headers; returns its values.
-fn take_cookie(headers: &mut HeaderMap) -> Vec<String> {
-    let mut taken = Vec::new();
-    let mut kept = Vec::new();
-    for value in headers.get_all(header::COOKIE) {
-        let Ok(text) = value.to_str() else {
-            continue;
-        };
-        for pair in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some((k, v)) if k.trim() == COOKIE => taken.push(v.trim().to_string()),
-                _ => kept.push(pair.to_string()),
-            }
-        }
-    }
-    headers.remove(header::COOKIE);
-    if !kept.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&kept.join("; "))
-    {
-        headers.insert(header::COOKIE, v);
-    }
-    taken
-}
-
-fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-}
-
-fn redirect(status: StatusCode, to: &str) -> Response<Body> {
-    let mut r = page(status, format!("See {to}"));
-    if let Ok(v) = HeaderValue::from_str(to) {
-        r.headers_mut().insert(header::LOCATION, v);
-    }
-    r
-}
 
 /// Serves previews on `listener` until `stop`.
 pub(crate) async fn serve(listener: TcpListener, manager: Arc<Manager>, stop: CancellationToken) {
@@ -516,146 +337,4 @@ async fn proxy(
         strip_hop_by_hop(response.headers_mut(), false);
     }
     response.map(Body::new)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    const ID: &str = "sbx_0123456789abcdefghjkmnpqrs";
-
-    #[test]
-    fn host_form_names_port_and_sandbox() {
-        let host = format!("3000-{}.localhost", ID.replace('_', "-"));
-        assert_eq!(from_host(&host, "localhost"), Some((ID.to_string(), 3000)));
-        assert_eq!(
-            from_host(&host.to_uppercase(), "localhost"),
-            Some((ID.to_string(), 3000))
-        );
-        assert_eq!(
-            from_host(&format!("3000-{ID}.localhost"), "localhost"),
-            Some((ID.to_string(), 3000))
-        );
-        for bad in [
-            format!("0-{}.localhost", ID.replace('_', "-")),
-            format!("70000-{}.localhost", ID.replace('_', "-")),
-            format!("3000-{}.example.com", ID.replace('_', "-")),
-            format!("3000-{}xlocalhost", ID.replace('_', "-")),
-            "3000-sbx-short.localhost".into(),
-            "localhost".into(),
-        ] {
-            assert_eq!(from_host(&bad, "localhost"), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn path_form_strips_its_prefix_and_wants_a_slash() {
-        let t = from_path(&format!("/preview/{ID}/8080/app/x?y=1"))
-            .unwrap()
-            .unwrap();
-        assert_eq!(
-            (t.id.as_str(), t.port, t.forward.as_str()),
-            (ID, 8080, "/app/x?y=1")
-        );
-        assert_eq!(t.prefix.as_deref(), Some(&*format!("/preview/{ID}/8080")));
-        assert_eq!(
-            from_path(&format!("/preview/{ID}/8080?a=b"))
-                .unwrap()
-                .unwrap_err(),
-            format!("/preview/{ID}/8080/?a=b")
-        );
-        assert!(from_path("/preview/sbx_x/8080/").is_none());
-        assert!(from_path(&format!("/preview/{ID}/0/")).is_none());
-        assert!(from_path("/other").is_none());
-    }
-
-    #[test]
-    fn one_host_or_none() {
-        let mut h = HeaderMap::new();
-        h.append(header::HOST, HeaderValue::from_static("a.localhost"));
-        assert_eq!(
-            request_host(&"/".parse().unwrap(), &h).unwrap(),
-            "a.localhost"
-        );
-        assert!(request_host(&"http://b.localhost/".parse().unwrap(), &h).is_err());
-        assert_eq!(
-            request_host(&"http://A.localhost/".parse().unwrap(), &h).unwrap(),
-            "A.localhost"
-        );
-        h.append(header::HOST, HeaderValue::from_static("b.localhost"));
-        assert!(request_host(&"/".parse().unwrap(), &h).is_err());
-        assert!(request_host(&"/".parse().unwrap(), &HeaderMap::new()).is_err());
-    }
-
-    #[test]
-    fn the_token_is_taken_out_of_query_and_cookies() {
-        assert_eq!(
-            take_param("a=1&preview_token=x&b=2&preview_token=y", TOKEN_PARAM),
-            (
-                "a=1&b=2".to_string(),
-                vec!["x".to_string(), "y".to_string()]
-            )
-        );
-        let mut h = HeaderMap::new();
-        h.append(
-            header::COOKIE,
-            HeaderValue::from_static("a=1; sandbox_preview=t1"),
-        );
-        h.append(
-            header::COOKIE,
-            HeaderValue::from_static("sandbox_preview=t2"),
-        );
-        assert_eq!(take_cookie(&mut h), vec!["t1", "t2"]);
-        assert_eq!(
-            h.get_all(header::COOKIE).iter().collect::<Vec<_>>(),
-            ["a=1"]
-        );
-        let mut h = HeaderMap::new();
-        h.append(
-            header::COOKIE,
-            HeaderValue::from_static("sandbox_preview=t1"),
-        );
-        take_cookie(&mut h);
-        assert!(!h.contains_key(header::COOKIE));
-    }
-
-    /// The default address, taken (another engine), moves to a free port; an address the
-    /// operator named, taken, is an error that names it; `off` binds nothing.
-    #[test]
-    fn a_taken_listen_address_moves_only_when_it_is_the_default() {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = taken.local_addr().unwrap();
-        let config = |fallback| PreviewConfig {
-            listen: Some(addr),
-            fallback,
-            domain: "localhost".into(),
-        };
-        let moved = bind(&config(true)).unwrap().unwrap();
-        assert_ne!(moved.local_addr().unwrap().port(), addr.port());
-        let e = bind(&config(false)).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains(&format!("cannot listen for previews on {addr}")),
-            "{e}"
-        );
-        let off = PreviewConfig {
-            listen: None,
-            ..config(false)
-        };
-        assert!(bind(&off).unwrap().is_none());
-    }
-
-    #[test]
-    fn settings_are_checked() {
-        assert_eq!(parse_listen("off").unwrap(), None);
-        assert!(parse_listen("localhost").is_err());
-        assert_eq!(
-            parse_domain("Preview.Example.com.").unwrap(),
-            "preview.example.com"
-        );
-        for bad in ["", "a..b", "-a.b", "a_b.c", "a b"] {
-            assert!(parse_domain(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -8,8 +8,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, AppState, Keys};
-use crate::manager::Manager;
 use crate::preview;
+use sandbox_mcp_engine::manager::Manager;
 
 /// A running engine HTTP server.
 pub struct EngineServer {

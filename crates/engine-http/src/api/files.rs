@@ -2,48 +2,26 @@
 
 use std::time::Duration;
 
-use axum::Json;
-use axum::extract::{Path, State};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use serde::Deserialize;
 
 use super::convert::Api;
-use super::request::{ApiJson, ApiQuery, AppState, Tenant, sandbox_id};
-use crate::error::EngineError;
-use crate::services::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
+use super::request::AppState;
+use sandbox_mcp_api::server::{self, Caller};
 use sandbox_mcp_api::types;
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{LIST_LIMIT, READ_LIMIT, WRITE_LIMIT, ZIP_LIMIT};
 use sandbox_mcp_protocol::{Delete, ListDir, Move, ReadFile, WriteFile, ZipDir};
 
 /// Deadline of a file operation.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-type ApiResult<T> = Result<Json<T>, EngineError>;
-
-#[derive(Deserialize)]
-pub(super) struct ReadQuery {
-    path: String,
-    encoding: Option<types::FileEncoding>,
-}
-
-#[derive(Deserialize)]
-pub(super) struct PathQuery {
-    path: String,
-}
-
-#[derive(Deserialize)]
-pub(super) struct DeleteQuery {
-    path: String,
-    #[serde(default)]
-    recursive: bool,
-}
-
 pub(super) async fn read(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<ReadQuery>,
-) -> ApiResult<types::FileContent> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    q: server::ReadFileQuery,
+) -> Result<types::FileContent, EngineError> {
     let read = ReadFile {
         path: q.path,
         max_bytes: READ_LIMIT,
@@ -51,7 +29,7 @@ pub(super) async fn read(
     let file = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), read, DEADLINE)
+        .call(&id, caller.tenant(), read, DEADLINE)
         .await?;
     let want_text = !matches!(q.encoding, Some(types::FileEncoding::Base64));
     let bytes = B64
@@ -61,12 +39,12 @@ pub(super) async fn read(
         Ok(text) if want_text => (text, types::FileEncoding::Utf8),
         _ => (file.data_b64, types::FileEncoding::Base64),
     };
-    Ok(Json(types::FileContent {
+    Ok(types::FileContent {
         path: file.path,
         content,
         encoding,
         size: file.size,
-    }))
+    })
 }
 
 fn too_large_write(len: usize) -> EngineError {
@@ -76,11 +54,11 @@ fn too_large_write(len: usize) -> EngineError {
 }
 
 pub(super) async fn write(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::WriteFileRequest>,
-) -> ApiResult<types::WriteResult> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::WriteFileRequest,
+) -> Result<types::WriteResult, EngineError> {
     let content = body.content.to_string();
     let data_b64 = match body.encoding {
         Some(types::FileEncoding::Base64) => {
@@ -108,20 +86,20 @@ pub(super) async fn write(
     let written = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), write, DEADLINE)
+        .call(&id, caller.tenant(), write, DEADLINE)
         .await?;
-    Ok(Json(types::WriteResult {
+    Ok(types::WriteResult {
         path: written.path,
         size: written.size,
-    }))
+    })
 }
 
 pub(super) async fn list(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<PathQuery>,
-) -> ApiResult<types::FileList> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    q: server::ListFilesQuery,
+) -> Result<types::FileList, EngineError> {
     let list = ListDir {
         path: q.path,
         max_entries: LIST_LIMIT,
@@ -129,21 +107,21 @@ pub(super) async fn list(
     let dir = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), list, DEADLINE)
+        .call(&id, caller.tenant(), list, DEADLINE)
         .await?;
-    Ok(Json(types::FileList {
+    Ok(types::FileList {
         path: dir.path,
         truncated: dir.truncated,
         entries: dir.entries.into_iter().map(Api::api).collect(),
-    }))
+    })
 }
 
 pub(super) async fn delete(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<DeleteQuery>,
-) -> ApiResult<types::DeleteResult> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    q: server::DeleteFileQuery,
+) -> Result<types::DeleteResult, EngineError> {
     let delete = Delete {
         path: q.path,
         recursive: q.recursive,
@@ -151,20 +129,20 @@ pub(super) async fn delete(
     let deleted = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), delete, DEADLINE)
+        .call(&id, caller.tenant(), delete, DEADLINE)
         .await?;
-    Ok(Json(types::DeleteResult {
+    Ok(types::DeleteResult {
         path: deleted.path,
         deleted: true,
-    }))
+    })
 }
 
 pub(super) async fn rename(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiJson(body): ApiJson<types::MoveFileRequest>,
-) -> ApiResult<types::MoveResult> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    body: types::MoveFileRequest,
+) -> Result<types::MoveResult, EngineError> {
     let rename = Move {
         from: body.from.to_string(),
         to: body.to.to_string(),
@@ -172,20 +150,20 @@ pub(super) async fn rename(
     let moved = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), rename, DEADLINE)
+        .call(&id, caller.tenant(), rename, DEADLINE)
         .await?;
-    Ok(Json(types::MoveResult {
+    Ok(types::MoveResult {
         from: moved.from,
         to: moved.to,
-    }))
+    })
 }
 
 pub(super) async fn download_dir(
-    State(state): State<AppState>,
-    tenant: Tenant,
-    Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<PathQuery>,
-) -> ApiResult<types::DirArchive> {
+    state: &AppState,
+    caller: Caller,
+    id: types::SandboxId,
+    q: server::DownloadDirQuery,
+) -> Result<types::DirArchive, EngineError> {
     let zip = ZipDir {
         path: q.path,
         max_bytes: ZIP_LIMIT,
@@ -193,7 +171,7 @@ pub(super) async fn download_dir(
     let archive = state
         .manager
         .agent
-        .call(sandbox_id(&id)?, tenant.as_deref(), zip, DEADLINE)
+        .call(&id, caller.tenant(), zip, DEADLINE)
         .await?;
-    Ok(Json(archive.api()))
+    Ok(archive.api())
 }
