@@ -53,7 +53,7 @@ pub fn connect(base_url: &str, key: Option<&ApiKey>) -> Result<Client, reqwest::
 }
 
 /// Like [`connect`], acting for one tenant: the engine then shows and creates only that tenant's
-/// sandboxes (the `x-sandbox-tenant` header, see `engine::server::Tenant`).
+/// sandboxes (the `x-sandbox-tenant` header, see the engine's `api::request::Tenant`).
 pub fn connect_as(
     base_url: &str,
     key: Option<&ApiKey>,

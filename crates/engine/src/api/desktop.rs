@@ -1,5 +1,5 @@
 //! Desktop sandboxes (computer use): create one, screenshot it, act on it, stop it
-//! (`manager::desktop`).
+//! (`services::desktop`).
 
 use axum::Json;
 use axum::extract::{Path, State};

@@ -34,7 +34,7 @@ const MAX_ENV_VARS: usize = 64;
 /// Header with which a request acts for one tenant (the MCP HTTP server sends it for its clients).
 pub(crate) const TENANT_HEADER: &str = "x-sandbox-tenant";
 
-/// Accepted API keys, each standing for a principal (see [`crate::auth`]).
+/// Accepted API keys, each standing for a principal (see [`sandbox_mcp_api::auth`]).
 pub(crate) type Keys = KeyRing<Principal>;
 
 /// The engine's keys: `fixed`, plus those of `file` (one key per line, `#` comments), which is

@@ -1,4 +1,4 @@
-//! Snapshots, forks, diffs and merges of a sandbox's files (`manager::snapshots`).
+//! Snapshots, forks, diffs and merges of a sandbox's files (`services::snapshots`).
 
 use axum::Json;
 use axum::extract::{Path, State};
