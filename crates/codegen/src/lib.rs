@@ -2,8 +2,8 @@
 //!
 //! Always available, and used by the server at run time: [`model`] (the validated registry, read
 //! back from the `tools.json` the build writes) and [`jsonschema`] (the validator every tool call
-//! goes through). With the `generate` feature, used by `build.rs` and the tests, the flow is raw
-//! input → validated registry → code:
+//! goes through). With the `generate` feature, used by the build scripts of `sandbox-mcp-api` and
+//! `sandbox-mcp-server` and by the tests, the flow is raw input → validated registry → code:
 //!
 //! 1. `spec` walks the OpenAPI document (parsed with openapiv3) into operations, and turns
 //!    OpenAPI schemas into self-contained JSON Schemas (refs inlined, constraints kept).

@@ -1,9 +1,9 @@
 //! The engine's services, each holding only what it needs, composed once by
 //! [`crate::manager::Manager`]. From the bottom up:
 //!
+//! - [`networks`]: a sandbox's network state, egress sockets, the network log;
 //! - [`registry`]: the sandboxes this engine knows (entries, lookups by id and tenant, adoption
 //!   of those other replicas made);
-//! - [`networks`]: a sandbox's network state, egress sockets, the network log;
 //! - [`catalog`]: the templates, by key and by the name a tenant gives;
 //! - [`secrets`]: secrets and their bindings to sandboxes;
 //! - [`lifecycle`]: create, find, update, pause, resume, kill; quotas; recovery; shutdown;

@@ -1,10 +1,11 @@
 //! MCP access keys for the HTTP transport: one per client, each bound to a tenant.
 //!
 //! Keys live in `<data dir>/mcp-keys.json` (mode 0600) as SHA-256 digests; a token is shown once,
-//! when it is created, and cannot be recovered. Checking a token goes through [`crate::auth`]
-//! (constant-time, against every key; the file re-read when it changes, so `keys create` and
-//! `keys revoke` take effect without a restart). Writers take an exclusive lock and replace the
-//! file atomically ([`sandbox_mcp_sys::durable`]), so concurrent commands never lose a key.
+//! when it is created, and cannot be recovered. Checking a token goes through
+//! [`sandbox_mcp_api::auth`] (constant-time, against every key; the file re-read when it changes,
+//! so `keys create` and `keys revoke` take effect without a restart). Writers take an exclusive
+//! lock and replace the file atomically ([`sandbox_mcp_sys::durable`]), so concurrent commands
+//! never lose a key.
 
 use std::fs;
 use std::path::Path;

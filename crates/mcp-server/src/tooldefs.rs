@@ -1,6 +1,6 @@
 //! The tool registry generated at build time from `tool-defs/*.toml` and `openapi/`.
 //!
-//! `build.rs` validates every tool-def against the spec and writes the result to
+//! This crate's `build.rs` validates every tool-def against the spec and writes the result to
 //! `OUT_DIR/tools.json`; here it is embedded in the binary and parsed once, on first use.
 
 use std::sync::LazyLock;

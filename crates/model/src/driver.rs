@@ -1,7 +1,11 @@
-//! The isolation driver interface. The API layer and the manager only see this trait, so a
-//! microVM driver (agent over vsock) or a Kubernetes driver (agent in a pod) can be added without
-//! touching them. Operations that may block (cgroup writes, directory walks) are synchronous and
-//! called from blocking threads; starting a sandbox and reaching its agent are async.
+//! The driver interface: what a driver can do ([`Capabilities`], data read once), how it isolates
+//! sandboxes ([`Isolation`]), where it keeps their files ([`Storage`]) and, for a driver whose
+//! engine replicas share sandboxes, their records ([`SharedRecords`]); a [`Driver`] bundles them.
+//! The engine sees drivers only through these, so a microVM driver (agent over vsock) can be
+//! added as the Kubernetes driver (agent in a pod) was, without touching it. Operations that may
+//! block (cgroup writes, directory walks) are synchronous and called from blocking threads (the
+//! engine's `DriverHandle` does, and nothing else); starting a sandbox and reaching its agent are
+//! async.
 
 use std::path::PathBuf;
 

@@ -1,5 +1,5 @@
 //! Desktop sandboxes (computer use): create one, screenshot it, act on it, stop it
-//! (`manager::desktop`).
+//! (`services::desktop`).
 
 use super::convert::{api_sandbox_id, internal};
 use super::request::AppState;
