@@ -40,8 +40,17 @@ pub fn question(msg: &[u8]) -> Option<Question> {
             return None;
         }
         let label = msg.get(at..at + len)?;
+        // A dot inside a label would make the name judged (the labels joined by dots) another
+        // name than the one asked upstream: `pypi.org` as one label is not pypi.org.
+        if label.contains(&b'.') {
+            return None;
+        }
         labels.push(String::from_utf8_lossy(label).to_ascii_lowercase());
         at += len;
+        // At most 255 bytes of name with its final zero (RFC 1035 3.1), as in `query`.
+        if at - 12 > 254 {
+            return None;
+        }
     }
     let qtype = u16::from_be_bytes([*msg.get(at)?, *msg.get(at + 1)?]);
     msg.get(at + 2..at + 4)?;
@@ -155,6 +164,22 @@ mod tests {
         let mut pointer = q.clone();
         pointer[12] = 0xc0;
         assert_eq!(question(&pointer), None);
+    }
+
+    #[test]
+    fn a_question_is_the_name_asked_or_none() {
+        // `exfil.pypi.org` to a policy joining labels, a name in the `pypi.org` TLD upstream.
+        let mut q = query([0, 1], "exfil.pypi-org", TYPE_A).unwrap();
+        q[18 + 5] = b'.';
+        assert_eq!(question(&q), None);
+        // The longest name that can be asked is read; one label more is no question.
+        let long = ["a".repeat(63).as_str(); 4].join(".");
+        let q = query([0, 0], &long[..253], TYPE_A).unwrap();
+        assert_eq!(question(&q).unwrap().name, long[..253]);
+        let mut longer = q[..12].to_vec();
+        longer.extend_from_slice(b"\x01a");
+        longer.extend_from_slice(&q[12..]);
+        assert_eq!(question(&longer), None);
     }
 
     #[test]
