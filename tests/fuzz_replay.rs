@@ -223,3 +223,39 @@ fn path_handling() {
 fn stdio_id_scanner() {
     replay("id_scanner", properties::id_scanner, 20000);
 }
+
+#[test]
+fn dns_messages() {
+    replay("dns", properties::traffic::dns, 20000);
+}
+
+#[test]
+fn tls_client_hello() {
+    replay("client_hello", properties::traffic::client_hello, 20000);
+}
+
+#[test]
+fn http_host() {
+    replay("http_host", properties::traffic::http_host, 20000);
+}
+
+// Each input is an import into a directory of its own: fewer mutations.
+#[test]
+fn oci_manifests() {
+    replay("oci_manifest", properties::image::oci_manifest, 2000);
+}
+
+#[test]
+fn oci_tar_entries() {
+    replay("oci_tar", properties::image::oci_tar, 2000);
+}
+
+#[test]
+fn agent_frames() {
+    replay("agent_frame", properties::frames::agent_frame, 20000);
+}
+
+#[test]
+fn mux_frames() {
+    replay("mux_frame", properties::frames::mux_frame, 20000);
+}

@@ -141,3 +141,12 @@ pub fn id_scanner(data: &[u8]) {
         String::from_utf8_lossy(&canonical)
     );
 }
+
+// The parsers of untrusted bytes, a module each (the paths are from this file's directory, for
+// both files that include it).
+#[path = "properties/frames.rs"]
+pub mod frames;
+#[path = "properties/image.rs"]
+pub mod image;
+#[path = "properties/traffic.rs"]
+pub mod traffic;

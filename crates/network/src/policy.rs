@@ -215,24 +215,7 @@ impl Domain {
     }
 }
 
-/// A DNS name of letters, digits, `-` and `_`, in labels of 1-63 characters, at most 253 long,
-/// with at least one letter in its last label (so that it is not an address).
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        })
-        && name
-            .rsplit('.')
-            .next()
-            .is_some_and(|tld| tld.bytes().any(|b| b.is_ascii_alphabetic()))
-}
+pub use sandbox_mcp_netparse::valid_name;
 
 /// A sandbox's rules, parsed.
 #[derive(Debug, Clone, PartialEq)]

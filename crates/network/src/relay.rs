@@ -12,8 +12,9 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use sandbox_mcp_netparse::sniff::{self, Hello};
+
 use super::log::{Row, row};
-use super::sniff::{self, Hello};
 use super::{CONNECT_TIMEOUT, Hub, SandboxNet, dns, intercept};
 use crate::policy::Verdict;
 

@@ -83,11 +83,13 @@ where
     T: for<'de> Deserialize<'de>,
 {
     let mut len = [0u8; 4];
-    match r.read_exact(&mut len).await {
+    // A clean end is one before the header starts; an end inside it is a broken frame.
+    match r.read_exact(&mut len[..1]).await {
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
         Err(e) => return Err(e),
     }
+    r.read_exact(&mut len[1..]).await?;
     let len = u32::from_be_bytes(len) as usize;
     if len > limit.min(MAX_FRAME) {
         return Err(std::io::Error::new(
@@ -194,6 +196,16 @@ mod tests {
         };
         assert!(read.reply_limit() > (1 << 20) * 4 / 3 && read.reply_limit() < 2 << 20);
         assert!(ListJobs {}.reply_limit() <= MAX_FRAME);
+    }
+
+    #[tokio::test]
+    async fn an_end_inside_a_header_is_no_clean_end() {
+        let mut input: &[u8] = &[];
+        let none = read_frame::<_, Frame<Pong>>(&mut input).await.unwrap();
+        assert_eq!(none, None);
+        let mut input: &[u8] = &[0, 0];
+        let err = read_frame::<_, Frame<Pong>>(&mut input).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[tokio::test]

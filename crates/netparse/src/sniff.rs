@@ -75,7 +75,7 @@ pub fn parse(buf: &[u8]) -> Hello {
 /// A lowercase name without a trailing dot, or nothing if it is not a DNS name.
 fn clean(name: &str) -> Option<String> {
     let name = name.trim_end_matches('.').to_ascii_lowercase();
-    crate::policy::valid_name(&name).then_some(name)
+    crate::valid_name(&name).then_some(name)
 }
 
 /// The Host header of an HTTP/1 request head, without its port. A request with two Host headers
