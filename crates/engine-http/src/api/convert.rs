@@ -356,6 +356,16 @@ impl Api<NetworkRules> for &types::NetworkRules {
 
 /// A shape asked for (of a template or a sandbox), within the spec's bounds, which the
 /// generated type does not check.
+/// A request's shape, or the template's own when it names none.
+impl TryApi<ShapeRequest> for &Option<types::ShapeRequest> {
+    fn try_api(self) -> Result<ShapeRequest, EngineError> {
+        self.as_ref()
+            .map(TryApi::try_api)
+            .transpose()
+            .map(Option::unwrap_or_default)
+    }
+}
+
 impl TryApi<ShapeRequest> for &types::ShapeRequest {
     fn try_api(self) -> Result<ShapeRequest, EngineError> {
         use limits::shape_request::*;

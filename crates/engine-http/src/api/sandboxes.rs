@@ -130,12 +130,7 @@ pub(super) fn create_request(
         timeout_seconds: body.timeout_seconds.map(|t| t.get()),
         tenant: caller.into_tenant(),
         network: body.network.as_ref().map(Api::api).unwrap_or_default(),
-        shape: body
-            .shape
-            .as_ref()
-            .map(TryApi::try_api)
-            .transpose()?
-            .unwrap_or_default(),
+        shape: (&body.shape).try_api()?,
         secrets: body
             .secrets
             .as_ref()

@@ -100,12 +100,7 @@ pub(super) async fn create(
         from: body.from.as_ref().map(|f| f.to_string()),
         from_sandbox: body.from_sandbox.as_ref().map(|s| s.to_string()),
         steps,
-        shape: body
-            .shape
-            .as_ref()
-            .map(TryApi::try_api)
-            .transpose()?
-            .unwrap_or_default(),
+        shape: (&body.shape).try_api()?,
         network: body.network.as_ref().map(Api::api).unwrap_or_default(),
         warm: body.warm.unwrap_or(0),
         timeout: body.timeout_seconds.map(|t| Duration::from_secs(t.get())),
