@@ -29,6 +29,8 @@ mod files;
 mod isolation;
 mod shell;
 mod storage;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
