@@ -104,3 +104,60 @@ async fn a_start_that_fails_leaves_no_record_slot_or_files() {
     let id = engine.create().await;
     engine.assert_only(&[&id], &[&id]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_streams_as_it_comes_and_a_dropped_stream_cancels_the_command() {
+    use futures::StreamExt as _;
+    use sandbox_mcp_engine::services::Event;
+
+    let engine = Engine::open().await;
+    let id = engine.create().await;
+    let spec = |command: &str| sandbox_mcp_protocol::ExecSpec {
+        command: command.into(),
+        cwd: None,
+        env: Vec::new(),
+        timeout_ms: 10_000,
+        max_output_bytes: 1024,
+        stream: true,
+    };
+    let deadline = std::time::Duration::from_secs(20);
+    let events: Vec<_> = engine
+        .manager
+        .agent
+        .stream(&id, None, spec("echo one; echo two"), deadline)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    let texts: Vec<String> = events
+        .iter()
+        .map(|e| match e {
+            Ok(Event::Output(o)) => o.data.clone(),
+            Ok(Event::Reply(r)) => format!("reply {:?}", r.exit_code),
+            Err(e) => format!("error {e}"),
+        })
+        .collect();
+    assert_eq!(texts, ["one\n", "two\n", "reply Some(0)"]);
+
+    // The caller goes away after the first line: the command ends there.
+    let mut stream = Box::pin(
+        engine
+            .manager
+            .agent
+            .stream(
+                &id,
+                None,
+                spec("echo one; sleep 0.5; echo late > /root/late"),
+                deadline,
+            )
+            .await
+            .unwrap(),
+    );
+    assert!(matches!(stream.next().await, Some(Ok(Event::Output(_)))));
+    drop(stream);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(!host_path(&engine.fake, &id, "/root/late").exists());
+    // The agent itself is fine.
+    assert_eq!(engine.run(&id, "echo ok").await, "ok\n");
+    assert_eq!(engine.fake.starts(&id), 1);
+}
