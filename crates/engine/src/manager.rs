@@ -169,6 +169,7 @@ impl Manager {
             driver.clone(),
             registry.clone(),
             lifecycle.clone(),
+            config.exec_grace,
         ));
         let making = Making {
             records: records.clone(),

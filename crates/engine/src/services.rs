@@ -74,8 +74,6 @@ pub const WRITE_LIMIT: usize = 8 * 1024 * 1024;
 pub const ZIP_LIMIT: u64 = 10 * 1024 * 1024;
 /// Most entries `list_files` returns.
 pub const LIST_LIMIT: u64 = 1000;
-/// Slack over an exec's own timeout before the engine gives up on the agent.
-pub const EXEC_GRACE: Duration = Duration::from_secs(10);
 /// Most output returned by one job status call.
 pub const JOB_PAGE: u64 = 32 * 1024;
 /// Deadline for agent operations other than exec.

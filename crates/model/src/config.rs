@@ -39,6 +39,9 @@ impl Default for PreviewConfig {
     }
 }
 
+/// [`EngineConfig::exec_grace`] unless configured.
+pub const DEFAULT_EXEC_GRACE: Duration = Duration::from_secs(10);
+
 /// Where the host-wide registry of sandbox uid ranges lives unless configured otherwise.
 pub const DEFAULT_UID_REGISTRY: &str = "/var/lib/sandbox-mcp/uid-ranges";
 
@@ -52,6 +55,9 @@ pub struct EngineConfig {
     pub idle_pause: Option<Duration>,
     /// How often timers (auto-pause, auto-kill) are checked.
     pub tick: Duration,
+    /// Slack over a command's own timeout before the engine gives up on the agent (and pings it
+    /// to tell a slow agent from a wedged one).
+    pub exec_grace: Duration,
     /// The binary re-executed as the sandbox launcher: this one, normally.
     pub exe: PathBuf,
     /// Whether to cap each sandbox's disk use (a btrfs store; root only).
@@ -80,6 +86,7 @@ impl EngineConfig {
             max_sandboxes: 100,
             idle_pause: Some(Duration::from_secs(15 * 60)),
             tick: Duration::from_secs(5),
+            exec_grace: DEFAULT_EXEC_GRACE,
             exe: PathBuf::from("/proc/self/exe"),
             disk_limits: DiskLimits::Auto,
             uid_registry: PathBuf::from(DEFAULT_UID_REGISTRY),

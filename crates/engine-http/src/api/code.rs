@@ -9,7 +9,7 @@ use sandbox_mcp_api::limits;
 use sandbox_mcp_api::server::{Caller, Ndjson};
 use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
-use sandbox_mcp_engine::services::{EXEC_GRACE, EXEC_OUTPUT_CAP};
+use sandbox_mcp_engine::services::EXEC_OUTPUT_CAP;
 use sandbox_mcp_protocol::{CreateContext, DeleteContext, ListContexts, RunCodeSpec};
 
 /// Longest `timeout_ms` of a cell.
@@ -35,10 +35,6 @@ fn code_spec(body: types::RunCodeRequest, stream: bool) -> Result<RunCodeSpec, E
     })
 }
 
-fn deadline(spec: &RunCodeSpec) -> Duration {
-    Duration::from_millis(spec.timeout_ms) + EXEC_GRACE
-}
-
 pub(super) async fn run_code(
     state: &AppState,
     caller: Caller,
@@ -46,7 +42,7 @@ pub(super) async fn run_code(
     body: types::RunCodeRequest,
 ) -> Result<types::RunCodeResult, EngineError> {
     let spec = code_spec(body, false)?;
-    let deadline = deadline(&spec);
+    let deadline = state.manager.agent.exec_deadline(spec.timeout_ms);
     let outcome = state
         .manager
         .agent
@@ -62,7 +58,7 @@ pub(super) async fn run_code_stream(
     body: types::RunCodeRequest,
 ) -> Result<Ndjson, EngineError> {
     let spec = code_spec(body, true)?;
-    let deadline = deadline(&spec);
+    let deadline = state.manager.agent.exec_deadline(spec.timeout_ms);
     let events = state
         .manager
         .agent

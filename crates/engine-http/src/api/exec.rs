@@ -9,7 +9,7 @@ use sandbox_mcp_api::limits;
 use sandbox_mcp_api::server::{Caller, Ndjson};
 use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
-use sandbox_mcp_engine::services::{EXEC_GRACE, EXEC_OUTPUT_CAP, ExecResult};
+use sandbox_mcp_engine::services::{EXEC_OUTPUT_CAP, ExecResult};
 use sandbox_mcp_protocol::{ExecSpec, StartJob};
 
 /// Longest `timeout_ms` of a command.
@@ -93,7 +93,7 @@ pub(super) async fn exec_command_stream(
             serde_json::to_value(job).map_err(|e| EngineError::Response(e.into()))?,
         ));
     }
-    let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+    let deadline = state.manager.agent.exec_deadline(spec.timeout_ms);
     let before = state.manager.agent.oom_mark(&id);
     let events = state
         .manager

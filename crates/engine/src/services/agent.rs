@@ -18,7 +18,7 @@ use sandbox_mcp_sys::lock;
 use super::lifecycle::Lifecycle;
 use super::registry::{Entry, InFlight, Registry};
 use super::secrets::bound_env;
-use super::{AGENT_TIMEOUT, EXEC_GRACE, Event, ExecResult};
+use super::{AGENT_TIMEOUT, Event, ExecResult};
 use crate::driver::DriverHandle;
 use crate::error::EngineError;
 use crate::state::Status;
@@ -38,6 +38,8 @@ pub struct AgentClient {
     driver: DriverHandle,
     registry: Arc<Registry>,
     lifecycle: Arc<Lifecycle>,
+    /// Slack over a command's own timeout (the engine's `exec_grace`).
+    exec_grace: Duration,
 }
 
 impl AgentClient {
@@ -45,12 +47,20 @@ impl AgentClient {
         driver: DriverHandle,
         registry: Arc<Registry>,
         lifecycle: Arc<Lifecycle>,
+        exec_grace: Duration,
     ) -> Self {
         Self {
             driver,
             registry,
             lifecycle,
+            exec_grace,
         }
+    }
+
+    /// How long the engine waits for the agent's answer to a command (or code) that may run
+    /// `timeout_ms`: that, and the grace the agent has to report it.
+    pub fn exec_deadline(&self, timeout_ms: u64) -> Duration {
+        Duration::from_millis(timeout_ms) + self.exec_grace
     }
 
     /// Sends `call` to the sandbox's agent (resuming or restarting the sandbox first) and returns
@@ -138,7 +148,7 @@ impl AgentClient {
         spec: ExecSpec,
     ) -> Result<ExecResult, EngineError> {
         let before = self.oom_mark(id);
-        let deadline = Duration::from_millis(spec.timeout_ms) + EXEC_GRACE;
+        let deadline = self.exec_deadline(spec.timeout_ms);
         let outcome = self.call(id, tenant, spec, deadline).await?;
         let oom_killed = self.settle_oom(id, tenant, before).await;
         Ok(ExecResult {
