@@ -1,5 +1,6 @@
 //! The documents stay true: README names every setting the binary has, server.json matches the
-//! package, and CI runs README's test command.
+//! package, CI runs README's test command, and docs/architecture.md's crates table is the
+//! dependency graph.
 
 use std::process::Command;
 
@@ -129,4 +130,83 @@ fn documented_toolset_costs_match_the_snapshot() {
             );
         }
     }
+}
+
+/// The crates table of docs/architecture.md is the dependency graph: every workspace crate has a
+/// row, and its "may use" column names exactly the workspace crates its `Cargo.toml` does (a new
+/// edge between layers is a change of that document, reviewed as such).
+#[test]
+fn architecture_lists_every_crate_and_exactly_its_edges() {
+    let doc = root("docs/architecture.md");
+    let table = doc
+        .split("\n## Crates\n")
+        .nth(1)
+        .expect("docs/architecture.md has a \"Crates\" section");
+    let mut documented = std::collections::BTreeMap::new();
+    for row in table.lines().skip_while(|l| !l.starts_with('|')) {
+        if !row.starts_with("| `") {
+            if row.starts_with('|') {
+                continue;
+            }
+            break;
+        }
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let name = cells[0].split('`').nth(1).unwrap_or_default().to_string();
+        let uses: std::collections::BTreeSet<String> = cells[cells.len() - 1]
+            .trim_end_matches(" |")
+            .split(", ")
+            .map(|u| u.split(" (").next().unwrap().trim().to_string())
+            .filter(|u| u != "—" && !u.is_empty())
+            .collect();
+        documented.insert(name, uses);
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let packages = meta["packages"].as_array().unwrap();
+    // A crate by its directory under crates/, as the table names it.
+    let dir_of = |package: &serde_json::Value| -> Option<String> {
+        let manifest = std::path::Path::new(package["manifest_path"].as_str().unwrap());
+        let dir = manifest.parent()?;
+        (dir.parent()?.file_name()? == "crates")
+            .then(|| dir.file_name().unwrap().to_string_lossy().into_owned())
+    };
+    let by_name: std::collections::BTreeMap<String, String> = packages
+        .iter()
+        .filter_map(|p| Some((p["name"].as_str()?.to_string(), dir_of(p)?)))
+        .collect();
+    let mut actual = std::collections::BTreeMap::new();
+    for package in packages {
+        let Some(dir) = dir_of(package) else {
+            continue;
+        };
+        let uses: std::collections::BTreeSet<String> = package["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].is_null() || d["kind"] == "build")
+            .filter_map(|d| by_name.get(d["name"].as_str()?).cloned())
+            .collect();
+        actual.insert(dir, uses);
+    }
+    documented.remove("sandbox-mcp");
+    assert_eq!(
+        documented, actual,
+        "docs/architecture.md's crates table (left) differs from the crates' Cargo.toml (right)"
+    );
 }
