@@ -45,10 +45,30 @@ pub(super) fn api_sandbox_id(id: &str) -> Result<types::SandboxId, EngineError> 
     types::SandboxId::try_from(id.to_string()).map_err(internal)
 }
 
+/// `Api` between two enums whose variants match one to one by name.
+macro_rules! same_variants {
+    ($from:path => $to:path: $($variant:ident),+) => {
+        impl Api<$to> for $from {
+            fn api(self) -> $to {
+                use $from as Source;
+                use $to as Target;
+                match self {
+                    $(Source::$variant => Target::$variant,)+
+                }
+            }
+        }
+    };
+}
+
+same_variants!(JobState => types::JobState: Running, Exited);
+same_variants!(Language => types::Language: Python, Node);
+same_variants!(types::Language => Language: Python, Node);
+same_variants!(FileKind => types::FileType: File, Dir, Symlink, Other);
+same_variants!(TemplateStatus => types::TemplateStatus: Building, Ready, Failed);
+
 impl Api<types::SandboxStatus> for Status {
     fn api(self) -> types::SandboxStatus {
-        let s = self;
-        match s {
+        match self {
             Status::Running => types::SandboxStatus::Running,
             Status::Creating | Status::Paused | Status::Killing => types::SandboxStatus::Paused,
         }
@@ -57,8 +77,7 @@ impl Api<types::SandboxStatus> for Status {
 
 impl Api<Status> for types::SandboxStatus {
     fn api(self) -> Status {
-        let s = self;
-        match s {
+        match self {
             types::SandboxStatus::Running => Status::Running,
             types::SandboxStatus::Paused => Status::Paused,
         }
@@ -67,87 +86,41 @@ impl Api<Status> for types::SandboxStatus {
 
 impl Api<types::Shape> for &Shape {
     fn api(self) -> types::Shape {
-        let s = self;
         types::Shape {
-            vcpus: s.vcpus,
-            memory_mb: s.memory_mb,
-            disk_mb: s.disk_mb,
-            max_pids: s.max_pids,
-        }
-    }
-}
-
-impl Api<types::JobState> for JobState {
-    fn api(self) -> types::JobState {
-        let s = self;
-        match s {
-            JobState::Running => types::JobState::Running,
-            JobState::Exited => types::JobState::Exited,
-        }
-    }
-}
-
-impl Api<types::Language> for Language {
-    fn api(self) -> types::Language {
-        let l = self;
-        match l {
-            Language::Python => types::Language::Python,
-            Language::Node => types::Language::Node,
-        }
-    }
-}
-
-impl Api<Language> for types::Language {
-    fn api(self) -> Language {
-        let l = self;
-        match l {
-            types::Language::Python => Language::Python,
-            types::Language::Node => Language::Node,
-        }
-    }
-}
-
-impl Api<types::FileType> for FileKind {
-    fn api(self) -> types::FileType {
-        let k = self;
-        match k {
-            FileKind::File => types::FileType::File,
-            FileKind::Dir => types::FileType::Dir,
-            FileKind::Symlink => types::FileType::Symlink,
-            FileKind::Other => types::FileType::Other,
+            vcpus: self.vcpus,
+            memory_mb: self.memory_mb,
+            disk_mb: self.disk_mb,
+            max_pids: self.max_pids,
         }
     }
 }
 
 impl Api<types::FileEntry> for DirEntry {
     fn api(self) -> types::FileEntry {
-        let e = self;
         types::FileEntry {
-            name: e.name,
-            type_: e.kind.api(),
-            size: e.size,
-            mtime: ids::time(e.mtime * 1000),
+            name: self.name,
+            type_: self.kind.api(),
+            size: self.size,
+            mtime: ids::time(self.mtime * 1000),
         }
     }
 }
 
 impl Api<types::DirArchive> for Zip {
     fn api(self) -> types::DirArchive {
-        let z = self;
         types::DirArchive {
-            path: z.path,
-            zip_base64: z.zip_b64,
-            zip_bytes: z.zip_bytes,
-            files: z.files,
-            skipped: z.skipped,
+            path: self.path,
+            zip_base64: self.zip_b64,
+            zip_bytes: self.zip_bytes,
+            files: self.files,
+            skipped: self.skipped,
         }
     }
 }
 
 impl Api<types::ExecResult> for ExecResult {
     fn api(self) -> types::ExecResult {
-        let r = self;
-        let o = r.outcome;
+        let o = self.outcome;
         types::ExecResult {
             exit_code: o.exit_code,
             signal: o.signal,
@@ -159,7 +132,7 @@ impl Api<types::ExecResult> for ExecResult {
             stdout_file: o.stdout_file,
             stderr_file: o.stderr_file,
             timed_out: o.timed_out,
-            oom_killed: Some(r.oom_killed),
+            oom_killed: Some(self.oom_killed),
             duration_ms: o.duration_ms,
             job_id: None,
         }
@@ -168,80 +141,76 @@ impl Api<types::ExecResult> for ExecResult {
 
 impl TryApi<types::JobSummary> for &JobInfo {
     fn try_api(self) -> Result<types::JobSummary, EngineError> {
-        let j = self;
         Ok(types::JobSummary {
-            job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
-            command: j.command.clone(),
-            status: j.status.api(),
-            exit_code: j.exit_code,
-            signal: j.signal,
-            started_at: ids::time(j.started_at),
-            finished_at: j.finished_at.map(ids::time),
-            output_bytes: j.output_bytes,
-            log_file: j.log_file.clone(),
+            job_id: types::JobId::try_from(self.job_id.clone()).map_err(internal)?,
+            command: self.command.clone(),
+            status: self.status.api(),
+            exit_code: self.exit_code,
+            signal: self.signal,
+            started_at: ids::time(self.started_at),
+            finished_at: self.finished_at.map(ids::time),
+            output_bytes: self.output_bytes,
+            log_file: self.log_file.clone(),
         })
     }
 }
 
 impl TryApi<types::JobStatus> for JobInfo {
     fn try_api(self) -> Result<types::JobStatus, EngineError> {
-        let j = self;
         Ok(types::JobStatus {
-            job_id: types::JobId::try_from(j.job_id.clone()).map_err(internal)?,
-            status: j.status.api(),
-            exit_code: j.exit_code,
-            signal: j.signal,
-            started_at: ids::time(j.started_at),
-            finished_at: j.finished_at.map(ids::time),
-            output_bytes: j.output_bytes,
-            log_file: j.log_file,
-            has_more: j.next_offset < j.output_bytes,
-            output: j.output.unwrap_or_default(),
-            offset: j.offset,
-            next_offset: j.next_offset,
-            dropped_bytes: j.dropped_bytes,
-            command: j.command,
+            job_id: types::JobId::try_from(self.job_id.clone()).map_err(internal)?,
+            status: self.status.api(),
+            exit_code: self.exit_code,
+            signal: self.signal,
+            started_at: ids::time(self.started_at),
+            finished_at: self.finished_at.map(ids::time),
+            output_bytes: self.output_bytes,
+            log_file: self.log_file,
+            has_more: self.next_offset < self.output_bytes,
+            output: self.output.unwrap_or_default(),
+            offset: self.offset,
+            next_offset: self.next_offset,
+            dropped_bytes: self.dropped_bytes,
+            command: self.command,
         })
     }
 }
 
 impl TryApi<types::CodeContext> for ContextInfo {
     fn try_api(self) -> Result<types::CodeContext, EngineError> {
-        let c = self;
         Ok(types::CodeContext {
-            context_id: types::ContextId::try_from(c.context_id).map_err(internal)?,
-            language: c.language.api(),
-            cwd: c.cwd,
-            created_at: ids::time(c.created_at),
-            alive: c.alive,
-            is_default: c.is_default,
+            context_id: types::ContextId::try_from(self.context_id).map_err(internal)?,
+            language: self.language.api(),
+            cwd: self.cwd,
+            created_at: ids::time(self.created_at),
+            alive: self.alive,
+            is_default: self.is_default,
         })
     }
 }
 
 impl TryApi<types::RunCodeResult> for CodeOutcome {
     fn try_api(self) -> Result<types::RunCodeResult, EngineError> {
-        let o = self;
         Ok(types::RunCodeResult {
-            context_id: types::ContextId::try_from(o.context_id).map_err(internal)?,
-            language: o.language.api(),
-            result: o.result,
-            error: o.error.map(|e| types::CodeError {
+            context_id: types::ContextId::try_from(self.context_id).map_err(internal)?,
+            language: self.language.api(),
+            result: self.result,
+            error: self.error.map(|e| types::CodeError {
                 name: e.name,
                 message: e.message,
                 traceback: e.traceback,
             }),
-            stdout: o.stdout,
-            stderr: o.stderr,
-            stdout_bytes: o.stdout_bytes,
-            stderr_bytes: o.stderr_bytes,
-            truncated: o.truncated,
-            stdout_file: o.stdout_file,
-            stderr_file: o.stderr_file,
-            timed_out: o.timed_out,
-            context_lost: o.context_lost,
-            context_restarted: o.context_restarted,
-            duration_ms: o.duration_ms,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            stdout_bytes: self.stdout_bytes,
+            stderr_bytes: self.stderr_bytes,
+            truncated: self.truncated,
+            stdout_file: self.stdout_file,
+            stderr_file: self.stderr_file,
+            timed_out: self.timed_out,
+            context_lost: self.context_lost,
+            context_restarted: self.context_restarted,
+            duration_ms: self.duration_ms,
         })
     }
 }
@@ -346,10 +315,9 @@ impl TryApi<types::NetworkLog> for NetworkLogPage {
 /// Egress rules as given (the manager parses them under the engine's default).
 impl Api<NetworkRules> for &types::NetworkRules {
     fn api(self) -> NetworkRules {
-        let n = self;
         NetworkRules {
-            allow_out: n.allow_out.iter().map(|r| r.to_string()).collect(),
-            deny_out: n.deny_out.iter().map(|r| r.to_string()).collect(),
+            allow_out: self.allow_out.iter().map(|r| r.to_string()).collect(),
+            deny_out: self.deny_out.iter().map(|r| r.to_string()).collect(),
         }
     }
 }
@@ -369,7 +337,6 @@ impl TryApi<ShapeRequest> for &Option<types::ShapeRequest> {
 impl TryApi<ShapeRequest> for &types::ShapeRequest {
     fn try_api(self) -> Result<ShapeRequest, EngineError> {
         use limits::shape_request::*;
-        let s = self;
         let bad = |f: &str, lo: f64, hi: f64| {
             EngineError::InvalidArgument(format!("shape.{f} must be between {lo} and {hi}"))
         };
@@ -379,47 +346,39 @@ impl TryApi<ShapeRequest> for &types::ShapeRequest {
             }
             _ => Ok(()),
         };
-        if let Some(v) = s.vcpus
+        if let Some(v) = self.vcpus
             && !(VCPUS_MINIMUM..=VCPUS_MAXIMUM).contains(&v)
         {
             return Err(bad("vcpus", VCPUS_MINIMUM, VCPUS_MAXIMUM));
         }
         int(
-            s.memory_mb,
+            self.memory_mb,
             "memory_mb",
             MEMORY_MB_MINIMUM..=MEMORY_MB_MAXIMUM,
         )?;
-        int(s.disk_mb, "disk_mb", DISK_MB_MINIMUM..=DISK_MB_MAXIMUM)?;
-        int(s.max_pids, "max_pids", MAX_PIDS_MINIMUM..=MAX_PIDS_MAXIMUM)?;
+        int(self.disk_mb, "disk_mb", DISK_MB_MINIMUM..=DISK_MB_MAXIMUM)?;
+        int(
+            self.max_pids,
+            "max_pids",
+            MAX_PIDS_MINIMUM..=MAX_PIDS_MAXIMUM,
+        )?;
         Ok(ShapeRequest {
-            vcpus: s.vcpus,
-            memory_mb: s.memory_mb,
-            disk_mb: s.disk_mb,
-            max_pids: s.max_pids,
+            vcpus: self.vcpus,
+            memory_mb: self.memory_mb,
+            disk_mb: self.disk_mb,
+            max_pids: self.max_pids,
         })
-    }
-}
-
-impl Api<types::TemplateStatus> for TemplateStatus {
-    fn api(self) -> types::TemplateStatus {
-        let s = self;
-        match s {
-            TemplateStatus::Building => types::TemplateStatus::Building,
-            TemplateStatus::Ready => types::TemplateStatus::Ready,
-            TemplateStatus::Failed => types::TemplateStatus::Failed,
-        }
     }
 }
 
 impl Api<types::BuildFailure> for &BuildFailure {
     fn api(self) -> types::BuildFailure {
-        let x = self;
         types::BuildFailure {
-            step: x.step as u64,
-            step_text: Some(x.step_text.clone()).filter(|s| !s.is_empty()),
-            exit_code: x.exit_code,
-            message: x.message.clone(),
-            output_tail: x.output_tail.clone(),
+            step: self.step as u64,
+            step_text: Some(self.step_text.clone()).filter(|s| !s.is_empty()),
+            exit_code: self.exit_code,
+            message: self.message.clone(),
+            output_tail: self.output_tail.clone(),
         }
     }
 }
@@ -446,8 +405,7 @@ impl TryApi<types::Template> for (&Template, &str) {
 
 impl TryApi<types::Preview> for PreviewView {
     fn try_api(self) -> Result<types::Preview, EngineError> {
-        let v = self;
-        let p = &v.preview;
+        let p = &self.preview;
         let port =
             std::num::NonZeroU16::new(p.port).ok_or_else(|| internal("a preview of port 0"))?;
         let time = |ms: i64| {
@@ -456,8 +414,8 @@ impl TryApi<types::Preview> for PreviewView {
         };
         Ok(types::Preview {
             port: port.into(),
-            url: v.url,
-            path_url: v.path_url,
+            url: self.url,
+            path_url: self.path_url,
             public: p.public,
             token: (!p.public).then(|| p.token.clone()),
             created_at: time(p.created_at)?,
@@ -469,14 +427,13 @@ impl TryApi<types::Preview> for PreviewView {
 
 impl TryApi<types::Secret> for SecretView {
     fn try_api(self) -> Result<types::Secret, EngineError> {
-        let v = self;
         Ok(types::Secret {
-            name: v.meta.name.parse().map_err(internal)?,
-            hosts: v.meta.hosts,
-            headers: v.meta.headers,
-            created_at: ids::time(v.meta.created_at),
-            updated_at: ids::time(v.meta.updated_at),
-            used_by: v
+            name: self.meta.name.parse().map_err(internal)?,
+            hosts: self.meta.hosts,
+            headers: self.meta.headers,
+            created_at: ids::time(self.meta.created_at),
+            updated_at: ids::time(self.meta.updated_at),
+            used_by: self
                 .used_by
                 .iter()
                 .map(|id| id.parse().map_err(internal))
@@ -492,8 +449,7 @@ pub(super) fn api_snapshot_id(id: &str) -> Result<types::SnapshotId, EngineError
 
 impl Api<types::CopyMethod> for CloneMethod {
     fn api(self) -> types::CopyMethod {
-        let m = self;
-        match m {
+        match self {
             CloneMethod::Snapshot => types::CopyMethod::Btrfs,
             CloneMethod::Copy => types::CopyMethod::Copy,
         }
@@ -502,32 +458,30 @@ impl Api<types::CopyMethod> for CloneMethod {
 
 impl TryApi<types::Snapshot> for Snapshot {
     fn try_api(self) -> Result<types::Snapshot, EngineError> {
-        let s = self;
         Ok(types::Snapshot {
-            id: api_snapshot_id(&s.id)?,
-            sandbox_id: api_sandbox_id(&s.sandbox_id)?,
-            name: s.name,
-            created_at: ids::time(s.created_at),
-            size_bytes: s.size_bytes,
-            method: s.method.parse().map_err(internal)?,
+            id: api_snapshot_id(&self.id)?,
+            sandbox_id: api_sandbox_id(&self.sandbox_id)?,
+            name: self.name,
+            created_at: ids::time(self.created_at),
+            size_bytes: self.size_bytes,
+            method: self.method.parse().map_err(internal)?,
         })
     }
 }
 
 impl TryApi<types::RestoreResult> for Restored {
     fn try_api(self) -> Result<types::RestoreResult, EngineError> {
-        let r = self;
         let note = format!(
             "The files are back to snapshot {}. {} process(es) were stopped, {} background job(s) ended and {} REPL context(s) reset; the sandbox restarted on the restored files with its environment, network rules, secrets and preview URLs.",
-            r.snapshot.id, r.stopped_processes, r.ended_jobs, r.lost_contexts
+            self.snapshot.id, self.stopped_processes, self.ended_jobs, self.lost_contexts
         );
         Ok(types::RestoreResult {
-            sandbox_id: api_sandbox_id(&r.snapshot.sandbox_id)?,
-            snapshot_id: api_snapshot_id(&r.snapshot.id)?,
-            method: r.method.api(),
-            stopped_processes: r.stopped_processes,
-            ended_jobs: r.ended_jobs,
-            lost_contexts: r.lost_contexts,
+            sandbox_id: api_sandbox_id(&self.snapshot.sandbox_id)?,
+            snapshot_id: api_snapshot_id(&self.snapshot.id)?,
+            method: self.method.api(),
+            stopped_processes: self.stopped_processes,
+            ended_jobs: self.ended_jobs,
+            lost_contexts: self.lost_contexts,
             note,
         })
     }
@@ -535,22 +489,21 @@ impl TryApi<types::RestoreResult> for Restored {
 
 impl Api<types::DiffEntry> for diff::Entry {
     fn api(self) -> types::DiffEntry {
-        let e = self;
         types::DiffEntry {
-            path: e.path,
-            change: match e.change {
+            path: self.path,
+            change: match self.change {
                 diff::Change::Added => types::DiffEntryChange::Added,
                 diff::Change::Removed => types::DiffEntryChange::Removed,
                 diff::Change::Modified => types::DiffEntryChange::Modified,
             },
-            type_: match e.kind {
+            type_: match self.kind {
                 diff::Kind::File => types::DiffEntryType::File,
                 diff::Kind::Dir => types::DiffEntryType::Dir,
                 diff::Kind::Symlink => types::DiffEntryType::Symlink,
                 diff::Kind::Other => types::DiffEntryType::Other,
             },
-            size: e.size,
-            what: e.what.iter().filter_map(|w| w.parse().ok()).collect(),
+            size: self.size,
+            what: self.what.iter().filter_map(|w| w.parse().ok()).collect(),
         }
     }
 }
