@@ -19,6 +19,7 @@ mod args;
 mod engine;
 mod keys;
 mod process;
+mod run;
 mod secrets;
 mod serve;
 mod settings;
@@ -45,6 +46,13 @@ pub fn main() -> ExitCode {
         Some(Command::Keys(args)) => keys::run(&args.data, args.command),
         Some(Command::Secrets(args)) => secrets::run(&args.data, args.command),
         Some(Command::Template(args)) => runtime.block_on(template::run(&args.data, args.command)),
+        Some(Command::Run(args)) => match runtime.block_on(run::run(args)) {
+            Ok(code) => {
+                runtime.shutdown_timeout(Duration::from_millis(100));
+                return ExitCode::from(code.clamp(0, 255) as u8);
+            }
+            Err(e) => Err(e),
+        },
     };
     // Sandboxes and sockets are shut down already; don't wait for idle blocking threads.
     runtime.shutdown_timeout(Duration::from_millis(100));

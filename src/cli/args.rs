@@ -45,6 +45,58 @@ pub(crate) enum Command {
     Secrets(SecretsArgs),
     /// Manage templates (import an OCI image).
     Template(TemplateArgs),
+    /// Run a stdio MCP server in a sandbox of its own, relaying MCP on stdin/stdout: prefix any
+    /// client's server command with `sandbox-mcp run [FLAGS] --`. The server sees none of this
+    /// machine's files or environment, only the network --allow-out opens, and stand-ins for
+    /// --secret values. EOF, its exit or SIGTERM ends it and its sandbox.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    pub(crate) server: ServerFlags,
+    /// The server's name in the sandbox's labels (`sandbox-mcp.server`) and logs; from the
+    /// command when omitted.
+    #[arg(long)]
+    pub(crate) name: Option<String>,
+    /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
+    #[arg(long, env = "SANDBOX_MCP_URL")]
+    pub(crate) url: Option<String>,
+    /// Bearer key sent to the control plane at SANDBOX_MCP_URL.
+    #[arg(long, env = "SANDBOX_MCP_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+    #[command(flatten)]
+    pub(crate) engine: EngineSettings,
+    /// The server's command and arguments, run inside the sandbox (looked up on its PATH).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<String>,
+}
+
+/// How a hosted server runs: its sandbox's template, network, secrets, environment and shape.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ServerFlags {
+    /// Template of the server's sandbox (`base`, which shows this machine's /usr, when omitted).
+    #[arg(long)]
+    pub(crate) template: Option<String>,
+    /// A domain (`api.github.com`, `*.github.com`) or CIDR the server may reach; repeat for more.
+    /// Everything else is closed.
+    #[arg(long = "allow-out", value_name = "PATTERN")]
+    pub(crate) allow_out: Vec<String>,
+    /// ENV=SECRET: the server's variable ENV holds a stand-in that the engine swaps for the
+    /// secret's value on the wire to the secret's hosts (`sandbox-mcp secrets set`); repeatable.
+    #[arg(long = "secret", value_name = "ENV=SECRET")]
+    pub(crate) secrets: Vec<String>,
+    /// K=V: an environment variable of the server; repeatable.
+    #[arg(long = "env", value_name = "K=V")]
+    pub(crate) env: Vec<String>,
+    /// Resources, e.g. `memory_mb=512,vcpus=1` (also `disk_mb`, `max_pids`); the template's when
+    /// omitted.
+    #[arg(long, value_name = "K=V,…")]
+    pub(crate) shape: Option<String>,
+    /// Working directory of the server inside its sandbox.
+    #[arg(long)]
+    pub(crate) cwd: Option<String>,
 }
 
 #[derive(Args, Debug)]

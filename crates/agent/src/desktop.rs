@@ -170,6 +170,7 @@ impl Desktop {
                 env: &[],
                 merge_output: true,
                 extra_fds: &[],
+                stdin_pipe: false,
             },
             reaper,
         )?;
@@ -219,6 +220,7 @@ impl Desktop {
                     env: &[&display],
                     merge_output: true,
                     extra_fds: &[],
+                    stdin_pipe: false,
                 },
                 reaper,
             ) {

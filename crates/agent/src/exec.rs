@@ -249,6 +249,7 @@ where
         env: &[sandbox_env, &spec.env],
         merge_output: false,
         extra_fds: &[],
+        stdin_pipe: false,
     };
     let child = spawn::start(&launch, reaper)?;
     let pid = child.pid;

@@ -16,7 +16,7 @@ use tokio::io::AsyncReadExt;
 
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
-use super::spawn::{self, Launch, default_cwd, error};
+use super::spawn::{self, Launch, Started, default_cwd, error};
 use sandbox_mcp_protocol::{
     AgentError, ErrorKind, JobInfo, JobList, JobState, JobStatus, KillJob, StartJob,
 };
@@ -145,20 +145,8 @@ impl Jobs {
         Ok(())
     }
 
-    pub(crate) fn start(
-        &self,
-        StartJob { command, cwd, env }: StartJob,
-        sandbox_env: &[(String, String)],
-        reaper: &Reaper,
-    ) -> Result<JobInfo, AgentError> {
-        let cwd = cwd.unwrap_or_else(|| default_cwd().to_string());
-        if command.contains('\0') {
-            return Err(error(
-                ErrorKind::InvalidArgument,
-                "command contains a NUL byte",
-            ));
-        }
-        spawn::check(&cwd, &env)?;
+    /// A slot for a new job: its number, id and log (created empty).
+    fn open_slot(&self) -> Result<(u64, String, PathBuf, File), AgentError> {
         self.make_room()?;
         let n = self.next.get() + 1;
         let id = format!("job_{n}");
@@ -172,17 +160,18 @@ impl Jobs {
                 format!("cannot create the job's log {}: {e}", log.display()),
             )
         })?;
-        let launch = Launch {
-            program: "/bin/sh",
-            args: &["-c", &command],
-            cwd: &cwd,
-            env: &[sandbox_env, &env],
-            merge_output: true,
-            extra_fds: &[],
-        };
-        let started = spawn::start(&launch, reaper).inspect_err(|_| {
-            let _ = std::fs::remove_file(&log);
-        })?;
+        Ok((n, id, log, file))
+    }
+
+    /// Enters a started process as job `n`.
+    fn register(
+        &self,
+        n: u64,
+        id: String,
+        command: String,
+        started: &Started,
+        log: PathBuf,
+    ) -> Rc<Job> {
         self.next.set(n);
         let job = Rc::new(Job {
             id,
@@ -197,15 +186,74 @@ impl Jobs {
             pipe_inodes: started.pipe_inodes.clone(),
         });
         self.map.borrow_mut().insert(n, job.clone());
-        tokio::task::spawn_local(record(job.clone(), started.stdout, file));
+        job
+    }
+
+    pub(crate) fn start(
+        &self,
+        StartJob { command, cwd, env }: StartJob,
+        sandbox_env: &[(String, String)],
+        reaper: &Reaper,
+    ) -> Result<JobInfo, AgentError> {
+        let cwd = cwd.unwrap_or_else(|| default_cwd().to_string());
+        if command.contains('\0') {
+            return Err(error(
+                ErrorKind::InvalidArgument,
+                "command contains a NUL byte",
+            ));
+        }
+        spawn::check(&cwd, &env)?;
+        let (n, id, log, file) = self.open_slot()?;
+        let launch = Launch {
+            program: "/bin/sh",
+            args: &["-c", &command],
+            cwd: &cwd,
+            env: &[sandbox_env, &env],
+            merge_output: true,
+            extra_fds: &[],
+            stdin_pipe: false,
+        };
+        let started = spawn::start(&launch, reaper).inspect_err(|_| {
+            let _ = std::fs::remove_file(&log);
+        })?;
+        let job = self.register(n, id, command, &started, log);
+        let info = job.info();
+        let mut log = JobLog {
+            job: job.clone(),
+            file,
+        };
+        let mut pipe = started.stdout;
+        tokio::task::spawn_local(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match pipe.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => log.append(&buf[..n]),
+                }
+            }
+        });
         tokio::task::spawn_local(async move {
             let exit = started.exit.await.unwrap_or(Exit::Signal(libc::SIGKILL));
             job.exit.set(Some(exit));
             job.finished_at.set(Some(now_ms()));
         });
-        self.find(&format!("job_{n}"))
-            .map(|j| j.info())
-            .ok_or_else(|| error(ErrorKind::Io, "the job vanished"))
+        Ok(info)
+    }
+
+    /// Starts `launch` as a job whose log is the caller's to write (an attached process's
+    /// stderr): the job, its log, and the process.
+    pub(crate) fn start_attached(
+        &self,
+        command: String,
+        launch: &Launch<'_>,
+        reaper: &Reaper,
+    ) -> Result<(JobLog, Started), AgentError> {
+        let (n, id, log, file) = self.open_slot()?;
+        let started = spawn::start(launch, reaper).inspect_err(|_| {
+            let _ = std::fs::remove_file(&log);
+        })?;
+        let job = self.register(n, id, command, &started, log);
+        Ok((JobLog { job, file }, started))
     }
 
     pub(crate) fn status(
@@ -292,27 +340,45 @@ fn utf8_safe_end(data: &[u8]) -> usize {
     len
 }
 
-/// Copies a job's output to its log until every writer has closed the pipe.
-async fn record(job: Rc<Job>, mut pipe: tokio::net::unix::pipe::Receiver, mut file: File) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if file.write_all(&buf[..n]).is_err() {
-            // Disk full or the log was deleted: keep draining so the job never blocks.
-            job.bytes.set(job.bytes.get() + n as u64);
-            continue;
+/// A job's log as it is written: appended to, trimmed when it outgrows its limit, and the job's
+/// end recorded.
+pub(crate) struct JobLog {
+    job: Rc<Job>,
+    file: File,
+}
+
+impl JobLog {
+    pub(crate) fn job_id(&self) -> &str {
+        &self.job.id
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        self.job.pid
+    }
+
+    pub(crate) fn pipe_inodes(&self) -> &[u64] {
+        &self.job.pipe_inodes
+    }
+
+    pub(crate) fn append(&mut self, data: &[u8]) {
+        let job = &self.job;
+        job.bytes.set(job.bytes.get() + data.len() as u64);
+        if self.file.write_all(data).is_err() {
+            // Disk full or the log was deleted: the writer must never block on it.
+            return;
         }
-        job.bytes.set(job.bytes.get() + n as u64);
         let kept = job.bytes.get() - job.dropped.get();
         if kept > LOG_LIMIT
             && let Ok(f) = trim(&job.log, kept / 2)
         {
             job.dropped.set(job.dropped.get() + kept / 2);
-            file = f;
+            self.file = f;
         }
+    }
+
+    pub(crate) fn finish(&self, exit: Exit) {
+        self.job.exit.set(Some(exit));
+        self.job.finished_at.set(Some(now_ms()));
     }
 }
 

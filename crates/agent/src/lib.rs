@@ -12,6 +12,7 @@
 /// A desktop's screen size (stored in sandbox records too).
 pub use sandbox_mcp_protocol::Screen;
 
+pub(crate) mod attach;
 pub(crate) mod capture;
 pub(crate) mod desktop;
 pub(crate) mod exec;

@@ -143,6 +143,13 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         Ok(Some(r)) => r,
         _ => return,
     };
+    let request = match request {
+        // The connection is the process's stdio from here on.
+        Request::Attach(spec) => {
+            return super::attach::serve(spec, &state.env, &state.reaper, &state.jobs, conn).await;
+        }
+        other => other,
+    };
     let conn_fd = std::os::fd::AsRawFd::as_raw_fd(&conn);
     let (mut rd, mut wr) = conn.split();
     let (env, reaper) = (&state.env, &state.reaper);
@@ -256,6 +263,7 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
         Request::ZipDir(r) => {
             reply::<ZipDir>(&mut wr, on_file_thread(move || files::zip_dir(r)).await).await
         }
+        Request::Attach(_) => {}
         Request::KillAll(_) => {
             // From PID 1, kill(-1) reaches every other process in the namespace.
             let _ =

@@ -151,6 +151,8 @@ pub struct Launch<'a> {
     pub merge_output: bool,
     /// Descriptors to place at 3, 4, … in the child (interpreter control pipes).
     pub extra_fds: &'a [RawFd],
+    /// stdin from a pipe (an attached process) instead of /dev/null.
+    pub stdin_pipe: bool,
 }
 
 /// A started process.
@@ -160,6 +162,8 @@ pub struct Started {
     pub stdout: pipe::Receiver,
     /// `None` when output is merged into `stdout`.
     pub stderr: Option<pipe::Receiver>,
+    /// The process's stdin, when [`Launch::stdin_pipe`] asked for it.
+    pub stdin: Option<pipe::Sender>,
     /// Inodes of the output pipes, to find escaped descendants that still hold them.
     pub pipe_inodes: Vec<u64>,
 }
@@ -168,14 +172,18 @@ fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
     nix::sys::stat::fstat(fd).map(|s| s.st_ino).unwrap_or(0)
 }
 
-/// Starts a process in its own session with stdin on /dev/null.
+/// Starts a process in its own session with stdin on /dev/null (or a pipe, when asked).
 pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError> {
     let mut cmd = Command::new(launch.program);
     cmd.args(launch.args)
         .current_dir(launch.cwd)
         .env_clear()
         .envs(base_env())
-        .stdin(Stdio::null());
+        .stdin(if launch.stdin_pipe {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
     for vars in launch.env {
         cmd.envs(vars.iter().cloned());
     }
@@ -249,6 +257,13 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
             (to_async(out.into())?, Some(to_async(err.into())?))
         }
     };
+    let stdin = match child.stdin.take() {
+        Some(w) => Some(
+            pipe::Sender::from_owned_fd(w.into())
+                .map_err(|e| error(ErrorKind::Io, format!("cannot feed input: {e}")))?,
+        ),
+        None => None,
+    };
     drop(child); // never waited on through std: the reaper owns every exit status
     let mut pipe_inodes = vec![inode_of(&stdout)];
     if let Some(e) = &stderr {
@@ -259,6 +274,7 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
         exit,
         stdout,
         stderr,
+        stdin,
         pipe_inodes,
     })
 }

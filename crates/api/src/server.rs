@@ -89,6 +89,8 @@ pub enum Rejection {
     InvalidBody(String),
     /// The query is not the operation's (axum's words).
     InvalidQuery(String),
+    /// A WebSocket operation called without a WebSocket handshake (what is missing).
+    NotWebSocket(String),
 }
 
 fn refuse<A: EngineApi>(rejection: Rejection) -> Response {
@@ -212,5 +214,99 @@ fn line(event: &serde_json::Value) -> Vec<u8> {
 impl IntoResponse for Ndjson {
     fn into_response(self) -> Response {
         ([(header::CONTENT_TYPE, NDJSON)], self.0).into_response()
+    }
+}
+
+/// A WebSocket handshake (`x-dropshot-websocket` operations): the request's key and its
+/// connection, to be upgraded by the answer [`WebSocketUpgrade::accept`] makes.
+pub struct WebSocketUpgrade {
+    key: header::HeaderValue,
+    on_upgrade: hyper::upgrade::OnUpgrade,
+}
+
+/// The engine's side of an upgraded connection.
+pub type WebSocket =
+    tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
+
+impl<A: EngineApi> FromRequestParts<A> for WebSocketUpgrade {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &A) -> Result<Self, Self::Rejection> {
+        let has = |name: header::HeaderName, value: &str| {
+            parts.headers.get_all(name).iter().any(|v| {
+                v.to_str()
+                    .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(value)))
+            })
+        };
+        let refuse_with = |why: &str| refuse::<A>(Rejection::NotWebSocket(why.to_string()));
+        if parts.method != axum::http::Method::GET
+            || !has(header::CONNECTION, "upgrade")
+            || !has(header::UPGRADE, "websocket")
+        {
+            return Err(refuse_with(
+                "this operation is a WebSocket: send a GET with `Connection: Upgrade` and `Upgrade: websocket`",
+            ));
+        }
+        if !has(header::SEC_WEBSOCKET_VERSION, "13") {
+            return Err(refuse_with("only WebSocket version 13 is spoken"));
+        }
+        let key = parts
+            .headers
+            .get(header::SEC_WEBSOCKET_KEY)
+            .cloned()
+            .ok_or_else(|| refuse_with("the WebSocket handshake has no Sec-WebSocket-Key"))?;
+        let on_upgrade = parts
+            .extensions
+            .remove::<hyper::upgrade::OnUpgrade>()
+            .ok_or_else(|| refuse_with("this connection cannot be upgraded (HTTP/1.1 only)"))?;
+        Ok(Self { key, on_upgrade })
+    }
+}
+
+impl WebSocketUpgrade {
+    /// The `101 Switching Protocols` answer; `serve` runs with the socket once the client has it.
+    /// A message (or frame) over `max_message` bytes ends the connection.
+    pub fn accept<F>(
+        self,
+        max_message: usize,
+        serve: impl FnOnce(WebSocket) -> F + Send + 'static,
+    ) -> Response
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let accept =
+            tokio_tungstenite::tungstenite::handshake::derive_accept_key(self.key.as_bytes());
+        let on_upgrade = self.on_upgrade;
+        tokio::spawn(async move {
+            let Ok(upgraded) = on_upgrade.await else {
+                return;
+            };
+            let socket = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                hyper_util::rt::TokioIo::new(upgraded),
+                tokio_tungstenite::tungstenite::protocol::Role::Server,
+                Some(
+                    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+                        .max_message_size(Some(max_message))
+                        .max_frame_size(Some(max_message)),
+                ),
+            )
+            .await;
+            serve(socket).await;
+        });
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("upgrade"),
+        );
+        headers.insert(
+            header::UPGRADE,
+            header::HeaderValue::from_static("websocket"),
+        );
+        if let Ok(v) = header::HeaderValue::from_str(&accept) {
+            headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+        }
+        response
     }
 }

@@ -143,6 +143,15 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
                     op.id
                 ),
             ),
+            (false, _) if op.websocket => ctx.fail(
+                "tool-defs/",
+                None,
+                format!(
+                    "operation `{}` is a WebSocket, whose messages a model cannot exchange; replace \
+                     its [[tool]] with an [[exclude]] and a reason",
+                    op.id
+                ),
+            ),
             (false, Some((file, _))) => ctx.fail(
                 file,
                 Some(&format!("[[exclude]] {}", op.id)),

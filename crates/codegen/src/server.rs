@@ -145,6 +145,9 @@ fn response_type(spec: &Spec, op: &Operation) -> Result<TokenStream, String> {
     if op.streaming {
         return Ok(quote!(crate::server::Ndjson));
     }
+    if op.websocket {
+        return Ok(quote!(::axum::response::Response));
+    }
     let name = response_component(spec, op)?;
     let ident = format_ident!("{name}");
     Ok(quote!(crate::types::#ident))
@@ -238,6 +241,11 @@ fn operation(spec: &Spec, op: &Operation) -> Result<(TokenStream, TokenStream), 
         );
         args.push(quote!(query));
     }
+    if op.websocket {
+        params.push(quote!(upgrade: crate::server::WebSocketUpgrade));
+        extract.push(quote!(upgrade: crate::server::WebSocketUpgrade));
+        args.push(quote!(upgrade));
+    }
     if op.raw_body {
         params.push(quote!(body: ::axum::body::Body));
         extract.push(quote!(body: ::axum::body::Body));
@@ -252,7 +260,7 @@ fn operation(spec: &Spec, op: &Operation) -> Result<(TokenStream, TokenStream), 
         });
         args.push(quote!(body));
     }
-    let answer = if op.streaming {
+    let answer = if op.streaming || op.websocket {
         quote!(::axum::response::IntoResponse::into_response(answer))
     } else if op.status == 200 {
         quote!(::axum::response::IntoResponse::into_response(::axum::Json(

@@ -62,8 +62,11 @@ pub struct Operation {
     pub raw_body: bool,
     /// The request body must be given (`requestBody.required`).
     pub body_required: bool,
-    /// The success status code (the one 2xx response).
+    /// The success status code (the one 2xx response, or 101 for a WebSocket).
     pub status: u16,
+    /// A WebSocket (`x-dropshot-websocket`, answered `101`): the protocol is in the messages, so
+    /// such an operation has no result to give a model and can only be excluded from tools.
+    pub websocket: bool,
     /// The operation's `summary`, else its `description`.
     pub summary: Option<String>,
     /// The operation acts for a caller, whose tenant it may narrow itself to; `false` where the
@@ -168,7 +171,12 @@ impl Spec {
                 };
                 let body_required =
                     matches!(&op.request_body, Some(ReferenceOr::Item(b)) if b.required);
-                let (response_schema, streaming, status) = self.success_schema(&id, op)?;
+                let websocket = op.extensions.contains_key("x-dropshot-websocket");
+                let (response_schema, streaming, status) = if websocket {
+                    self.websocket_answer(&id, op)?
+                } else {
+                    self.success_schema(&id, op)?
+                };
                 out.push(Operation {
                     id,
                     method: method.to_string(),
@@ -180,6 +188,7 @@ impl Spec {
                     raw_body,
                     body_required,
                     status,
+                    websocket,
                     summary: op.summary.clone().or_else(|| op.description.clone()),
                     tenant_scoped: op
                         .extensions
@@ -348,6 +357,29 @@ impl Spec {
             })
             .unwrap_or_default();
         Ok((name, required, properties))
+    }
+
+    /// A WebSocket operation answers 101 and nothing else that succeeds, and takes no body (its
+    /// request travels as its first message).
+    fn websocket_answer(
+        &self,
+        op_id: &str,
+        op: &openapiv3::Operation,
+    ) -> Result<(Value, bool, u16), String> {
+        let codes: Vec<&openapiv3::StatusCode> = op.responses.responses.keys().collect();
+        let switching = codes
+            .iter()
+            .any(|c| matches!(c, openapiv3::StatusCode::Code(101)));
+        let other_success = codes.iter().any(|c| {
+            matches!(c, openapiv3::StatusCode::Code(c) if (200..300).contains(c))
+                || matches!(c, openapiv3::StatusCode::Range(2))
+        });
+        if !switching || other_success || op.request_body.is_some() {
+            return Err(format!(
+                "operation `{op_id}`: a WebSocket (x-dropshot-websocket) answers 101 and no 2xx, and takes no request body"
+            ));
+        }
+        Ok((serde_json::json!({"type": "object"}), false, 101))
     }
 
     fn success_schema(

@@ -12,6 +12,7 @@
 //! before a handler runs. A new operation in the spec is a method this impl lacks until its
 //! handler is written; its errors are [`EngineError`]s.
 
+mod attach;
 mod code;
 mod convert;
 mod desktop;
@@ -245,6 +246,15 @@ impl EngineApi for AppState {
         query: server::GetJobQuery,
     ) -> Result<types::JobStatus, EngineError> {
         jobs::get(self, caller, sandbox_id, job_id, query).await
+    }
+
+    async fn attach_process(
+        &self,
+        caller: Caller,
+        sandbox_id: types::SandboxId,
+        upgrade: server::WebSocketUpgrade,
+    ) -> Result<axum::response::Response, EngineError> {
+        Ok(attach::attach(self, caller, sandbox_id, upgrade))
     }
 
     async fn kill_job(

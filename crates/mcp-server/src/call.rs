@@ -49,6 +49,25 @@ pub fn respond<T: Serialize>(
     }
 }
 
+/// A client error in one line, for people: the engine's message when it answered.
+pub fn error_text(e: Error<types::Error>) -> String {
+    from_client_error(e).text()
+}
+
+impl CallFailure {
+    /// The failure in one line, for people: the engine's message when it answered.
+    pub fn text(self) -> String {
+        match self {
+            CallFailure::Api { message, .. } => message,
+            CallFailure::InvalidArgs(m)
+            | CallFailure::Unreachable(m)
+            | CallFailure::Deadline(m)
+            | CallFailure::BadResponse(m)
+            | CallFailure::UnknownTool(m) => m,
+        }
+    }
+}
+
 const NOT_THE_API: &str = "an HTML page came back instead of an API response; is SANDBOX_MCP_URL the engine, not a proxy or another service?";
 
 fn from_client_error(e: Error<types::Error>) -> CallFailure {

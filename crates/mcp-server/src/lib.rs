@@ -8,6 +8,7 @@
 pub mod args;
 pub mod backend;
 pub mod call;
+pub mod hosted;
 pub mod http;
 pub mod jsonrpc;
 pub mod keys;

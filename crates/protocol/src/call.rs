@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::frame::MAX_FRAME;
 use crate::{
-    ConnectPort, CreateContext, Delete, DeleteContext, ExecSpec, HandOverEgress, Input, JobStatus,
-    KillAll, KillJob, ListContexts, ListDir, ListJobs, Move, Ping, ReadFile, RunCodeSpec,
-    Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
+    Attach, ConnectPort, CreateContext, Delete, DeleteContext, ExecSpec, HandOverEgress, Input,
+    JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, Move, Ping, ReadFile,
+    RunCodeSpec, Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
 };
 
 /// Largest answer to a request whose answer is small (everything but file contents, zips,
@@ -68,6 +68,7 @@ pub enum Request {
     StartDesktop(StartDesktop),
     Screenshot(Screenshot),
     Input(Input),
+    Attach(Attach),
 }
 
 /// Binds a request type to its variant of [`Request`] and to its reply.

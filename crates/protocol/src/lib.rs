@@ -11,6 +11,7 @@
 
 #[macro_use]
 mod call;
+mod attach;
 mod code;
 mod desktop;
 mod exec;
@@ -21,6 +22,7 @@ pub mod keys;
 pub mod mux;
 mod sandbox;
 
+pub use attach::*;
 pub use call::{Call, Request};
 pub use code::*;
 pub use desktop::*;

@@ -103,6 +103,7 @@ pub(crate) fn rejected(rejection: Rejection) -> EngineError {
             EngineError::InvalidArgument(format!("invalid request body: {text}"))
         }
         Rejection::InvalidQuery(text) => EngineError::InvalidArgument(text),
+        Rejection::NotWebSocket(text) => EngineError::InvalidArgument(text),
     }
 }
 

@@ -10,8 +10,8 @@ use std::time::Duration;
 use futures::Stream;
 use sandbox_mcp_model::driver::{AgentConn, DriverError, Liveness};
 use sandbox_mcp_protocol::{
-    AgentError, Call, ExecSpec, Frame, JobInfo, KillAll, ListContexts, ListJobs, Ping,
-    read_frame_limited, write_frame,
+    AgentError, Attach, Attached, Call, ExecSpec, Frame, JobInfo, KillAll, ListContexts, ListJobs,
+    Ping, read_frame_limited, write_frame,
 };
 use sandbox_mcp_sys::lock;
 
@@ -32,6 +32,15 @@ pub(crate) async fn exchange<C: Call>(
     sandbox_mcp_protocol::exchange(conn, call)
         .await
         .map_err(|e| DriverError::Agent(e.to_string()))
+}
+
+/// A process attached to its caller (see [`sandbox_mcp_protocol::Chunk`]): the agent's
+/// connection, which carries its stdio from here on. While it is held, the sandbox is in use
+/// (it is not paused for idling).
+pub struct Attachment {
+    pub conn: AgentConn,
+    pub attached: Attached,
+    _inflight: InFlight,
 }
 
 pub struct AgentClient {
@@ -137,6 +146,28 @@ impl AgentClient {
                 Err(_) => Some((Err(client.timed_out(&id, &entry, deadline).await), None)),
             }
         }))
+    }
+
+    /// Starts `spec` attached to the returned connection (resuming or restarting the sandbox
+    /// first).
+    pub async fn attach(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        mut spec: Attach,
+    ) -> Result<Attachment, EngineError> {
+        let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
+        spec.add_env(&bound_env(&entry));
+        match tokio::time::timeout(AGENT_TIMEOUT, exchange(&mut conn, spec)).await {
+            Ok(Ok(Ok(attached))) => Ok(Attachment {
+                conn,
+                attached,
+                _inflight: inflight,
+            }),
+            Ok(Ok(Err(e))) => Err(e.into()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(self.timed_out(id, &entry, AGENT_TIMEOUT).await),
+        }
     }
 
     /// Runs a command to completion; on an OOM kill, the sandbox's other processes go too (v1

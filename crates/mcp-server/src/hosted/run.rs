@@ -1,0 +1,111 @@
+//! `sandbox-mcp run -- COMMAND…`: one stdio MCP server in a sandbox of its own, relayed on this
+//! process's stdin and stdout byte for byte, so that prefixing a client's server command with
+//! `sandbox-mcp run … --` sandboxes it. The server's stderr comes out on ours. Its EOF, its exit,
+//! or SIGTERM ends it and its sandbox.
+
+use std::future::Future;
+
+use sandbox_mcp_protocol::Chunk;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::ServerSpec;
+use super::attach::{Input, attach};
+use crate::backend::Backend;
+
+/// Runs server `name` until it exits, its client hangs up (EOF on stdin), or `stop` resolves;
+/// the sandbox is killed in every case. Returns the server's exit status as a process's (128 +
+/// the signal for a killed one; 0 when stopped).
+pub async fn run(
+    backend: &Backend,
+    name: &str,
+    spec: &ServerSpec,
+    stop: impl Future<Output = ()>,
+) -> Result<i32, String> {
+    let handle = backend.client(None).await.map_err(|e| e.text())?;
+    let client = handle.client.clone();
+    let request: sandbox_mcp_api::types::CreateSandboxRequest =
+        serde_json::from_value(spec.sandbox_request(name))
+            .map_err(|e| format!("invalid server settings: {e}"))?;
+    let sandbox = client
+        .create_sandbox()
+        .body(request)
+        .send()
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot create the server's sandbox: {}",
+                crate::call::error_text(e)
+            )
+        })?
+        .into_inner();
+    let id = sandbox.id.to_string();
+    tracing::info!(sandbox = %id, server = name, "started the server's sandbox");
+    let outcome = relay(&client, &id, spec, stop).await;
+    if let Err(e) = client.kill_sandbox().sandbox_id(id.as_str()).send().await {
+        tracing::warn!(sandbox = %id, "could not kill the server's sandbox: {}", crate::call::error_text(e));
+    }
+    outcome
+}
+
+async fn relay(
+    client: &sandbox_mcp_api::Client,
+    id: &str,
+    spec: &ServerSpec,
+    stop: impl Future<Output = ()>,
+) -> Result<i32, String> {
+    let request: sandbox_mcp_api::types::AttachRequest =
+        serde_json::from_value(spec.attach_request())
+            .map_err(|e| format!("invalid server command: {e}"))?;
+    let attached = attach(client, id, &request)
+        .await
+        .map_err(|e| format!("cannot start `{}`: {e}", spec.command.join(" ")))?;
+    let (input, mut output) = (attached.input, attached.output);
+    let pump_in = pump_stdin(input);
+    tokio::pin!(pump_in);
+    tokio::pin!(stop);
+    let mut stdout = tokio::io::stdout();
+    let mut stderr = tokio::io::stderr();
+    let mut input_done = false;
+    loop {
+        tokio::select! {
+            chunk = output.next() => match chunk {
+                Some(Ok(Chunk::Stdout(data))) => {
+                    if stdout.write_all(&data).await.is_err() || stdout.flush().await.is_err() {
+                        // Our client is gone: so is the server's.
+                        return Ok(0);
+                    }
+                }
+                Some(Ok(Chunk::Stderr(data))) => {
+                    let _ = stderr.write_all(&data).await;
+                }
+                Some(Ok(Chunk::Exit { exit_code, signal })) => {
+                    return Ok(exit_code.unwrap_or(128 + signal.unwrap_or(9)));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Err(format!("the connection to the server broke: {e}")),
+                None => return Err("the engine ended the server's connection without its exit status".into()),
+            },
+            () = &mut pump_in, if !input_done => input_done = true,
+            () = &mut stop => return Ok(0),
+        }
+    }
+}
+
+/// Copies our stdin to the server's until EOF, which it passes on.
+async fn pump_stdin(mut input: Input) {
+    let mut stdin = tokio::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if input.write(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = input.close().await;
+    // Keep the socket open for the server's last words; dropping it would hang up.
+    std::future::pending::<()>().await;
+}
