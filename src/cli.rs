@@ -22,6 +22,7 @@ mod process;
 mod run;
 mod secrets;
 mod serve;
+mod servers;
 mod settings;
 mod template;
 mod tools;
@@ -46,6 +47,7 @@ pub fn main() -> ExitCode {
         Some(Command::Keys(args)) => keys::run(&args.data, args.command),
         Some(Command::Secrets(args)) => secrets::run(&args.data, args.command),
         Some(Command::Template(args)) => runtime.block_on(template::run(&args.data, args.command)),
+        Some(Command::Servers(args)) => runtime.block_on(servers::run(args)),
         Some(Command::Run(args)) => match runtime.block_on(run::run(args)) {
             Ok(code) => {
                 runtime.shutdown_timeout(Duration::from_millis(100));

@@ -50,6 +50,75 @@ pub(crate) enum Command {
     /// machine's files or environment, only the network --allow-out opens, and stand-ins for
     /// --secret values. EOF, its exit or SIGTERM ends it and its sandbox.
     Run(RunArgs),
+    /// Manage hosted MCP servers: `serve --http` serves each at /servers/NAME/mcp, one sandbox
+    /// per MCP session.
+    Servers(ServersArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ServersArgs {
+    /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
+    #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
+    pub(crate) url: Option<String>,
+    /// Bearer key sent to the control plane at SANDBOX_MCP_URL.
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_API_KEY",
+        hide_env_values = true,
+        global = true
+    )]
+    pub(crate) api_key: Option<String>,
+    #[command(flatten)]
+    pub(crate) engine: EngineSettings,
+    #[command(subcommand)]
+    pub(crate) command: ServersCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum ServersCommand {
+    /// Register (or replace) server NAME: `servers add time -- uvx mcp-server-time`, or from
+    /// source: `servers add mine --from ./my-server --install 'npm ci' --entrypoint 'node index.js'`.
+    Add(ServersAdd),
+    /// List the registered servers.
+    List {
+        /// Print the engine's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove server NAME (open sessions keep running until they end).
+    Rm { name: String },
+    /// Show server NAME's running sandboxes: their network log and the end of the server's stderr.
+    Log { name: String },
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ServersAdd {
+    /// The server's name: lower-case letters, digits, `.`, `_` and `-`.
+    pub(crate) name: String,
+    #[command(flatten)]
+    pub(crate) server: ServerFlags,
+    /// End a session idle this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub(crate) idle_timeout: u64,
+    /// Keep this many sandboxes with the server started and initialized, for new sessions.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) warm: u32,
+    /// Install the server from source: a git URL, or a local directory.
+    #[arg(long, value_name = "GIT_URL|DIR")]
+    pub(crate) from: Option<String>,
+    /// The git branch or tag (with a git URL).
+    #[arg(long = "ref", requires = "from")]
+    pub(crate) git_ref: Option<String>,
+    /// The install command, run in the source's directory, e.g. `npm ci` or `pip install .`.
+    #[arg(long, requires = "from")]
+    pub(crate) install: Option<String>,
+    /// How to start the installed server, run with `sh -c` in the source's directory, e.g.
+    /// `node dist/index.js` (instead of a command after `--`).
+    #[arg(long, requires = "from")]
+    pub(crate) entrypoint: Option<String>,
+    /// The server's command and arguments, run inside its sandbox.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<String>,
 }
 
 #[derive(Args, Debug)]

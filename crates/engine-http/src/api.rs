@@ -25,6 +25,7 @@ mod previews;
 pub mod request;
 mod sandboxes;
 mod secrets;
+mod servers;
 mod snapshots;
 mod templates;
 
@@ -246,6 +247,31 @@ impl EngineApi for AppState {
         query: server::GetJobQuery,
     ) -> Result<types::JobStatus, EngineError> {
         jobs::get(self, caller, sandbox_id, job_id, query).await
+    }
+
+    async fn list_servers(&self, caller: Caller) -> Result<types::ServerList, EngineError> {
+        servers::list(self, caller).await
+    }
+
+    async fn put_server(
+        &self,
+        caller: Caller,
+        name: String,
+        body: types::ServerRequest,
+    ) -> Result<types::Server, EngineError> {
+        servers::put(self, caller, name, body).await
+    }
+
+    async fn get_server(&self, caller: Caller, name: String) -> Result<types::Server, EngineError> {
+        servers::get(self, caller, name).await
+    }
+
+    async fn delete_server(
+        &self,
+        caller: Caller,
+        name: String,
+    ) -> Result<types::DeleteServerResult, EngineError> {
+        servers::delete(self, caller, name).await
     }
 
     async fn attach_process(

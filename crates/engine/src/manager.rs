@@ -40,6 +40,7 @@ pub struct Manager {
     pub networks: Arc<Networks>,
     pub catalog: Arc<Catalog>,
     pub secrets: Arc<Secrets>,
+    pub servers: Arc<crate::services::servers::Servers>,
     pub lifecycle: Arc<Lifecycle>,
     pub agent: Arc<AgentClient>,
     pub pools: Arc<Pools>,
@@ -207,6 +208,7 @@ impl Manager {
             agent.clone(),
             pools.clone(),
         ));
+        let servers = Arc::new(crate::services::servers::Servers::new(records.clone()));
         let timers = Arc::new(Timers::new(
             config.tick,
             config.idle_pause,
@@ -224,6 +226,7 @@ impl Manager {
             networks,
             catalog,
             secrets,
+            servers,
             lifecycle,
             agent,
             pools,

@@ -13,7 +13,7 @@ use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, Status
 
 use crate::driver::blocking;
 use crate::error::EngineError;
-use crate::state::Store;
+use crate::state::{ServerRow, Store};
 
 pub(crate) struct Records {
     local: Arc<Store>,
@@ -162,5 +162,51 @@ impl Records {
             Some(shared) => shared.all().await.map(Some),
             None => Ok(None),
         }
+    }
+
+    pub(crate) async fn put_server(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        settings: String,
+        now: i64,
+    ) -> Result<ServerRow, EngineError> {
+        let (tenant, name) = (tenant.map(String::from), name.to_string());
+        self.local(move |s| s.put_server(tenant.as_deref(), &name, &settings, now))
+            .await
+    }
+
+    pub(crate) async fn server(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<Option<ServerRow>, EngineError> {
+        let (tenant, name) = (tenant.map(String::from), name.to_string());
+        self.local(move |s| s.server(tenant.as_deref(), &name))
+            .await
+    }
+
+    pub(crate) async fn servers(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<ServerRow>, EngineError> {
+        let tenant = tenant.map(String::from);
+        self.local(move |s| s.servers(tenant.as_deref())).await
+    }
+
+    pub(crate) async fn count_servers(&self, tenant: Option<&str>) -> Result<u64, EngineError> {
+        let tenant = tenant.map(String::from);
+        self.local(move |s| s.count_servers(tenant.as_deref()))
+            .await
+    }
+
+    pub(crate) async fn delete_server(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<bool, EngineError> {
+        let (tenant, name) = (tenant.map(String::from), name.to_string());
+        self.local(move |s| s.delete_server(tenant.as_deref(), &name))
+            .await
     }
 }

@@ -52,6 +52,7 @@ pub mod pool;
 pub mod previews;
 pub(crate) mod registry;
 pub mod secrets;
+pub mod servers;
 pub mod snapshots;
 pub mod templates;
 pub(crate) mod timers;

@@ -15,6 +15,10 @@ use rusqlite::{Connection, OptionalExtension, params};
 use sandbox_mcp_model::driver::Shape;
 pub use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, Status};
 
+mod servers;
+
+pub use servers::ServerRow;
+
 pub struct Store {
     conn: Mutex<Connection>,
 }
@@ -123,6 +127,7 @@ impl Store {
         conn.pragma_update(None, "synchronous", "FULL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(servers::SCHEMA)?;
         // Data dirs from before these columns keep their rows: no network rules (the engine's
         // default), no secrets bound.
         for column in ["network", "secrets"] {

@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 pub mod attach;
+pub mod http;
+pub mod relay;
 pub mod run;
+pub mod sessions;
 
 /// Metadata label naming the hosted server a sandbox runs.
 pub const SERVER_LABEL: &str = "sandbox-mcp.server";

@@ -321,6 +321,8 @@ pub struct HttpServer {
     guard: Arc<Guard>,
     cancel: CancellationToken,
     sandboxes: SessionSandboxes,
+    /// Sessions of hosted servers (`/servers/NAME/mcp`).
+    pub hosted: crate::hosted::sessions::Sessions,
     backend: Backend,
     task: tokio::task::JoinHandle<()>,
 }
@@ -383,8 +385,18 @@ impl HttpServer {
             .with_cancellation_token(cancel.child_token())
             .with_max_request_body_bytes(BODY_LIMIT);
         let service = StreamableHttpService::new(factory, Arc::new(sessions), config);
+        let hosted = crate::hosted::sessions::Sessions::new(backend.clone());
+        warm_hosted(&hosted);
         let app = Router::new()
             .nest_service("/mcp", service)
+            .route(
+                "/servers/{name}/mcp",
+                axum::routing::any(hosted_server).with_state(hosted.clone()),
+            )
+            .layer(middleware::from_fn_with_state(
+                hosted.clone(),
+                superbox_alias,
+            ))
             .layer(middleware::from_fn_with_state(guard.clone(), guard_fn))
             .layer(DefaultBodyLimit::max(BODY_LIMIT));
         let listener = tokio::net::TcpListener::bind(opts.listen)
@@ -404,6 +416,7 @@ impl HttpServer {
             guard,
             cancel,
             sandboxes,
+            hosted,
             backend,
             task,
         })
@@ -420,7 +433,55 @@ impl HttpServer {
         self.cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
         self.sandboxes.kill_all(&self.backend).await;
+        self.hosted.close_all().await;
     }
+}
+
+/// `/servers/NAME/mcp`: hosted server NAME.
+async fn hosted_server(
+    State(hosted): State<crate::hosted::sessions::Sessions>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    req: Request,
+) -> Response {
+    crate::hosted::http::handle(hosted, name, req).await
+}
+
+/// `/mcp?name=NAME`: hosted server NAME, as SuperBox's clients ask for it.
+async fn superbox_alias(
+    State(hosted): State<crate::hosted::sessions::Sessions>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let name = (req.uri().path() == "/mcp")
+        .then(|| req.uri().query())
+        .flatten()
+        .and_then(|q| {
+            q.split('&')
+                .find_map(|pair| pair.strip_prefix("name="))
+                .map(String::from)
+        });
+    match name {
+        Some(name) => crate::hosted::http::handle(hosted, name, req).await,
+        None => next.run(req).await,
+    }
+}
+
+/// Fills the warm pools of the operator's hosted servers that ask for some.
+fn warm_hosted(hosted: &crate::hosted::sessions::Sessions) {
+    let hosted = hosted.clone();
+    tokio::spawn(async move {
+        let Ok(handle) = hosted.backend().client(None).await else {
+            return;
+        };
+        let Ok(list) = handle.client.list_servers().send().await else {
+            return;
+        };
+        for server in list.into_inner().servers {
+            if server.shared && server.warm > 0 {
+                hosted.refill(None, &crate::hosted::http::hosted_server(server));
+            }
+        }
+    });
 }
 
 async fn guard_fn(state: State<Arc<Guard>>, req: Request, next: Next) -> Response {

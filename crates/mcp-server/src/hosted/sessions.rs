@@ -1,0 +1,504 @@
+//! Sessions of hosted servers: each MCP session owns one instance (its own sandbox and server
+//! process), taken from the server's warm pool when there is one. A session ends on `DELETE`,
+//! when it has been idle for the server's timeout, when its server exits, or at shutdown; its
+//! sandbox goes with it.
+//!
+//! What the server sends that answers no request of the client's is routed here: to the
+//! client's most recent open request stream, else its GET stream, else kept (boundedly) for the
+//! next GET. The server's own requests go to the client only if the client declared the
+//! capability they need; otherwise the server gets an error at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::ServerSpec;
+use super::relay::{Instance, error_response};
+use crate::backend::Backend;
+use sandbox_mcp_sys::lock;
+
+/// Protocol revisions the outside speaks, newest last (2026-07-28 is stateless).
+pub const SERVED_VERSIONS: [&str; 3] = ["2025-06-18", "2025-11-25", "2026-07-28"];
+/// What a warm instance is initialized with; the server answers with its own if it differs.
+const INNER_VERSION: &str = "2025-11-25";
+/// Messages kept for a client with no stream open.
+const BACKLOG: usize = 256;
+/// How long a server has to answer `initialize` (a cold `npx` may download nothing here but
+/// still takes seconds to start).
+pub const INITIALIZE_WAIT: Duration = Duration::from_secs(120);
+
+/// A hosted server as a session starts it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostedServer {
+    pub name: String,
+    pub spec: ServerSpec,
+    pub idle: Duration,
+    pub warm: usize,
+}
+
+/// What goes to a client's stream: a message from the server, or the response that ends it.
+pub enum Item {
+    Event(Value),
+    Final(Value),
+}
+
+#[derive(Default)]
+struct Streams {
+    /// Open request streams, newest last.
+    requests: Vec<(u64, mpsc::Sender<Item>)>,
+    get: Option<mpsc::Sender<Item>>,
+    backlog: VecDeque<Value>,
+    next: u64,
+}
+
+pub struct Session {
+    pub id: String,
+    pub tenant: Option<String>,
+    pub server: HostedServer,
+    pub instance: Arc<Instance>,
+    /// The client's `initialize` capabilities.
+    client_capabilities: Value,
+    /// The warm pool sent `notifications/initialized` already.
+    pre_initialized: bool,
+    last_seen: Mutex<Instant>,
+    streams: Mutex<Streams>,
+    router: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The capability a request from the server needs of the client.
+fn needed_capability(method: &str) -> Option<&'static str> {
+    match method {
+        "sampling/createMessage" => Some("sampling"),
+        "elicitation/create" => Some("elicitation"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
+}
+
+impl Session {
+    fn new(
+        tenant: Option<String>,
+        server: HostedServer,
+        instance: Arc<Instance>,
+        client_capabilities: Value,
+        pre_initialized: bool,
+    ) -> Arc<Self> {
+        let session = Arc::new(Self {
+            id: session_id(),
+            tenant,
+            server,
+            instance,
+            client_capabilities,
+            pre_initialized,
+            last_seen: Mutex::new(Instant::now()),
+            streams: Mutex::new(Streams::default()),
+            router: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&session);
+        let instance = session.instance.clone();
+        let task = tokio::spawn(async move {
+            while let Some(message) = instance.next_event().await {
+                let Some(session) = weak.upgrade() else {
+                    return;
+                };
+                session.route(message).await;
+            }
+        });
+        *lock(&session.router) = Some(task);
+        session
+    }
+
+    pub fn touch(&self) {
+        *lock(&self.last_seen) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        lock(&self.last_seen).elapsed()
+    }
+
+    /// A message from the server for the client.
+    async fn route(&self, message: Value) {
+        if let (Some(method), Some(id)) = (message["method"].as_str(), message.get("id"))
+            && let Some(capability) = needed_capability(method)
+            && self.client_capabilities.get(capability).is_none()
+        {
+            let refusal = error_response(
+                id,
+                -32601,
+                &format!(
+                    "the client did not declare the `{capability}` capability, so `{method}` cannot reach it"
+                ),
+            );
+            let _ = self.instance.send(&refusal).await;
+            return;
+        }
+        let mut streams = lock(&self.streams);
+        streams.requests.retain(|(_, tx)| !tx.is_closed());
+        if let Some((_, tx)) = streams.requests.last()
+            && tx.try_send(Item::Event(message.clone())).is_ok()
+        {
+            return;
+        }
+        if let Some(tx) = &streams.get
+            && tx.try_send(Item::Event(message.clone())).is_ok()
+        {
+            return;
+        }
+        streams.get = None;
+        if streams.backlog.len() >= BACKLOG {
+            streams.backlog.pop_front();
+        }
+        streams.backlog.push_back(message);
+    }
+
+    /// Opens a stream for one request; messages from the server go there while it is open.
+    fn open_request_stream(&self) -> (u64, mpsc::Receiver<Item>, mpsc::Sender<Item>) {
+        let (tx, rx) = mpsc::channel(256);
+        let mut streams = lock(&self.streams);
+        streams.next += 1;
+        let n = streams.next;
+        streams.requests.push((n, tx.clone()));
+        (n, rx, tx)
+    }
+
+    fn close_request_stream(&self, n: u64) {
+        lock(&self.streams).requests.retain(|(k, _)| *k != n);
+    }
+
+    /// The GET stream: what was kept for the client first, then what comes.
+    pub fn open_get_stream(&self) -> mpsc::Receiver<Item> {
+        let (tx, rx) = mpsc::channel(BACKLOG + 16);
+        let mut streams = lock(&self.streams);
+        for message in streams.backlog.drain(..) {
+            let _ = tx.try_send(Item::Event(message));
+        }
+        streams.get = Some(tx);
+        rx
+    }
+
+    /// Forwards request `message`; its response and whatever the server says meanwhile come on
+    /// the returned receiver, ending with [`Item::Final`].
+    pub fn request(self: &Arc<Self>, message: Value, deadline: Duration) -> mpsc::Receiver<Item> {
+        let (n, rx, tx) = self.open_request_stream();
+        let session = self.clone();
+        tokio::spawn(async move {
+            let id = message["id"].clone();
+            let answer = match session.instance.request(&message, deadline).await {
+                Ok(response) => response,
+                Err(why) => error_response(&id, -32603, &why),
+            };
+            session.close_request_stream(n);
+            let _ = tx.send(Item::Final(answer)).await;
+        });
+        rx
+    }
+
+    /// Forwards a notification or a response to the server's request.
+    pub async fn send(&self, message: &Value) -> Result<(), String> {
+        if self.pre_initialized && message["method"] == "notifications/initialized" {
+            return Ok(());
+        }
+        self.instance.send(message).await
+    }
+
+    /// Ends the session: its router stops and its sandbox is killed.
+    pub async fn end(&self) {
+        if let Some(task) = lock(&self.router).take() {
+            task.abort();
+        }
+        self.instance.kill().await;
+    }
+}
+
+/// A session id: 128 random bits, hex.
+fn session_id() -> String {
+    let mut bytes = [0u8; 16];
+    let _ = getrandom::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The version the outside speaks for a client that asked for `asked`.
+pub fn outside_version(asked: Option<&str>) -> &'static str {
+    asked
+        .and_then(|a| SERVED_VERSIONS.iter().find(|v| **v == a))
+        .copied()
+        .unwrap_or("2025-11-25")
+}
+
+/// A started, initialized instance waiting for a session.
+struct Warm {
+    instance: Arc<Instance>,
+    initialized: Value,
+    spec: ServerSpec,
+}
+
+/// Every session and warm pool of one HTTP server.
+#[derive(Clone)]
+pub struct Sessions {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    pools: Mutex<HashMap<(Option<String>, String), VecDeque<Warm>>>,
+    /// Pool refills under way, so that one is not started twice.
+    filling: Mutex<HashMap<(Option<String>, String), usize>>,
+}
+
+impl Sessions {
+    pub fn new(backend: Backend) -> Self {
+        let sessions = Self {
+            inner: Arc::new(Inner {
+                backend,
+                sessions: Mutex::new(HashMap::new()),
+                pools: Mutex::new(HashMap::new()),
+                filling: Mutex::new(HashMap::new()),
+            }),
+        };
+        let weak = Arc::downgrade(&sessions.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let Some(inner) = weak.upgrade() else { return };
+                Sessions { inner }.evict().await;
+            }
+        });
+        sessions
+    }
+
+    pub fn backend(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    /// The session `id` of `tenant`, if it is open.
+    pub fn get(&self, id: &str, tenant: Option<&str>) -> Option<Arc<Session>> {
+        lock(&self.inner.sessions)
+            .get(id)
+            .filter(|s| s.tenant.as_deref() == tenant)
+            .cloned()
+    }
+
+    /// Sessions open, per server name (for tests and the log).
+    pub fn count(&self) -> usize {
+        lock(&self.inner.sessions).len()
+    }
+
+    /// Ends sessions idle past their server's timeout, and those whose server ended.
+    async fn evict(&self) {
+        let ended: Vec<Arc<Session>> = {
+            let mut sessions = lock(&self.inner.sessions);
+            let gone: Vec<String> = sessions
+                .values()
+                .filter(|s| s.idle_for() >= s.server.idle || s.instance.ended().is_some())
+                .map(|s| s.id.clone())
+                .collect();
+            gone.iter().filter_map(|id| sessions.remove(id)).collect()
+        };
+        for session in ended {
+            tracing::info!(server = %session.server.name, session = %session.id, "hosted session ended (idle, or its server exited)");
+            session.end().await;
+        }
+    }
+
+    /// Starts a session for `server`: a warm instance if one is ready, else a new one, given the
+    /// client's `initialize` request. Returns the session (none when the server answered
+    /// `initialize` with an error) and the `initialize` response.
+    pub async fn open(
+        &self,
+        tenant: Option<&str>,
+        server: HostedServer,
+        initialize: &Value,
+    ) -> Result<(Option<Arc<Session>>, Value), String> {
+        let id = initialize["id"].clone();
+        let asked = initialize["params"]["protocolVersion"].as_str();
+        let capabilities = initialize["params"]["capabilities"].clone();
+        let capabilities = if capabilities.is_object() {
+            capabilities
+        } else {
+            json!({})
+        };
+        let warm = self.take_warm(tenant, &server);
+        let (instance, mut result, pre_initialized) = match warm {
+            Some(w) => (w.instance, w.initialized, true),
+            None => {
+                let instance =
+                    Instance::start(&self.inner.backend, tenant, &server.name, &server.spec)
+                        .await?;
+                let response = instance.request(initialize, INITIALIZE_WAIT).await;
+                let response = match response {
+                    Ok(r) => r,
+                    Err(e) => {
+                        instance.kill().await;
+                        return Err(format!(
+                            "server {} never answered initialize: {e}",
+                            server.name
+                        ));
+                    }
+                };
+                if response.get("error").is_some() {
+                    instance.kill().await;
+                    return Ok((None, response));
+                }
+                (instance, response["result"].clone(), false)
+            }
+        };
+        self.refill(tenant, &server);
+        result["protocolVersion"] = json!(outside_version(asked));
+        let session = Session::new(
+            tenant.map(String::from),
+            server,
+            instance,
+            capabilities,
+            pre_initialized,
+        );
+        lock(&self.inner.sessions).insert(session.id.clone(), session.clone());
+        Ok((
+            Some(session),
+            json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        ))
+    }
+
+    /// Ends session `id` (DELETE); whether it was open.
+    pub async fn close(&self, id: &str, tenant: Option<&str>) -> bool {
+        let session = {
+            let mut sessions = lock(&self.inner.sessions);
+            match sessions.get(id) {
+                Some(s) if s.tenant.as_deref() == tenant => sessions.remove(id),
+                _ => None,
+            }
+        };
+        match session {
+            Some(s) => {
+                s.end().await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Ends every session and empties every pool (shutdown).
+    pub async fn close_all(&self) {
+        let sessions: Vec<_> = lock(&self.inner.sessions).drain().map(|(_, s)| s).collect();
+        let warm: Vec<_> = lock(&self.inner.pools)
+            .drain()
+            .flat_map(|(_, q)| q.into_iter())
+            .collect();
+        let ends = sessions.iter().map(|s| s.end());
+        futures::future::join_all(ends).await;
+        futures::future::join_all(warm.iter().map(|w| w.instance.kill())).await;
+    }
+
+    /// A one-off instance for a stateless request: warm or new, initialized, killed after.
+    pub async fn one_off(
+        &self,
+        tenant: Option<&str>,
+        server: &HostedServer,
+    ) -> Result<Arc<Instance>, String> {
+        if let Some(w) = self.take_warm(tenant, server) {
+            self.refill(tenant, server);
+            return Ok(w.instance);
+        }
+        let (instance, _) = start_initialized(&self.inner.backend, tenant, server).await?;
+        Ok(instance)
+    }
+
+    fn take_warm(&self, tenant: Option<&str>, server: &HostedServer) -> Option<Warm> {
+        let key = (tenant.map(String::from), server.name.clone());
+        let mut pools = lock(&self.inner.pools);
+        let queue = pools.get_mut(&key)?;
+        while let Some(w) = queue.pop_front() {
+            if w.spec == server.spec && w.instance.ended().is_none() {
+                return Some(w);
+            }
+            let stale = w.instance.clone();
+            tokio::spawn(async move { stale.kill().await });
+        }
+        None
+    }
+
+    /// Tops up `server`'s pool for `tenant` to its `warm` count, in the background.
+    pub fn refill(&self, tenant: Option<&str>, server: &HostedServer) {
+        if server.warm == 0 {
+            return;
+        }
+        let key = (tenant.map(String::from), server.name.clone());
+        let have = lock(&self.inner.pools).get(&key).map_or(0, VecDeque::len);
+        let starting = *lock(&self.inner.filling).get(&key).unwrap_or(&0);
+        let missing = server.warm.saturating_sub(have + starting);
+        if missing == 0 {
+            return;
+        }
+        *lock(&self.inner.filling).entry(key.clone()).or_default() += missing;
+        for _ in 0..missing {
+            let (this, server, key) = (self.clone(), server.clone(), key.clone());
+            tokio::spawn(async move {
+                let started =
+                    start_initialized(&this.inner.backend, key.0.as_deref(), &server).await;
+                if let Some(n) = lock(&this.inner.filling).get_mut(&key) {
+                    *n = n.saturating_sub(1);
+                }
+                match started {
+                    Ok((instance, initialized)) => {
+                        lock(&this.inner.pools)
+                            .entry(key)
+                            .or_default()
+                            .push_back(Warm {
+                                instance,
+                                initialized,
+                                spec: server.spec.clone(),
+                            });
+                    }
+                    Err(e) => {
+                        tracing::warn!(server = %server.name, "could not warm an instance: {e}")
+                    }
+                }
+            });
+        }
+    }
+
+    /// Warm instances ready for `server` (for tests and the log).
+    pub fn warm_count(&self, tenant: Option<&str>, name: &str) -> usize {
+        lock(&self.inner.pools)
+            .get(&(tenant.map(String::from), name.to_string()))
+            .map_or(0, VecDeque::len)
+    }
+}
+
+/// Starts an instance and initializes it on the proxy's own account (declaring every client
+/// capability: the session refuses what its real client did not declare).
+async fn start_initialized(
+    backend: &Backend,
+    tenant: Option<&str>,
+    server: &HostedServer,
+) -> Result<(Arc<Instance>, Value), String> {
+    let instance = Instance::start(backend, tenant, &server.name, &server.spec).await?;
+    let initialize = json!({"jsonrpc": "2.0", "id": "sandbox-mcp-init", "method": "initialize", "params": {
+        "protocolVersion": INNER_VERSION,
+        "capabilities": {"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}},
+        "clientInfo": {"name": "sandbox-mcp", "version": env!("CARGO_PKG_VERSION")}}});
+    let response = match instance.request(&initialize, INITIALIZE_WAIT).await {
+        Ok(r) if r.get("result").is_some() => r,
+        Ok(r) => {
+            instance.kill().await;
+            return Err(format!(
+                "server {} refused initialize: {}",
+                server.name, r["error"]
+            ));
+        }
+        Err(e) => {
+            instance.kill().await;
+            return Err(format!(
+                "server {} never answered initialize: {e}",
+                server.name
+            ));
+        }
+    };
+    instance
+        .send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .await?;
+    Ok((instance, response["result"].clone()))
+}
