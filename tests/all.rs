@@ -27,6 +27,7 @@ mod engine_lifecycle;
 mod faults;
 mod forks;
 mod fuzz_replay;
+mod hosted;
 mod http_transport;
 mod kubernetes;
 mod mcp_calls;

@@ -14,8 +14,10 @@ mod engine;
 mod host;
 mod mcp;
 mod processes;
+mod servers;
 
 pub use engine::*;
 pub use host::*;
 pub use mcp::*;
 pub use processes::*;
+pub use servers::*;

@@ -54,6 +54,7 @@ fn options() -> HttpOptions {
         rate_limit: 0.0,
         session_idle: Duration::from_secs(1800),
         session_sandbox: false,
+        mount_servers: vec![],
     }
 }
 

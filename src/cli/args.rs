@@ -303,6 +303,16 @@ pub(crate) struct ServeArgs {
     /// HTTP: close a session (and kill its session sandbox) after this many idle seconds.
     #[arg(long, env = "SANDBOX_MCP_SESSION_IDLE", default_value_t = 1800)]
     pub(crate) session_idle_timeout: u64,
+    /// Hosted servers (`sandbox-mcp servers add`) whose tools, prompts and resources join ours,
+    /// namespaced `NAME__tool`: names separated by commas, or `all`. Each session gets its own
+    /// instance of each.
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_MOUNT_SERVERS",
+        value_delimiter = ',',
+        value_name = "NAME,…|all"
+    )]
+    pub(crate) mount_servers: Vec<String>,
     #[command(flatten)]
     pub(crate) engine: EngineSettings,
 }

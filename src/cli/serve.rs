@@ -49,9 +49,16 @@ async fn serve_stdio(
     selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
     settings: ServerSettings,
 ) -> anyhow::Result<()> {
-    let mut server = SandboxMcp::new(backend, selection, settings);
+    let mut server = SandboxMcp::new(backend.clone(), selection, settings);
     if args.session_sandbox {
         server = server.with_session(sandbox_mcp_server::session::SessionSandboxes::default());
+    }
+    let hosted = sandbox_mcp_server::hosted::sessions::Sessions::new(backend.clone());
+    if let Some(set) = sandbox_mcp_server::hosted::mount::MountSet::parse(&args.mount_servers) {
+        server = server.with_mounts(sandbox_mcp_server::hosted::mount::Mounted::new(
+            hosted.clone(),
+            set,
+        ));
     }
     let session = server.clone();
     let io = sandbox_mcp_server::stdio::frame(
@@ -70,6 +77,7 @@ async fn serve_stdio(
     };
     // stdin EOF or SIGTERM ends the (only) session.
     session.end_session().await;
+    hosted.close_all().await;
     outcome
 }
 
@@ -101,6 +109,7 @@ async fn serve_http(
         rate_limit: args.rate_limit,
         session_idle: Duration::from_secs(args.session_idle_timeout.max(1)),
         session_sandbox: args.session_sandbox,
+        mount_servers: args.mount_servers.clone(),
     };
     let server = HttpServer::start(opts, backend, Some(keys), selection, settings).await?;
     eprintln!("sandbox-mcp: serving MCP on http://{}/mcp", server.addr);

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 
 pub mod attach;
 pub mod http;
+pub mod mount;
 pub mod relay;
 pub mod run;
 pub mod sessions;

@@ -55,6 +55,8 @@ pub struct HttpOptions {
     pub session_idle: Duration,
     /// Give each session its own sandbox (the `session` profile).
     pub session_sandbox: bool,
+    /// Hosted servers to mount into `/mcp` (`all`, or names).
+    pub mount_servers: Vec<String>,
 }
 
 struct Bucket {
@@ -365,17 +367,25 @@ impl HttpServer {
         });
         let cancel = CancellationToken::new();
         let sandboxes = SessionSandboxes::default();
+        let hosted = crate::hosted::sessions::Sessions::new(backend.clone());
         let factory = {
             let backend = backend.clone();
             let sandboxes = sandboxes.clone();
             let session = opts.session_sandbox;
+            let mounts = crate::hosted::mount::MountSet::parse(&opts.mount_servers);
+            let hosted = hosted.clone();
             move || {
-                let server = SandboxMcp::new(backend.clone(), tools.clone(), settings.clone());
-                Ok(if session {
-                    server.with_session(sandboxes.clone())
-                } else {
-                    server
-                })
+                let mut server = SandboxMcp::new(backend.clone(), tools.clone(), settings.clone());
+                if session {
+                    server = server.with_session(sandboxes.clone());
+                }
+                if let Some(set) = &mounts {
+                    server = server.with_mounts(crate::hosted::mount::Mounted::new(
+                        hosted.clone(),
+                        set.clone(),
+                    ));
+                }
+                Ok(server)
             }
         };
         let mut sessions = LocalSessionManager::default();
@@ -385,7 +395,6 @@ impl HttpServer {
             .with_cancellation_token(cancel.child_token())
             .with_max_request_body_bytes(BODY_LIMIT);
         let service = StreamableHttpService::new(factory, Arc::new(sessions), config);
-        let hosted = crate::hosted::sessions::Sessions::new(backend.clone());
         warm_hosted(&hosted);
         let app = Router::new()
             .nest_service("/mcp", service)

@@ -62,6 +62,8 @@ pub struct SandboxMcp {
     settings: ServerSettings,
     /// The session's sandbox, with the `session` profile.
     session: Option<Arc<SessionSandbox>>,
+    /// Hosted servers mounted into this session (`--mount-servers`).
+    mounts: Option<Arc<crate::hosted::mount::Mounted>>,
 }
 
 /// The tool profile a session-sandbox server serves (`tool-defs/80-profiles.toml`).
@@ -120,7 +122,14 @@ impl SandboxMcp {
             tools: Arc::new(tools),
             settings,
             session: None,
+            mounts: None,
         }
+    }
+
+    /// Mounts hosted servers into this session: their tools, prompts and resources join ours.
+    pub fn with_mounts(mut self, mounts: crate::hosted::mount::Mounted) -> Self {
+        self.mounts = Some(Arc::new(mounts));
+        self
     }
 
     /// A server for one session of the `session` profile: its tools take no sandbox id, and
@@ -137,6 +146,9 @@ impl SandboxMcp {
     pub async fn end_session(&self) {
         if let Some(s) = &self.session {
             s.end().await;
+        }
+        if let Some(m) = &self.mounts {
+            m.end().await;
         }
     }
 
@@ -266,7 +278,16 @@ impl SandboxMcp {
 
 impl ServerHandler for SandboxMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = if self.mounts.is_some() {
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .enable_resources()
+                .build()
+        } else {
+            ServerCapabilities::builder().enable_tools().build()
+        };
+        ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("sandbox-mcp", env!("CARGO_PKG_VERSION"))
                     .with_title("sandbox-mcp")
@@ -283,9 +304,73 @@ impl ServerHandler for SandboxMcp {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+        let mut tools = self.tools.to_vec();
+        if let Some(mounts) = &self.mounts {
+            mounts.seen(&context.peer);
+            tools.extend(mounts.tools(tenant_of(&context).as_deref()).await);
+        }
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, McpError> {
+        let Some(mounts) = &self.mounts else {
+            return Ok(Default::default());
+        };
+        mounts.seen(&context.peer);
+        let prompts = mounts.prompts(tenant_of(&context).as_deref()).await;
+        Ok(rmcp::model::ListPromptsResult::with_all_items(prompts))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, McpError> {
+        let Some(mounts) = &self.mounts else {
+            return Err(McpError::invalid_params("no prompts here", None));
+        };
+        mounts.seen(&context.peer);
+        let arguments = request
+            .arguments
+            .map(|a| serde_json::Value::Object(a.into_iter().collect()));
+        mounts
+            .get_prompt(tenant_of(&context).as_deref(), &request.name, arguments)
+            .await
+            .map(Into::into)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, McpError> {
+        let Some(mounts) = &self.mounts else {
+            return Ok(Default::default());
+        };
+        mounts.seen(&context.peer);
+        let resources = mounts.resources(tenant_of(&context).as_deref()).await;
+        Ok(rmcp::model::ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, McpError> {
+        let Some(mounts) = &self.mounts else {
+            return Err(McpError::resource_not_found("no resources here", None));
+        };
+        mounts.seen(&context.peer);
+        mounts
+            .read_resource(tenant_of(&context).as_deref(), &request.uri)
+            .await
+            .map(Into::into)
     }
 
     async fn call_tool(
@@ -293,6 +378,20 @@ impl ServerHandler for SandboxMcp {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        if let Some(mounts) = &self.mounts {
+            mounts.seen(&context.peer);
+            let meta = serde_json::to_value(&context.meta)
+                .ok()
+                .filter(|m| m.as_object().is_some_and(|o| !o.is_empty()));
+            let arguments = request.arguments.clone().map(serde_json::Value::Object);
+            let tenant = tenant_of(&context);
+            if let Some(result) = mounts
+                .call(tenant.as_deref(), &request.name, arguments, meta)
+                .await
+            {
+                return result.map(CallToolResponse::from);
+            }
+        }
         let progress = context.meta.get_progress_token().map(|token| Progress {
             peer: context.peer.clone(),
             token,
@@ -316,4 +415,13 @@ impl ServerHandler for SandboxMcp {
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.tools.iter().find(|t| t.name == name).cloned()
     }
+}
+
+/// The tenant an HTTP request came as (none over stdio).
+fn tenant_of(context: &RequestContext<RoleServer>) -> Option<String> {
+    context
+        .extensions
+        .get::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<RequestTenant>())
+        .and_then(|t| t.0.clone())
 }

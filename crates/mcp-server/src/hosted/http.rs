@@ -274,7 +274,10 @@ async fn post(
                 )),
             };
         }
-        if version.as_deref() == Some("2026-07-28") && id.is_some() {
+        let enveloped = message["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"]
+            .as_str()
+            .is_some();
+        if (version.as_deref() == Some("2026-07-28") || enveloped) && id.is_some() {
             return stateless(sessions, tenant, &server, message).await;
         }
         return jsonrpc_error(
@@ -313,10 +316,24 @@ async fn stateless(
         Ok(i) => i,
         Err(e) => return json_response(&error_response(&id, -32603, &e)),
     };
+    // No session, so nothing of the server's own can reach the client: its requests are refused.
+    let refuser = {
+        let instance = instance.clone();
+        tokio::spawn(async move {
+            while let Some(m) = instance.next_event().await {
+                if let (Some(id), Some(method)) = (m.get("id"), m["method"].as_str()) {
+                    let why =
+                        format!("`{method}` cannot reach a client that sent a stateless request");
+                    let _ = instance.send(&error_response(id, -32601, &why)).await;
+                }
+            }
+        })
+    };
     let response = instance
-        .request(&message, REQUEST_DEADLINE)
+        .request(&super::sessions::inner_message(&message), REQUEST_DEADLINE)
         .await
         .unwrap_or_else(|e| error_response(&id, -32603, &e));
+    refuser.abort();
     instance.kill().await;
     json_response(&response)
 }

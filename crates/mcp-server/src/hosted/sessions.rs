@@ -186,7 +186,11 @@ impl Session {
         let session = self.clone();
         tokio::spawn(async move {
             let id = message["id"].clone();
-            let answer = match session.instance.request(&message, deadline).await {
+            let answer = match session
+                .instance
+                .request(&inner_message(&message), deadline)
+                .await
+            {
                 Ok(response) => response,
                 Err(why) => error_response(&id, -32603, &why),
             };
@@ -201,7 +205,7 @@ impl Session {
         if self.pre_initialized && message["method"] == "notifications/initialized" {
             return Ok(());
         }
-        self.instance.send(message).await
+        self.instance.send(&inner_message(message)).await
     }
 
     /// Ends the session: its router stops and its sandbox is killed.
@@ -220,12 +224,34 @@ fn session_id() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The version the outside speaks for a client that asked for `asked`.
+/// The version a session speaks with a client that asked for `asked` in `initialize`: a session
+/// is the handshake era's, so a client asking for a later revision there gets the latest one
+/// with a handshake (its later requests then need no per-request envelope).
 pub fn outside_version(asked: Option<&str>) -> &'static str {
     asked
-        .and_then(|a| SERVED_VERSIONS.iter().find(|v| **v == a))
+        .and_then(|a| SERVED_VERSIONS[..2].iter().find(|v| **v == a))
         .copied()
-        .unwrap_or("2025-11-25")
+        .unwrap_or(INNER_VERSION)
+}
+
+/// A client's message as the server inside gets it: the session's handshake is the server's
+/// lifecycle, so the 2026-07-28 per-request envelope (`_meta` keys under
+/// `io.modelcontextprotocol/`) is taken off.
+pub fn inner_message(message: &Value) -> Value {
+    let mut message = message.clone();
+    if let Some(meta) = message
+        .get_mut("params")
+        .and_then(|p| p.get_mut("_meta"))
+        .and_then(Value::as_object_mut)
+    {
+        meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+        if meta.is_empty()
+            && let Some(params) = message.get_mut("params").and_then(Value::as_object_mut)
+        {
+            params.remove("_meta");
+        }
+    }
+    message
 }
 
 /// A started, initialized instance waiting for a session.
@@ -243,6 +269,8 @@ pub struct Sessions {
 
 struct Inner {
     backend: Backend,
+    /// How long a server has to answer `initialize`.
+    initialize_wait: Mutex<Duration>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     pools: Mutex<HashMap<(Option<String>, String), VecDeque<Warm>>>,
     /// Pool refills under way, so that one is not started twice.
@@ -254,6 +282,7 @@ impl Sessions {
         let sessions = Self {
             inner: Arc::new(Inner {
                 backend,
+                initialize_wait: Mutex::new(INITIALIZE_WAIT),
                 sessions: Mutex::new(HashMap::new()),
                 pools: Mutex::new(HashMap::new()),
                 filling: Mutex::new(HashMap::new()),
@@ -272,6 +301,15 @@ impl Sessions {
 
     pub fn backend(&self) -> &Backend {
         &self.inner.backend
+    }
+
+    /// How long a server has to answer `initialize` ([`INITIALIZE_WAIT`] unless set).
+    pub fn set_initialize_wait(&self, wait: Duration) {
+        *lock(&self.inner.initialize_wait) = wait;
+    }
+
+    fn initialize_wait(&self) -> Duration {
+        *lock(&self.inner.initialize_wait)
     }
 
     /// The session `id` of `tenant`, if it is open.
@@ -328,7 +366,7 @@ impl Sessions {
                 let instance =
                     Instance::start(&self.inner.backend, tenant, &server.name, &server.spec)
                         .await?;
-                let response = instance.request(initialize, INITIALIZE_WAIT).await;
+                let response = instance.request(initialize, self.initialize_wait()).await;
                 let response = match response {
                     Ok(r) => r,
                     Err(e) => {
@@ -402,7 +440,8 @@ impl Sessions {
             self.refill(tenant, server);
             return Ok(w.instance);
         }
-        let (instance, _) = start_initialized(&self.inner.backend, tenant, server).await?;
+        let (instance, _) =
+            start_initialized(&self.inner.backend, tenant, server, self.initialize_wait()).await?;
         Ok(instance)
     }
 
@@ -436,8 +475,13 @@ impl Sessions {
         for _ in 0..missing {
             let (this, server, key) = (self.clone(), server.clone(), key.clone());
             tokio::spawn(async move {
-                let started =
-                    start_initialized(&this.inner.backend, key.0.as_deref(), &server).await;
+                let started = start_initialized(
+                    &this.inner.backend,
+                    key.0.as_deref(),
+                    &server,
+                    this.initialize_wait(),
+                )
+                .await;
                 if let Some(n) = lock(&this.inner.filling).get_mut(&key) {
                     *n = n.saturating_sub(1);
                 }
@@ -474,13 +518,14 @@ async fn start_initialized(
     backend: &Backend,
     tenant: Option<&str>,
     server: &HostedServer,
+    wait: Duration,
 ) -> Result<(Arc<Instance>, Value), String> {
     let instance = Instance::start(backend, tenant, &server.name, &server.spec).await?;
     let initialize = json!({"jsonrpc": "2.0", "id": "sandbox-mcp-init", "method": "initialize", "params": {
         "protocolVersion": INNER_VERSION,
         "capabilities": {"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}},
         "clientInfo": {"name": "sandbox-mcp", "version": env!("CARGO_PKG_VERSION")}}});
-    let response = match instance.request(&initialize, INITIALIZE_WAIT).await {
+    let response = match instance.request(&initialize, wait).await {
         Ok(r) if r.get("result").is_some() => r,
         Ok(r) => {
             instance.kill().await;

@@ -1,0 +1,137 @@
+//! The five reference servers through each door: `sandbox-mcp run` (the binary, on stdio, with
+//! its own embedded engine), `/servers/NAME/mcp`, and mounted into our own endpoint.
+
+use std::process::Stdio;
+
+use rmcp::ServiceExt;
+use rmcp::transport::TokioChildProcess;
+
+use super::*;
+use crate::common::{BIN, REFERENCE_SERVERS};
+
+/// `sandbox-mcp run [flags] -- COMMAND` on a data dir of its own, as an MCP client starts it.
+fn run_command(data: &std::path::Path, net: &TestNet, name: &str) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.env("SANDBOX_MCP_DATA_DIR", data)
+        .env_remove("SANDBOX_MCP_URL")
+        .env("HOSTED_CANARY", "the-host-environment-must-not-leak")
+        .args(["run", "--dns-upstream", &net.dns.to_string()])
+        .args(["--egress-allow", &format!("{}/32", net.net_ip)]);
+    if name == "fetch" {
+        cmd.args(["--allow-out", "api.example.test"]);
+    }
+    cmd.arg("--").args(reference_command(name));
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_reference_server_works_through_run() {
+    crate::require_reference_servers!();
+    let net = crate::require_testnet!();
+    let data = tempfile::tempdir().unwrap();
+    for (name, _, _) in REFERENCE_SERVERS {
+        let (transport, _) = TokioChildProcess::builder(run_command(data.path(), &net, name))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let client = ().serve(transport).await.unwrap_or_else(|e| panic!("run {name}: {e}"));
+        exercise(client.peer(), name, "").await;
+        if name == "everything" {
+            // The host's environment stays on the host.
+            let r = tool(client.peer(), "get-env", json!({})).await;
+            assert!(
+                !said(&r).contains("the-host-environment-must-not-leak"),
+                "{}",
+                said(&r)
+            );
+            assert!(said(&r).contains("PATH"), "{}", said(&r));
+        }
+        client.cancel().await.unwrap();
+    }
+    // Every run ended its sandbox (and its engine, which no other process shares).
+    let left = std::fs::read_dir(data.path().join("sandboxes"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "a run left its sandbox behind");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_reference_server_works_over_streamable_http() {
+    crate::require_reference_servers!();
+    let net = crate::require_testnet!();
+    let hosted = Hosted::start(Some(&net)).await;
+    let token = hosted.token("alice");
+    for (name, _, _) in REFERENCE_SERVERS {
+        hosted
+            .register_ok(None, name, reference_registration(name))
+            .await;
+        let client = hosted.connect(name, &token).await;
+        exercise(client.peer(), name, "").await;
+        assert_eq!(
+            hosted.sandboxes_of(name).len(),
+            1,
+            "{name}: one session, one sandbox"
+        );
+        client.cancel().await.unwrap();
+        hosted
+            .wait_until(&format!("{name}'s session sandbox is gone"), || {
+                hosted.sandboxes_of(name).is_empty()
+            })
+            .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_reference_server_works_mounted_into_the_main_endpoint() {
+    crate::require_reference_servers!();
+    let net = crate::require_testnet!();
+    let names: Vec<String> = REFERENCE_SERVERS
+        .iter()
+        .map(|(n, _, _)| n.to_string())
+        .collect();
+    let hosted = Hosted::start_with(Some(&net), |o| o.mount_servers = names.clone(), "core").await;
+    for name in &names {
+        hosted
+            .register_ok(None, name, reference_registration(name))
+            .await;
+    }
+    let token = hosted.token("alice");
+    let client = {
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let transport = StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", hosted.base))
+                .auth_header(token),
+        );
+        ().serve(transport).await.unwrap()
+    };
+    let tools: Vec<String> = client
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    // Our own tools and every mounted server's, namespaced.
+    assert!(tools.contains(&"sandbox_exec".to_string()), "{tools:?}");
+    for name in &names {
+        assert!(
+            tools.iter().any(|t| t.starts_with(&format!("{name}__"))),
+            "{name}: {tools:?}"
+        );
+        exercise(client.peer(), name, &format!("{name}__")).await;
+    }
+    // One sandbox per mounted server for this session, ended with it.
+    for name in &names {
+        assert_eq!(hosted.sandboxes_of(name).len(), 1, "{name}");
+    }
+    client.cancel().await.unwrap();
+    for name in &names {
+        hosted
+            .wait_until(&format!("the session's {name} sandbox is gone"), || {
+                hosted.sandboxes_of(name).is_empty()
+            })
+            .await;
+    }
+}
