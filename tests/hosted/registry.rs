@@ -1,1 +1,211 @@
+//! The registry of hosted servers: the engine API (checked input, tenants, environment values
+//! shown to the owner only), the `servers` CLI, and servers installed from source.
 
+use std::process::Command;
+
+use super::*;
+use crate::common::BIN;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn registrations_are_checked_and_shown_to_each_tenant_as_theirs() {
+    crate::require_sandboxes!();
+    let hosted = Hosted::start(None).await;
+    let bad = [
+        ("Bad_Name", json!({"command": ["x"]}), "not a server name"),
+        ("ok", json!({"command": []}), "command"),
+        ("ok", json!({"command": [""]}), "command is empty"),
+        (
+            "ok",
+            json!({"command": ["x"], "allow_out": ["not a rule!"]}),
+            "allow_out",
+        ),
+        (
+            "ok",
+            json!({"command": ["x"], "env_vars": {"1BAD": "v"}}),
+            "1BAD",
+        ),
+        (
+            "ok",
+            json!({"command": ["x"], "idle_timeout_seconds": 1}),
+            "idle_timeout_seconds",
+        ),
+        ("ok", json!({"command": ["x"], "warm": 99}), "warm"),
+        (
+            "ok",
+            json!({"command": ["x"], "surprise": true}),
+            "surprise",
+        ),
+    ];
+    for (name, body, says) in bad {
+        let (status, answer) = hosted.register(None, name, body.clone()).await;
+        assert_eq!(status, 400, "{name} {body}: {answer}");
+        assert!(
+            answer["message"].as_str().unwrap_or("").contains(says),
+            "{body}: {answer}"
+        );
+    }
+    hosted
+        .register_ok(
+            None,
+            "shared",
+            json!({"command": ["mcp-server-time"], "env_vars": {"OPERATOR_ONLY": "o-value"}}),
+        )
+        .await;
+    hosted
+        .register_ok(Some("alice"), "mine", json!({"command": ["mcp-server-time"], "env_vars": {"ALICE": "a-value"}, "allow_out": ["api.github.com"]}))
+        .await;
+    let list = |tenant: &'static str| {
+        let http = hosted.http();
+        let url = format!("{}/v1/servers", hosted.engine.url);
+        async move {
+            let r: Value = http
+                .get(url)
+                .bearer_auth(KEY)
+                .header("x-sandbox-tenant", tenant)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            r["servers"].as_array().unwrap().clone()
+        }
+    };
+    let alices = list("alice").await;
+    let names: Vec<&str> = alices.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["mine", "shared"]);
+    let mine = &alices[0];
+    assert_eq!(mine["shared"], false);
+    assert_eq!(
+        mine["env_vars"]["ALICE"], "a-value",
+        "the owner sees its values"
+    );
+    assert_eq!(mine["allow_out"], json!(["api.github.com"]));
+    let shared = &alices[1];
+    assert_eq!(shared["shared"], true);
+    assert!(
+        shared["env_vars"].is_null(),
+        "the operator's values stay the operator's: {shared}"
+    );
+    assert_eq!(shared["env_var_names"], json!(["OPERATOR_ONLY"]));
+    let bobs = list("bob").await;
+    assert_eq!(bobs.len(), 1, "bob sees only the shared one: {bobs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_servers_cli_adds_lists_and_removes() {
+    crate::require_sandboxes!();
+    let hosted = Hosted::start(None).await;
+    let cli = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["servers", "--url", &hosted.engine.url, "--api-key", KEY])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = cli(&[
+        "add",
+        "time",
+        "--allow-out",
+        "pypi.org",
+        "--warm",
+        "1",
+        "--env",
+        "TZ=UTC",
+        "--",
+        "mcp-server-time",
+    ]);
+    assert!(ok, "{out}");
+    assert!(out.contains("/servers/time/mcp"), "{out}");
+    let (ok, out) = cli(&["list"]);
+    assert!(
+        ok && out.contains("time") && out.contains("mcp-server-time"),
+        "{out}"
+    );
+    let (ok, out) = cli(&["list", "--json"]);
+    let listed: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}"));
+    assert!(ok);
+    assert_eq!(listed["servers"][0]["warm"], 1);
+    assert_eq!(listed["servers"][0]["env_vars"]["TZ"], "UTC");
+    // Mistakes are named.
+    let (ok, out) = cli(&["add", "x", "--env", "NOEQUALS", "--", "y"]);
+    assert!(!ok && out.contains("--env takes K=V"), "{out}");
+    let (ok, out) = cli(&["add", "x", "--shape", "cores=2", "--", "y"]);
+    assert!(!ok && out.contains("vcpus"), "{out}");
+    let (ok, out) = cli(&["rm", "time"]);
+    assert!(ok, "{out}");
+    let (ok, out) = cli(&["rm", "time"]);
+    assert!(!ok && out.contains("no hosted server named time"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_from_a_local_directory_is_installed_once_and_served() {
+    crate::require_reference_servers!();
+    let hosted = Hosted::start(None).await;
+    let source = tempfile::tempdir().unwrap();
+    std::fs::write(
+        source.path().join("server.py"),
+        "import installed_check\nfrom mcp_server_time import main\nmain()\n",
+    )
+    .unwrap();
+    std::fs::create_dir(source.path().join(".git")).unwrap();
+    std::fs::write(source.path().join(".git/HEAD"), "not packed").unwrap();
+    let add = || {
+        Command::new(BIN)
+            .args(["servers", "--url", &hosted.engine.url, "--api-key", KEY, "add", "unreleased"])
+            .args(["--from", source.path().to_str().unwrap()])
+            .args(["--install", "echo 'print(\"installed\", file=__import__(\"sys\").stderr)' > installed_check.py && test ! -e .git"])
+            .args(["--entrypoint", "python3 server.py"])
+            .output()
+            .unwrap()
+    };
+    let out = add();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let token = hosted.token("alice");
+    let client = hosted.connect("unreleased", &token).await;
+    let r = tool(
+        client.peer(),
+        "get_current_time",
+        json!({"timezone": "UTC"}),
+    )
+    .await;
+    assert!(said(&r).contains("UTC"), "{}", said(&r));
+    client.cancel().await.unwrap();
+    // The same source again: the install is not repeated.
+    let out = add();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("reusing"), "{text}");
+    // A failing install says why.
+    let out = Command::new(BIN)
+        .args([
+            "servers",
+            "--url",
+            &hosted.engine.url,
+            "--api-key",
+            KEY,
+            "add",
+            "broken",
+        ])
+        .args([
+            "--from",
+            source.path().to_str().unwrap(),
+            "--install",
+            "echo 'npm ERR! missing lockfile' >&2; exit 1",
+        ])
+        .args(["--entrypoint", "python3 server.py"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.contains("missing lockfile"),
+        "{text}"
+    );
+}

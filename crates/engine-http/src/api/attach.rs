@@ -60,6 +60,20 @@ async fn request(socket: &mut WebSocket) -> Result<Attach, EngineError> {
     };
     let body: types::AttachRequest = serde_json::from_str(text.as_str())
         .map_err(|e| EngineError::InvalidArgument(format!("invalid AttachRequest: {e}")))?;
+    use sandbox_mcp_api::limits::attach_request as limit;
+    if body.command.is_empty()
+        || body.command.len() > limit::COMMAND_MAX_ITEMS
+        || body
+            .command
+            .iter()
+            .any(|a| a.len() > limit::COMMAND_ITEMS_MAX_LENGTH)
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "command must have 1 to {} parts of at most {} bytes each",
+            limit::COMMAND_MAX_ITEMS,
+            limit::COMMAND_ITEMS_MAX_LENGTH
+        )));
+    }
     let env = match &body.env {
         Some(env) => check_env(env)?,
         None => Vec::new(),

@@ -75,9 +75,41 @@ pub(super) async fn put(
     body: types::ServerRequest,
 ) -> Result<types::Server, EngineError> {
     let name = server_name(&name, EngineError::InvalidArgument)?;
-    if body.command[0].is_empty() {
+    use sandbox_mcp_api::limits::server_request as limit;
+    if body.command.len() > limit::COMMAND_MAX_ITEMS
+        || body
+            .command
+            .iter()
+            .any(|a| a.len() > limit::COMMAND_ITEMS_MAX_LENGTH)
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "command has {} parts; at most {} of at most {} bytes each",
+            body.command.len(),
+            limit::COMMAND_MAX_ITEMS,
+            limit::COMMAND_ITEMS_MAX_LENGTH
+        )));
+    }
+    if let Some(idle) = body.idle_timeout_seconds
+        && !(limit::IDLE_TIMEOUT_SECONDS_MINIMUM..=limit::IDLE_TIMEOUT_SECONDS_MAXIMUM)
+            .contains(&idle)
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "idle_timeout_seconds is {idle}; give {} to {} (a week)",
+            limit::IDLE_TIMEOUT_SECONDS_MINIMUM,
+            limit::IDLE_TIMEOUT_SECONDS_MAXIMUM
+        )));
+    }
+    if let Some(warm) = body.warm
+        && u64::from(warm) > limit::WARM_MAXIMUM
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "warm is {warm}; at most {} instances are kept warm per server",
+            limit::WARM_MAXIMUM
+        )));
+    }
+    if body.command.first().is_none_or(|c| c.is_empty()) {
         return Err(EngineError::InvalidArgument(
-            "command[0] is empty: give the program to run, e.g. [\"npx\", \"-y\", \"@modelcontextprotocol/server-memory\"]".into(),
+            "command is empty (or command[0] is): give the program to run, e.g. [\"npx\", \"-y\", \"@modelcontextprotocol/server-memory\"]".into(),
         ));
     }
     let allow_out: Vec<String> = body.allow_out.iter().map(|r| r.to_string()).collect();

@@ -147,7 +147,21 @@ pub async fn handle(sessions: Sessions, name: String, req: Request) -> Response 
         .map(String::from);
     let session = match &session_id {
         Some(id) => match sessions.get(id, tenant.as_deref()) {
-            Some(s) if s.server.name == name => Some(s),
+            Some(s) if s.server.name == name => {
+                if let Some(ended) = s.instance.ended() {
+                    sessions.close(id, tenant.as_deref()).await;
+                    return jsonrpc_error(
+                        StatusCode::NOT_FOUND,
+                        &Value::Null,
+                        -32001,
+                        &format!(
+                            "Session not found: it ended because {}; send initialize for a new one",
+                            ended.why
+                        ),
+                    );
+                }
+                Some(s)
+            }
             _ => {
                 return jsonrpc_error(
                     StatusCode::NOT_FOUND,

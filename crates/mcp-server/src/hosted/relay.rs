@@ -135,11 +135,16 @@ impl Instance {
         let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
         line.push(b'\n');
         let written = self.input.lock().await.write(&line).await;
-        written.map_err(|_| {
-            self.ended()
-                .map(|e| e.why)
-                .unwrap_or_else(|| format!("the connection to server {} broke", self.name))
-        })
+        if written.is_ok() {
+            return Ok(());
+        }
+        // The server is going: say how it ended, once its exit status has come.
+        let mut ended = self.ended.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(5), ended.wait_for(Option::is_some)).await;
+        Err(self
+            .ended()
+            .map(|e| e.why)
+            .unwrap_or_else(|| format!("the connection to server {} broke", self.name)))
     }
 
     /// Sends request `message` and waits (at most `deadline`) for its response.
