@@ -78,7 +78,7 @@ pub(crate) struct ServersArgs {
 pub(crate) enum ServersCommand {
     /// Register (or replace) server NAME: `servers add time -- uvx mcp-server-time`, or from
     /// source: `servers add mine --from ./my-server --install 'npm ci' --entrypoint 'node index.js'`.
-    Add(ServersAdd),
+    Add(Box<ServersAdd>),
     /// List the registered servers.
     List {
         /// Print the engine's JSON.

@@ -29,7 +29,7 @@ pub(super) async fn run(args: ServersArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!(e.text()))?;
         let client = handle.client.clone();
         match args.command {
-            ServersCommand::Add(add) => self::add(&client, add).await,
+            ServersCommand::Add(add) => self::add(&client, *add).await,
             ServersCommand::List { json } => list(&client, json).await,
             ServersCommand::Rm { name } => rm(&client, &name).await,
             ServersCommand::Log { name } => log(&client, &name).await,

@@ -68,7 +68,7 @@ impl Raw<'_> {
         let body = text
             .lines()
             .filter_map(|l| l.strip_prefix("data: "))
-            .last()
+            .next_back()
             .map(|d| serde_json::from_str(d).unwrap())
             .unwrap_or_else(|| serde_json::from_str(&text).unwrap_or(Value::Null));
         (status, body)

@@ -261,6 +261,9 @@ struct Warm {
     spec: ServerSpec,
 }
 
+/// A warm pool's key: the tenant it starts instances for, and the server's name.
+type PoolKey = (Option<String>, String);
+
 /// Every session and warm pool of one HTTP server.
 #[derive(Clone)]
 pub struct Sessions {
@@ -272,9 +275,9 @@ struct Inner {
     /// How long a server has to answer `initialize`.
     initialize_wait: Mutex<Duration>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    pools: Mutex<HashMap<(Option<String>, String), VecDeque<Warm>>>,
+    pools: Mutex<HashMap<PoolKey, VecDeque<Warm>>>,
     /// Pool refills under way, so that one is not started twice.
-    filling: Mutex<HashMap<(Option<String>, String), usize>>,
+    filling: Mutex<HashMap<PoolKey, usize>>,
 }
 
 impl Sessions {
