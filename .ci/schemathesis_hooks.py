@@ -84,6 +84,16 @@ RESIDUAL = {
         r"action \w+ needs |.* needs both coordinates",
     ),
     "a move into itself": ({"move_file"}, r"cannot move .* into itself"),
+    # An item's rule by its place: 3.0 has no `prefixItems`.
+    "the program to run (command[0]) is not empty": (
+        {"put_server"},
+        r"command is empty \(or command\[0\] is\)",
+    ),
+    # A WebSocket's handshake is headers no schema describes (x-dropshot-websocket).
+    "a WebSocket handshake": (
+        {"attach_process"},
+        r"this operation is a WebSocket: send a GET with",
+    ),
     "a merge with itself": (
         {"merge_sandbox"},
         r"source_id and target_id are the same sandbox",

@@ -80,6 +80,8 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
     ("delete_code_context", "DELETE", "{s}/contexts/ctx_1", None),
     ("get_job", "GET", "{s}/jobs/job_1?since_offset=0", None),
     ("kill_job", "DELETE", "{s}/jobs/job_1", None),
+    // A WebSocket: the real call is a handshake and a process (see below).
+    ("attach_process", "GET", "{s}/attach", None),
     (
         "write_file",
         "PUT",
@@ -131,6 +133,17 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
     ),
     ("detach_secret", "DELETE", "{s}/secrets/API_KEY", None),
     ("delete_secret", "DELETE", "/v1/secrets/conformance", None),
+    (
+        "put_server",
+        "PUT",
+        "/v1/servers/conformance",
+        Some(
+            r#"{"command": ["mcp-server-time"], "allow_out": ["pypi.org"], "env_vars": {"A": "b"}, "warm": 0}"#,
+        ),
+    ),
+    ("list_servers", "GET", "/v1/servers", None),
+    ("get_server", "GET", "/v1/servers/conformance", None),
+    ("delete_server", "DELETE", "/v1/servers/conformance", None),
     (
         "create_snapshot",
         "POST",
@@ -277,6 +290,18 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             let v: Value = r.json().await.unwrap();
             assert_eq!(v["job_id"], "job_1", "{v}");
         }
+        if op.websocket {
+            // Without a handshake: refused in the Error shape. With one: the process's stdio.
+            let resp = send(true, path.clone()).await.unwrap();
+            assert_eq!(resp.status().as_u16(), 400, "{op_id}");
+            let v: Value = resp.json().await.unwrap();
+            assert!(
+                sandbox_mcp_codegen::jsonschema::validate(&error_schema, &v).is_empty(),
+                "{v}"
+            );
+            attach_echo(&engine, &id).await;
+            continue;
+        }
         // The real call: success, with a body that fits the documented schema exactly.
         let resp = send(true, path.clone()).await.unwrap();
         let status = resp.status().as_u16();
@@ -343,6 +368,32 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             _ => {}
         }
     }
+}
+
+/// `attach_process` through the generated client: `echo` attached, its output and exit.
+async fn attach_echo(engine: &TestEngine, id: &str) {
+    let request: sandbox_mcp_api::types::AttachRequest = serde_json::from_value(
+        json!({"command": ["sh", "-c", "read line; echo got $line; echo err >&2"]}),
+    )
+    .unwrap();
+    let attached = sandbox_mcp_server::hosted::attach::attach(&engine.client(), id, &request)
+        .await
+        .unwrap();
+    assert!(attached.job_id.starts_with("job_"), "{}", attached.job_id);
+    let (mut input, mut output) = (attached.input, attached.output);
+    input.write(b"conformance\n").await.unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let exit = loop {
+        match output.next().await.unwrap().unwrap() {
+            sandbox_mcp_protocol::Chunk::Stdout(d) => out.extend(d),
+            sandbox_mcp_protocol::Chunk::Stderr(d) => err.extend(d),
+            sandbox_mcp_protocol::Chunk::Exit { exit_code, .. } => break exit_code,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(String::from_utf8_lossy(&out), "got conformance\n");
+    assert_eq!(String::from_utf8_lossy(&err), "err\n");
+    assert_eq!(exit, Some(0));
 }
 
 #[test]

@@ -103,6 +103,13 @@ pub(crate) struct ServersAdd {
     /// Keep this many sandboxes with the server started and initialized, for new sessions.
     #[arg(long, default_value_t = 0)]
     pub(crate) warm: u32,
+    /// The server speaks Streamable HTTP itself on this port inside its sandbox: sessions are
+    /// proxied to it instead of spoken to on stdio.
+    #[arg(long, value_name = "PORT")]
+    pub(crate) http_port: Option<u16>,
+    /// With --http-port: the server's MCP path.
+    #[arg(long, requires = "http_port", value_name = "PATH")]
+    pub(crate) http_path: Option<String>,
     /// Install the server from source: a git URL, or a local directory.
     #[arg(long, value_name = "GIT_URL|DIR")]
     pub(crate) from: Option<String>,

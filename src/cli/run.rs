@@ -79,5 +79,7 @@ pub(super) fn server_spec(flags: &ServerFlags, command: Vec<String>) -> anyhow::
         env: pairs(&flags.env, "--env")?,
         shape,
         cwd: flags.cwd.clone(),
+        http_port: None,
+        http_path: None,
     })
 }

@@ -57,6 +57,8 @@ async fn add(client: &Client, add: ServersAdd) -> anyhow::Result<()> {
             add.command.clone()
         },
     )?;
+    spec.http_port = add.http_port;
+    spec.http_path = add.http_path.clone();
     let mut request = json!({
         "idle_timeout_seconds": add.idle_timeout.max(10),
         "warm": add.warm,

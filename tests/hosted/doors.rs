@@ -135,3 +135,84 @@ async fn every_reference_server_works_mounted_into_the_main_endpoint() {
             .await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_speaks_streamable_http_itself_is_proxied_per_session() {
+    crate::require_reference_servers!();
+    let hosted = Hosted::start(None).await;
+    let mut body = reference_registration("everything");
+    body["command"] = json!([reference_command("everything")[0], "streamableHttp"]);
+    body["env_vars"] = json!({"PORT": "3001"});
+    body["http_port"] = json!(3001);
+    hosted.register_ok(None, "everything-http", body).await;
+    let token = hosted.token("alice");
+    let a = hosted.connect("everything-http", &token).await;
+    let b = hosted.connect("everything-http", &token).await;
+    exercise(a.peer(), "everything", "").await;
+    exercise(b.peer(), "everything", "").await;
+    // Each session its own sandbox (and server, on the same port in each).
+    assert_eq!(hosted.sandboxes_of("everything-http").len(), 2);
+    a.cancel().await.unwrap();
+    b.cancel().await.unwrap();
+    hosted
+        .wait_until("the HTTP server's sandboxes are gone", || {
+            hosted.sandboxes_of("everything-http").is_empty()
+        })
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_run_and_its_sandbox() {
+    crate::require_reference_servers!();
+    use std::io::{BufRead, BufReader, Write};
+    let data = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .env("SANDBOX_MCP_DATA_DIR", data.path())
+        .env_remove("SANDBOX_MCP_URL")
+        .args(["run", "--"])
+        .args(reference_command("time"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
+    )
+    .unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("mcp-time"), "{line}");
+    let sandboxes = || {
+        std::fs::read_dir(data.path().join("sandboxes"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("sbx_"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        sandboxes(),
+        1,
+        "the server runs in a sandbox of the run's engine"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "run did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert_eq!(sandboxes(), 0, "run left its sandbox behind");
+}

@@ -209,3 +209,39 @@ async fn a_server_from_a_local_directory_is_installed_once_and_served() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn servers_log_shows_a_running_server_s_network_and_stderr() {
+    crate::require_reference_servers!();
+    let net = crate::require_testnet!();
+    let hosted = Hosted::start(Some(&net)).await;
+    hosted
+        .register_ok(None, "fetch", reference_registration("fetch"))
+        .await;
+    let token = hosted.token("alice");
+    let client = hosted.connect("fetch", &token).await;
+    exercise(client.peer(), "fetch", "").await;
+    let out = Command::new(BIN)
+        .args([
+            "servers",
+            "--url",
+            &hosted.engine.url,
+            "--api-key",
+            KEY,
+            "log",
+            "fetch",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The allowed fetch and the refused one, and the server's job (its stderr).
+    assert!(text.contains("api.example.test"), "{text}");
+    assert!(text.contains("other.test"), "{text}");
+    assert!(text.contains("job_1"), "{text}");
+    client.cancel().await.unwrap();
+}

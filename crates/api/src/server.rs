@@ -218,8 +218,12 @@ impl IntoResponse for Ndjson {
 }
 
 /// A WebSocket handshake (`x-dropshot-websocket` operations): the request's key and its
-/// connection, to be upgraded by the answer [`WebSocketUpgrade::accept`] makes.
-pub struct WebSocketUpgrade {
+/// connection, to be upgraded by the answer [`WebSocketUpgrade::accept`] makes. Extracting it
+/// never fails, so that the operation can refuse what it would refuse anyway (an unknown
+/// sandbox, say) before it says the request was no WebSocket handshake.
+pub struct WebSocketUpgrade(Result<Handshake, String>);
+
+struct Handshake {
     key: header::HeaderValue,
     on_upgrade: hyper::upgrade::OnUpgrade,
 }
@@ -228,55 +232,56 @@ pub struct WebSocketUpgrade {
 pub type WebSocket =
     tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>>;
 
+fn handshake(parts: &mut Parts) -> Result<Handshake, String> {
+    let has = |name: header::HeaderName, value: &str| {
+        parts.headers.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(value)))
+        })
+    };
+    if parts.method != axum::http::Method::GET
+        || !has(header::CONNECTION, "upgrade")
+        || !has(header::UPGRADE, "websocket")
+    {
+        return Err("this operation is a WebSocket: send a GET with `Connection: Upgrade` and `Upgrade: websocket`".into());
+    }
+    if !has(header::SEC_WEBSOCKET_VERSION, "13") {
+        return Err("only WebSocket version 13 is spoken".into());
+    }
+    let key = parts
+        .headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .cloned()
+        .ok_or("the WebSocket handshake has no Sec-WebSocket-Key")?;
+    let on_upgrade = parts
+        .extensions
+        .remove::<hyper::upgrade::OnUpgrade>()
+        .ok_or("this connection cannot be upgraded (HTTP/1.1 only)")?;
+    Ok(Handshake { key, on_upgrade })
+}
+
 impl<A: EngineApi> FromRequestParts<A> for WebSocketUpgrade {
-    type Rejection = Response;
+    type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &A) -> Result<Self, Self::Rejection> {
-        let has = |name: header::HeaderName, value: &str| {
-            parts.headers.get_all(name).iter().any(|v| {
-                v.to_str()
-                    .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(value)))
-            })
-        };
-        let refuse_with = |why: &str| refuse::<A>(Rejection::NotWebSocket(why.to_string()));
-        if parts.method != axum::http::Method::GET
-            || !has(header::CONNECTION, "upgrade")
-            || !has(header::UPGRADE, "websocket")
-        {
-            return Err(refuse_with(
-                "this operation is a WebSocket: send a GET with `Connection: Upgrade` and `Upgrade: websocket`",
-            ));
-        }
-        if !has(header::SEC_WEBSOCKET_VERSION, "13") {
-            return Err(refuse_with("only WebSocket version 13 is spoken"));
-        }
-        let key = parts
-            .headers
-            .get(header::SEC_WEBSOCKET_KEY)
-            .cloned()
-            .ok_or_else(|| refuse_with("the WebSocket handshake has no Sec-WebSocket-Key"))?;
-        let on_upgrade = parts
-            .extensions
-            .remove::<hyper::upgrade::OnUpgrade>()
-            .ok_or_else(|| refuse_with("this connection cannot be upgraded (HTTP/1.1 only)"))?;
-        Ok(Self { key, on_upgrade })
+        Ok(Self(handshake(parts)))
     }
 }
 
 impl WebSocketUpgrade {
     /// The `101 Switching Protocols` answer; `serve` runs with the socket once the client has it.
-    /// A message (or frame) over `max_message` bytes ends the connection.
+    /// A message (or frame) over `max_message` bytes ends the connection. The rejection when the
+    /// request was no WebSocket handshake.
     pub fn accept<F>(
         self,
         max_message: usize,
         serve: impl FnOnce(WebSocket) -> F + Send + 'static,
-    ) -> Response
+    ) -> Result<Response, Rejection>
     where
         F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let accept =
-            tokio_tungstenite::tungstenite::handshake::derive_accept_key(self.key.as_bytes());
-        let on_upgrade = self.on_upgrade;
+        let Handshake { key, on_upgrade } = self.0.map_err(Rejection::NotWebSocket)?;
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         tokio::spawn(async move {
             let Ok(upgraded) = on_upgrade.await else {
                 return;
@@ -307,6 +312,6 @@ impl WebSocketUpgrade {
         if let Ok(v) = header::HeaderValue::from_str(&accept) {
             headers.insert(header::SEC_WEBSOCKET_ACCEPT, v);
         }
-        response
+        Ok(response)
     }
 }

@@ -280,7 +280,7 @@ impl EngineApi for AppState {
         sandbox_id: types::SandboxId,
         upgrade: server::WebSocketUpgrade,
     ) -> Result<axum::response::Response, EngineError> {
-        Ok(attach::attach(self, caller, sandbox_id, upgrade))
+        attach::attach(self, caller, sandbox_id, upgrade).await
     }
 
     async fn kill_job(

@@ -16,6 +16,7 @@ pub mod mount;
 pub mod relay;
 pub mod run;
 pub mod sessions;
+pub mod upstream;
 
 /// Metadata label naming the hosted server a sandbox runs.
 pub const SERVER_LABEL: &str = "sandbox-mcp.server";
@@ -39,6 +40,12 @@ pub struct ServerSpec {
     pub shape: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// The server speaks Streamable HTTP itself, on this port of its sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_port: Option<u16>,
+    /// Its MCP path, with `http_port` (`/mcp` when omitted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_path: Option<String>,
 }
 
 impl ServerSpec {

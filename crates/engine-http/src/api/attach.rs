@@ -16,18 +16,26 @@ use sandbox_mcp_protocol::{Attach, Chunk, MAX_CHUNK, read_chunk, write_chunk};
 /// How long the client has to send its request once the socket is open.
 const REQUEST_WAIT: Duration = Duration::from_secs(30);
 
-pub(super) fn attach(
+pub(super) async fn attach(
     state: &AppState,
     caller: Caller,
     id: types::SandboxId,
     upgrade: WebSocketUpgrade,
-) -> axum::response::Response {
+) -> Result<axum::response::Response, EngineError> {
+    // An unknown sandbox is refused as such, before anything is upgraded.
+    state
+        .manager
+        .lifecycle
+        .get(&id, caller.tenant(), false)
+        .await?;
     let state = state.clone();
     let request_id = sandbox_mcp_model::ids::current_request_id();
     // One byte of kind over the largest chunk, and room for the request's JSON.
-    upgrade.accept(MAX_CHUNK + 64 * 1024, move |socket| async move {
-        serve(state, caller, id, socket, request_id).await;
-    })
+    upgrade
+        .accept(MAX_CHUNK + 64 * 1024, move |socket| async move {
+            serve(state, caller, id, socket, request_id).await;
+        })
+        .map_err(<AppState as sandbox_mcp_api::server::EngineApi>::rejected)
 }
 
 async fn refuse(mut socket: WebSocket, e: EngineError, request_id: &str) {

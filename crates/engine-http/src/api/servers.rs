@@ -50,6 +50,8 @@ fn server(view: ServerView) -> Result<types::Server, EngineError> {
         env_var_names,
         shape: request.shape,
         cwd: request.cwd.map(|c| c.to_string()),
+        http_port: request.http_port.map(|p| p.get()),
+        http_path: request.http_path.map(|p| p.to_string()),
         idle_timeout_seconds: request.idle_timeout_seconds.unwrap_or(DEFAULT_IDLE_SECONDS),
         warm: request.warm.unwrap_or(0),
         source: request.source,

@@ -116,6 +116,8 @@ pub fn hosted_server(server: sandbox_mcp_api::types::Server) -> HostedServer {
             .unwrap_or_default(),
         shape: server.shape.and_then(|s| serde_json::to_value(s).ok()),
         cwd: server.cwd,
+        http_port: server.http_port,
+        http_path: server.http_path,
     };
     HostedServer {
         name: server.name.to_string(),
@@ -173,6 +175,36 @@ pub async fn handle(sessions: Sessions, name: String, req: Request) -> Response 
         },
         None => None,
     };
+    if let Some(s) = &session
+        && let Some(upstream) = &s.upstream
+    {
+        s.touch();
+        let (parts, body) = req.into_parts();
+        let Ok(body) = axum::body::to_bytes(body, crate::http::BODY_LIMIT).await else {
+            return jsonrpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &Value::Null,
+                -32600,
+                "the request is too large",
+            );
+        };
+        let forwarded = upstream
+            .forward(parts.method.clone(), &parts.headers, body)
+            .await;
+        let answer = match forwarded {
+            Ok(r) => upstream.answer(r, &s.id),
+            Err(e) => jsonrpc_error(
+                StatusCode::BAD_GATEWAY,
+                &Value::Null,
+                -32603,
+                &format!("server {name}: {e}{}", s.instance.tail_text()),
+            ),
+        };
+        if parts.method == Method::DELETE {
+            sessions.close(&s.id, tenant.as_deref()).await;
+        }
+        return answer;
+    }
     match *req.method() {
         Method::DELETE => match session {
             Some(s) => {
@@ -205,7 +237,9 @@ pub async fn handle(sessions: Sessions, name: String, req: Request) -> Response 
                 .into_response(),
         },
         Method::POST => {
-            let body = match axum::body::to_bytes(req.into_body(), crate::http::BODY_LIMIT).await {
+            let (parts, body) = req.into_parts();
+            let headers = parts.headers;
+            let body = match axum::body::to_bytes(body, crate::http::BODY_LIMIT).await {
                 Ok(b) => b,
                 Err(_) => {
                     return jsonrpc_error(
@@ -227,6 +261,19 @@ pub async fn handle(sessions: Sessions, name: String, req: Request) -> Response 
                     );
                 }
             };
+            if session.is_none() && message["method"] == "initialize" {
+                match lookup(&sessions, tenant.as_deref(), &name).await {
+                    Ok(server) if server.spec.http_port.is_some() => {
+                        return sessions
+                            .open_http(tenant.as_deref(), server, &headers, body)
+                            .await
+                            .unwrap_or_else(|e| {
+                                json_response(&error_response(&message["id"], -32603, &e))
+                            });
+                    }
+                    _ => {}
+                }
+            }
             post(
                 &sessions,
                 tenant.as_deref(),

@@ -63,6 +63,8 @@ pub struct Session {
     client_capabilities: Value,
     /// The warm pool sent `notifications/initialized` already.
     pre_initialized: bool,
+    /// For a server that speaks Streamable HTTP itself: the way to it.
+    pub upstream: Option<super::upstream::Upstream>,
     last_seen: Mutex<Instant>,
     streams: Mutex<Streams>,
     router: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -85,6 +87,7 @@ impl Session {
         instance: Arc<Instance>,
         client_capabilities: Value,
         pre_initialized: bool,
+        upstream: Option<super::upstream::Upstream>,
     ) -> Arc<Self> {
         let session = Arc::new(Self {
             id: session_id(),
@@ -93,6 +96,7 @@ impl Session {
             instance,
             client_capabilities,
             pre_initialized,
+            upstream,
             last_seen: Mutex::new(Instant::now()),
             streams: Mutex::new(Streams::default()),
             router: Mutex::new(None),
@@ -395,12 +399,78 @@ impl Sessions {
             instance,
             capabilities,
             pre_initialized,
+            None,
         );
         lock(&self.inner.sessions).insert(session.id.clone(), session.clone());
         Ok((
             Some(session),
             json!({"jsonrpc": "2.0", "id": id, "result": result}),
         ))
+    }
+
+    /// Starts a session for a server that speaks Streamable HTTP itself: its sandbox, the server
+    /// started in it, a private preview of its port, and the client's `initialize` forwarded
+    /// there once it listens. The server's answer, with our session id.
+    pub async fn open_http(
+        &self,
+        tenant: Option<&str>,
+        server: HostedServer,
+        headers: &axum::http::HeaderMap,
+        body: axum::body::Bytes,
+    ) -> Result<axum::response::Response, String> {
+        let port = server.spec.http_port.unwrap_or_default();
+        let path = server
+            .spec
+            .http_path
+            .clone()
+            .unwrap_or_else(|| "/mcp".into());
+        let instance =
+            Instance::start(&self.inner.backend, tenant, &server.name, &server.spec).await?;
+        let opened = async {
+            let upstream = super::upstream::Upstream::open(
+                &self.inner.backend,
+                tenant,
+                &instance.sandbox_id,
+                port,
+                &path,
+            )
+            .await?;
+            let first = upstream
+                .first(headers, body, self.initialize_wait(), || {
+                    instance.ended().map(|e| e.why)
+                })
+                .await
+                .map_err(|e| {
+                    format!(
+                        "server {} never answered initialize: {e}{}",
+                        server.name,
+                        instance.tail_text()
+                    )
+                })?;
+            Ok::<_, String>((upstream, first))
+        }
+        .await;
+        let (upstream, first) = match opened {
+            Ok(o) => o,
+            Err(e) => {
+                instance.kill().await;
+                return Err(e);
+            }
+        };
+        let session = Session::new(
+            tenant.map(String::from),
+            server,
+            instance,
+            json!({}),
+            false,
+            Some(upstream),
+        );
+        let answer = match &session.upstream {
+            Some(u) => u.answer(first, &session.id),
+            None => return Err("the session lost its way to the server".into()),
+        };
+        lock(&self.inner.sessions).insert(session.id.clone(), session.clone());
+        Ok(answer)
     }
 
     /// Ends session `id` (DELETE); whether it was open.
