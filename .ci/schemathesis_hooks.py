@@ -36,7 +36,7 @@ NETWORK = CREATE | {"update_sandbox", "create_template"}
 RESIDUAL = {
     # Map keys: 3.0 has no `propertyNames`.
     "environment variable names (map keys)": (
-        CREATE | {"exec_command", "exec_command_stream", "create_template"},
+        CREATE | {"exec_command", "exec_command_stream", "create_template", "put_server"},
         r'environment variable name ".*" is invalid',
     ),
     "metadata keys (map keys)": (
@@ -44,7 +44,7 @@ RESIDUAL = {
         r'metadata key ".*" is invalid',
     ),
     "secret binding names (map keys)": (
-        CREATE,
+        CREATE | {"put_server"},
         r'".*" is not an environment variable name',
     ),
     # Lengths in bytes: 3.0's maxLength counts characters.

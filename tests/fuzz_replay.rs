@@ -259,3 +259,8 @@ fn agent_frames() {
 fn mux_frames() {
     replay("mux_frame", properties::frames::mux_frame, 20000);
 }
+
+#[test]
+fn attach_chunks() {
+    replay("attach_chunk", properties::frames::attach_chunk, 20000);
+}

@@ -203,3 +203,84 @@ async fn the_client_gets_the_revision_it_asked_for() {
     assert!(said(&r).contains("UTC"));
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mounted_servers_pass_progress_and_sampling_through_our_endpoint() {
+    crate::require_reference_servers!();
+    let hosted = Hosted::start_with(
+        None,
+        |o| o.mount_servers = vec!["everything".into()],
+        "core",
+    )
+    .await;
+    hosted
+        .register_ok(None, "everything", reference_registration("everything"))
+        .await;
+    let token = hosted.token("alice");
+    let handler = Sampler {
+        declare_sampling: true,
+        ..Sampler::default()
+    };
+    let client = {
+        use rmcp::ServiceExt;
+        let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
+            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+                format!("{}/mcp", hosted.base),
+            )
+            .auth_header(token),
+        );
+        handler.clone().serve(transport).await.unwrap()
+    };
+    let peer = client.peer();
+    let tools: Vec<String> = peer
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    let mut params = CallToolRequestParams::new("everything__trigger-long-running-operation")
+        .with_arguments(
+            json!({"duration": 2, "steps": 4})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        );
+    params.set_progress_token(rmcp::model::ProgressToken(
+        rmcp::model::NumberOrString::Number(9),
+    ));
+    let r = peer.call_tool(params).await.unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", said(&r));
+    assert!(
+        handler.progress.lock().unwrap().len() >= 2,
+        "progress through the mount"
+    );
+    if let Some(sampling) = tools
+        .iter()
+        .find(|t| t.starts_with("everything__") && t.contains("sampling"))
+    {
+        let r = tool(peer, sampling, json!({"prompt": "hello", "maxTokens": 10})).await;
+        assert!(
+            said(&r).contains("the client's model says hi"),
+            "{}",
+            said(&r)
+        );
+        assert_eq!(*handler.sampled.lock().unwrap(), 1);
+    }
+    // Prompts and resources of the mounted server, beside our tools.
+    let prompts = peer.list_all_prompts().await.unwrap();
+    assert!(
+        prompts.iter().any(|p| p.name.starts_with("everything__")),
+        "{prompts:?}"
+    );
+    let resources = peer.list_all_resources().await.unwrap();
+    assert!(!resources.is_empty());
+    let read = peer
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            resources[0].uri.clone(),
+        ))
+        .await
+        .unwrap();
+    assert!(!read.contents.is_empty());
+    client.cancel().await.unwrap();
+}

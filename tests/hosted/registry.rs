@@ -245,3 +245,100 @@ async fn servers_log_shows_a_running_server_s_network_and_stderr() {
     assert!(text.contains("job_1"), "{text}");
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_from_a_git_url_is_cloned_and_installed_by_template_steps() {
+    crate::require_reference_servers!();
+    let net = crate::require_testnet!();
+    // A git repository served over HTTP from the test internet (git's "dumb" protocol).
+    let served = tempfile::Builder::new()
+        .prefix("smcp-git-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let work = served.path().join("work");
+    let git = |dir: &std::path::Path, args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.test"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::create_dir(&work).unwrap();
+    git(&work, &["init", "-q", "-b", "release"]);
+    std::fs::write(
+        work.join("server.py"),
+        "from mcp_server_time import main\nmain()\n",
+    )
+    .unwrap();
+    git(&work, &["add", "."]);
+    git(&work, &["commit", "-q", "-m", "a server"]);
+    git(
+        served.path(),
+        &["clone", "-q", "--bare", "work", "repo.git"],
+    );
+    git(&served.path().join("repo.git"), &["update-server-info"]);
+    let mut http = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.ns,
+            "/usr/bin/python3",
+            "-m",
+            "http.server",
+            "8088",
+        ])
+        .args(["--bind", &net.net_ip.to_string(), "--directory"])
+        .arg(served.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect((net.net_ip, 8088)).is_err() {
+        assert!(Instant::now() < deadline, "the git server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let hosted = Hosted::start(Some(&net)).await;
+    let out = Command::new(BIN)
+        .args([
+            "servers",
+            "--url",
+            &hosted.engine.url,
+            "--api-key",
+            KEY,
+            "add",
+            "from-git",
+        ])
+        .args([
+            "--from",
+            "http://api.example.test:8088/repo.git",
+            "--ref",
+            "release",
+        ])
+        .args(["--install", "python3 -m py_compile server.py"])
+        .args(["--entrypoint", "python3 server.py"])
+        .output()
+        .unwrap();
+    let _ = http.kill();
+    let _ = http.wait();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    let token = hosted.token("alice");
+    let client = hosted.connect("from-git", &token).await;
+    let r = tool(
+        client.peer(),
+        "get_current_time",
+        json!({"timezone": "UTC"}),
+    )
+    .await;
+    assert!(said(&r).contains("UTC"), "{}", said(&r));
+    client.cancel().await.unwrap();
+}

@@ -93,7 +93,8 @@ impl Chunk {
     fn from_parts(kind: u8, payload: Vec<u8>) -> std::io::Result<Self> {
         Ok(match kind {
             STDIN => Chunk::Stdin(payload),
-            CLOSE_STDIN => Chunk::CloseStdin,
+            CLOSE_STDIN if payload.is_empty() => Chunk::CloseStdin,
+            CLOSE_STDIN => return Err(invalid("an end of stdin carrying bytes".into())),
             STDOUT => Chunk::Stdout(payload),
             STDERR => Chunk::Stderr(payload),
             EXIT => {
@@ -206,6 +207,7 @@ mod tests {
         assert!(Chunk::from_message(&[9, 1]).is_err());
         assert!(Chunk::from_message(&[]).is_err());
         assert!(Chunk::from_message(&[EXIT, b'x']).is_err());
+        assert!(Chunk::from_message(&[CLOSE_STDIN, b'x']).is_err());
         // Data over the limit is split, never sent as one chunk.
         let mut wire = Vec::new();
         write_chunk(&mut wire, &Chunk::Stdout(vec![7; MAX_CHUNK + 1]))

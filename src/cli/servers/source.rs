@@ -71,7 +71,12 @@ pub(super) async fn install(
             .map(|r| format!("--branch {} ", sh_quote(r)))
             .unwrap_or_default();
         let steps = json!([
-            {"run": format!("git clone --depth 1 {branch}-- {} {}", sh_quote(from), sh_quote(&dir))},
+            // Shallow when the server can (a "dumb" HTTP server cannot), else whole.
+            {"run": format!(
+                "git clone -q --depth 1 {branch}-- {url} {dir} || (rm -rf {dir} && git clone -q {branch}-- {url} {dir})",
+                url = sh_quote(from),
+                dir = sh_quote(&dir)
+            )},
             {"workdir": dir},
             {"run": install},
         ]);
@@ -228,10 +233,15 @@ async fn replace_template(
             .into_inner();
         match t.status {
             types::TemplateStatus::Ready => return Ok(()),
-            types::TemplateStatus::Failed => anyhow::bail!(
-                "building {name} failed: {}",
-                t.failure.map(|f| format!("{f:?}")).unwrap_or_default()
-            ),
+            types::TemplateStatus::Failed => match t.failure {
+                Some(f) => anyhow::bail!(
+                    "building {name} failed: {} (`{}`):\n{}",
+                    f.message,
+                    f.step_text.unwrap_or_default(),
+                    f.output_tail.trim_end()
+                ),
+                None => anyhow::bail!("building {name} failed"),
+            },
             types::TemplateStatus::Building if std::time::Instant::now() > deadline => {
                 anyhow::bail!("building {name} took over 30 minutes")
             }

@@ -275,3 +275,43 @@ pub fn mux_frame(data: &[u8]) {
     }
     assert_eq!(ready(mux::read_frame(&mut input)).expect("the end"), None);
 }
+
+/// An attached process's chunks (`protocol::read_chunk`): a chunk read is of a known kind with
+/// at most `MAX_CHUNK` bytes and writes back as the bytes it was read from (an exit status as the
+/// same status); a clean end is at a chunk boundary; anything else is refused, never a panic or
+/// an allocation the header alone asked for. WebSocket messages (`Chunk::from_message`) round-trip
+/// the same way.
+pub fn attach_chunk(data: &[u8]) {
+    use protocol::{Chunk, MAX_CHUNK, read_chunk, write_chunk};
+    let mut input = data;
+    loop {
+        let before = input;
+        match ready(read_chunk(&mut input)) {
+            Ok(Some(chunk)) => {
+                let read = before.len() - input.len();
+                let mut wire = Vec::new();
+                ready(write_chunk(&mut wire, &chunk)).unwrap();
+                match &chunk {
+                    Chunk::Exit { .. } => {
+                        let mut again: &[u8] = &wire;
+                        assert_eq!(ready(read_chunk(&mut again)).unwrap(), Some(chunk.clone()));
+                    }
+                    Chunk::Stdin(d) | Chunk::Stdout(d) | Chunk::Stderr(d) => {
+                        assert!(d.len() <= MAX_CHUNK);
+                        assert_eq!(wire, before[..read]);
+                    }
+                    Chunk::CloseStdin => assert_eq!(wire, before[..read]),
+                }
+                assert_eq!(Chunk::from_message(&chunk.to_message()).unwrap(), chunk);
+            }
+            Ok(None) => {
+                assert!(before.is_empty(), "a clean end inside a chunk");
+                break;
+            }
+            Err(_) => break,
+        }
+    }
+    if let Ok(chunk) = Chunk::from_message(data) {
+        assert_eq!(Chunk::from_message(&chunk.to_message()).unwrap(), chunk);
+    }
+}

@@ -124,6 +124,10 @@ pub(super) async fn put(
     if let Some(env) = &body.env_vars {
         check_env(env)?;
     }
+    for (env, secret) in body.secrets.iter().flat_map(|s| s.0.iter()) {
+        sandbox_mcp_engine::services::secrets::check_binding_name(env)?;
+        sandbox_mcp_network::secrets::check_name(secret).map_err(EngineError::from)?;
+    }
     let settings = serde_json::to_string(&body)
         .map_err(|e| EngineError::Response(format!("cannot store the server: {e}").into()))?;
     let view = state

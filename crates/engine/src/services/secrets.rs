@@ -46,6 +46,16 @@ pub(crate) fn bound_env(entry: &Entry) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Refuses a binding's variable that is no environment variable name.
+pub fn check_binding_name(env: &str) -> Result<(), EngineError> {
+    if valid_env(env) {
+        return Ok(());
+    }
+    Err(EngineError::InvalidArgument(format!(
+        "{env:?} is not an environment variable name: letters, digits and `_`, not starting with a digit (e.g. OPENAI_API_KEY)"
+    )))
+}
+
 fn valid_env(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
@@ -122,11 +132,7 @@ impl Secrets {
                 self.driver.capabilities().name
             )));
         }
-        if !valid_env(env) {
-            return Err(EngineError::InvalidArgument(format!(
-                "{env:?} is not an environment variable name: letters, digits and `_`, not starting with a digit (e.g. OPENAI_API_KEY)"
-            )));
-        }
+        check_binding_name(env)?;
         secrets::check_name(secret)?;
         // Another tenant's secret answers exactly like one that does not exist.
         // (An argument that names nothing, like a bad name: 400, so that the sandbox's own

@@ -509,6 +509,12 @@ impl Sessions {
         tenant: Option<&str>,
         server: &HostedServer,
     ) -> Result<Arc<Instance>, String> {
+        if server.spec.http_port.is_some() {
+            return Err(format!(
+                "server {} speaks Streamable HTTP itself: open a session at /servers/{}/mcp (it is neither mounted nor served statelessly)",
+                server.name, server.name
+            ));
+        }
         if let Some(w) = self.take_warm(tenant, server) {
             self.refill(tenant, server);
             return Ok(w.instance);
@@ -534,7 +540,8 @@ impl Sessions {
 
     /// Tops up `server`'s pool for `tenant` to its `warm` count, in the background.
     pub fn refill(&self, tenant: Option<&str>, server: &HostedServer) {
-        if server.warm == 0 {
+        // Warm instances are initialized on stdio; a server that speaks HTTP starts per session.
+        if server.warm == 0 || server.spec.http_port.is_some() {
             return;
         }
         let key = (tenant.map(String::from), server.name.clone());
