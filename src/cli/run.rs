@@ -25,7 +25,11 @@ pub(super) async fn run(args: RunArgs) -> anyhow::Result<i32> {
             args.engine.config(),
         ))),
     };
-    let outcome = hosted::run::run(&backend, &name, &spec, process::terminated()).await;
+    // The signals are taken now, before anything is made: a SIGTERM while the sandbox is being
+    // created is seen once it is, and the sandbox goes with the rest.
+    let mut stop = Box::pin(process::terminated());
+    let _ = futures::poll!(stop.as_mut());
+    let outcome = hosted::run::run(&backend, &name, &spec, stop).await;
     backend.shutdown().await;
     outcome.map_err(|e| anyhow::anyhow!("{name}: {e}"))
 }

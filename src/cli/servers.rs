@@ -71,7 +71,8 @@ async fn add(client: &Client, add: ServersAdd) -> anyhow::Result<()> {
         spec.template = Some(built.template);
         spec.cwd = Some(built.dir);
         spec.command = vec!["/bin/sh".into(), "-c".into(), format!("exec {entrypoint}")];
-        request["source"] = json!({"from": from, "ref": add.git_ref, "install": add.install});
+        let shown = source::without_userinfo(from);
+        request["source"] = json!({"from": shown, "ref": add.git_ref, "install": add.install});
     }
     let fields = serde_json::to_value(&spec)?;
     for (k, v) in fields.as_object().into_iter().flatten() {

@@ -169,16 +169,16 @@ async fn warm_pools_start_sessions_already_initialized() {
     body["warm"] = json!(2);
     hosted.register_ok(None, "time", body).await;
     let token = hosted.token("alice");
-    // The pool fills for a tenant on its first session; the operator's fills at start, so warm
-    // the tenant's by hand here.
+    // The operator's pools fill when the HTTP server starts; this one was registered after,
+    // so it is warmed by hand here (or by its first session).
     let server =
         sandbox_mcp_server::hosted::http::lookup(&hosted.server.hosted, Some("alice"), "time")
             .await
             .unwrap();
-    hosted.server.hosted.refill(Some("alice"), &server);
+    hosted.server.hosted.refill(&server);
     hosted
         .wait_until("two warm instances", || {
-            hosted.server.hosted.warm_count(Some("alice"), "time") == 2
+            hosted.server.hosted.warm_count(None, "time") == 2
         })
         .await;
     let raw = raw(&hosted, "/servers/time/mcp", &token);
@@ -199,7 +199,7 @@ async fn warm_pools_start_sessions_already_initialized() {
     // Taken from the pool, which refills.
     hosted
         .wait_until("the pool refilled", || {
-            hosted.server.hosted.warm_count(Some("alice"), "time") == 2
+            hosted.server.hosted.warm_count(None, "time") == 2
         })
         .await;
     eprintln!("warm session start: {warm_start:?}");
@@ -240,31 +240,51 @@ async fn tenants_see_only_their_own_servers_and_sessions() {
             .await,
         404
     );
-    // Both use the operator's shared server, each in a sandbox of their own tenant's.
+    // Both use the operator's shared server, each in a sandbox of its own; those sandboxes are
+    // the operator's, so neither tenant can exec into one (and read its environment).
     let (_, _) = raw(&hosted, "/servers/shared-time/mcp", &alice)
         .open("2025-11-25")
         .await;
     let (_, _) = raw(&hosted, "/servers/shared-time/mcp", &bob)
         .open("2025-11-25")
         .await;
-    let tenants: Vec<Option<String>> = hosted
-        .engine
-        .manager
-        .list(
-            None,
-            &[(
-                sandbox_mcp_server::hosted::SERVER_LABEL.into(),
-                "shared-time".into(),
-            )],
-            None,
-        )
-        .into_iter()
-        .map(|r| r.tenant)
-        .collect();
-    assert!(
-        tenants.contains(&Some("alice".into())) && tenants.contains(&Some("bob".into())),
-        "{tenants:?}"
-    );
+    let owners = |name: &str| -> Vec<Option<String>> {
+        let label = [(
+            sandbox_mcp_server::hosted::SERVER_LABEL.to_string(),
+            name.to_string(),
+        )];
+        hosted
+            .engine
+            .manager
+            .list(None, &label, None)
+            .into_iter()
+            .map(|r| r.tenant)
+            .collect()
+    };
+    assert_eq!(owners("shared-time"), [None, None]);
+    for tenant in ["alice", "bob"] {
+        let listed: Value = hosted
+            .http()
+            .get(format!(
+                "{}/v1/sandboxes?metadata=sandbox-mcp.server%3Dshared-time",
+                hosted.engine.url
+            ))
+            .bearer_auth(KEY)
+            .header("x-sandbox-tenant", tenant)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(
+            listed["sandboxes"],
+            json!([]),
+            "{tenant} sees the operator's sandboxes"
+        );
+    }
+    // Alice's own server runs in alice's sandboxes.
+    assert_eq!(owners("alices-time"), [Some("alice".to_string())]);
     // A tenant can neither shadow nor remove the operator's server.
     let (status, _) = hosted
         .register(Some("bob"), "shared-time", reference_registration("time"))

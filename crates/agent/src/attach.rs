@@ -20,6 +20,8 @@ use sandbox_mcp_protocol::{
 
 /// How long a process may run on after its caller hung up (its stdin ended then too).
 const HANG_UP_GRACE: Duration = Duration::from_secs(3);
+/// How long a write to the process's stdin may wait for it to read.
+const STDIN_STALL: Duration = Duration::from_secs(30);
 /// How long output is drained after the process exited, from descendants still holding its pipes.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
@@ -87,8 +89,13 @@ pub(crate) async fn serve(
         while let Ok(Some(chunk)) = read_chunk(&mut rd).await {
             match chunk {
                 Chunk::Stdin(data) => {
+                    // A process that stops reading its stdin for this long gets no more of it:
+                    // the connection is read on, so that the caller hanging up is still seen.
                     if let Some(w) = &mut stdin
-                        && w.write_all(&data).await.is_err()
+                        && !matches!(
+                            tokio::time::timeout(STDIN_STALL, w.write_all(&data)).await,
+                            Ok(Ok(()))
+                        )
                     {
                         stdin = None;
                     }
@@ -167,7 +174,6 @@ pub(crate) async fn serve(
             kill_at = tokio::time::Instant::now() + HANG_UP_GRACE;
         }
     }
-    input.abort();
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),
         Some(Exit::Signal(s)) => (None, Some(s)),
@@ -175,7 +181,11 @@ pub(crate) async fn serve(
     };
     if connected {
         let _ = write_chunk(&mut wr, &Chunk::Exit { exit_code, signal }).await;
+        // The engine hangs up once it has the exit status: read on until then (briefly), so
+        // that closing with its stdin unread does not reset the connection under the status.
+        let _ = tokio::time::timeout(DRAIN_GRACE, &mut input).await;
     }
+    input.abort();
 }
 
 /// Reads from a pipe that is still open (a closed one's branch is disabled by its `if`).

@@ -487,7 +487,7 @@ fn warm_hosted(hosted: &crate::hosted::sessions::Sessions) {
         };
         for server in list.into_inner().servers {
             if server.shared && server.warm > 0 {
-                hosted.refill(None, &crate::hosted::http::hosted_server(server));
+                hosted.refill(&crate::hosted::http::hosted_server(server, None));
             }
         }
     });

@@ -35,6 +35,22 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// A URL as it may be shown and stored: without credentials (`https://user:token@host/…`).
+pub(super) fn without_userinfo(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            if path.is_empty() && !rest.contains('/') {
+                format!("{scheme}://{host}")
+            } else {
+                format!("{scheme}://{host}/{path}")
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
 fn is_git_url(from: &str) -> bool {
     ["http://", "https://", "git://", "ssh://", "git@"]
         .iter()
@@ -80,7 +96,7 @@ pub(super) async fn install(
             {"workdir": dir},
             {"run": install},
         ]);
-        let description = format!("MCP server {} from {from}", add.name);
+        let description = format!("MCP server {} from {}", add.name, without_userinfo(from));
         let request = json!({
             "name": template, "from": spec.template, "description": description,
             "steps": steps, "network": network(spec, git_host(from)),
@@ -293,5 +309,13 @@ mod tests {
         );
         assert_eq!(sh_quote("a'b"), "'a'\\''b'");
         assert!(is_git_url("https://x/y") && !is_git_url("./dir"));
+        assert_eq!(
+            without_userinfo("https://u:tok@git.example.test/a.git"),
+            "https://git.example.test/a.git"
+        );
+        assert_eq!(
+            without_userinfo("https://git.example.test"),
+            "https://git.example.test"
+        );
     }
 }

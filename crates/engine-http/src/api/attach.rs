@@ -13,6 +13,8 @@ use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_protocol::{Attach, Chunk, MAX_CHUNK, read_chunk, write_chunk};
 
+/// How long the client has to answer our close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 /// How long the client has to send its request once the socket is open.
 const REQUEST_WAIT: Duration = Duration::from_secs(30);
 
@@ -122,20 +124,23 @@ async fn serve(
     let (mut agent_rd, mut agent_wr) = tokio::io::split(attachment.conn);
     let (mut sink, mut messages) = socket.split();
     // The client's stdin to the agent; anything but stdin from the client ends the attachment.
+    // Whether the client went (true), or the agent stopped taking stdin (false: the process
+    // ended, and its last output and exit status are still to be passed on).
     let inbound = async {
         while let Some(Ok(message)) = messages.next().await {
             let chunk = match message {
                 Message::Binary(data) => match Chunk::from_message(&data) {
                     Ok(c @ (Chunk::Stdin(_) | Chunk::CloseStdin)) => c,
-                    _ => break,
+                    _ => return true,
                 },
-                Message::Close(_) => break,
+                Message::Close(_) => return true,
                 _ => continue,
             };
             if write_chunk(&mut agent_wr, &chunk).await.is_err() {
-                break;
+                return false;
             }
         }
+        true
     };
     // The process's output and exit to the client, until the agent closes.
     let outbound = async {
@@ -157,11 +162,31 @@ async fn serve(
         }
         let _ = sink.close().await;
     };
-    // Whichever side ends first ends the attachment: the agent's connection is dropped, which the
-    // agent takes as the caller hanging up (the process's stdin ends; it is killed if it stays).
-    tokio::select! {
-        () = inbound => {}
-        () = outbound => {}
+    tokio::pin!(outbound);
+    // The client going ends the attachment at once: the agent's connection is dropped, which
+    // the agent takes as the caller hanging up (the process's stdin ends; it is killed if it
+    // stays). The process ending lets its last words through first.
+    let client_gone = tokio::select! {
+        client_gone = inbound => {
+            if !client_gone {
+                outbound.await;
+            }
+            client_gone
+        }
+        () = &mut outbound => false,
+    };
+    // Our close is sent: take what the client still sends until its close comes (briefly), so
+    // that closing the connection with its messages unread does not reset it before it read the
+    // exit status.
+    if !client_gone {
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            while let Some(Ok(m)) = messages.next().await {
+                if matches!(m, Message::Close(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
     }
     drop(attachment.attached);
 }

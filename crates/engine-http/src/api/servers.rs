@@ -121,6 +121,14 @@ pub(super) async fn put(
         EgressDefault::Open,
     )
     .map_err(EngineError::InvalidArgument)?;
+    if let Some(path) = &body.http_path
+        && (path.contains(['?', '#', '\\']) || path.split('/').any(|seg| seg == ".." || seg == "."))
+    {
+        return Err(EngineError::InvalidArgument(format!(
+            "http_path {:?} must be a plain path: no `.` or `..` segment, `?`, `#` or `\\`",
+            path.as_str()
+        )));
+    }
     if let Some(env) = &body.env_vars {
         check_env(env)?;
     }

@@ -35,15 +35,25 @@ fn json_response(message: &Value) -> Response {
     (StatusCode::OK, axum::Json(message)).into_response()
 }
 
-fn sse_frame(message: &Value) -> Bytes {
+fn sse_frame(message: &str) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
+}
+
+/// A message as the server wrote it, as a JSON answer.
+fn raw_json(message: String) -> Response {
+    let mut r = Response::new(Body::from(message));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// The server's messages and then its response, as an SSE stream; a plain JSON response when the
 /// response comes first (no message before it).
 async fn answer(mut rx: tokio::sync::mpsc::Receiver<Item>) -> Response {
     let first = match rx.recv().await {
-        Some(Item::Final(response)) => return json_response(&response),
+        Some(Item::Final(response)) => return raw_json(response),
         Some(Item::Event(message)) => message,
         None => return StatusCode::ACCEPTED.into_response(),
     };
@@ -100,11 +110,21 @@ pub async fn lookup(
             .map_err(crate::call::error_text)?
             .into_inner();
     }
-    Ok(hosted_server(server))
+    // The operator's server runs in the operator's sandboxes: its environment, secrets and
+    // sandbox stay out of the tenant's reach, the session alone being the tenant's.
+    let owner = if server.shared {
+        None
+    } else {
+        tenant.map(String::from)
+    };
+    Ok(hosted_server(server, owner))
 }
 
 /// A registration as sessions start it.
-pub fn hosted_server(server: sandbox_mcp_api::types::Server) -> HostedServer {
+pub fn hosted_server(
+    server: sandbox_mcp_api::types::Server,
+    owner: Option<String>,
+) -> HostedServer {
     let spec = ServerSpec {
         command: server.command,
         template: server.template,
@@ -121,6 +141,7 @@ pub fn hosted_server(server: sandbox_mcp_api::types::Server) -> HostedServer {
     };
     HostedServer {
         name: server.name.to_string(),
+        owner,
         spec,
         idle: if server.idle_timeout_seconds == 0 {
             DEFAULT_IDLE
@@ -379,13 +400,21 @@ async fn stateless(
     };
     // No session, so nothing of the server's own can reach the client: its requests are refused.
     let refuser = {
-        let instance = instance.clone();
+        let weak = std::sync::Arc::downgrade(&instance);
         tokio::spawn(async move {
-            while let Some(m) = instance.next_event().await {
-                if let (Some(id), Some(method)) = (m.get("id"), m["method"].as_str()) {
+            loop {
+                let Some(instance) = weak.upgrade() else {
+                    return;
+                };
+                let Some(m) = instance.next_event().await else {
+                    return;
+                };
+                if let Some(head) = super::relay::Head::of(&m)
+                    && let (Some(id), Some(method)) = (head.id, head.method)
+                {
                     let why =
                         format!("`{method}` cannot reach a client that sent a stateless request");
-                    let _ = instance.send(&error_response(id, -32601, &why)).await;
+                    let _ = instance.send(&error_response(&id, -32601, &why)).await;
                 }
             }
         })
@@ -393,8 +422,8 @@ async fn stateless(
     let response = instance
         .request(&super::sessions::inner_message(&message), REQUEST_DEADLINE)
         .await
-        .unwrap_or_else(|e| error_response(&id, -32603, &e));
+        .unwrap_or_else(|e| error_response(&id, -32603, &e).to_string());
     refuser.abort();
     instance.kill().await;
-    json_response(&response)
+    raw_json(response)
 }

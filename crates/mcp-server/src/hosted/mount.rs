@@ -144,16 +144,24 @@ impl Mounted {
 
     /// This session's instance of `name`, started (and initialized) on first use.
     async fn instance(&self, tenant: Option<&str>, name: &str) -> Result<Arc<Instance>, String> {
-        let mut instances = self.instances.lock().await;
-        if let Some(i) = instances.get(name) {
-            if i.ended().is_none() {
-                return Ok(i.clone());
+        {
+            let mut instances = self.instances.lock().await;
+            if let Some(i) = instances.get(name) {
+                if i.ended().is_none() {
+                    return Ok(i.clone());
+                }
+                // It exited: the next use starts a fresh one.
+                instances.remove(name);
             }
-            // It exited: the next use starts a fresh one.
-            instances.remove(name);
         }
+        // Started without the lock held: one slow server does not hold up the others.
         let server = lookup(&self.sessions, tenant, name).await?;
         let instance = self.sessions.one_off(tenant, &server).await?;
+        let mut instances = self.instances.lock().await;
+        if let Some(other) = instances.get(name).filter(|i| i.ended().is_none()) {
+            // Another call started one meanwhile: keep that one (ours goes when dropped).
+            return Ok(other.clone());
+        }
         self.pump(&instance);
         instances.insert(name.to_string(), instance.clone());
         Ok(instance)
@@ -188,7 +196,9 @@ impl Mounted {
         let instance = self.instance(tenant, server).await?;
         let id = json!(format!("mount-{}", next_id()));
         let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
-        let response = instance.request(&message, CALL_DEADLINE).await?;
+        let raw = instance.request(&message, CALL_DEADLINE).await?;
+        let response: Value = serde_json::from_str(&raw)
+            .map_err(|e| format!("server {server} answered with something else: {e}"))?;
         if let Some(error) = response.get("error") {
             return Err(format!(
                 "server {server}: {}",
@@ -373,7 +383,10 @@ fn next_id() -> u64 {
 }
 
 /// One message a mounted server sent on its own, to our client (or refused back to the server).
-async fn relay_to_client(peer: &Peer<RoleServer>, instance: &Instance, message: Value) {
+async fn relay_to_client(peer: &Peer<RoleServer>, instance: &Instance, message: String) {
+    let Ok(message) = serde_json::from_str::<Value>(&message) else {
+        return;
+    };
     let id = message.get("id").cloned();
     let method = message["method"].as_str().unwrap_or("").to_string();
     let mut call = json!({"method": method});

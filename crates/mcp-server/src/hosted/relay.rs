@@ -1,15 +1,23 @@
 //! One hosted server's instance: a sandbox with the server running in it, spoken to in JSON-RPC
 //! lines on its stdio. Requests wait for their response by id; everything else the server sends
-//! (notifications, its own requests) goes to [`Instance::events`] for the session to route.
+//! (notifications, its own requests) goes to [`Instance::next_event`] for the session to route.
 //!
-//! The server is untrusted: its lines are bounded ([`MAX_LINE`]), what it sends that is not
-//! JSON-RPC is kept with its stderr's tail for the error that names it, and its exit fails
-//! every waiting request with its status and that tail.
+//! The server is untrusted, and the process it costs memory in is shared by every tenant. So
+//! its messages are kept as the bytes it wrote, never expanded into a JSON tree larger than
+//! they are: a line is at most [`MAX_LINE`] (a response may carry images), a message nobody
+//! asked for at most [`MAX_EVENT`], and at most [`EVENTS`] of those wait; what it sends that is
+//! not JSON-RPC is kept with its stderr's tail for the error that names it, and its exit fails
+//! every waiting request with its status and that tail. Dropping the last handle on an
+//! instance kills its sandbox, so a setup abandoned half way (a client that went away) leaves
+//! nothing behind.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -21,10 +29,13 @@ use sandbox_mcp_sys::lock;
 
 /// Longest JSON-RPC line a server may write (a tool result with images can be large).
 pub const MAX_LINE: usize = 16 * 1024 * 1024;
+/// Longest message a server may send unasked (a notification, its own request): larger ones are
+/// dropped, and noted with its stderr.
+pub const MAX_EVENT: usize = 1024 * 1024;
 /// How much of the server's stderr is kept for errors.
 const TAIL: usize = 2048;
-/// Messages from the server waiting for the session to take them; beyond this the oldest go.
-const EVENTS: usize = 1024;
+/// Messages from the server waiting for the session to take them; beyond this they are dropped.
+pub const EVENTS: usize = 32;
 
 /// How an instance ended.
 #[derive(Debug, Clone)]
@@ -32,17 +43,44 @@ pub struct Ended {
     pub why: String,
 }
 
+/// What routing needs of a message: its id and method, and whether it is a response. Every
+/// other field is skipped without being kept.
+#[derive(Deserialize)]
+pub struct Head {
+    #[serde(default)]
+    pub id: Option<Value>,
+    #[serde(default)]
+    pub method: Option<String>,
+    #[serde(default)]
+    result: Option<IgnoredAny>,
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+}
+
+impl Head {
+    /// The head of a JSON-RPC message, if `raw` is one (a JSON object).
+    pub fn of(raw: &str) -> Option<Head> {
+        serde_json::from_str(raw).ok()
+    }
+
+    fn is_response(&self) -> bool {
+        self.method.is_none() && (self.result.is_some() || self.error.is_some())
+    }
+}
+
 /// A running server in its sandbox.
 pub struct Instance {
     pub name: String,
     pub sandbox_id: String,
-    pub tenant: Option<String>,
+    /// Who owns the sandbox: the registration's owner (`None`: the operator's shared server).
+    pub owner: Option<String>,
     backend: Backend,
     input: tokio::sync::Mutex<Input>,
-    pending: Mutex<HashMap<String, oneshot::Sender<Value>>>,
-    events: tokio::sync::Mutex<mpsc::Receiver<Value>>,
+    pending: Mutex<HashMap<String, oneshot::Sender<String>>>,
+    events: tokio::sync::Mutex<mpsc::Receiver<String>>,
     ended: watch::Receiver<Option<Ended>>,
     tail: Arc<Mutex<VecDeque<u8>>>,
+    killed: AtomicBool,
 }
 
 /// A request's key: its id as JSON text (`1` and `"1"` are different ids).
@@ -50,15 +88,44 @@ fn key(id: &Value) -> String {
     id.to_string()
 }
 
+/// Kills sandbox `id` of `owner`, on the runtime, from anywhere (a `Drop` included).
+fn kill_later(backend: Backend, owner: Option<String>, id: String) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        if let Ok(handle) = backend.client(owner.as_deref()).await {
+            let _ = handle
+                .client
+                .kill_sandbox()
+                .sandbox_id(id.as_str())
+                .send()
+                .await;
+        }
+    });
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        if !self.killed.swap(true, Ordering::AcqRel) {
+            kill_later(
+                self.backend.clone(),
+                self.owner.clone(),
+                self.sandbox_id.clone(),
+            );
+        }
+    }
+}
+
 impl Instance {
-    /// Starts server `name` as `spec` says, in a new sandbox of `tenant`'s.
+    /// Starts server `name` as `spec` says, in a new sandbox owned by `owner`.
     pub async fn start(
         backend: &Backend,
-        tenant: Option<&str>,
+        owner: Option<&str>,
         name: &str,
         spec: &ServerSpec,
     ) -> Result<Arc<Self>, String> {
-        let handle = backend.client(tenant).await.map_err(|e| e.text())?;
+        let handle = backend.client(owner).await.map_err(|e| e.text())?;
         let request: sandbox_mcp_api::types::CreateSandboxRequest =
             serde_json::from_value(spec.sandbox_request(name))
                 .map_err(|e| format!("invalid server settings: {e}"))?;
@@ -76,44 +143,50 @@ impl Instance {
             })?
             .into_inner();
         let sandbox_id = sandbox.id.to_string();
-        let attach_request: Result<sandbox_mcp_api::types::AttachRequest, _> =
-            serde_json::from_value(spec.attach_request());
-        let attached = match attach_request {
-            Ok(r) => attach(&handle.client, &sandbox_id, &r).await.map_err(|e| {
+        // From here on, the sandbox is killed if this setup goes no further (an error, or a
+        // caller that stopped waiting).
+        struct Guard(Option<(Backend, Option<String>, String)>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                if let Some((b, o, id)) = self.0.take() {
+                    kill_later(b, o, id);
+                }
+            }
+        }
+        let mut guard = Guard(Some((
+            backend.clone(),
+            owner.map(String::from),
+            sandbox_id.clone(),
+        )));
+        let attach_request: sandbox_mcp_api::types::AttachRequest =
+            serde_json::from_value(spec.attach_request())
+                .map_err(|e| format!("invalid command of server {name}: {e}"))?;
+        let attached = attach(&handle.client, &sandbox_id, &attach_request)
+            .await
+            .map_err(|e| {
                 format!(
                     "cannot start server {name} (`{}`): {e}",
                     spec.command.join(" ")
                 )
-            }),
-            Err(e) => Err(format!("invalid command of server {name}: {e}")),
-        };
-        let attached = match attached {
-            Ok(a) => a,
-            Err(e) => {
-                let _ = handle
-                    .client
-                    .kill_sandbox()
-                    .sandbox_id(sandbox_id.as_str())
-                    .send()
-                    .await;
-                return Err(e);
-            }
-        };
+            })?;
+        guard.0 = None;
         let (events_tx, events_rx) = mpsc::channel(EVENTS);
         let (ended_tx, ended_rx) = watch::channel(None);
         let instance = Arc::new(Self {
             name: name.to_string(),
             sandbox_id,
-            tenant: tenant.map(String::from),
+            owner: owner.map(String::from),
             backend: backend.clone(),
             input: tokio::sync::Mutex::new(attached.input),
             pending: Mutex::new(HashMap::new()),
             events: tokio::sync::Mutex::new(events_rx),
             ended: ended_rx,
             tail: Arc::new(Mutex::new(VecDeque::new())),
+            killed: AtomicBool::new(false),
         });
         tokio::spawn(read(
             Arc::downgrade(&instance),
+            name.to_string(),
             attached.output,
             events_tx,
             ended_tx,
@@ -129,12 +202,16 @@ impl Instance {
 
     /// Sends one message (a notification, or a response to the server's request).
     pub async fn send(&self, message: &Value) -> Result<(), String> {
+        let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        self.send_line(&line).await
+    }
+
+    async fn send_line(&self, line: &[u8]) -> Result<(), String> {
         if let Some(ended) = self.ended() {
             return Err(ended.why);
         }
-        let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
-        line.push(b'\n');
-        let written = self.input.lock().await.write(&line).await;
+        let written = self.input.lock().await.write(line).await;
         if written.is_ok() {
             return Ok(());
         }
@@ -147,37 +224,46 @@ impl Instance {
             .unwrap_or_else(|| format!("the connection to server {} broke", self.name)))
     }
 
-    /// Sends request `message` and waits (at most `deadline`) for its response.
-    pub async fn request(&self, message: &Value, deadline: Duration) -> Result<Value, String> {
+    /// Sends request `message` and waits (at most `deadline`, sending included) for its
+    /// response, as the server wrote it.
+    pub async fn request(&self, message: &Value, deadline: Duration) -> Result<String, String> {
         let id = key(&message["id"]);
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(id.clone(), tx);
-        if let Err(e) = self.send(message).await {
-            lock(&self.pending).remove(&id);
-            return Err(e);
+        {
+            let mut pending = lock(&self.pending);
+            if pending.contains_key(&id) {
+                return Err(format!(
+                    "a request with id {id} is already waiting for server {}; ids must be unique among requests in flight",
+                    self.name
+                ));
+            }
+            pending.insert(id.clone(), tx);
         }
-        let mut ended = self.ended.clone();
-        tokio::select! {
-            r = rx => r.map_err(|_| self.ended().map(|e| e.why).unwrap_or_else(|| "the server went away".into())),
-            _ = ended.wait_for(Option::is_some) => {
-                lock(&self.pending).remove(&id);
-                Err(self.ended().map(|e| e.why).unwrap_or_default())
+        let waited = tokio::time::timeout(deadline, async {
+            self.send(message).await?;
+            let mut ended = self.ended.clone();
+            tokio::select! {
+                biased;
+                r = rx => r.map_err(|_| self.ended().map(|e| e.why).unwrap_or_else(|| "the server went away".into())),
+                _ = ended.wait_for(Option::is_some) => Err(self.ended().map(|e| e.why).unwrap_or_default()),
             }
-            () = tokio::time::sleep(deadline) => {
-                lock(&self.pending).remove(&id);
-                Err(format!(
-                    "server {} did not answer `{}` within {} s{}",
-                    self.name,
-                    message["method"].as_str().unwrap_or("the request"),
-                    deadline.as_secs(),
-                    self.tail_text()
-                ))
-            }
+        })
+        .await;
+        lock(&self.pending).remove(&id);
+        match waited {
+            Ok(answer) => answer,
+            Err(_) => Err(format!(
+                "server {} did not answer `{}` within {} s{}",
+                self.name,
+                message["method"].as_str().unwrap_or("the request"),
+                deadline.as_secs(),
+                self.tail_text()
+            )),
         }
     }
 
-    /// The next message the server sent that answers no request of ours.
-    pub async fn next_event(&self) -> Option<Value> {
+    /// The next message the server sent that answers no request of ours, as it wrote it.
+    pub async fn next_event(&self) -> Option<String> {
         self.events.lock().await.recv().await
     }
 
@@ -188,7 +274,10 @@ impl Instance {
 
     /// Kills the instance's sandbox (and with it the server).
     pub async fn kill(&self) {
-        if let Ok(handle) = self.backend.client(self.tenant.as_deref()).await {
+        if self.killed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Ok(handle) = self.backend.client(self.owner.as_deref()).await {
             let _ = handle
                 .client
                 .kill_sandbox()
@@ -222,16 +311,13 @@ fn keep(tail: &Mutex<VecDeque<u8>>, data: &[u8]) {
 /// Reads the server's output until it ends: responses to their waiters, the rest to `events`.
 async fn read(
     instance: std::sync::Weak<Instance>,
+    name: String,
     mut output: Output,
-    events: mpsc::Sender<Value>,
+    events: mpsc::Sender<String>,
     ended: watch::Sender<Option<Ended>>,
     tail: Arc<Mutex<VecDeque<u8>>>,
 ) {
     let mut line: Vec<u8> = Vec::new();
-    let name = instance
-        .upgrade()
-        .map(|i| i.name.clone())
-        .unwrap_or_default();
     let why = loop {
         let chunk = match output.next().await {
             Some(Ok(chunk)) => chunk,
@@ -244,8 +330,9 @@ async fn read(
                 while let Some(at) = rest.iter().position(|b| *b == b'\n') {
                     line.extend_from_slice(&rest[..at]);
                     rest = &rest[at + 1..];
+                    // Nobody holds the instance any more: it is being killed (see `Drop`).
                     let Some(i) = instance.upgrade() else { return };
-                    dispatch(&i, &std::mem::take(&mut line), &events, &tail);
+                    dispatch(&i, std::mem::take(&mut line), &events, &tail);
                 }
                 line.extend_from_slice(rest);
                 if line.len() > MAX_LINE {
@@ -280,40 +367,51 @@ async fn read(
 /// kept as a sign of what went wrong.
 fn dispatch(
     instance: &Instance,
-    line: &[u8],
-    events: &mpsc::Sender<Value>,
+    line: Vec<u8>,
+    events: &mpsc::Sender<String>,
     tail: &Mutex<VecDeque<u8>>,
 ) {
-    let trimmed = line.trim_ascii();
-    if trimmed.is_empty() {
+    let Ok(text) = String::from_utf8(line) else {
+        keep(tail, b"\n[stdout, not UTF-8]\n");
+        return;
+    };
+    let text = text.trim();
+    if text.is_empty() {
         return;
     }
-    let Ok(message) = serde_json::from_slice::<Value>(trimmed) else {
-        // Not JSON: a server that prints to stdout breaks its own protocol; keep it for errors.
-        let shown = &trimmed[..trimmed.len().min(200)];
+    let Some(head) = Head::of(text) else {
+        // Not JSON-RPC: a server that prints to stdout breaks its own protocol; keep it for errors.
+        let shown: String = text.chars().take(200).collect();
         keep(
             tail,
-            format!(
-                "\n[stdout, not JSON-RPC] {}\n",
-                String::from_utf8_lossy(shown)
-            )
-            .as_bytes(),
+            format!("\n[stdout, not JSON-RPC] {shown}\n").as_bytes(),
         );
         return;
     };
-    let is_response = message.get("method").is_none()
-        && (message.get("result").is_some() || message.get("error").is_some());
-    if is_response {
-        let waiter = lock(&instance.pending).remove(&key(&message["id"]));
+    if head.is_response() {
+        let id = head.id.as_ref().map(key).unwrap_or_default();
+        let waiter = lock(&instance.pending).remove(&id);
         match waiter {
             Some(tx) => {
-                let _ = tx.send(message);
+                let _ = tx.send(text.to_string());
             }
             None => tracing::debug!(server = %instance.name, "a response nobody waits for"),
         }
         return;
     }
-    if events.try_send(message).is_err() {
+    if text.len() > MAX_EVENT {
+        keep(
+            tail,
+            format!(
+                "\n[a message of {} bytes nobody asked for was dropped: the limit is {} KiB]\n",
+                text.len(),
+                MAX_EVENT >> 10
+            )
+            .as_bytes(),
+        );
+        return;
+    }
+    if events.try_send(text.to_string()).is_err() {
         tracing::warn!(server = %instance.name, "the session takes no messages from the server; one was dropped");
     }
 }

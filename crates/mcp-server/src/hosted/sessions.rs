@@ -9,6 +9,7 @@
 //! capability they need; otherwise the server gets an error at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::ServerSpec;
-use super::relay::{Instance, error_response};
+use super::relay::{Head, Instance, error_response};
 use crate::backend::Backend;
 use sandbox_mcp_sys::lock;
 
@@ -24,8 +25,12 @@ use sandbox_mcp_sys::lock;
 pub const SERVED_VERSIONS: [&str; 3] = ["2025-06-18", "2025-11-25", "2026-07-28"];
 /// What a warm instance is initialized with; the server answers with its own if it differs.
 const INNER_VERSION: &str = "2025-11-25";
-/// Messages kept for a client with no stream open.
-const BACKLOG: usize = 256;
+/// Messages kept for a client with no stream open (each at most `relay::MAX_EVENT`).
+const BACKLOG: usize = 32;
+/// Messages waiting in one client stream.
+const STREAM: usize = 32;
+/// Largest `initialize` answer kept (it is read into a tree to set the revision).
+const MAX_INITIALIZE: usize = 1024 * 1024;
 /// How long a server has to answer `initialize` (a cold `npx` may download nothing here but
 /// still takes seconds to start).
 pub const INITIALIZE_WAIT: Duration = Duration::from_secs(120);
@@ -34,15 +39,20 @@ pub const INITIALIZE_WAIT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostedServer {
     pub name: String,
+    /// Whose sandboxes run it: the registration's owner (`None`: the operator's, shared with
+    /// every tenant, whose sessions then run in the operator's sandboxes, out of the tenant's
+    /// reach).
+    pub owner: Option<String>,
     pub spec: ServerSpec,
     pub idle: Duration,
     pub warm: usize,
 }
 
-/// What goes to a client's stream: a message from the server, or the response that ends it.
+/// What goes to a client's stream: a message from the server, or the response that ends it,
+/// each as the server wrote it.
 pub enum Item {
-    Event(Value),
-    Final(Value),
+    Event(String),
+    Final(String),
 }
 
 #[derive(Default)]
@@ -50,7 +60,7 @@ struct Streams {
     /// Open request streams, newest last.
     requests: Vec<(u64, mpsc::Sender<Item>)>,
     get: Option<mpsc::Sender<Item>>,
-    backlog: VecDeque<Value>,
+    backlog: VecDeque<String>,
     next: u64,
 }
 
@@ -66,6 +76,8 @@ pub struct Session {
     /// For a server that speaks Streamable HTTP itself: the way to it.
     pub upstream: Option<super::upstream::Upstream>,
     last_seen: Mutex<Instant>,
+    /// Requests of the client in flight: a session with one is not idle.
+    inflight: AtomicUsize,
     streams: Mutex<Streams>,
     router: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -98,6 +110,7 @@ impl Session {
             pre_initialized,
             upstream,
             last_seen: Mutex::new(Instant::now()),
+            inflight: AtomicUsize::new(0),
             streams: Mutex::new(Streams::default()),
             router: Mutex::new(None),
         });
@@ -108,7 +121,10 @@ impl Session {
                 let Some(session) = weak.upgrade() else {
                     return;
                 };
-                session.route(message).await;
+                // A server that speaks HTTP logs on stdout: nothing of it is the client's.
+                if session.upstream.is_none() {
+                    session.route(message).await;
+                }
             }
         });
         *lock(&session.router) = Some(task);
@@ -119,13 +135,20 @@ impl Session {
         *lock(&self.last_seen) = Instant::now();
     }
 
+    /// How long since the client's last request ended (zero while one is in flight).
     fn idle_for(&self) -> Duration {
+        if self.inflight.load(Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
         lock(&self.last_seen).elapsed()
     }
 
     /// A message from the server for the client.
-    async fn route(&self, message: Value) {
-        if let (Some(method), Some(id)) = (message["method"].as_str(), message.get("id"))
+    async fn route(&self, message: String) {
+        let Some(head) = Head::of(&message) else {
+            return;
+        };
+        if let (Some(method), Some(id)) = (head.method.as_deref(), head.id.as_ref())
             && let Some(capability) = needed_capability(method)
             && self.client_capabilities.get(capability).is_none()
         {
@@ -160,7 +183,7 @@ impl Session {
 
     /// Opens a stream for one request; messages from the server go there while it is open.
     fn open_request_stream(&self) -> (u64, mpsc::Receiver<Item>, mpsc::Sender<Item>) {
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::channel(STREAM);
         let mut streams = lock(&self.streams);
         streams.next += 1;
         let n = streams.next;
@@ -188,6 +211,7 @@ impl Session {
     pub fn request(self: &Arc<Self>, message: Value, deadline: Duration) -> mpsc::Receiver<Item> {
         let (n, rx, tx) = self.open_request_stream();
         let session = self.clone();
+        self.inflight.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
             let id = message["id"].clone();
             let answer = match session
@@ -196,9 +220,11 @@ impl Session {
                 .await
             {
                 Ok(response) => response,
-                Err(why) => error_response(&id, -32603, &why),
+                Err(why) => error_response(&id, -32603, &why).to_string(),
             };
             session.close_request_stream(n);
+            session.touch();
+            session.inflight.fetch_sub(1, Ordering::AcqRel);
             let _ = tx.send(Item::Final(answer)).await;
         });
         rx
@@ -282,6 +308,8 @@ struct Inner {
     pools: Mutex<HashMap<PoolKey, VecDeque<Warm>>>,
     /// Pool refills under way, so that one is not started twice.
     filling: Mutex<HashMap<PoolKey, usize>>,
+    /// Shut down: instances that arrive late (a refill, an `initialize`) are killed.
+    closed: AtomicBool,
 }
 
 impl Sessions {
@@ -293,6 +321,7 @@ impl Sessions {
                 sessions: Mutex::new(HashMap::new()),
                 pools: Mutex::new(HashMap::new()),
                 filling: Mutex::new(HashMap::new()),
+                closed: AtomicBool::new(false),
             }),
         };
         let weak = Arc::downgrade(&sessions.inner);
@@ -366,32 +395,33 @@ impl Sessions {
         } else {
             json!({})
         };
-        let warm = self.take_warm(tenant, &server);
+        let warm = self.take_warm(&server);
         let (instance, mut result, pre_initialized) = match warm {
             Some(w) => (w.instance, w.initialized, true),
             None => {
-                let instance =
-                    Instance::start(&self.inner.backend, tenant, &server.name, &server.spec)
-                        .await?;
-                let response = instance.request(initialize, self.initialize_wait()).await;
-                let response = match response {
-                    Ok(r) => r,
-                    Err(e) => {
-                        instance.kill().await;
-                        return Err(format!(
-                            "server {} never answered initialize: {e}",
-                            server.name
-                        ));
-                    }
-                };
+                let instance = Instance::start(
+                    &self.inner.backend,
+                    server.owner.as_deref(),
+                    &server.name,
+                    &server.spec,
+                )
+                .await?;
+                let mut inner = initialize.clone();
+                inner["params"]["protocolVersion"] = json!(outside_version(asked));
+                let response = instance
+                    .request(&inner, self.initialize_wait())
+                    .await
+                    .map_err(|e| {
+                        format!("server {} never answered initialize: {e}", server.name)
+                    })?;
+                let response = parse_initialize(&server.name, &response)?;
                 if response.get("error").is_some() {
-                    instance.kill().await;
                     return Ok((None, response));
                 }
                 (instance, response["result"].clone(), false)
             }
         };
-        self.refill(tenant, &server);
+        self.refill(&server);
         result["protocolVersion"] = json!(outside_version(asked));
         let session = Session::new(
             tenant.map(String::from),
@@ -401,6 +431,10 @@ impl Sessions {
             pre_initialized,
             None,
         );
+        if self.inner.closed.load(Ordering::Acquire) {
+            session.end().await;
+            return Err("the server is shutting down".into());
+        }
         lock(&self.inner.sessions).insert(session.id.clone(), session.clone());
         Ok((
             Some(session),
@@ -424,12 +458,17 @@ impl Sessions {
             .http_path
             .clone()
             .unwrap_or_else(|| "/mcp".into());
-        let instance =
-            Instance::start(&self.inner.backend, tenant, &server.name, &server.spec).await?;
+        let instance = Instance::start(
+            &self.inner.backend,
+            server.owner.as_deref(),
+            &server.name,
+            &server.spec,
+        )
+        .await?;
         let opened = async {
             let upstream = super::upstream::Upstream::open(
                 &self.inner.backend,
-                tenant,
+                server.owner.as_deref(),
                 &instance.sandbox_id,
                 port,
                 &path,
@@ -493,6 +532,7 @@ impl Sessions {
 
     /// Ends every session and empties every pool (shutdown).
     pub async fn close_all(&self) {
+        self.inner.closed.store(true, Ordering::Release);
         let sessions: Vec<_> = lock(&self.inner.sessions).drain().map(|(_, s)| s).collect();
         let warm: Vec<_> = lock(&self.inner.pools)
             .drain()
@@ -515,17 +555,23 @@ impl Sessions {
                 server.name, server.name
             ));
         }
-        if let Some(w) = self.take_warm(tenant, server) {
-            self.refill(tenant, server);
+        let _ = tenant;
+        if let Some(w) = self.take_warm(server) {
+            self.refill(server);
             return Ok(w.instance);
         }
-        let (instance, _) =
-            start_initialized(&self.inner.backend, tenant, server, self.initialize_wait()).await?;
+        let (instance, _) = start_initialized(
+            &self.inner.backend,
+            server.owner.as_deref(),
+            server,
+            self.initialize_wait(),
+        )
+        .await?;
         Ok(instance)
     }
 
-    fn take_warm(&self, tenant: Option<&str>, server: &HostedServer) -> Option<Warm> {
-        let key = (tenant.map(String::from), server.name.clone());
+    fn take_warm(&self, server: &HostedServer) -> Option<Warm> {
+        let key = (server.owner.clone(), server.name.clone());
         let mut pools = lock(&self.inner.pools);
         let queue = pools.get_mut(&key)?;
         while let Some(w) = queue.pop_front() {
@@ -538,13 +584,16 @@ impl Sessions {
         None
     }
 
-    /// Tops up `server`'s pool for `tenant` to its `warm` count, in the background.
-    pub fn refill(&self, tenant: Option<&str>, server: &HostedServer) {
+    /// Tops up `server`'s pool (its owner's) to its `warm` count, in the background.
+    pub fn refill(&self, server: &HostedServer) {
         // Warm instances are initialized on stdio; a server that speaks HTTP starts per session.
         if server.warm == 0 || server.spec.http_port.is_some() {
             return;
         }
-        let key = (tenant.map(String::from), server.name.clone());
+        if self.inner.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let key = (server.owner.clone(), server.name.clone());
         let have = lock(&self.inner.pools).get(&key).map_or(0, VecDeque::len);
         let starting = *lock(&self.inner.filling).get(&key).unwrap_or(&0);
         let missing = server.warm.saturating_sub(have + starting);
@@ -566,6 +615,10 @@ impl Sessions {
                     *n = n.saturating_sub(1);
                 }
                 match started {
+                    // Shut down meanwhile: the instance goes (dropping it kills its sandbox).
+                    Ok((instance, _)) if this.inner.closed.load(Ordering::Acquire) => {
+                        instance.kill().await;
+                    }
                     Ok((instance, initialized)) => {
                         lock(&this.inner.pools)
                             .entry(key)
@@ -584,10 +637,10 @@ impl Sessions {
         }
     }
 
-    /// Warm instances ready for `server` (for tests and the log).
-    pub fn warm_count(&self, tenant: Option<&str>, name: &str) -> usize {
+    /// Warm instances ready for server `name` of `owner` (for tests and the log).
+    pub fn warm_count(&self, owner: Option<&str>, name: &str) -> usize {
         lock(&self.inner.pools)
-            .get(&(tenant.map(String::from), name.to_string()))
+            .get(&(owner.map(String::from), name.to_string()))
             .map_or(0, VecDeque::len)
     }
 }
@@ -596,23 +649,26 @@ impl Sessions {
 /// capability: the session refuses what its real client did not declare).
 async fn start_initialized(
     backend: &Backend,
-    tenant: Option<&str>,
+    owner: Option<&str>,
     server: &HostedServer,
     wait: Duration,
 ) -> Result<(Arc<Instance>, Value), String> {
-    let instance = Instance::start(backend, tenant, &server.name, &server.spec).await?;
+    let instance = Instance::start(backend, owner, &server.name, &server.spec).await?;
     let initialize = json!({"jsonrpc": "2.0", "id": "sandbox-mcp-init", "method": "initialize", "params": {
         "protocolVersion": INNER_VERSION,
         "capabilities": {"sampling": {}, "elicitation": {}, "roots": {"listChanged": true}},
         "clientInfo": {"name": "sandbox-mcp", "version": env!("CARGO_PKG_VERSION")}}});
     let response = match instance.request(&initialize, wait).await {
-        Ok(r) if r.get("result").is_some() => r,
-        Ok(r) => {
-            instance.kill().await;
-            return Err(format!(
-                "server {} refused initialize: {}",
-                server.name, r["error"]
-            ));
+        Ok(raw) => {
+            let r = parse_initialize(&server.name, &raw)?;
+            if r.get("result").is_none() {
+                instance.kill().await;
+                return Err(format!(
+                    "server {} refused initialize: {}",
+                    server.name, r["error"]
+                ));
+            }
+            r
         }
         Err(e) => {
             instance.kill().await;
@@ -626,4 +682,17 @@ async fn start_initialized(
         .send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         .await?;
     Ok((instance, response["result"].clone()))
+}
+
+/// A server's `initialize` answer as a tree (bounded: it is small, or refused).
+fn parse_initialize(name: &str, raw: &str) -> Result<Value, String> {
+    if raw.len() > MAX_INITIALIZE {
+        return Err(format!(
+            "server {name} answered initialize with {} bytes; at most {} KiB are accepted",
+            raw.len(),
+            MAX_INITIALIZE >> 10
+        ));
+    }
+    serde_json::from_str(raw)
+        .map_err(|e| format!("server {name} answered initialize with something else: {e}"))
 }

@@ -68,6 +68,7 @@ impl Upstream {
         );
         let client = sandbox_mcp_api::http_builder()
             .no_proxy()
+            .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {
@@ -114,7 +115,13 @@ impl Upstream {
     ) -> Result<reqwest::Response, String> {
         let until = Instant::now() + wait;
         loop {
-            let tried = self.forward(Method::POST, headers, body.clone()).await;
+            let left = until
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(100));
+            let tried =
+                tokio::time::timeout(left, self.forward(Method::POST, headers, body.clone()))
+                    .await
+                    .unwrap_or_else(|_| Err("no answer in time".into()));
             let listening = match &tried {
                 Ok(r) => r.status() != StatusCode::BAD_GATEWAY,
                 Err(_) => false,
