@@ -164,15 +164,17 @@ impl Records {
         }
     }
 
+    /// Registers a server unless refused (see `Store::put_server_checked`).
     pub(crate) async fn put_server(
         &self,
         tenant: Option<&str>,
         name: &str,
         settings: String,
         now: i64,
-    ) -> Result<ServerRow, EngineError> {
+        max: u64,
+    ) -> Result<Result<ServerRow, crate::state::PutRefused>, EngineError> {
         let (tenant, name) = (tenant.map(String::from), name.to_string());
-        self.local(move |s| s.put_server(tenant.as_deref(), &name, &settings, now))
+        self.local(move |s| s.put_server_checked(tenant.as_deref(), &name, &settings, now, max))
             .await
     }
 
@@ -192,12 +194,6 @@ impl Records {
     ) -> Result<Vec<ServerRow>, EngineError> {
         let tenant = tenant.map(String::from);
         self.local(move |s| s.servers(tenant.as_deref())).await
-    }
-
-    pub(crate) async fn count_servers(&self, tenant: Option<&str>) -> Result<u64, EngineError> {
-        let tenant = tenant.map(String::from);
-        self.local(move |s| s.count_servers(tenant.as_deref()))
-            .await
     }
 
     pub(crate) async fn delete_server(

@@ -17,7 +17,7 @@ pub use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, St
 
 mod servers;
 
-pub use servers::ServerRow;
+pub use servers::{PutRefused, ServerRow};
 
 pub struct Store {
     conn: Mutex<Connection>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::EngineError;
 use crate::records::Records;
-use crate::state::ServerRow;
+use crate::state::{PutRefused, ServerRow};
 
 /// Most servers one tenant (or the operator) registers: the engine's database is a budget.
 pub const MAX_SERVERS: u64 = 256;
@@ -51,21 +51,20 @@ impl Servers {
         name: &str,
         settings: String,
     ) -> Result<ServerView, EngineError> {
-        if tenant.is_some() && self.records.server(None, name).await?.is_some() {
-            return Err(EngineError::Conflict(format!(
-                "the operator shares a server named {name} with every tenant; pick another name"
-            )));
-        }
-        if self.records.server(tenant, name).await?.is_none()
-            && self.records.count_servers(tenant).await? >= MAX_SERVERS
-        {
-            return Err(EngineError::QuotaExceeded(format!(
-                "{MAX_SERVERS} servers are registered already; remove some first"
-            )));
-        }
         let now = sandbox_mcp_sys::now_ms();
-        let row = self.records.put_server(tenant, name, settings, now).await?;
-        Ok(view(row, tenant))
+        match self
+            .records
+            .put_server(tenant, name, settings, now, MAX_SERVERS)
+            .await?
+        {
+            Ok(row) => Ok(view(row, tenant)),
+            Err(PutRefused::OperatorsName) => Err(EngineError::Conflict(format!(
+                "the operator shares a server named {name} with every tenant; pick another name"
+            ))),
+            Err(PutRefused::Full) => Err(EngineError::QuotaExceeded(format!(
+                "{MAX_SERVERS} servers are registered already; remove some first"
+            ))),
+        }
     }
 
     /// The caller's own server of that name, else the operator's.

@@ -42,8 +42,69 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ServerRow> {
     })
 }
 
+/// Why a registration was refused, decided in the same transaction as the write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutRefused {
+    /// A tenant asked for a name the operator shares.
+    OperatorsName,
+    /// The owner has `max` registrations already.
+    Full,
+}
+
 impl Store {
+    /// Creates or replaces a registration (keeping its creation time), unless a tenant asks for
+    /// a name the operator shares or a new one would be over `max`: checked and written in one
+    /// transaction, so two concurrent requests cannot both pass the checks.
+    pub(crate) fn put_server_checked(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        settings: &str,
+        now: i64,
+        max: u64,
+    ) -> rusqlite::Result<Result<ServerRow, PutRefused>> {
+        self.with(|c| {
+            let tx = c.unchecked_transaction()?;
+            let exists = |t: Option<&str>| -> rusqlite::Result<bool> {
+                tx.query_row(
+                    "SELECT COUNT(*) FROM servers WHERE tenant = ?1 AND name = ?2",
+                    params![key(t), name],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map(|n| n > 0)
+            };
+            if tenant.is_some() && exists(None)? {
+                return Ok(Err(PutRefused::OperatorsName));
+            }
+            if !exists(tenant)? {
+                let count: i64 = tx.query_row(
+                    "SELECT COUNT(*) FROM servers WHERE tenant = ?1",
+                    [key(tenant)],
+                    |r| r.get(0),
+                )?;
+                if count as u64 >= max {
+                    return Ok(Err(PutRefused::Full));
+                }
+            }
+            tx.execute(
+                "INSERT INTO servers (tenant, name, settings, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?4)
+                 ON CONFLICT (tenant, name) DO UPDATE SET settings = ?3, updated_at = ?4",
+                params![key(tenant), name, settings, now],
+            )?;
+            let row = tx.query_row(
+                "SELECT tenant, name, settings, created_at, updated_at FROM servers
+                 WHERE tenant = ?1 AND name = ?2",
+                params![key(tenant), name],
+                row,
+            )?;
+            tx.commit()?;
+            Ok(Ok(row))
+        })
+    }
+
     /// Creates or replaces a registration (keeping its creation time).
+    #[cfg(test)]
     pub(crate) fn put_server(
         &self,
         tenant: Option<&str>,
@@ -94,6 +155,7 @@ impl Store {
         })
     }
 
+    #[cfg(test)]
     pub(crate) fn count_servers(&self, tenant: Option<&str>) -> rusqlite::Result<u64> {
         self.with(|c| {
             c.query_row(
@@ -129,6 +191,25 @@ mod tests {
         store.put_server(Some("a"), "mine", "{\"x\":1}", 2).unwrap();
         let again = store.put_server(Some("a"), "mine", "{\"x\":2}", 3).unwrap();
         assert_eq!((again.created_at, again.updated_at), (2, 3));
+        // Checked in the write's own transaction: the operator's name, and the owner's count.
+        assert_eq!(
+            store
+                .put_server_checked(Some("a"), "time", "{}", 4, 10)
+                .unwrap(),
+            Err(PutRefused::OperatorsName)
+        );
+        assert_eq!(
+            store
+                .put_server_checked(Some("a"), "other", "{}", 4, 1)
+                .unwrap(),
+            Err(PutRefused::Full)
+        );
+        assert!(
+            store
+                .put_server_checked(Some("a"), "mine", "{}", 5, 1)
+                .unwrap()
+                .is_ok()
+        );
         let names = |t| {
             store
                 .servers(t)
