@@ -140,20 +140,37 @@ impl Hosted {
         token: &str,
         handler: H,
     ) -> rmcp::service::RunningService<RoleClient, H> {
+        self.client_at(&format!("/servers/{name}/mcp"), token, handler)
+            .await
+    }
+
+    /// A real MCP client of the endpoint at `path` (`/mcp`, `/servers/NAME/mcp`).
+    async fn client_at<H: rmcp::ClientHandler>(
+        &self,
+        path: &str,
+        token: &str,
+        handler: H,
+    ) -> rmcp::service::RunningService<RoleClient, H> {
         use rmcp::ServiceExt;
         use rmcp::transport::StreamableHttpClientTransport;
         use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
         let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(format!(
-                "{}/servers/{name}/mcp",
-                self.base
-            ))
-            .auth_header(token),
+            StreamableHttpClientTransportConfig::with_uri(format!("{}{path}", self.base))
+                .auth_header(token),
         );
         handler
             .serve(transport)
             .await
-            .unwrap_or_else(|e| panic!("MCP client could not connect to hosted server {name}: {e}"))
+            .unwrap_or_else(|e| panic!("MCP client could not connect to {path}: {e}"))
+    }
+
+    /// `sandbox-mcp servers ARGS…` against this engine.
+    fn servers_cli(&self, args: &[&str]) -> std::process::Output {
+        std::process::Command::new(crate::common::BIN)
+            .args(["servers", "--url", &self.engine.url, "--api-key", KEY])
+            .args(args)
+            .output()
+            .unwrap()
     }
 
     /// Ids of the sandboxes running hosted server `name` (any tenant).

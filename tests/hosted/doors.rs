@@ -96,15 +96,7 @@ async fn every_reference_server_works_mounted_into_the_main_endpoint() {
             .await;
     }
     let token = hosted.token("alice");
-    let client = {
-        use rmcp::transport::StreamableHttpClientTransport;
-        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-        let transport = StreamableHttpClientTransport::from_config(
-            StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", hosted.base))
-                .auth_header(token),
-        );
-        ().serve(transport).await.unwrap()
-    };
+    let client = hosted.client_at("/mcp", &token, ()).await;
     let tools: Vec<String> = client
         .peer()
         .list_all_tools()

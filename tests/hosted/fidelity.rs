@@ -164,21 +164,12 @@ async fn the_client_gets_the_revision_it_asked_for() {
         .await;
     let token = hosted.token("alice");
     for version in [ProtocolVersion::V_2025_06_18, ProtocolVersion::V_2025_11_25] {
-        use rmcp::ServiceExt;
-        let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
-            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                format!("{}/servers/time/mcp", hosted.base),
-            )
-            .auth_header(token.clone()),
-        );
-        let client = rmcp::model::ClientConfig::new(
+        let config = rmcp::model::ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("versions", "0"),
         )
-        .with_protocol_version(version.clone())
-        .serve(transport)
-        .await
-        .unwrap();
+        .with_protocol_version(version.clone());
+        let client = hosted.client_at("/servers/time/mcp", &token, config).await;
         let info = client.peer().peer_info().unwrap();
         assert_eq!(info.protocol_version, version);
         let r = tool(
@@ -221,16 +212,7 @@ async fn mounted_servers_pass_progress_and_sampling_through_our_endpoint() {
         declare_sampling: true,
         ..Sampler::default()
     };
-    let client = {
-        use rmcp::ServiceExt;
-        let transport = rmcp::transport::StreamableHttpClientTransport::from_config(
-            rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-                format!("{}/mcp", hosted.base),
-            )
-            .auth_header(token),
-        );
-        handler.clone().serve(transport).await.unwrap()
-    };
+    let client = hosted.client_at("/mcp", &token, handler.clone()).await;
     let peer = client.peer();
     let tools: Vec<String> = peer
         .list_all_tools()

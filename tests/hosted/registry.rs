@@ -97,11 +97,7 @@ async fn the_servers_cli_adds_lists_and_removes() {
     crate::require_sandboxes!();
     let hosted = Hosted::start(None).await;
     let cli = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .args(["servers", "--url", &hosted.engine.url, "--api-key", KEY])
-            .args(args)
-            .output()
-            .unwrap();
+        let out = hosted.servers_cli(args);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).to_string()

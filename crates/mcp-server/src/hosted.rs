@@ -15,6 +15,7 @@ pub mod http;
 pub mod mount;
 pub mod relay;
 pub mod run;
+pub mod session;
 pub mod sessions;
 pub mod upstream;
 
@@ -75,6 +76,29 @@ impl ServerSpec {
             request["shape"] = shape.clone();
         }
         request
+    }
+
+    /// Creates the sandbox server `name` runs in (see [`Self::sandbox_request`]); its id.
+    pub async fn create_sandbox(
+        &self,
+        client: &sandbox_mcp_api::Client,
+        name: &str,
+    ) -> Result<String, String> {
+        let request: sandbox_mcp_api::types::CreateSandboxRequest =
+            serde_json::from_value(self.sandbox_request(name))
+                .map_err(|e| format!("invalid server settings: {e}"))?;
+        let sandbox = client
+            .create_sandbox()
+            .body(request)
+            .send()
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot create a sandbox for server {name}: {}",
+                    crate::call::error_text(e)
+                )
+            })?;
+        Ok(sandbox.into_inner().id.to_string())
     }
 
     /// The `AttachRequest` that starts the server.

@@ -35,8 +35,7 @@ use crate::server::{RequestTenant, SandboxMcp, ServerSettings};
 use crate::session::SessionSandboxes;
 use crate::tooldefs::ToolDef;
 
-/// Largest request body accepted.
-pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;
+pub(crate) use crate::jsonrpc::BODY_LIMIT;
 /// Hosts always allowed in `Host` and `Origin`.
 const LOOPBACK: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 

@@ -12,6 +12,9 @@
 
 use serde_json::{Map, Value, json};
 
+/// Largest request body accepted over HTTP (`/mcp` and hosted servers alike).
+pub(crate) const BODY_LIMIT: usize = 16 * 1024 * 1024;
+
 pub(crate) const PARSE_ERROR: i64 = -32700;
 pub(crate) const INVALID_REQUEST: i64 = -32600;
 pub(crate) const INVALID_PARAMS: i64 = -32602;

@@ -201,7 +201,7 @@ pub async fn handle(sessions: Sessions, name: String, req: Request) -> Response 
     {
         s.touch();
         let (parts, body) = req.into_parts();
-        let Ok(body) = axum::body::to_bytes(body, crate::http::BODY_LIMIT).await else {
+        let Ok(body) = axum::body::to_bytes(body, crate::jsonrpc::BODY_LIMIT).await else {
             return jsonrpc_error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &Value::Null,
@@ -260,7 +260,7 @@ pub async fn handle(sessions: Sessions, name: String, req: Request) -> Response 
         Method::POST => {
             let (parts, body) = req.into_parts();
             let headers = parts.headers;
-            let body = match axum::body::to_bytes(body, crate::http::BODY_LIMIT).await {
+            let body = match axum::body::to_bytes(body, crate::jsonrpc::BODY_LIMIT).await {
                 Ok(b) => b,
                 Err(_) => {
                     return jsonrpc_error(

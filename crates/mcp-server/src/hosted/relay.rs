@@ -126,23 +126,7 @@ impl Instance {
         spec: &ServerSpec,
     ) -> Result<Arc<Self>, String> {
         let handle = backend.client(owner).await.map_err(|e| e.text())?;
-        let request: sandbox_mcp_api::types::CreateSandboxRequest =
-            serde_json::from_value(spec.sandbox_request(name))
-                .map_err(|e| format!("invalid server settings: {e}"))?;
-        let sandbox = handle
-            .client
-            .create_sandbox()
-            .body(request)
-            .send()
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot create a sandbox for server {name}: {}",
-                    crate::call::error_text(e)
-                )
-            })?
-            .into_inner();
-        let sandbox_id = sandbox.id.to_string();
+        let sandbox_id = spec.create_sandbox(&handle.client, name).await?;
         // From here on, the sandbox is killed if this setup goes no further (an error, or a
         // caller that stopped waiting).
         struct Guard(Option<(Backend, Option<String>, String)>);

@@ -23,22 +23,7 @@ pub async fn run(
 ) -> Result<i32, String> {
     let handle = backend.client(None).await.map_err(|e| e.text())?;
     let client = handle.client.clone();
-    let request: sandbox_mcp_api::types::CreateSandboxRequest =
-        serde_json::from_value(spec.sandbox_request(name))
-            .map_err(|e| format!("invalid server settings: {e}"))?;
-    let sandbox = client
-        .create_sandbox()
-        .body(request)
-        .send()
-        .await
-        .map_err(|e| {
-            format!(
-                "cannot create the server's sandbox: {}",
-                crate::call::error_text(e)
-            )
-        })?
-        .into_inner();
-    let id = sandbox.id.to_string();
+    let id = spec.create_sandbox(&client, name).await?;
     tracing::info!(sandbox = %id, server = name, "started the server's sandbox");
     let outcome = relay(&client, &id, spec, stop).await;
     if let Err(e) = client.kill_sandbox().sandbox_id(id.as_str()).send().await {
