@@ -224,6 +224,16 @@ fn reference_registration(name: &str) -> Value {
     body
 }
 
+/// The names of every tool `peer` lists.
+async fn tool_names(peer: &Peer<RoleClient>) -> Vec<String> {
+    peer.list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect()
+}
+
 /// Calls a tool; the result, tool errors included.
 async fn tool(peer: &Peer<RoleClient>, name: &str, args: Value) -> CallToolResult {
     let Value::Object(map) = args else {
@@ -248,13 +258,7 @@ fn said(result: &CallToolResult) -> String {
 /// servers' are namespaced): one real task of each.
 async fn exercise(peer: &Peer<RoleClient>, server: &str, prefix: &str) {
     let t = |name: &str| format!("{prefix}{name}");
-    let tools: Vec<String> = peer
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let tools = tool_names(peer).await;
     assert!(!tools.is_empty(), "{server} lists no tools");
     match server {
         "everything" => {

@@ -64,19 +64,7 @@ impl HttpMcp {
         if let Some(s) = session {
             r = r.header("mcp-session-id", s);
         }
-        let r = r.send().unwrap();
-        let session = r
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from);
-        let text = r.text().unwrap();
-        let body = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .next_back()
-            .map(|d| serde_json::from_str(d).unwrap())
-            .unwrap_or_else(|| serde_json::from_str(&text).unwrap_or(Value::Null));
+        let (body, session) = crate::http::reply(r.send().unwrap());
         (session, body)
     }
 

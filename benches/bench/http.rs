@@ -80,20 +80,7 @@ impl HttpMcp {
         }
         let resp = req.send().unwrap();
         assert!(resp.status().is_success(), "{}", resp.status());
-        let sid = resp
-            .headers()
-            .get("mcp-session-id")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from);
-        let text = resp.text().unwrap();
-        let body = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .chain(std::iter::once(text.as_str()))
-            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .find(|m| m.get("result").is_some() || m.get("error").is_some())
-            .unwrap_or(Value::Null);
-        (body, sid)
+        reply(resp)
     }
 
     fn open_session(&self, client: &reqwest::blocking::Client) -> String {
@@ -215,4 +202,23 @@ pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
     for id in ids {
         engine.kill(&id);
     }
+}
+
+/// A Streamable HTTP answer: the JSON-RPC response in it (a JSON body, or the SSE event that
+/// carries it), and the session id header.
+pub(crate) fn reply(resp: reqwest::blocking::Response) -> (Value, Option<String>) {
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let text = resp.text().unwrap();
+    let body = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .chain(std::iter::once(text.as_str()))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m.get("result").is_some() || m.get("error").is_some())
+        .unwrap_or(Value::Null);
+    (body, sid)
 }

@@ -97,14 +97,7 @@ async fn every_reference_server_works_mounted_into_the_main_endpoint() {
     }
     let token = hosted.token("alice");
     let client = hosted.client_at("/mcp", &token, ()).await;
-    let tools: Vec<String> = client
-        .peer()
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let tools = tool_names(client.peer()).await;
     // Our own tools and every mounted server's, namespaced.
     assert!(tools.contains(&"sandbox_exec".to_string()), "{tools:?}");
     for name in &names {

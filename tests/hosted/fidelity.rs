@@ -119,14 +119,7 @@ async fn sampling_reaches_a_client_that_declared_it_and_is_refused_otherwise() {
         let client = hosted
             .connect_with("everything", &token, handler.clone())
             .await;
-        let tools: Vec<String> = client
-            .peer()
-            .list_all_tools()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| t.name.to_string())
-            .collect();
+        let tools = tool_names(client.peer()).await;
         let Some(sampling_tool) = tools.iter().find(|t| t.contains("sampling")) else {
             // The server offers it only to clients that declared sampling.
             assert!(!declared, "{tools:?}");
@@ -214,13 +207,7 @@ async fn mounted_servers_pass_progress_and_sampling_through_our_endpoint() {
     };
     let client = hosted.client_at("/mcp", &token, handler.clone()).await;
     let peer = client.peer();
-    let tools: Vec<String> = peer
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let tools = tool_names(peer).await;
     let mut params = CallToolRequestParams::new("everything__trigger-long-running-operation")
         .with_arguments(
             json!({"duration": 2, "steps": 4})

@@ -4,7 +4,6 @@
 use std::process::Command;
 
 use super::*;
-use crate::common::BIN;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn registrations_are_checked_and_shown_to_each_tenant_as_theirs() {
@@ -151,14 +150,19 @@ async fn a_server_from_a_local_directory_is_installed_once_and_served() {
     .unwrap();
     std::fs::create_dir(source.path().join(".git")).unwrap();
     std::fs::write(source.path().join(".git/HEAD"), "not packed").unwrap();
+    let from = source.path().to_str().unwrap();
+    let install = "echo 'print(\"installed\", file=__import__(\"sys\").stderr)' > installed_check.py && test ! -e .git";
     let add = || {
-        Command::new(BIN)
-            .args(["servers", "--url", &hosted.engine.url, "--api-key", KEY, "add", "unreleased"])
-            .args(["--from", source.path().to_str().unwrap()])
-            .args(["--install", "echo 'print(\"installed\", file=__import__(\"sys\").stderr)' > installed_check.py && test ! -e .git"])
-            .args(["--entrypoint", "python3 server.py"])
-            .output()
-            .unwrap()
+        hosted.servers_cli(&[
+            "add",
+            "unreleased",
+            "--from",
+            from,
+            "--install",
+            install,
+            "--entrypoint",
+            "python3 server.py",
+        ])
     };
     let out = add();
     let text =
@@ -180,25 +184,16 @@ async fn a_server_from_a_local_directory_is_installed_once_and_served() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && text.contains("reusing"), "{text}");
     // A failing install says why.
-    let out = Command::new(BIN)
-        .args([
-            "servers",
-            "--url",
-            &hosted.engine.url,
-            "--api-key",
-            KEY,
-            "add",
-            "broken",
-        ])
-        .args([
-            "--from",
-            source.path().to_str().unwrap(),
-            "--install",
-            "echo 'npm ERR! missing lockfile' >&2; exit 1",
-        ])
-        .args(["--entrypoint", "python3 server.py"])
-        .output()
-        .unwrap();
+    let out = hosted.servers_cli(&[
+        "add",
+        "broken",
+        "--from",
+        from,
+        "--install",
+        "echo 'npm ERR! missing lockfile' >&2; exit 1",
+        "--entrypoint",
+        "python3 server.py",
+    ]);
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && text.contains("missing lockfile"),
@@ -217,18 +212,7 @@ async fn servers_log_shows_a_running_server_s_network_and_stderr() {
     let token = hosted.token("alice");
     let client = hosted.connect("fetch", &token).await;
     exercise(client.peer(), "fetch", "").await;
-    let out = Command::new(BIN)
-        .args([
-            "servers",
-            "--url",
-            &hosted.engine.url,
-            "--api-key",
-            KEY,
-            "log",
-            "fetch",
-        ])
-        .output()
-        .unwrap();
+    let out = hosted.servers_cli(&["log", "fetch"]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success(),
@@ -302,26 +286,18 @@ async fn a_server_from_a_git_url_is_cloned_and_installed_by_template_steps() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let hosted = Hosted::start(Some(&net)).await;
-    let out = Command::new(BIN)
-        .args([
-            "servers",
-            "--url",
-            &hosted.engine.url,
-            "--api-key",
-            KEY,
-            "add",
-            "from-git",
-        ])
-        .args([
-            "--from",
-            "http://api.example.test:8088/repo.git",
-            "--ref",
-            "release",
-        ])
-        .args(["--install", "python3 -m py_compile server.py"])
-        .args(["--entrypoint", "python3 server.py"])
-        .output()
-        .unwrap();
+    let out = hosted.servers_cli(&[
+        "add",
+        "from-git",
+        "--from",
+        "http://api.example.test:8088/repo.git",
+        "--ref",
+        "release",
+        "--install",
+        "python3 -m py_compile server.py",
+        "--entrypoint",
+        "python3 server.py",
+    ]);
     let _ = http.kill();
     let _ = http.wait();
     let text =
