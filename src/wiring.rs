@@ -24,6 +24,7 @@ pub async fn driver_for(config: &EngineConfig) -> Result<Driver, DriverError> {
             max_sandboxes: config.max_sandboxes,
             uid_registry: config.uid_registry.clone(),
             favordynmods: config.favordynmods,
+            criu: config.criu.clone(),
         })?
         .into_driver(),
     )

@@ -24,6 +24,11 @@ impl EngineSettings {
             AutoOff::Off => sandbox_mcp_model::config::DiskLimits::Off,
         };
         config.favordynmods = matches!(self.favordynmods, AutoOff::Auto);
+        config.criu = match self.criu.as_str() {
+            "auto" => sandbox_mcp_model::config::CriuSetting::Auto,
+            "off" => sandbox_mcp_model::config::CriuSetting::Off,
+            path => sandbox_mcp_model::config::CriuSetting::Path(path.into()),
+        };
         config.network = sandbox_mcp_network::NetworkConfig {
             egress: match self.egress {
                 EgressArg::Open => sandbox_mcp_network::EgressDefault::Open,

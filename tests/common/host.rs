@@ -207,6 +207,7 @@ pub fn kill_left_behind(data: &std::path::Path) {
         max_sandboxes: config.max_sandboxes,
         uid_registry: config.uid_registry.clone(),
         favordynmods: false,
+        criu: sandbox_mcp_model::config::CriuSetting::Off,
     }) else {
         return;
     };

@@ -177,6 +177,7 @@ pub(crate) async fn serve(
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),
         Some(Exit::Signal(s)) => (None, Some(s)),
+        Some(Exit::Unknown) => (None, None),
         None => (None, None),
     };
     if connected {

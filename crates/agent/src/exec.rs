@@ -302,6 +302,7 @@ where
     let (exit_code, signal) = match exit {
         Some(Exit::Code(c)) => (Some(c), None),
         Some(Exit::Signal(s)) => (None, Some(s)),
+        Some(Exit::Unknown) => (None, None),
         None => (None, None),
     };
     Ok(ExecOutcome {

@@ -14,11 +14,13 @@ use std::rc::Rc;
 
 use tokio::io::AsyncReadExt;
 
+use super::live::{self, AgentEnds};
 use super::reaper::{Exit, Reaper};
 use super::safe_open;
 use super::spawn::{self, Launch, Started, default_cwd, error};
 use sandbox_mcp_protocol::{
-    AgentError, ErrorKind, JobInfo, JobList, JobState, JobStatus, KillJob, StartJob,
+    AgentError, ErrorKind, JobInfo, JobList, JobState, JobStatus, KillJob, PipeRole, StartJob,
+    Tree, TreeKind, TreePipe,
 };
 use sandbox_mcp_sys::now_ms;
 
@@ -43,6 +45,8 @@ struct Job {
     dropped: Cell<u64>,
     log: PathBuf,
     pipe_inodes: Vec<u64>,
+    /// An attached process (its stdio is a connection): cannot be carried to another sandbox.
+    attached: bool,
 }
 
 impl Job {
@@ -50,6 +54,7 @@ impl Job {
         let (exit_code, signal) = match self.exit.get() {
             Some(Exit::Code(c)) => (Some(c), None),
             Some(Exit::Signal(s)) => (None, Some(s)),
+            Some(Exit::Unknown) => (None, None),
             None => (None, None),
         };
         JobInfo {
@@ -171,6 +176,7 @@ impl Jobs {
         command: String,
         started: &Started,
         log: PathBuf,
+        attached: bool,
     ) -> Rc<Job> {
         self.next.set(n);
         let job = Rc::new(Job {
@@ -184,6 +190,7 @@ impl Jobs {
             dropped: Cell::new(0),
             log,
             pipe_inodes: started.pipe_inodes.clone(),
+            attached,
         });
         self.map.borrow_mut().insert(n, job.clone());
         job
@@ -216,28 +223,105 @@ impl Jobs {
         let started = spawn::start(&launch, reaper).inspect_err(|_| {
             let _ = std::fs::remove_file(&log);
         })?;
-        let job = self.register(n, id, command, &started, log);
+        let job = self.register(n, id, command, &started, log, false);
         let info = job.info();
-        let mut log = JobLog {
-            job: job.clone(),
-            file,
-        };
-        let mut pipe = started.stdout;
-        tokio::task::spawn_local(async move {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                match pipe.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => log.append(&buf[..n]),
-                }
-            }
-        });
-        tokio::task::spawn_local(async move {
-            let exit = started.exit.await.unwrap_or(Exit::Signal(libc::SIGKILL));
-            job.exit.set(Some(exit));
-            job.finished_at.set(Some(now_ms()));
-        });
+        follow(job, file, started.stdout, started.exit);
         Ok(info)
+    }
+
+    /// Each running job that is not attached, as a tree to carry; attached ones by name.
+    pub(crate) fn trees(&self) -> (Vec<Tree>, Vec<String>) {
+        let (mut trees, mut skipped) = (Vec::new(), Vec::new());
+        for job in self.map.borrow().values() {
+            if job.exit.get().is_some() {
+                continue;
+            }
+            if job.attached {
+                skipped.push(format!("job {} (an attached process)", job.id));
+                continue;
+            }
+            let Some(&inode) = job.pipe_inodes.first() else {
+                continue;
+            };
+            trees.push(Tree {
+                kind: TreeKind::Job {
+                    job_id: job.id.clone(),
+                    command: job.command.clone(),
+                    started_at: job.started_at,
+                    output_bytes: job.bytes.get(),
+                    dropped_bytes: job.dropped.get(),
+                    log_file: job.log.display().to_string(),
+                },
+                pid: job.pid,
+                pipes: vec![TreePipe {
+                    inode,
+                    role: PipeRole::Output,
+                }],
+            });
+        }
+        (trees, skipped)
+    }
+
+    /// Takes over a restored job as `kind` names it: its log goes on from where the parent's
+    /// stopped (the log file came with the sandbox's files).
+    pub(crate) fn adopt(
+        &self,
+        kind: TreeKind,
+        pid: i32,
+        mut ends: AgentEnds,
+        exit: tokio::sync::oneshot::Receiver<Exit>,
+    ) -> Result<(), AgentError> {
+        let TreeKind::Job {
+            job_id,
+            command,
+            started_at,
+            output_bytes,
+            dropped_bytes,
+            ..
+        } = kind
+        else {
+            return Err(error(ErrorKind::InvalidArgument, "not a job"));
+        };
+        let n: u64 = job_id
+            .strip_prefix("job_")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| error(ErrorKind::InvalidArgument, format!("bad job id {job_id}")))?;
+        if self.map.borrow().contains_key(&n) {
+            return Err(error(
+                ErrorKind::Conflict,
+                format!("job {job_id} already exists here"),
+            ));
+        }
+        self.make_room()?;
+        let log = Path::new(JOB_DIR).join(format!("{job_id}.log"));
+        let file = safe_open::append_own(&log).map_err(|e| {
+            error(
+                ErrorKind::Io,
+                format!("cannot reopen the job's log {}: {e}", log.display()),
+            )
+        })?;
+        let output = live::receiver(ends.take(PipeRole::Output)?)?;
+        let job = Rc::new(Job {
+            id: job_id,
+            command,
+            pid,
+            started_at,
+            finished_at: Cell::new(None),
+            exit: Cell::new(None),
+            bytes: Cell::new(output_bytes),
+            dropped: Cell::new(dropped_bytes),
+            log,
+            pipe_inodes: vec![
+                nix::sys::stat::fstat(&output)
+                    .map(|s| s.st_ino)
+                    .unwrap_or(0),
+            ],
+            attached: false,
+        });
+        self.next.set(self.next.get().max(n));
+        self.map.borrow_mut().insert(n, job.clone());
+        follow(job, file, output, exit);
+        Ok(())
     }
 
     /// Starts `launch` as a job whose log is the caller's to write (an attached process's
@@ -252,7 +336,7 @@ impl Jobs {
         let started = spawn::start(launch, reaper).inspect_err(|_| {
             let _ = std::fs::remove_file(&log);
         })?;
-        let job = self.register(n, id, command, &started, log);
+        let job = self.register(n, id, command, &started, log, true);
         Ok((JobLog { job, file }, started))
     }
 
@@ -313,6 +397,33 @@ impl Jobs {
 }
 
 /// A job's command as listed: its first 1000 characters, so 256 jobs always list in one frame.
+/// Copies a job's output into its log and records its end.
+fn follow(
+    job: Rc<Job>,
+    file: File,
+    mut pipe: tokio::net::unix::pipe::Receiver,
+    exit: tokio::sync::oneshot::Receiver<Exit>,
+) {
+    let mut log = JobLog {
+        job: job.clone(),
+        file,
+    };
+    tokio::task::spawn_local(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => log.append(&buf[..n]),
+            }
+        }
+    });
+    tokio::task::spawn_local(async move {
+        let exit = exit.await.unwrap_or(Exit::Signal(libc::SIGKILL));
+        job.exit.set(Some(exit));
+        job.finished_at.set(Some(now_ms()));
+    });
+}
+
 fn short_command(command: &str) -> String {
     match command.char_indices().nth(1000) {
         Some((cut, _)) => format!("{}…", &command[..cut]),

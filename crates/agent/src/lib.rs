@@ -18,6 +18,7 @@ pub(crate) mod desktop;
 pub(crate) mod exec;
 pub mod files;
 pub(crate) mod jobs;
+pub(crate) mod live;
 pub mod pod;
 pub(crate) mod reaper;
 pub(crate) mod repl;

@@ -19,6 +19,8 @@ use tokio::sync::oneshot;
 pub enum Exit {
     Code(i32),
     Signal(i32),
+    /// It ended, how is unknown: a restored process, not the agent's child, is reaped elsewhere.
+    Unknown,
 }
 
 #[derive(Clone, Default)]

@@ -18,11 +18,12 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::net::unix::pipe;
 
 use super::exec::{Pump, hangup, sleep_until_due, wait_exit};
+use super::live::{self, AgentEnds};
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, default_cwd, error};
 use sandbox_mcp_protocol::{
     AgentError, CodeError, CodeOutcome, ContextDeleted, ContextInfo, ContextList, CreateContext,
-    DeleteContext, ErrorKind, Language, RunCodeSpec,
+    DeleteContext, ErrorKind, Language, PipeRole, RunCodeSpec, Tree, TreeKind, TreePipe,
 };
 use sandbox_mcp_sys::now_ms;
 
@@ -272,6 +273,112 @@ impl Contexts {
     }
 }
 
+impl Contexts {
+    /// Each context whose interpreter runs and is idle, as a tree to carry; the busy ones (a cell
+    /// running) by name, with why.
+    pub(crate) fn trees(&self) -> (Vec<Tree>, Vec<String>) {
+        let (mut trees, mut skipped) = (Vec::new(), Vec::new());
+        for ctx in self.map.borrow().values() {
+            let Ok(guard) = ctx.interp.try_lock() else {
+                skipped.push(format!("code context {} (a cell is running)", ctx.id));
+                continue;
+            };
+            let Some(interp) = guard.as_ref() else {
+                continue;
+            };
+            let (Some(out), Some(err)) = (&interp.stdout, &interp.stderr) else {
+                continue;
+            };
+            let inode = |fd: &dyn std::os::fd::AsFd| {
+                nix::sys::stat::fstat(fd.as_fd())
+                    .map(|s| s.st_ino)
+                    .unwrap_or(0)
+            };
+            trees.push(Tree {
+                kind: TreeKind::Context {
+                    context_id: ctx.id.clone(),
+                    language: ctx.language,
+                    cwd: ctx.cwd.clone(),
+                    created_at: ctx.created_at,
+                    is_default: ctx.is_default,
+                },
+                pid: interp.pid,
+                pipes: vec![
+                    TreePipe {
+                        inode: inode(out),
+                        role: PipeRole::Stdout,
+                    },
+                    TreePipe {
+                        inode: inode(err),
+                        role: PipeRole::Stderr,
+                    },
+                    TreePipe {
+                        inode: inode(&interp.requests),
+                        role: PipeRole::Requests,
+                    },
+                    TreePipe {
+                        inode: inode(interp.responses.get_ref()),
+                        role: PipeRole::Answers,
+                    },
+                ],
+            });
+        }
+        (trees, skipped)
+    }
+
+    /// Takes over a restored interpreter as context `kind` names.
+    pub(crate) fn adopt(
+        &self,
+        kind: TreeKind,
+        pid: i32,
+        mut ends: AgentEnds,
+        exit: tokio::sync::oneshot::Receiver<Exit>,
+    ) -> Result<(), AgentError> {
+        let TreeKind::Context {
+            context_id,
+            language,
+            cwd,
+            created_at,
+            is_default,
+        } = kind
+        else {
+            return Err(error(ErrorKind::InvalidArgument, "not a code context"));
+        };
+        if self.map.borrow().contains_key(&context_id) {
+            return Err(error(
+                ErrorKind::Conflict,
+                format!("code context {context_id} already exists here"),
+            ));
+        }
+        let interp = Interp {
+            pid,
+            requests: live::sender(ends.take(PipeRole::Requests)?)?,
+            responses: BufReader::new(live::receiver(ends.take(PipeRole::Answers)?)?),
+            stdout: Some(live::receiver(ends.take(PipeRole::Stdout)?)?),
+            stderr: Some(live::receiver(ends.take(PipeRole::Stderr)?)?),
+            exit: Some(exit),
+        };
+        if let Some(n) = context_id
+            .strip_prefix("ctx_")
+            .and_then(|n| n.parse::<u32>().ok())
+        {
+            self.next.set(self.next.get().max(n));
+        }
+        let ctx = self.insert(Context {
+            id: context_id,
+            language,
+            cwd,
+            created_at,
+            is_default,
+            interp: tokio::sync::Mutex::new(Some(interp)),
+            died: Cell::new(false),
+            alive: Cell::new(true),
+        })?;
+        let _ = ctx;
+        Ok(())
+    }
+}
+
 fn unknown(id: &str) -> AgentError {
     error(
         ErrorKind::NotFound,
@@ -462,6 +569,7 @@ where
             let how = match exit {
                 Exit::Code(c) => format!("exited with status {c}"),
                 Exit::Signal(s) => format!("was killed by signal {s}"),
+                Exit::Unknown => "exited".to_string(),
             };
             let why = if timed_out {
                 format!(

@@ -13,12 +13,13 @@ use super::desktop::Desktop;
 use super::jobs::Jobs;
 use super::reaper::Reaper;
 use super::repl::Contexts;
-use super::{exec, files};
+use super::{exec, files, live};
 use sandbox_mcp_protocol::{
-    AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done, EgressHandover,
-    ErrorKind, ExecSpec, Frame, HandOverEgress, Input, JobStatus, KillAll, KillJob, ListContexts,
-    ListDir, ListJobs, Move, Ping, Pong, PortConnected, ReadFile, Request, RunCodeSpec, Screenshot,
-    StartDesktop, StartJob, WriteFile, ZipDir, read_frame, write_frame,
+    Adopt, AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done,
+    EgressHandover, ErrorKind, ExecSpec, Frame, HandOverEgress, Input, JobStatus, KillAll, KillJob,
+    ListContexts, ListDir, ListJobs, ListTrees, MakePipes, Move, Ping, Pong, PortConnected,
+    ReadFile, Request, RunCodeSpec, Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
+    read_frame, write_frame,
 };
 
 struct State {
@@ -30,6 +31,8 @@ struct State {
     contexts: Contexts,
     jobs: Jobs,
     desktop: Desktop,
+    /// Pipes made for restored trees not yet taken over.
+    pending: live::Pending,
 }
 
 /// Threads for file operations (they block in the kernel; the event loop must not).
@@ -105,6 +108,7 @@ fn serve(
             contexts: Contexts::default(),
             jobs: Jobs::default(),
             desktop: Desktop::default(),
+            pending: live::Pending::default(),
         });
         if let Some(mut pipe) = status.take() {
             use std::io::Write;
@@ -264,6 +268,35 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             reply::<ZipDir>(&mut wr, on_file_thread(move || files::zip_dir(r)).await).await
         }
         Request::Attach(_) => {}
+        Request::ListTrees(_) => {
+            reply::<ListTrees>(&mut wr, Ok(live::list(&state.contexts, &state.jobs))).await
+        }
+        Request::MakePipes(MakePipes { key, roles }) => {
+            let made = state.pending.make(key, &roles);
+            let raw: Vec<RawFd> = match &made {
+                Ok(fds) => fds.iter().map(|f| f.as_raw_fd()).collect(),
+                Err(_) => Vec::new(),
+            };
+            if send_fds(conn_fd, &raw).is_err() {
+                return;
+            }
+            // The engine holds the process's ends now; the agent's copies close here.
+            reply::<MakePipes>(&mut wr, made.map(|_| Done {})).await
+        }
+        Request::Adopt(Adopt { key, tree, pid }) => {
+            let ends = state.pending.take(&key);
+            let adopted = match (ends, pid) {
+                (Some(ends), Some(pid)) => {
+                    live::adopt(&state.contexts, &state.jobs, tree, pid, ends)
+                }
+                (_, None) => Ok(()),
+                (None, Some(_)) => Err(AgentError::new(
+                    ErrorKind::NotFound,
+                    format!("no pipes were made under {key}"),
+                )),
+            };
+            reply::<Adopt>(&mut wr, adopted.map(|()| Done {})).await
+        }
         Request::KillAll(_) => {
             // From PID 1, kill(-1) reaches every other process in the namespace.
             let _ =

@@ -175,6 +175,42 @@ impl DriverHandle {
         self.isolation.oom_kills(id)
     }
 
+    pub(crate) async fn checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<sandbox_mcp_model::driver::LiveReport, DriverError> {
+        self.isolation.checkpoint(id, name).await
+    }
+
+    pub(crate) async fn continue_processes(&self, id: &str) {
+        let id = id.to_string();
+        let _ = self
+            .isolated(move |d| {
+                d.continue_processes(&id);
+                Ok(())
+            })
+            .await;
+    }
+
+    pub(crate) async fn restore_checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<sandbox_mcp_model::driver::LiveReport, DriverError> {
+        self.isolation.restore_checkpoint(id, name).await
+    }
+
+    pub(crate) async fn drop_checkpoint(&self, name: &str) {
+        let name = name.to_string();
+        let _ = self
+            .isolated(move |d| {
+                d.drop_checkpoint(&name);
+                Ok(())
+            })
+            .await;
+    }
+
     pub(crate) async fn egress_sockets(
         &self,
         id: &str,

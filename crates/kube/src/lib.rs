@@ -321,6 +321,10 @@ impl KubernetesDriver {
                 .chain(self.opts.images.clone())
                 .collect(),
             ),
+            live_state: sandbox_mcp_model::driver::LiveState {
+                available: false,
+                detail: KUBE_NO_LIVE_STATE.into(),
+            },
         };
         let this = Arc::new(self);
         Driver {
@@ -336,6 +340,10 @@ impl KubernetesDriver {
 const NAME: &str = "kubernetes";
 
 impl Isolation for KubernetesDriver {
+    fn no_live_state(&self) -> String {
+        KUBE_NO_LIVE_STATE.into()
+    }
+
     /// Slots only number this replica's cache entries (pods need no uid ranges).
     fn claim_slots(&self, taken: &[u32], count: usize) -> Result<Vec<u32>, DriverError> {
         Ok((0..).filter(|s| !taken.contains(s)).take(count).collect())
@@ -538,3 +546,6 @@ impl SharedRecords for KubernetesDriver {
         })
     }
 }
+
+/// Why the kubernetes driver carries no running processes.
+const KUBE_NO_LIVE_STATE: &str = "the kubernetes driver cannot checkpoint running processes: Kubernetes 1.20 has no checkpoint API";

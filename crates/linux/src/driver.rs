@@ -44,6 +44,8 @@ pub struct Options {
     pub uid_registry: PathBuf,
     /// Turn on the host cgroup2 hierarchy's `favordynmods` (as root).
     pub favordynmods: bool,
+    /// Where CRIU is, for forks that carry running processes.
+    pub criu: sandbox_mcp_model::config::CriuSetting,
 }
 
 pub struct NamespacesDriver {
@@ -60,6 +62,8 @@ pub struct NamespacesDriver {
     /// A sandbox's share of the ptys (see [`plan::pty_share`]), and the pool it is drawn from.
     pty_max: u32,
     pty_pool: u32,
+    /// CRIU, checked at start, or why processes cannot be carried.
+    criu: Result<crate::criu::Criu, String>,
 }
 
 impl NamespacesDriver {
@@ -71,6 +75,7 @@ impl NamespacesDriver {
             max_sandboxes,
             uid_registry,
             favordynmods,
+            criu,
         } = options;
         let path = sandboxes_dir.to_string_lossy();
         // Overlay mount options are comma- and colon-separated; such paths cannot be expressed.
@@ -99,6 +104,10 @@ impl NamespacesDriver {
             tracing::warn!("sandbox disk use is reported but not enforced: {why}");
         }
         put_back_aside_trees(&sandboxes_dir);
+        // Checkpoints live only while a fork runs: whatever is left is from a crash.
+        if let Some(data) = sandboxes_dir.parent() {
+            let _ = fs::remove_dir_all(data.join("live"));
+        }
         let layout = Layout::detect();
         if !layout.enforced() {
             tracing::warn!(
@@ -124,6 +133,19 @@ impl NamespacesDriver {
         } else {
             None
         };
+        let criu = match (&criu, uid) {
+            (sandbox_mcp_model::config::CriuSetting::Off, _) => {
+                Err("checkpointing processes is turned off (--criu off)".to_string())
+            }
+            (_, uid) if uid != 0 => Err(
+                "checkpointing processes needs the engine to run as root (CRIU reads and restores other users' processes)".to_string(),
+            ),
+            (sandbox_mcp_model::config::CriuSetting::Path(p), _) => crate::criu::probe(Some(p)),
+            (sandbox_mcp_model::config::CriuSetting::Auto, _) => crate::criu::probe(None),
+        };
+        if let Err(why) = &criu {
+            tracing::info!("forks copy files only: {why}");
+        }
         let pty_pool = plan::pty_pool();
         let pty_max = plan::pty_share(pty_pool, max_sandboxes);
         Ok(Self {
@@ -136,6 +158,7 @@ impl NamespacesDriver {
             registry,
             pty_max,
             pty_pool,
+            criu,
         })
     }
 
@@ -266,6 +289,7 @@ fn put_back_aside_trees(sandboxes_dir: &Path) {
 
 mod isolation;
 mod launch;
+mod live;
 mod storage;
 
 impl NamespacesDriver {
@@ -284,6 +308,16 @@ impl NamespacesDriver {
             serves_ports: true,
             restarts_stopped: true,
             image_templates: None,
+            live_state: match &self.criu {
+                Ok(c) => sandbox_mcp_model::driver::LiveState {
+                    available: true,
+                    detail: format!("criu {} at {}", c.version, c.path.display()),
+                },
+                Err(why) => sandbox_mcp_model::driver::LiveState {
+                    available: false,
+                    detail: why.clone(),
+                },
+            },
         };
         let this = Arc::new(self);
         Driver {

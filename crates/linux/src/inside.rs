@@ -343,7 +343,7 @@ fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, BuildError> {
     )?;
     ctx(nix::sys::prctl::set_no_new_privs(), "set no_new_privs")?;
     // Kernels without Landlock still get everything else.
-    let landlock = command_ruleset().ok().flatten();
+    let landlock = command_ruleset(&[Path::new("/")]).ok().flatten();
     ctx(seccomp::install(), "install the seccomp filter")?;
     Ok(CommandPolicy {
         caps: sandbox,
@@ -351,20 +351,28 @@ fn restrict_agent(plan: &LaunchPlan) -> Result<CommandPolicy, BuildError> {
     })
 }
 
-/// The Landlock ruleset each command enters: everything below `/` stays usable except creating
-/// device nodes, and a command can neither signal nor reach abstract unix sockets of processes
-/// outside its domain — the agent above all. (Landlock also confines ptrace-style access, the
-/// agent's /proc included, to the domain.) TCP is not restricted: servers on the sandbox's own
-/// loopback must keep working; the network namespace cuts it off from the host.
-fn command_ruleset() -> Result<Option<OwnedFd>, Box<dyn std::error::Error + Send + Sync>> {
+/// The Landlock ruleset each command enters: everything below `roots` (the sandbox's `/`) stays
+/// usable except creating device nodes, and a command cannot signal a process outside its
+/// domain — the agent above all. (Landlock also confines ptrace-style access, the agent's /proc
+/// included, to the domain.) TCP is not restricted: servers on the sandbox's own loopback must
+/// keep working; the network namespace cuts it off from the host. Abstract unix sockets are not
+/// scoped either: the only ones in a sandbox's network namespace are its own processes' and,
+/// while a checkpoint runs, CRIU's (whose code inside the dumped process must reach it; every
+/// other process of the sandbox is stopped meanwhile). A restore enters the same ruleset, with
+/// the host's `/` beside the target's root, so the restored tree gets the same domain.
+pub fn command_ruleset(
+    roots: &[&Path],
+) -> Result<Option<OwnedFd>, Box<dyn std::error::Error + Send + Sync>> {
     const ABI_TARGET: ABI = ABI::V6;
     let all = AccessFs::from_all(ABI_TARGET);
     let allowed = all & !(AccessFs::MakeChar | AccessFs::MakeBlock);
-    let ruleset = Ruleset::default()
+    let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)?
-        .scope(Scope::AbstractUnixSocket | Scope::Signal)?
-        .create()?
-        .add_rule(PathBeneath::new(PathFd::new("/")?, allowed))?;
+        .scope(Scope::Signal)?
+        .create()?;
+    for root in roots {
+        ruleset = ruleset.add_rule(PathBeneath::new(PathFd::new(root)?, allowed))?;
+    }
     Ok(ruleset.into())
 }

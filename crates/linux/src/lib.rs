@@ -7,6 +7,7 @@
 //! [`seccomp`], [`uids`] and [`step`] are the pieces (syscall wrappers shared with the agent: `sandbox_mcp_sys::syscalls`).
 
 pub mod cgroups;
+pub mod criu;
 pub mod disk;
 pub mod driver;
 pub mod inside;

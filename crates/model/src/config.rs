@@ -77,6 +77,8 @@ pub struct EngineConfig {
     /// As root, turn on the kernel's `favordynmods` for the host's cgroup2 hierarchy, so a
     /// sandbox start does not wait for an RCU grace period to join its cgroups.
     pub favordynmods: bool,
+    /// CRIU, for forks that carry running processes: found on PATH, at a given path, or off.
+    pub criu: CriuSetting,
 }
 
 impl EngineConfig {
@@ -95,6 +97,7 @@ impl EngineConfig {
             default_template: None,
             kubernetes: None,
             favordynmods: true,
+            criu: CriuSetting::Auto,
         }
     }
 
@@ -208,4 +211,16 @@ impl PodOptions {
             )
         })
     }
+}
+
+/// Where the engine finds CRIU (checkpoint/restore of processes, run as a separate program).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CriuSetting {
+    /// `criu` on PATH or in the usual sbin directories.
+    #[default]
+    Auto,
+    /// This binary.
+    Path(PathBuf),
+    /// Never: forks copy files only.
+    Off,
 }

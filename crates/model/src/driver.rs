@@ -193,6 +193,24 @@ pub struct Capabilities {
     /// The templates this driver serves instead of the engine's own (the kubernetes driver's
     /// images, by template name); `None`: the engine's templates.
     pub image_templates: Option<Vec<(String, String)>>,
+    /// Whether running processes can be checkpointed and restored (forks with memory).
+    pub live_state: LiveState,
+}
+
+/// Whether a driver can carry running processes from one sandbox to another, and in words what
+/// does it (`criu 4.2 at /usr/local/sbin/criu`) or what is missing and how to get it.
+#[derive(Debug, Clone, Default)]
+pub struct LiveState {
+    pub available: bool,
+    pub detail: String,
+}
+
+/// What a checkpoint or a restore of a sandbox's processes did: the process trees carried (a
+/// code context, a job), and those left behind with why.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LiveReport {
+    pub carried: Vec<String>,
+    pub skipped: Vec<String>,
 }
 
 /// How sandboxes are isolated and reached: their processes, limits and agents.
@@ -248,6 +266,40 @@ pub trait Isolation: Send + Sync + 'static {
     }
     /// Connects to `127.0.0.1:port` inside the sandbox by way of its agent (for drivers whose
     /// engine cannot enter the sandbox's network namespace). `ConnectionRefused`: nothing listens.
+    /// Dumps the running sandbox's process trees (code contexts, background jobs) as checkpoint
+    /// `name` (kept where only the engine reads it), leaving them stopped until
+    /// [`Self::continue_processes`]. Trees that cannot be carried are reported, not fatal.
+    fn checkpoint<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<LiveReport, DriverError>> {
+        let _ = (id, name);
+        Box::pin(async { Err(DriverError::Unsupported(self.no_live_state())) })
+    }
+    /// Continues every stopped process of the sandbox (after a checkpoint and the copy of its
+    /// files).
+    fn continue_processes(&self, id: &str) {
+        let _ = id;
+    }
+    /// Restores checkpoint `name` into the running sandbox `id`, whose agent takes the trees
+    /// over.
+    fn restore_checkpoint<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<LiveReport, DriverError>> {
+        let _ = (id, name);
+        Box::pin(async { Err(DriverError::Unsupported(self.no_live_state())) })
+    }
+    /// Deletes checkpoint `name` (nothing if there is none).
+    fn drop_checkpoint(&self, name: &str) {
+        let _ = name;
+    }
+    /// Why this driver carries no processes.
+    fn no_live_state(&self) -> String {
+        "this driver cannot checkpoint running processes".into()
+    }
     fn connect_port<'a>(
         &'a self,
         _id: &'a str,

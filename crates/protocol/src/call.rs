@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::frame::MAX_FRAME;
 use crate::{
-    Attach, ConnectPort, CreateContext, Delete, DeleteContext, ExecSpec, HandOverEgress, Input,
-    JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, Move, Ping, ReadFile,
-    RunCodeSpec, Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
+    Adopt, Attach, ConnectPort, CreateContext, Delete, DeleteContext, ExecSpec, HandOverEgress,
+    Input, JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, ListTrees, MakePipes,
+    Move, Ping, ReadFile, RunCodeSpec, Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
 };
 
 /// Largest answer to a request whose answer is small (everything but file contents, zips,
@@ -69,6 +69,9 @@ pub enum Request {
     Screenshot(Screenshot),
     Input(Input),
     Attach(Attach),
+    ListTrees(ListTrees),
+    MakePipes(MakePipes),
+    Adopt(Adopt),
 }
 
 /// Binds a request type to its variant of [`Request`] and to its reply.

@@ -19,6 +19,7 @@ mod files;
 mod frame;
 mod jobs;
 pub mod keys;
+mod live;
 pub mod mux;
 mod sandbox;
 
@@ -30,4 +31,5 @@ pub use exec::*;
 pub use files::*;
 pub use frame::*;
 pub use jobs::*;
+pub use live::*;
 pub use sandbox::*;

@@ -154,6 +154,7 @@ impl FakeDriver {
                     sandbox_mcp_model::BASE_TEMPLATE.to_string(),
                     "fake".to_string(),
                 )]),
+                live_state: Default::default(),
             },
             isolation: Arc::new(self.clone()),
             storage: Arc::new(self.clone()),

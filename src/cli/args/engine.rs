@@ -39,6 +39,17 @@ pub(crate) struct EngineSettings {
         default_value = "auto"
     )]
     pub(crate) favordynmods: AutoOff,
+    /// CRIU (4.0 or later), with which forks carry running processes — code contexts' variables,
+    /// background jobs — into the children: `auto` finds `criu` on PATH, a path names the binary,
+    /// `off` makes forks copy files only. Checked once at start; `sandbox-mcp engine` and the
+    /// health answer say whether it works.
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_CRIU",
+        default_value = "auto",
+        value_name = "auto|PATH|off"
+    )]
+    pub(crate) criu: String,
     /// What sandboxes may reach when their own rules do not say: `open` (the public internet)
     /// or `closed` (only what a sandbox's `allow_out` names). The host, loopback, link-local
     /// and private ranges are closed either way.

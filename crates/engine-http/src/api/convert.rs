@@ -528,3 +528,29 @@ pub(super) fn diff_result(
         saved_to,
     })
 }
+
+impl TryApi<types::LiveReport> for sandbox_mcp_model::driver::LiveReport {
+    fn try_api(self) -> Result<types::LiveReport, EngineError> {
+        let short = |s: &str, max: usize| {
+            let mut end = s.len().min(max);
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            s[..end].to_string()
+        };
+        Ok(types::LiveReport {
+            carried: self
+                .carried
+                .iter()
+                .take(512)
+                .map(|s| types::LiveReportCarriedItem::try_from(short(s, 1024)).map_err(internal))
+                .collect::<Result<_, _>>()?,
+            skipped: self
+                .skipped
+                .iter()
+                .take(512)
+                .map(|s| types::LiveReportSkippedItem::try_from(short(s, 4096)).map_err(internal))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}

@@ -86,6 +86,17 @@ pub(super) async fn health(state: &AppState) -> Result<types::Health, EngineErro
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         driver: state.manager.driver().capabilities().name.into(),
+        live_state: {
+            let live = &state.manager.driver().capabilities().live_state;
+            types::LiveState {
+                available: live.available,
+                detail: live
+                    .detail
+                    .clone()
+                    .try_into()
+                    .map_err(|e| EngineError::Response(format!("live state detail: {e}").into()))?,
+            }
+        },
     })
 }
 

@@ -101,7 +101,7 @@ pub(super) async fn fork(
     let forked = state
         .manager
         .snapshots
-        .fork(id, caller.tenant(), body.count.get(), metadata)
+        .fork(id, caller.tenant(), body.count.get(), metadata, body.memory)
         .await?;
     Ok(types::ForkResult {
         parent_id: api_sandbox_id(id)?,
@@ -111,6 +111,7 @@ pub(super) async fn fork(
             .map(|c| api_sandbox_id(c))
             .collect::<Result<_, _>>()?,
         method: forked.method.api(),
+        memory: forked.memory.map(TryApi::try_api).transpose()?,
     })
 }
 

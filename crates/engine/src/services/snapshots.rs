@@ -41,6 +41,8 @@ pub(crate) const FORKED_FROM: &str = "forked_from";
 pub struct Forked {
     pub ids: Vec<String>,
     pub method: CloneMethod,
+    /// When the fork carried processes: which, and which not with why.
+    pub memory: Option<sandbox_mcp_model::driver::LiveReport>,
 }
 
 /// A restore's outcome, with what it ended.

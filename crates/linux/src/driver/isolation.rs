@@ -4,6 +4,37 @@
 use super::*;
 
 impl Isolation for NamespacesDriver {
+    fn checkpoint<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<sandbox_mcp_model::driver::LiveReport, DriverError>> {
+        Box::pin(self.live_checkpoint(id, name))
+    }
+
+    fn continue_processes(&self, id: &str) {
+        self.live_continue(id)
+    }
+
+    fn restore_checkpoint<'a>(
+        &'a self,
+        id: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<sandbox_mcp_model::driver::LiveReport, DriverError>> {
+        Box::pin(self.live_restore(id, name))
+    }
+
+    fn drop_checkpoint(&self, name: &str) {
+        self.live_drop(name)
+    }
+
+    fn no_live_state(&self) -> String {
+        match &self.criu {
+            Ok(_) => String::new(),
+            Err(why) => why.clone(),
+        }
+    }
+
     fn egress_sockets<'a>(
         &'a self,
         id: &'a str,

@@ -169,6 +169,24 @@ impl NamespacesDriver {
     }
 
     /// The agent's host pid, if it is still the process we launched.
+    /// Sends `call` to the sandbox's agent and reads its reply (an agent error as an `Other`
+    /// error with its message).
+    pub(super) async fn ask<C>(&self, id: &str, call: C) -> io::Result<C::Reply>
+    where
+        C: sandbox_mcp_protocol::Call,
+    {
+        use sandbox_mcp_protocol::{Frame, Request, read_frame_limited, write_frame};
+        let limit = call.reply_limit();
+        let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
+        let request: Request = call.into();
+        write_frame(&mut conn, &request).await?;
+        match read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit).await? {
+            Some(Frame::Reply(reply)) => Ok(reply),
+            Some(Frame::Error(e)) => Err(io::Error::other(e.message)),
+            _ => Err(io::Error::other("the agent did not answer as it should")),
+        }
+    }
+
     /// Sends `call` to the sandbox's agent and takes the descriptors it passes (one byte with
     /// SCM_RIGHTS, ahead of its reply frame): how an unprivileged engine gets sockets made in a
     /// namespace it cannot enter.
@@ -190,7 +208,7 @@ impl NamespacesDriver {
             let got = conn.try_io(tokio::io::Interest::READABLE, || {
                 let mut byte = [0u8; 1];
                 let mut iov = [io::IoSliceMut::new(&mut byte)];
-                let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+                let mut space = nix::cmsg_space!([std::os::fd::RawFd; 8]);
                 let msg = nix::sys::socket::recvmsg::<()>(
                     conn.as_raw_fd(),
                     &mut iov,

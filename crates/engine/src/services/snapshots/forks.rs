@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sandbox_mcp_model::driver::CloneMethod;
+use sandbox_mcp_model::driver::{CloneMethod, DriverError, LiveReport};
 use sandbox_mcp_model::ids;
 use sandbox_mcp_sys::lock;
 
@@ -19,12 +19,21 @@ impl Snapshots {
         tenant: Option<&str>,
         count: u32,
         metadata: BTreeMap<String, String>,
+        memory: Option<bool>,
     ) -> Result<Forked, EngineError> {
         if !(1..=MAX_FORKS).contains(&count) {
             return Err(EngineError::InvalidArgument(format!(
                 "count must be 1 to {MAX_FORKS}; got {count}"
             )));
         }
+        let live = &self.driver.capabilities().live_state;
+        if memory == Some(true) && !live.available {
+            return Err(EngineError::Host(DriverError::Unsupported(format!(
+                "a fork cannot carry processes here: {}; fork with memory=false to copy files only",
+                live.detail
+            ))));
+        }
+        let memory = memory.unwrap_or(live.available);
         let parent = self.making.registry.entry(id, tenant)?;
         let runtime = parent.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
@@ -44,12 +53,15 @@ impl Snapshots {
             )));
         }
         let children = self.reserve_children(&record, count, labels).await?;
-        let made = self.make_children(id, &parent, *runtime, &children).await;
+        let made = self
+            .make_children(id, &parent, *runtime, &children, memory)
+            .await;
         drop(runtime);
         match made {
-            Ok(method) => Ok(Forked {
+            Ok((method, memory)) => Ok(Forked {
                 ids: children.iter().map(|c| c.id.clone()).collect(),
                 method,
+                memory,
             }),
             Err(e) => {
                 for child in &children {
@@ -136,22 +148,58 @@ impl Snapshots {
     }
 
     /// Copies the parent's files to every child (the parent frozen once, so all children start
-    /// from the same moment), starts them side by side, and commits them as running.
+    /// from the same moment), starts them side by side, and commits them as running. With
+    /// `memory`, the parent's process trees are dumped first (each left stopped, so files and
+    /// memory are one moment's) and restored into every child once it runs.
     async fn make_children(
         &self,
         id: &str,
         parent: &Entry,
         runtime: Runtime,
         children: &[Record],
-    ) -> Result<CloneMethod, EngineError> {
+        memory: bool,
+    ) -> Result<(CloneMethod, Option<LiveReport>), EngineError> {
         let (driver, from) = (self.driver.clone(), Self::fs_of(parent, id));
         let targets: Vec<(String, u64)> = children
             .iter()
             .map(|c| (c.id.clone(), Self::disk_limit(c)))
             .collect();
-        let method = self
+        let checkpoint = format!("fork-{}", ids::sandbox_id());
+        let mut report = None;
+        if memory {
+            report = Some(if runtime == Runtime::Running {
+                let dumped = self.driver.checkpoint(id, &checkpoint).await;
+                dumped.unwrap_or_else(|e| LiveReport {
+                    carried: Vec::new(),
+                    skipped: vec![format!("every process ({e})")],
+                })
+            } else {
+                LiveReport {
+                    carried: Vec::new(),
+                    skipped: vec![
+                        "every process (the parent is paused: resume it first to carry them)"
+                            .into(),
+                    ],
+                }
+            });
+        }
+        let copied = self
             .frozen(id, runtime, driver.clone_many(from, targets))
-            .await??;
+            .await;
+        if memory && runtime == Runtime::Running {
+            self.driver.continue_processes(id).await;
+        }
+        let method = match copied {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                self.driver.drop_checkpoint(&checkpoint).await;
+                return Err(e.into());
+            }
+            Err(e) => {
+                self.driver.drop_checkpoint(&checkpoint).await;
+                return Err(e);
+            }
+        };
         let started = futures::future::join_all(children.iter().map(|child| async move {
             let spec = self.making.lifecycle.start_spec(child)?;
             self.driver.start(&spec).await?;
@@ -160,7 +208,14 @@ impl Snapshots {
             Ok::<_, EngineError>(())
         }))
         .await;
-        started.into_iter().collect::<Result<Vec<()>, _>>()?;
+        if let Err(e) = started.into_iter().collect::<Result<Vec<()>, _>>() {
+            self.driver.drop_checkpoint(&checkpoint).await;
+            return Err(e);
+        }
+        if let Some(report) = report.as_mut().filter(|r| !r.carried.is_empty()) {
+            self.carry_into(children, &checkpoint, report).await;
+        }
+        self.driver.drop_checkpoint(&checkpoint).await;
         let ids = children.iter().map(|c| c.id.clone()).collect();
         self.making
             .records
@@ -173,7 +228,29 @@ impl Snapshots {
                 .commit_running()
                 .await;
         }
-        Ok(method)
+        Ok((method, report))
+    }
+
+    /// Restores the checkpoint into each child in turn; a tree that fails in a child moves from
+    /// `carried` to `skipped`, saying where and why.
+    async fn carry_into(&self, children: &[Record], checkpoint: &str, report: &mut LiveReport) {
+        for child in children {
+            let got = self.driver.restore_checkpoint(&child.id, checkpoint).await;
+            let failed: Vec<String> = match got {
+                Ok(r) => r.skipped,
+                Err(e) => vec![format!("every process ({e})")],
+            };
+            for f in failed {
+                report.skipped.push(format!("in {}: {f}", child.id));
+            }
+        }
+        let failed_in_some: Vec<String> = report
+            .carried
+            .iter()
+            .filter(|what| report.skipped.iter().any(|s| s.contains(what.as_str())))
+            .cloned()
+            .collect();
+        report.carried.retain(|w| !failed_in_some.contains(w));
     }
 
     pub async fn merge(

@@ -1,0 +1,379 @@
+//! Live state: checkpoint a sandbox's process trees and restore them into another sandbox (or
+//! the same one, restarted) with CRIU, run as a separate program (it is GPL; never linked).
+//!
+//! A tree (a code context's interpreter, a background job) is dumped from the host by its root's
+//! pid, with the sandbox's pid namespace marked external and its pipes to the agent left out
+//! (the agent of the target makes new ones, handed to the restore with `--inherit-fd`). The
+//! restore then runs in the target sandbox's cgroups, network and cgroup namespaces, joins its
+//! user, mount, IPC and UTS namespaces, and forks the tree into its pid namespace: the restored
+//! processes are the target's, with its uid range and limits, and share nothing with the source.
+//!
+//! What a restore keeps: memory, registers, open files (by path, in the target's copy of the
+//! files), pipes and unix sockets within the tree, listening sockets, the seccomp filter,
+//! `no_new_privs`, capabilities and ids (as the target's user namespace maps them). What CRIU
+//! does not restore — the Landlock domain — the restore re-creates: CRIU runs inside the same
+//! ruleset commands enter, so the restored tree inherits a domain that cannot signal or trace
+//! anything outside it. Established TCP connections are not carried: a tree holding one is not
+//! dumped (the caller is told which and why).
+
+pub mod images;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sandbox_mcp_sys::syscalls as sys;
+
+/// How to get CRIU where it is missing, for errors and the health answer.
+pub const INSTALL_HINT: &str = "install CRIU 4.0 or later (packaged by Debian 13, Ubuntu 25.04, Fedora and Arch; or built from https://criu.org) and restart the engine, or name its path with --criu";
+
+/// A CRIU that passed its own `criu check`.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    pub path: PathBuf,
+    pub version: String,
+}
+
+/// Finds CRIU (the given path, else `criu` on PATH or in the usual sbin directories), checks
+/// its version (4.0 or later: 3.x fails on current kernels' vDSO) and runs `criu check` once.
+/// The error says what is missing and how to get it.
+pub fn probe(explicit: Option<&Path>) -> Result<Criu, String> {
+    let path = match explicit {
+        Some(p) => p.to_path_buf(),
+        None => find_on_path().ok_or_else(|| format!("criu is not installed: {INSTALL_HINT}"))?,
+    };
+    let out = Command::new(&path)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}; {INSTALL_HINT}", path.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Version:"))
+        .map(|v| v.trim().to_string())
+        .ok_or_else(|| format!("{} does not report a CRIU version", path.display()))?;
+    let major: u32 = version
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major < 4 {
+        return Err(format!(
+            "criu {version} at {} is too old (it fails on current kernels); {INSTALL_HINT}",
+            path.display()
+        ));
+    }
+    let check = Command::new(&path)
+        .arg("check")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {} check: {e}", path.display()))?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    if !check.status.success() || !said.contains("Looks good") {
+        let last = said
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(format!(
+            "`{} check` fails on this host ({last}); processes cannot be checkpointed here",
+            path.display()
+        ));
+    }
+    Ok(Criu { path, version })
+}
+
+fn find_on_path() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/local/sbin", "/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|d| d.join("criu"))
+        .find(|p| p.is_file())
+}
+
+/// What to dump: one tree of a running sandbox.
+pub struct Dump<'a> {
+    /// The sandbox's agent, host pid (its namespaces are the tree's).
+    pub agent: i32,
+    /// The tree's root, host pid.
+    pub root: i32,
+    /// Inodes of the agent's pipes the tree holds (left out of the dump).
+    pub pipes: &'a [u64],
+    /// A new, empty directory only the engine can read.
+    pub dir: &'a Path,
+}
+
+/// Dumps one tree, leaving its processes stopped (the caller continues them once the files
+/// are copied, so both are one moment's).
+pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
+    let pidns = std::fs::metadata(format!("/proc/{}/ns/pid", d.agent))
+        .map(|m| std::os::unix::fs::MetadataExt::ino(&m))?;
+    let mut args: Vec<String> = vec![
+        "dump".into(),
+        "-t".into(),
+        d.root.to_string(),
+        "-D".into(),
+        d.dir.display().to_string(),
+        "-o".into(),
+        "criu.log".into(),
+        "-v2".into(),
+        "--leave-stopped".into(),
+        "--manage-cgroups=ignore".into(),
+        "--external".into(),
+        "mnt[]".into(),
+        "--external".into(),
+        format!("pid[{pidns}]:pidns"),
+    ];
+    for ino in d.pipes.iter().filter(|i| **i != 0) {
+        args.push("--external".into());
+        args.push(format!("pipe[{ino}]:pipe{ino}"));
+    }
+    let netns = open(&format!("/proc/{}/ns/net", d.agent))?;
+    // Reading another user namespace's rlimits takes CAP_SYS_RESOURCE over it. Where root lacks
+    // it (some container hosts), CRIU runs as the tree's own uid, keeping every other capability
+    // (`--unprivileged` is what CRIU calls that).
+    let as_owner = !has_sys_resource();
+    let owner = if as_owner {
+        args.push("--unprivileged".into());
+        let meta = std::fs::metadata(format!("/proc/{}", d.root))?;
+        let (uid, gid) = (
+            std::os::unix::fs::MetadataExt::uid(&meta),
+            std::os::unix::fs::MetadataExt::gid(&meta),
+        );
+        std::os::unix::fs::chown(d.dir, Some(uid), Some(gid))?;
+        Some(uid)
+    } else {
+        None
+    };
+    let netns_fd = netns.as_raw_fd();
+    let mut cmd = criu_command(criu, &args);
+    // SAFETY: runs between fork and exec; only system calls on integers and open descriptors.
+    unsafe {
+        cmd.pre_exec(move || {
+            setns(netns_fd, libc::CLONE_NEWNET)?;
+            if let Some(uid) = owner {
+                become_keeping_caps(uid)?;
+            }
+            Ok(())
+        });
+    }
+    run(cmd, d.dir, "dump")
+}
+
+/// What to restore, and where.
+pub struct Restore<'a> {
+    /// The target sandbox's agent, host pid.
+    pub agent: i32,
+    /// The target's `cgroup.procs` files: the restored tree joins its cgroups.
+    pub cgroup_procs: &'a [PathBuf],
+    /// The dump, and its root's pid as the sandbox sees it.
+    pub dir: &'a Path,
+    pub root_pid: i32,
+    /// New pipes for the ones the tree held, by their old inode (the process's ends).
+    pub pipes: Vec<(u64, OwnedFd)>,
+}
+
+/// Restores one dumped tree into the target sandbox, inside the Landlock domain commands get.
+pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
+    let ns = |kind: &str| format!("/proc/{}/ns/{kind}", r.agent);
+    let pidns = open(&ns("pid"))?;
+    let netns = open(&ns("net"))?;
+    let cgroupns = open(&ns("cgroup"))?;
+    let procs = r
+        .cgroup_procs
+        .iter()
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(p)
+                .map(OwnedFd::from)
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    let ruleset = crate::inside::command_ruleset(&[
+        Path::new("/"),
+        Path::new(&format!("/proc/{}/root", r.agent)),
+    ])
+    .map_err(|e| io::Error::other(format!("cannot prepare the Landlock ruleset: {e}")))?;
+    // Descriptors the restore inherits, at fixed numbers above anything CRIU opens first.
+    let mut keep: Vec<(RawFd, RawFd)> = vec![(pidns.as_raw_fd(), 200)];
+    let mut args: Vec<String> = vec![
+        "restore".into(),
+        "-D".into(),
+        r.dir.display().to_string(),
+        "-o".into(),
+        "criu.log".into(),
+        "-v2".into(),
+        "--unprivileged".into(),
+        "--restore-detached".into(),
+        "--manage-cgroups=ignore".into(),
+        "--inherit-fd".into(),
+        "fd[200]:pidns".into(),
+    ];
+    for (i, (ino, fd)) in r.pipes.iter().enumerate() {
+        let at = 201 + i as RawFd;
+        keep.push((fd.as_raw_fd(), at));
+        args.push("--inherit-fd".into());
+        args.push(format!("fd[{at}]:pipe:[{ino}]"));
+    }
+    // By descriptor: inside the Landlock domain, the target agent's /proc is out of reach.
+    let joined = ["user", "mnt", "ipc", "uts"]
+        .iter()
+        .map(|kind| open(&ns(kind)).map(|fd| (*kind, fd)))
+        .collect::<io::Result<Vec<_>>>()?;
+    for (i, (kind, fd)) in joined.iter().enumerate() {
+        let at = 190 + i as RawFd;
+        keep.push((fd.as_raw_fd(), at));
+        args.push("--join-ns".into());
+        args.push(format!("{kind}:/proc/self/fd/{at}"));
+    }
+    let (netns_fd, cgroupns_fd) = (netns.as_raw_fd(), cgroupns.as_raw_fd());
+    let procs_fds: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let landlock = ruleset.as_ref().map(|f| f.as_raw_fd());
+    let mut cmd = criu_command(criu, &args);
+    // SAFETY: runs between fork and exec; only system calls on integers and open descriptors
+    // prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            for fd in &procs_fds {
+                if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            setns(netns_fd, libc::CLONE_NEWNET)?;
+            setns(cgroupns_fd, libc::CLONE_NEWCGROUP)?;
+            for (from, to) in &keep {
+                if libc::dup2(*from, *to) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(fd) = landlock {
+                if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let out = run(cmd, r.dir, "restore");
+    drop((pidns, netns, cgroupns, procs, ruleset, r.pipes, joined));
+    out
+}
+
+fn criu_command(criu: &Criu, args: &[String]) -> Command {
+    let mut cmd = Command::new(&criu.path);
+    cmd.args(args)
+        .env_clear()
+        .env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs CRIU to its end; a failure carries CRIU's own last errors (from its log).
+fn run(mut cmd: Command, dir: &Path, what: &str) -> io::Result<()> {
+    let out = cmd.output()?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let log = std::fs::read_to_string(dir.join("criu.log")).unwrap_or_default();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("Error"))
+        .map(|l| l.split_once("): ").map_or(l, |(_, m)| m))
+        .filter(|l| !l.contains("rlimit") && !l.contains("FAILED"))
+        .take(3)
+        .collect();
+    let said = if errors.is_empty() {
+        let text = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .take(3)
+            .collect();
+        lines.join("; ")
+    } else {
+        errors.join("; ")
+    };
+    Err(io::Error::other(format!("criu {what} failed: {said}")))
+}
+
+fn open(path: &str) -> io::Result<OwnedFd> {
+    std::fs::File::open(path).map(OwnedFd::from)
+}
+
+fn setns(fd: RawFd, kind: libc::c_int) -> io::Result<()> {
+    // SAFETY: setns on a namespace descriptor we hold.
+    if unsafe { libc::setns(fd, kind) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes `uid` (and the same gid) for real, effective and saved ids, keeping every capability
+/// across the exec. Between fork and exec: system calls only.
+fn become_keeping_caps(uid: u32) -> io::Result<()> {
+    // SAFETY: prctl and setgroups on integer arguments.
+    unsafe {
+        if libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0) < 0
+            || libc::setgroups(0, std::ptr::null()) < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    sys::set_ids(uid, uid, uid)?;
+    let mut sets = sys::caps_get()?;
+    sets.effective = sets.permitted;
+    sys::caps_set(sets)?;
+    sys::keep_caps_across_exec()
+}
+
+fn has_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    sys::caps_get().is_ok_and(|s| s.effective & (1 << CAP_SYS_RESOURCE) != 0)
+}
+
+/// Host pids of a process and all its descendants (through `/proc/<pid>/task/*/children`).
+pub fn tree_pids(root: i32) -> Vec<i32> {
+    let mut all = vec![root];
+    let mut i = 0;
+    while i < all.len() && all.len() < 4096 {
+        let pid = all[i];
+        i += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            if let Ok(text) = std::fs::read_to_string(t.path().join("children")) {
+                all.extend(
+                    text.split_whitespace()
+                        .filter_map(|p| p.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    all
+}
+
+/// The pid a process has inside its own (innermost) pid namespace.
+pub fn inner_pid(host: i32) -> Option<i32> {
+    let status = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}

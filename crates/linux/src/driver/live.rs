@@ -1,0 +1,256 @@
+//! Carrying a running sandbox's processes into another sandbox with CRIU (see [`crate::criu`]):
+//! which trees the agent has, dumping each while the rest of the sandbox is stopped, and
+//! restoring them into a target whose agent made their new pipes and then takes them over.
+
+use std::collections::HashSet;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use sandbox_mcp_model::driver::LiveReport;
+use sandbox_mcp_protocol::{Adopt, ListTrees, MakePipes, Tree};
+
+use super::*;
+use crate::criu::{self, Criu};
+
+/// Where checkpoints live: beside the sandboxes, readable by the engine only.
+const LIVE_DIR: &str = "live";
+/// A tree's description beside its dump.
+const TREE_FILE: &str = "tree.json";
+
+impl NamespacesDriver {
+    fn criu(&self) -> Result<&Criu, DriverError> {
+        self.criu
+            .as_ref()
+            .map_err(|why| DriverError::Unsupported(why.clone()))
+    }
+
+    fn live_dir(&self, name: &str) -> PathBuf {
+        let base = self.sandboxes_dir.parent().unwrap_or(&self.sandboxes_dir);
+        base.join(LIVE_DIR).join(name)
+    }
+
+    fn running_agent(&self, id: &str) -> Result<i32, DriverError> {
+        self.agent_pid(id)
+            .ok_or_else(|| DriverError::Agent("the sandbox's agent is not running".into()))
+    }
+
+    /// Stops every process of the sandbox but the agent and `keep` (SIGSTOP, repeated until no
+    /// new process appears), so nothing else runs while CRIU's code is inside a dumped process.
+    fn stop_others(&self, id: &str, agent: i32, keep: &HashSet<i32>) {
+        let mut stopped = HashSet::new();
+        for _ in 0..16 {
+            let fresh: Vec<i32> = self
+                .cgroups(id)
+                .pids()
+                .into_iter()
+                .filter(|p| *p != agent && !keep.contains(p) && !stopped.contains(p))
+                .collect();
+            if fresh.is_empty() {
+                break;
+            }
+            for p in fresh {
+                let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
+                stopped.insert(p);
+            }
+        }
+    }
+
+    pub(super) async fn live_checkpoint(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<LiveReport, DriverError> {
+        let criu = self.criu()?.clone();
+        let agent = self.running_agent(id)?;
+        let list = self
+            .ask(id, ListTrees {})
+            .await
+            .map_err(|e| DriverError::Agent(format!("cannot list the sandbox's processes: {e}")))?;
+        let dir = self.live_dir(name);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(DriverError::io("create the checkpoint directory"))?;
+        let mut report = LiveReport {
+            carried: Vec::new(),
+            skipped: list.skipped,
+        };
+        for (i, tree) in list.trees.into_iter().enumerate() {
+            let what = tree.kind.describe();
+            let host = self
+                .cgroups(id)
+                .pids()
+                .into_iter()
+                .find(|p| *p != agent && criu::inner_pid(*p) == Some(tree.pid));
+            let Some(root) = host else {
+                report.skipped.push(format!("{what} (its process is gone)"));
+                continue;
+            };
+            let members: HashSet<i32> = criu::tree_pids(root).into_iter().collect();
+            self.stop_others(id, agent, &members);
+            for p in &members {
+                let _ = kill(Pid::from_raw(*p), Signal::SIGCONT);
+            }
+            let sub = dir.join(format!("tree-{i}"));
+            let dumped = dump_one(&criu, agent, root, &tree, &sub).await;
+            match dumped {
+                Ok(()) => report.carried.push(what),
+                Err(e) => {
+                    let _ = fs::remove_dir_all(&sub);
+                    report.skipped.push(format!("{what} ({e})"));
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    pub(super) fn live_continue(&self, id: &str) {
+        let agent = self.agent_pid(id);
+        for p in self.cgroups(id).pids() {
+            if Some(p) != agent {
+                let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
+            }
+        }
+    }
+
+    pub(super) async fn live_restore(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<LiveReport, DriverError> {
+        let criu = self.criu()?.clone();
+        let agent = self.running_agent(id)?;
+        let dir = self.live_dir(name);
+        let mut subs: Vec<PathBuf> = fs::read_dir(&dir)
+            .map_err(DriverError::io("read the checkpoint"))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.join(TREE_FILE).is_file())
+            .collect();
+        subs.sort();
+        let procs = if self.layout.enforced() {
+            self.cgroups(id).procs_files()
+        } else {
+            Vec::new()
+        };
+        let mut report = LiveReport::default();
+        for (i, sub) in subs.iter().enumerate() {
+            let tree: Tree = match fs::read(sub.join(TREE_FILE))
+                .map_err(|e| e.to_string())
+                .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+            {
+                Ok(t) => t,
+                Err(e) => {
+                    report.skipped.push(format!("a process tree ({e})"));
+                    continue;
+                }
+            };
+            let what = tree.kind.describe();
+            match self
+                .restore_one(&criu, id, agent, &procs, sub, &tree, i)
+                .await
+            {
+                Ok(()) => report.carried.push(what),
+                Err(e) => report.skipped.push(format!("{what} ({e})")),
+            }
+        }
+        Ok(report)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn restore_one(
+        &self,
+        criu: &Criu,
+        id: &str,
+        agent: i32,
+        procs: &[PathBuf],
+        sub: &Path,
+        tree: &Tree,
+        i: usize,
+    ) -> io::Result<()> {
+        let key = format!("restore-{i}");
+        let roles = tree.pipes.iter().map(|p| p.role).collect::<Vec<_>>();
+        let (fds, _) = self
+            .ask_for_fds(
+                id,
+                MakePipes {
+                    key: key.clone(),
+                    roles: roles.clone(),
+                },
+            )
+            .await?;
+        if fds.len() != roles.len() {
+            return Err(io::Error::other("the agent made the wrong pipes"));
+        }
+        let pipes = tree.pipes.iter().map(|p| p.inode).zip(fds).collect();
+        let (criu, sub, procs, root_pid) =
+            (criu.clone(), sub.to_path_buf(), procs.to_vec(), tree.pid);
+        let restored = tokio::task::spawn_blocking(move || {
+            criu::restore(
+                &criu,
+                criu::Restore {
+                    agent,
+                    cgroup_procs: &procs,
+                    dir: &sub,
+                    root_pid,
+                    pipes,
+                },
+            )
+        })
+        .await
+        .map_err(io::Error::other)
+        .and_then(|r| r);
+        let pid = restored.is_ok().then_some(tree.pid);
+        let adopted = self
+            .ask(
+                id,
+                Adopt {
+                    key,
+                    tree: tree.clone(),
+                    pid,
+                },
+            )
+            .await;
+        restored?;
+        adopted.map(|_| ())
+    }
+
+    pub(super) fn live_drop(&self, name: &str) {
+        if !name.is_empty() && !name.contains('/') {
+            let _ = fs::remove_dir_all(self.live_dir(name));
+        }
+    }
+}
+
+/// Dumps one tree into `sub` (made here) and records what it is beside the images.
+async fn dump_one(criu: &Criu, agent: i32, root: i32, tree: &Tree, sub: &Path) -> io::Result<()> {
+    fs::DirBuilder::new().mode(0o700).create(sub)?;
+    fs::write(
+        sub.join(TREE_FILE),
+        serde_json::to_vec(tree).map_err(io::Error::other)?,
+    )?;
+    let pipes: Vec<u64> = tree.pipes.iter().map(|p| p.inode).collect();
+    let (criu, sub, root_pid) = (criu.clone(), sub.to_path_buf(), tree.pid);
+    tokio::task::spawn_blocking(move || {
+        criu::dump(
+            &criu,
+            &criu::Dump {
+                agent,
+                root,
+                pipes: &pipes,
+                dir: &sub,
+            },
+        )?;
+        criu::images::join_target_namespaces(&sub, root_pid)?;
+        // The restore reads the images once it is in the target's user namespace, as the
+        // target's root, through the directory's descriptor: readable by all, the directory
+        // itself unreachable (its parent is the engine's alone).
+        for entry in fs::read_dir(&sub)?.flatten() {
+            fs::set_permissions(entry.path(), fs::Permissions::from_mode(0o644))?;
+        }
+        fs::set_permissions(&sub, fs::Permissions::from_mode(0o755))
+    })
+    .await
+    .map_err(io::Error::other)?
+}
