@@ -30,6 +30,7 @@ mod fuzz_replay;
 mod hosted;
 mod http_transport;
 mod kubernetes;
+mod live;
 mod mcp_calls;
 mod network;
 mod previews;

@@ -28,7 +28,7 @@ impl Snapshots {
         }
         let live = &self.driver.capabilities().live_state;
         if memory == Some(true) && !live.available {
-            return Err(EngineError::Host(DriverError::Unsupported(format!(
+            return Err(EngineError::from(DriverError::Unsupported(format!(
                 "a fork cannot carry processes here: {}; fork with memory=false to copy files only",
                 live.detail
             ))));

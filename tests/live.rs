@@ -1,0 +1,248 @@
+//! Forks that carry running processes (CRIU): a child gets the parent's code contexts with their
+//! variables, its background jobs and servers still running, and is a sandbox of its own —
+//! restored processes are confined like the child's own commands. Without CRIU, forks copy files
+//! and say why nothing more.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::{TestEngine, api, create, err, ok, sh};
+use crate::require_sandboxes;
+
+/// Whether this engine can carry processes; skips (naming CRIU) or, in CI, fails when not.
+fn live(engine: &TestEngine) -> bool {
+    let live = &engine.manager.driver().capabilities().live_state;
+    if live.available {
+        return true;
+    }
+    assert!(
+        std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
+        "CRIU 4.0 or later is required here (../shared/criu/build.sh installs it): {}",
+        live.detail
+    );
+    eprintln!("SKIPPED: forks with memory need CRIU: {}", live.detail);
+    false
+}
+
+async fn code(client: &crate::common::McpClient, id: &str, code: &str) -> Value {
+    ok(
+        client,
+        "sandbox_run_code",
+        json!({"sandbox_id": id, "code": code, "language": "python"}),
+    )
+    .await
+}
+
+async fn count(client: &crate::common::McpClient, id: &str) -> u64 {
+    sh(client, id, "cat /tmp/count")
+        .await
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A GET through a preview URL (`http://{host}:{port}/?preview_token=…`), body returned.
+async fn through_preview(url: &str) -> String {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, query) = rest.split_once('/').unwrap();
+    let port: u16 = host.rsplit_once(':').unwrap().1.parse().unwrap();
+    let token = query
+        .strip_prefix("?preview_token=")
+        .unwrap_or("")
+        .to_string();
+    let host = host.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let request = format!(
+            "GET /index.html HTTP/1.1\r\nHost: {host}\r\nX-Preview-Token: {token}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(request.as_bytes()).unwrap();
+        let mut data = Vec::new();
+        let _ = s.read_to_end(&mut data);
+        String::from_utf8_lossy(&data).to_string()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_fork_carries_the_parent_s_processes_into_each_child() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    if !live(&engine) {
+        return;
+    }
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    // A context with a variable, 16 MiB of data and an open file; a counter; a web server.
+    code(
+        &client,
+        &id,
+        "x = 41\nbig = bytes(range(256)) * (64 * 1024)\nf = open('/tmp/held', 'w')\nf.write('held')\nf.flush()",
+    )
+    .await;
+    for command in [
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done",
+        "mkdir -p /srv && echo served-by-the-parent > /srv/index.html && exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv",
+    ] {
+        ok(
+            &client,
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": command, "background": true}),
+        )
+        .await;
+    }
+    sh(&client, &id, "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1").await;
+    let parent_map = sh(&client, &id, "cat /proc/self/uid_map").await;
+    let before = count(&client, &id).await;
+
+    let forked = ok(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": id, "count": 3}),
+    )
+    .await;
+    let memory = &forked["memory"];
+    for what in ["code context python", "job job_1", "job job_2"] {
+        assert!(
+            memory["carried"].as_array().unwrap().contains(&json!(what)),
+            "{what} was not carried: {forked}"
+        );
+    }
+    assert_eq!(memory["skipped"], json!([]), "{forked}");
+    let kids: Vec<String> = forked["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+
+    for kid in &kids {
+        // The context kept its variables, its data and its open file; each child's changes are
+        // its own (every child starts from 41).
+        let got = code(
+            &client,
+            kid,
+            "x += 1\n(x, len(big), big[:3] == bytes(range(3)), f.closed)",
+        )
+        .await;
+        assert_eq!(got["result"], "(42, 16777216, True, False)", "{got}");
+        assert_eq!(code(&client, kid, "x").await["result"], "42");
+        // The counter goes on from where the parent was.
+        let first = count(&client, kid).await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let second = count(&client, kid).await;
+        assert!(
+            first >= before && second > first,
+            "{before} {first} {second}"
+        );
+        let job = ok(
+            &client,
+            "sandbox_job_status",
+            json!({"sandbox_id": kid, "job_id": "job_1"}),
+        )
+        .await;
+        assert_eq!(job["status"], "running", "{job}");
+        // The server answers in the child, and through the child's own preview.
+        let page = sh(&client, kid, "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:8000/index.html\").read().decode())'").await;
+        assert_eq!(page.trim(), "served-by-the-parent");
+        let preview = ok(
+            &client,
+            "sandbox_preview_create",
+            json!({"sandbox_id": kid, "port": 8000}),
+        )
+        .await;
+        let url = preview["url"].as_str().unwrap().to_string();
+        assert!(url.contains(&kid.replace('_', "-")), "{preview}");
+        let answer = through_preview(&url).await;
+        assert!(answer.contains("served-by-the-parent"), "{answer}");
+
+        // Restored, the interpreter is confined as the child's own commands are: its seccomp
+        // filter and no_new_privs, the child's uid range and cgroup, and a Landlock domain that
+        // cannot signal the agent.
+        let status = code(&client, kid, "open('/proc/self/status').read()").await;
+        let status = status["result"].as_str().unwrap();
+        assert!(
+            status.contains("Seccomp:\\t2") && status.contains("NoNewPrivs:\\t1"),
+            "{status}"
+        );
+        let signal = code(
+            &client,
+            kid,
+            "import os\ntry:\n    os.kill(1, 0)\n    r = 'reached the agent'\nexcept PermissionError:\n    r = 'refused'\nr",
+        )
+        .await;
+        assert_eq!(signal["result"], "'refused'", "{signal}");
+        let restored_map = code(&client, kid, "open('/proc/self/uid_map').read()").await;
+        let own_map = sh(&client, kid, "cat /proc/self/uid_map").await;
+        assert_eq!(
+            restored_map["result"].as_str().unwrap(),
+            format!("{:?}", own_map).replace('"', "'"),
+            "the restored process maps ids as the child's own commands"
+        );
+        assert_ne!(own_map, parent_map, "each child has its own uid range");
+        let cgroup = code(&client, kid, "open('/proc/self/cgroup').read()").await;
+        let own_cgroup = sh(&client, kid, "cat /proc/self/cgroup").await;
+        assert_eq!(
+            cgroup["result"].as_str().unwrap(),
+            format!("{:?}", own_cgroup).replace('"', "'"),
+        );
+    }
+    // The children's processes are theirs alone: killing one child's context leaves the others'.
+    ok(
+        &client,
+        "sandbox_code_context_delete",
+        json!({"sandbox_id": kids[0], "context_id": "python"}),
+    )
+    .await;
+    assert_eq!(code(&client, &kids[1], "x").await["result"], "42");
+    // And files still merge as before.
+    ok(
+        &client,
+        "sandbox_merge_into",
+        json!({"sandbox_id": kids[1], "source_id": kids[2]}),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn without_criu_a_fork_copies_files_and_says_what_is_missing() {
+    require_sandboxes!();
+    let engine = TestEngine::start_with(|c| {
+        c.criu = sandbox_mcp_model::config::CriuSetting::Path("/nonexistent/criu".into())
+    })
+    .await;
+    let (status, health) = api(&engine.url, "GET", "/v1/health", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(health["live_state"]["available"], false, "{health}");
+    let detail = health["live_state"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("/nonexistent/criu") && detail.contains("install CRIU"),
+        "{detail}"
+    );
+
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    code(&client, &id, "x = 41").await;
+    let refused = err(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": id, "memory": true}),
+    )
+    .await;
+    assert!(
+        refused.contains("cannot carry processes")
+            && refused.contains("install CRIU")
+            && refused.contains("memory=false"),
+        "{refused}"
+    );
+    let forked = ok(&client, "sandbox_fork", json!({"sandbox_id": id})).await;
+    assert!(forked["memory"].is_null(), "{forked}");
+    let kid = forked["ids"][0].as_str().unwrap();
+    let fresh = code(&client, kid, "'x' in globals()").await;
+    assert_eq!(fresh["result"], "False", "{fresh}");
+}
