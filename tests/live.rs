@@ -98,6 +98,8 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
     sh(&client, &id, "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1").await;
     let parent_map = sh(&client, &id, "cat /proc/self/uid_map").await;
     let before = count(&client, &id).await;
+    // A paused parent is carried too (thawed for the dump, paused again).
+    ok(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
 
     let forked = ok(
         &client,
@@ -105,6 +107,8 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
         json!({"sandbox_id": id, "count": 3}),
     )
     .await;
+    let parent = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    assert_eq!(parent["status"], "paused", "{parent}");
     let memory = &forked["memory"];
     for what in ["code context python", "job job_1", "job job_2"] {
         assert!(

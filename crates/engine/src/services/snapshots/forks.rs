@@ -165,6 +165,12 @@ impl Snapshots {
             .map(|c| (c.id.clone(), Self::disk_limit(c)))
             .collect();
         let checkpoint = format!("fork-{}", ids::sandbox_id());
+        // A paused parent is thawed for the dump (as any call would resume it) and paused again.
+        let refreeze = memory && runtime == Runtime::Frozen;
+        if refreeze {
+            self.driver.thaw(id).await?;
+        }
+        let runtime = if refreeze { Runtime::Running } else { runtime };
         let mut report = None;
         if memory {
             report = Some(if runtime == Runtime::Running {
@@ -188,6 +194,9 @@ impl Snapshots {
             .await;
         if memory && runtime == Runtime::Running {
             self.driver.continue_processes(id).await;
+        }
+        if refreeze {
+            self.driver.freeze(id).await?;
         }
         let method = match copied {
             Ok(Ok(m)) => m,
