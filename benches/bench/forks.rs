@@ -102,7 +102,7 @@ fn fork_path(
             engine.call(
                 "POST",
                 &format!("/v1/sandboxes/{id}/fork"),
-                Some(json!({"count": count})),
+                Some(json!({"count": count, "memory": false})),
             )
         });
         let r = r?;

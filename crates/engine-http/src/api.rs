@@ -148,8 +148,9 @@ impl EngineApi for AppState {
         &self,
         caller: Caller,
         sandbox_id: types::SandboxId,
+        query: server::PauseSandboxQuery,
     ) -> Result<types::Sandbox, EngineError> {
-        sandboxes::pause(self, caller, sandbox_id).await
+        sandboxes::pause(self, caller, sandbox_id, query.hibernate).await
     }
 
     async fn resume_sandbox(

@@ -201,6 +201,13 @@ impl DriverHandle {
         self.isolation.restore_checkpoint(id, name).await
     }
 
+    pub(crate) async fn has_checkpoint(&self, name: &str) -> bool {
+        let name = name.to_string();
+        self.isolated(move |d| Ok(d.has_checkpoint(&name)))
+            .await
+            .unwrap_or(false)
+    }
+
     pub(crate) async fn drop_checkpoint(&self, name: &str) {
         let name = name.to_string();
         let _ = self

@@ -104,9 +104,16 @@ impl NamespacesDriver {
             tracing::warn!("sandbox disk use is reported but not enforced: {why}");
         }
         put_back_aside_trees(&sandboxes_dir);
-        // Checkpoints live only while a fork runs: whatever is left is from a crash.
-        if let Some(data) = sandboxes_dir.parent() {
-            let _ = fs::remove_dir_all(data.join("live"));
+        // A fork's checkpoint lives only while the fork runs: one left is from a crash.
+        // (Hibernated sandboxes' are kept until they wake or are killed.)
+        if let Some(data) = sandboxes_dir.parent()
+            && let Ok(entries) = fs::read_dir(data.join("live"))
+        {
+            for e in entries.flatten() {
+                if e.file_name().to_string_lossy().starts_with("fork-") {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
         }
         let layout = Layout::detect();
         if !layout.enforced() {

@@ -292,6 +292,11 @@ pub trait Isolation: Send + Sync + 'static {
         let _ = (id, name);
         Box::pin(async { Err(DriverError::Unsupported(self.no_live_state())) })
     }
+    /// Whether checkpoint `name` exists (a hibernated sandbox's).
+    fn has_checkpoint(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
     /// Deletes checkpoint `name` (nothing if there is none).
     fn drop_checkpoint(&self, name: &str) {
         let _ = name;

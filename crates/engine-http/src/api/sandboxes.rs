@@ -246,8 +246,18 @@ pub(super) async fn pause(
     state: &AppState,
     caller: Caller,
     id: types::SandboxId,
+    hibernate: Option<bool>,
 ) -> Result<types::Sandbox, EngineError> {
-    let view = state.manager.lifecycle.pause(&id, caller.tenant()).await?;
+    let view = if hibernate == Some(true) {
+        state
+            .manager
+            .lifecycle
+            .hibernate(&id, caller.tenant())
+            .await?
+            .0
+    } else {
+        state.manager.lifecycle.pause(&id, caller.tenant()).await?
+    };
     sandbox(&view)
 }
 

@@ -7,6 +7,8 @@
 //! - Lifecycle transitions of one sandbox are serialized by its `lifecycle` lock.
 //! - The in-memory runtime state can always be rebuilt from the database and the driver.
 
+mod hibernate;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -390,6 +392,7 @@ impl Lifecycle {
                 self.driver.start(&spec).await?;
                 // A new agent has a new network namespace.
                 self.networks.reattach(id, entry).await;
+                self.wake(id).await;
             }
         }
         self.set_status(id, Status::Running).await?;
@@ -434,6 +437,9 @@ impl Lifecycle {
     /// its record).
     pub(crate) async fn destroy_with_snapshots(&self, id: &str) -> Result<(), EngineError> {
         self.driver.destroy(id).await?;
+        self.driver
+            .drop_checkpoint(&hibernate::checkpoint_of(id))
+            .await;
         for snap in self.records.snapshots(Some(id)).await? {
             self.driver.remove_fs(&snap.id).await?;
         }

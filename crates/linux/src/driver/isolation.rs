@@ -28,6 +28,10 @@ impl Isolation for NamespacesDriver {
         self.live_drop(name)
     }
 
+    fn has_checkpoint(&self, name: &str) -> bool {
+        self.live_has(name)
+    }
+
     fn no_live_state(&self) -> String {
         match &self.criu {
             Ok(_) => String::new(),

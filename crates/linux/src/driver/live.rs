@@ -216,6 +216,10 @@ impl NamespacesDriver {
         adopted.map(|_| ())
     }
 
+    pub(super) fn live_has(&self, name: &str) -> bool {
+        !name.is_empty() && !name.contains('/') && self.live_dir(name).is_dir()
+    }
+
     pub(super) fn live_drop(&self, name: &str) {
         if !name.is_empty() && !name.contains('/') {
             let _ = fs::remove_dir_all(self.live_dir(name));

@@ -1,0 +1,95 @@
+//! Hibernation: a paused sandbox written to disk. Its process trees are checkpointed (CRIU, by
+//! the driver) and its processes stopped, so their memory is freed; its files stay where they
+//! are. The next call that needs it running restarts it and restores the checkpoint, which lives
+//! in the engine's data directory and so outlasts an engine restart or a reboot.
+
+use std::sync::Arc;
+
+use sandbox_mcp_model::driver::{DriverError, LiveReport};
+
+use super::Lifecycle;
+use crate::error::EngineError;
+use crate::services::SandboxView;
+use crate::services::registry::{Entry, Runtime};
+use crate::state::Status;
+
+/// The checkpoint a hibernated sandbox's processes are kept in.
+pub(crate) fn checkpoint_of(id: &str) -> String {
+    format!("hibernated-{id}")
+}
+
+impl Lifecycle {
+    /// Hibernates one of `tenant`'s sandboxes: what was carried to disk, and what not with why.
+    pub async fn hibernate(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<(SandboxView, LiveReport), EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let report = self.hibernate_entry(id, &entry).await?;
+        Ok((self.registry.view(&entry), report))
+    }
+
+    pub(crate) async fn hibernate_entry(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+    ) -> Result<LiveReport, EngineError> {
+        let live = &self.driver.capabilities().live_state;
+        if !live.available {
+            return Err(EngineError::from(DriverError::Unsupported(format!(
+                "a sandbox cannot be hibernated here: {}; pause it without hibernate to keep its memory resident",
+                live.detail
+            ))));
+        }
+        let mut rt = entry.lifecycle.lock().await;
+        match *rt {
+            Runtime::Killed => return Err(EngineError::sandbox_not_found(id)),
+            // Nothing runs: nothing to write.
+            Runtime::Stopped => return Ok(LiveReport::default()),
+            Runtime::Frozen => self.driver.thaw(id).await?,
+            Runtime::Running => {}
+        }
+        let name = checkpoint_of(id);
+        self.driver.drop_checkpoint(&name).await;
+        let report = match self.driver.checkpoint(id, &name).await {
+            Ok(r) => r,
+            Err(e) => {
+                // Nothing lost: the sandbox goes back to how it was.
+                self.driver.continue_processes(id).await;
+                if *rt == Runtime::Frozen {
+                    self.driver.freeze(id).await?;
+                }
+                return Err(e.into());
+            }
+        };
+        self.driver.stop(id).await?;
+        self.set_status(id, Status::Paused).await?;
+        *rt = Runtime::Stopped;
+        entry.set_visible(Runtime::Stopped);
+        drop(rt);
+        self.flush_active(id, entry).await;
+        for why in &report.skipped {
+            tracing::info!(sandbox = %id, "hibernated without {why}");
+        }
+        Ok(report)
+    }
+
+    /// After a stopped sandbox was started again: brings its hibernated processes back, if it
+    /// has any. A tree that cannot come back is logged; the sandbox runs without it.
+    pub(crate) async fn wake(&self, id: &str) {
+        let name = checkpoint_of(id);
+        if !self.driver.has_checkpoint(&name).await {
+            return;
+        }
+        match self.driver.restore_checkpoint(id, &name).await {
+            Ok(report) => {
+                for why in report.skipped {
+                    tracing::warn!(sandbox = %id, "woke without {why}");
+                }
+            }
+            Err(e) => tracing::warn!(sandbox = %id, "its hibernated processes are lost: {e}"),
+        }
+        self.driver.drop_checkpoint(&name).await;
+    }
+}
