@@ -250,3 +250,97 @@ async fn without_criu_a_fork_copies_files_and_says_what_is_missing() {
     let fresh = code(&client, kid, "'x' in globals()").await;
     assert_eq!(fresh["result"], "False", "{fresh}");
 }
+
+async fn memory_bytes(client: &crate::common::McpClient, id: &str) -> u64 {
+    ok(client, "sandbox_metrics", json!({"sandbox_id": id})).await["memory_bytes"]
+        .as_u64()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_hibernated_sandbox_frees_its_memory_and_comes_back_after_an_engine_restart() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    if !live(&engine) {
+        return;
+    }
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    code(&client, &id, "x = 41\nbig = b'x' * (64 << 20)").await;
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done", "background": true}),
+    )
+    .await;
+    assert!(memory_bytes(&client, &id).await > 64 << 20);
+    let before = count(&client, &id).await;
+    ok(
+        &client,
+        "sandbox_pause",
+        json!({"sandbox_id": id, "hibernate": true}),
+    )
+    .await;
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    assert_eq!(info["status"], "paused", "{info}");
+    let freed = memory_bytes(&client, &id).await;
+    assert!(
+        freed < 16 << 20,
+        "{freed} bytes still charged after hibernating"
+    );
+
+    // An engine restart (its checkpoints are in its data dir), then the next call wakes it.
+    drop(client);
+    let dir = engine.stop().await;
+    let config = TestEngine::config_for(dir.path());
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let got = code(&client, &id, "x += 1\n(x, len(big))").await;
+    assert_eq!(got["result"], "(42, 67108864)", "{got}");
+    let first = count(&client, &id).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let second = count(&client, &id).await;
+    assert!(
+        first >= before && second > first,
+        "{before} {first} {second}"
+    );
+    let left = std::fs::read_dir(engine.data_dir().join("live"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the checkpoint is deleted once restored");
+}
+
+#[tokio::test]
+async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
+    require_sandboxes!();
+    let engine = TestEngine::start_with(|c| {
+        c.idle_pause = None;
+        c.idle_hibernate = Some(Duration::from_secs(1));
+    })
+    .await;
+    if !live(&engine) {
+        return;
+    }
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    code(&client, &id, "x = 41\nbig = b'x' * (64 << 20)").await;
+    let mut hibernated = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (_, view) = api(
+            &engine.url,
+            "GET",
+            &format!("/v1/sandboxes/{id}/metrics"),
+            None,
+        )
+        .await;
+        if view["status"] == "paused"
+            && view["memory_bytes"].as_u64().unwrap_or(u64::MAX) < 16 << 20
+        {
+            hibernated = true;
+            break;
+        }
+    }
+    assert!(hibernated, "the idle sandbox was not hibernated");
+    assert_eq!(code(&client, &id, "x").await["result"], "41");
+}

@@ -19,6 +19,8 @@ impl EngineSettings {
         let mut config = EngineConfig::new(self.data.path());
         config.max_sandboxes = self.max_sandboxes;
         config.idle_pause = (self.idle_pause > 0).then(|| Duration::from_secs(self.idle_pause));
+        config.idle_hibernate =
+            (self.idle_hibernate > 0).then(|| Duration::from_secs(self.idle_hibernate));
         config.disk_limits = match self.disk_limits {
             AutoOff::Auto => sandbox_mcp_model::config::DiskLimits::Auto,
             AutoOff::Off => sandbox_mcp_model::config::DiskLimits::Off,

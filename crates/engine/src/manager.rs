@@ -211,7 +211,7 @@ impl Manager {
         let servers = Arc::new(crate::services::servers::Servers::new(records.clone()));
         let timers = Arc::new(Timers::new(
             config.tick,
-            config.idle_pause,
+            (config.idle_pause, config.idle_hibernate),
             registry.clone(),
             lifecycle.clone(),
         ));

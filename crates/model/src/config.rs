@@ -52,6 +52,9 @@ pub struct EngineConfig {
     /// Most sandboxes that may exist at once.
     pub max_sandboxes: usize,
     /// Pause a running sandbox after this long without exec or file operations (`None`: never).
+    /// Idle time after which a paused sandbox is hibernated: its processes written to disk and
+    /// their memory freed (`None`: never; needs CRIU).
+    pub idle_hibernate: Option<Duration>,
     pub idle_pause: Option<Duration>,
     /// How often timers (auto-pause, auto-kill) are checked.
     pub tick: Duration,
@@ -87,6 +90,7 @@ impl EngineConfig {
             data_dir,
             max_sandboxes: 100,
             idle_pause: Some(Duration::from_secs(15 * 60)),
+            idle_hibernate: None,
             tick: Duration::from_secs(5),
             exec_grace: DEFAULT_EXEC_GRACE,
             exe: PathBuf::from("/proc/self/exe"),

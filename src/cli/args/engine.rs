@@ -18,6 +18,11 @@ pub(crate) struct EngineSettings {
     /// Pause a sandbox after this many seconds without exec or file operations (0: never).
     #[arg(long, env = "SANDBOX_MCP_IDLE_PAUSE", default_value_t = 900)]
     pub(crate) idle_pause: u64,
+    /// Hibernate a sandbox after this many seconds without exec or file operations: its
+    /// processes are written to disk and their memory freed; the next call restores them
+    /// (0: never; needs CRIU, see --criu).
+    #[arg(long, env = "SANDBOX_MCP_IDLE_HIBERNATE", default_value_t = 0)]
+    pub(crate) idle_hibernate: u64,
     /// Cap each sandbox's disk use at its template's size (`auto`: when running as root with
     /// btrfs available, via a loop-mounted btrfs store; `off`: plain directories, use only
     /// reported).

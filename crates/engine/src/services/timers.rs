@@ -9,7 +9,7 @@ use sandbox_mcp_model::ids;
 use tokio_util::sync::CancellationToken;
 
 use super::lifecycle::Lifecycle;
-use super::registry::Registry;
+use super::registry::{Registry, Runtime};
 use crate::state::Status;
 
 pub(crate) struct Timers {
@@ -17,6 +17,8 @@ pub(crate) struct Timers {
     tick: Duration,
     /// Idle time after which a running sandbox is paused (`None`: never).
     idle_pause: Option<Duration>,
+    /// Idle time after which a paused sandbox is hibernated (`None`: never).
+    idle_hibernate: Option<Duration>,
     registry: Arc<Registry>,
     lifecycle: Arc<Lifecycle>,
 }
@@ -24,13 +26,14 @@ pub(crate) struct Timers {
 impl Timers {
     pub(crate) fn new(
         tick: Duration,
-        idle_pause: Option<Duration>,
+        (idle_pause, idle_hibernate): (Option<Duration>, Option<Duration>),
         registry: Arc<Registry>,
         lifecycle: Arc<Lifecycle>,
     ) -> Self {
         Self {
             tick,
             idle_pause,
+            idle_hibernate,
             registry,
             lifecycle,
         }
@@ -59,6 +62,20 @@ impl Timers {
                 tracing::info!(sandbox = %id, "idle; pausing");
                 if let Err(e) = self.lifecycle.pause_entry(&id, &entry).await {
                     tracing::debug!(sandbox = %id, "auto-pause skipped: {e}");
+                }
+            }
+            if let Some(idle) = self.idle_hibernate
+                && self.lifecycle.can_hibernate()
+                && entry.inflight.load(Ordering::Relaxed) == 0
+                && now - entry.last_active.load(Ordering::Relaxed) >= idle.as_millis() as i64
+                && entry
+                    .lifecycle
+                    .try_lock()
+                    .is_ok_and(|rt| matches!(*rt, Runtime::Running | Runtime::Frozen))
+            {
+                tracing::info!(sandbox = %id, "idle; hibernating");
+                if let Err(e) = self.lifecycle.hibernate_entry(&id, &entry).await {
+                    tracing::warn!(sandbox = %id, "auto-hibernate failed: {e}");
                 }
             }
             self.lifecycle.flush_active(&id, &entry).await;

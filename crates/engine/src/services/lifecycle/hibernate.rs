@@ -30,6 +30,11 @@ impl Lifecycle {
         Ok((self.registry.view(&entry), report))
     }
 
+    /// Whether this engine can hibernate sandboxes at all (CRIU works here).
+    pub(crate) fn can_hibernate(&self) -> bool {
+        self.driver.capabilities().live_state.available
+    }
+
     pub(crate) async fn hibernate_entry(
         &self,
         id: &str,
