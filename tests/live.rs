@@ -344,3 +344,87 @@ async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
     assert!(hibernated, "the idle sandbox was not hibernated");
     assert_eq!(code(&client, &id, "x").await["result"], "41");
 }
+
+#[tokio::test]
+async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    if !live(&engine) {
+        return;
+    }
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    code(&client, &id, "x = 41").await;
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done", "background": true}),
+    )
+    .await;
+    let files_only = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id}),
+    )
+    .await;
+    assert!(files_only["memory_bytes"].is_null(), "{files_only}");
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id, "memory": true}),
+    )
+    .await;
+    assert!(snap["memory_bytes"].as_u64().unwrap() > 0, "{snap}");
+    let at_snapshot = count(&client, &id).await;
+    let listed = ok(&client, "sandbox_snapshot_list", json!({"sandbox_id": id})).await;
+    let kinds: Vec<bool> = listed["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["memory_bytes"].is_u64())
+        .collect();
+    assert_eq!(kinds, vec![false, true], "{listed}");
+
+    for _ in 0..2 {
+        code(&client, &id, "x = 100").await;
+        let restored = ok(
+            &client,
+            "sandbox_snapshot_restore",
+            json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+        )
+        .await;
+        let carried = restored["memory"]["carried"].as_array().unwrap();
+        assert!(
+            carried.contains(&json!("code context python")),
+            "{restored}"
+        );
+        assert!(carried.contains(&json!("job job_1")), "{restored}");
+        assert_eq!(code(&client, &id, "x").await["result"], "41");
+        let now = count(&client, &id).await;
+        assert!(
+            now >= at_snapshot && now < at_snapshot + 100,
+            "{at_snapshot} {now}"
+        );
+    }
+    // Restoring the files-only one resets the processes, as before.
+    let plain = ok(
+        &client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": id, "snapshot_id": files_only["id"]}),
+    )
+    .await;
+    assert!(plain["memory"].is_null(), "{plain}");
+    let fresh = code(&client, &id, "'x' in globals()").await;
+    assert_eq!(fresh["result"], "False", "{fresh}");
+    // Deleting the snapshot deletes its processes' images.
+    ok(
+        &client,
+        "sandbox_snapshot_delete",
+        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+    )
+    .await;
+    let left = std::fs::read_dir(engine.data_dir().join("live"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(left, 0, "the snapshot's checkpoint is gone with it");
+}

@@ -201,6 +201,14 @@ impl DriverHandle {
         self.isolation.restore_checkpoint(id, name).await
     }
 
+    pub(crate) async fn checkpoint_bytes(&self, name: &str) -> Option<u64> {
+        let name = name.to_string();
+        self.isolated(move |d| Ok(d.checkpoint_bytes(&name)))
+            .await
+            .ok()
+            .flatten()
+    }
+
     pub(crate) async fn has_checkpoint(&self, name: &str) -> bool {
         let name = name.to_string();
         self.isolated(move |d| Ok(d.has_checkpoint(&name)))

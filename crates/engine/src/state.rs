@@ -393,6 +393,7 @@ impl Store {
                     method: r.get(4)?,
                     size_bytes: r.get::<_, i64>(5)? as u64,
                     created_at: r.get(6)?,
+                    memory_bytes: None,
                 })
             })?;
             rows.collect()

@@ -292,10 +292,14 @@ pub trait Isolation: Send + Sync + 'static {
         let _ = (id, name);
         Box::pin(async { Err(DriverError::Unsupported(self.no_live_state())) })
     }
-    /// Whether checkpoint `name` exists (a hibernated sandbox's).
+    /// Whether checkpoint `name` exists (a hibernated sandbox's, a memory snapshot's).
     fn has_checkpoint(&self, name: &str) -> bool {
+        self.checkpoint_bytes(name).is_some()
+    }
+    /// The bytes checkpoint `name` takes on disk; `None` if there is none.
+    fn checkpoint_bytes(&self, name: &str) -> Option<u64> {
         let _ = name;
-        false
+        None
     }
     /// Deletes checkpoint `name` (nothing if there is none).
     fn drop_checkpoint(&self, name: &str) {

@@ -104,6 +104,9 @@ pub struct Snapshot {
     /// Bytes of the sandbox's own files when it was taken: what it counts against the disk.
     pub size_bytes: u64,
     pub created_at: i64,
+    /// A memory snapshot: bytes of the process state kept with it (read from the driver, not
+    /// stored); `None`: files only.
+    pub memory_bytes: Option<u64>,
 }
 
 /// The resources a sandbox gets (stored as is in a template's file).

@@ -465,6 +465,7 @@ impl TryApi<types::Snapshot> for Snapshot {
             created_at: ids::time(self.created_at),
             size_bytes: self.size_bytes,
             method: self.method.parse().map_err(internal)?,
+            memory_bytes: self.memory_bytes,
         })
     }
 }
@@ -475,6 +476,13 @@ impl TryApi<types::RestoreResult> for Restored {
             "The files are back to snapshot {}. {} process(es) were stopped, {} background job(s) ended and {} REPL context(s) reset; the sandbox restarted on the restored files with its environment, network rules, secrets and preview URLs.",
             self.snapshot.id, self.stopped_processes, self.ended_jobs, self.lost_contexts
         );
+        let note = match &self.memory {
+            Some(m) if !m.carried.is_empty() => format!(
+                "{note} Then the snapshot's processes came back: {}.",
+                m.carried.join(", ")
+            ),
+            _ => note,
+        };
         Ok(types::RestoreResult {
             sandbox_id: api_sandbox_id(&self.snapshot.sandbox_id)?,
             snapshot_id: api_snapshot_id(&self.snapshot.id)?,
@@ -482,6 +490,7 @@ impl TryApi<types::RestoreResult> for Restored {
             stopped_processes: self.stopped_processes,
             ended_jobs: self.ended_jobs,
             lost_contexts: self.lost_contexts,
+            memory: self.memory.map(TryApi::try_api).transpose()?,
             note,
         })
     }

@@ -30,7 +30,7 @@ pub(super) async fn create(
     let snap = state
         .manager
         .snapshots
-        .snapshot_create(&id, caller.tenant(), name)
+        .snapshot_create(&id, caller.tenant(), name, body.memory == Some(true))
         .await?;
     snap.try_api()
 }

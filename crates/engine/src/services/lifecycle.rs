@@ -442,6 +442,9 @@ impl Lifecycle {
             .await;
         for snap in self.records.snapshots(Some(id)).await? {
             self.driver.remove_fs(&snap.id).await?;
+            self.driver
+                .drop_checkpoint(&crate::services::snapshots::memory_of(&snap.id))
+                .await;
         }
         Ok(())
     }

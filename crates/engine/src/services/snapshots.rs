@@ -11,7 +11,7 @@
 
 use std::collections::BTreeSet;
 
-use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsRef};
+use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, FsRef, LiveReport};
 use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::JobState;
 use sandbox_mcp_storage::diff::Diff;
@@ -25,6 +25,10 @@ use crate::state::{Record, Snapshot};
 
 mod diffs;
 mod forks;
+mod live;
+
+use live::Live;
+pub(crate) use live::memory_of;
 
 /// Most snapshots one sandbox keeps.
 pub const MAX_SNAPSHOTS: usize = 16;
@@ -51,6 +55,8 @@ pub struct Restored {
     pub method: CloneMethod,
     pub stopped_processes: u64,
     pub ended_jobs: u64,
+    /// A memory snapshot's processes brought back, and those that were not.
+    pub memory: Option<LiveReport>,
     pub lost_contexts: u64,
 }
 
@@ -157,8 +163,16 @@ impl Snapshots {
         id: &str,
         tenant: Option<&str>,
         name: Option<String>,
+        memory: bool,
     ) -> Result<Snapshot, EngineError> {
         let entry = self.making.registry.entry(id, tenant)?;
+        let live = &self.driver.capabilities().live_state;
+        if memory && !live.available {
+            return Err(EngineError::from(DriverError::Unsupported(format!(
+                "a snapshot cannot keep processes here: {}; take it with memory=false to keep files only",
+                live.detail
+            ))));
+        }
         let runtime = entry.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
@@ -189,16 +203,35 @@ impl Snapshots {
             method: String::new(),
             size_bytes: own,
             created_at: ids::now_ms(),
+            memory_bytes: None,
         };
         self.making.records.put_snapshot(&snap).await?;
         let from = Self::fs_of(&entry, id);
+        let live = if memory {
+            Some(
+                self.checkpoint_for(id, *runtime, &memory_of(&snap.id))
+                    .await,
+            )
+        } else {
+            None
+        };
         let made = self
             .frozen(
                 id,
-                *runtime,
+                live.as_ref().map_or(*runtime, |l| l.runtime),
                 self.driver.clone_fs(from, &snap.id, CloneKind::Snapshot),
             )
-            .await?;
+            .await;
+        if let Some(l) = &live {
+            self.after_checkpoint(id, l).await?;
+        }
+        let made = match made {
+            Ok(m) => m,
+            Err(e) => {
+                self.drop_snapshot(&snap.id).await;
+                return Err(e);
+            }
+        };
         let method = match made {
             Ok(method) => method,
             Err(e) => {
@@ -206,6 +239,10 @@ impl Snapshots {
                 return Err(e.into());
             }
         };
+        if let Some(Live { report: Err(e), .. }) = live {
+            self.drop_snapshot(&snap.id).await;
+            return Err(e);
+        }
         snap.ready = true;
         snap.method = method.as_str().to_string();
         // The store's count is exact once the snapshot has committed what was in flight.
@@ -213,11 +250,13 @@ impl Snapshots {
             snap.size_bytes = charged;
         }
         self.making.records.put_snapshot(&snap).await?;
+        snap.memory_bytes = self.driver.checkpoint_bytes(&memory_of(&snap.id)).await;
         Ok(snap)
     }
 
     /// Deletes a snapshot's files, then its row (best effort: recovery finishes the job).
     async fn drop_snapshot(&self, snap: &str) {
+        self.driver.drop_checkpoint(&memory_of(snap)).await;
         if self.driver.remove_fs(snap).await.is_ok() {
             let _ = self.making.records.delete_snapshot(snap).await;
         }
@@ -229,12 +268,16 @@ impl Snapshots {
         tenant: Option<&str>,
     ) -> Result<Vec<Snapshot>, EngineError> {
         self.making.registry.entry(id, tenant)?;
-        Ok(self
+        let mut ready: Vec<Snapshot> = self
             .snapshots_of(Some(id))
             .await?
             .into_iter()
             .filter(|s| s.ready)
-            .collect())
+            .collect();
+        for s in &mut ready {
+            s.memory_bytes = self.driver.checkpoint_bytes(&memory_of(&s.id)).await;
+        }
+        Ok(ready)
     }
 
     pub async fn snapshot_delete(
@@ -250,6 +293,7 @@ impl Snapshots {
         snapshot.ready = false;
         self.making.records.put_snapshot(&snapshot).await?;
         self.driver.remove_fs(snap).await?;
+        self.driver.drop_checkpoint(&memory_of(snap)).await;
         self.making.records.delete_snapshot(snap).await
     }
 
@@ -287,12 +331,27 @@ impl Snapshots {
         let method = self.driver.replace_fs(id, from, limit).await?;
         drop(runtime);
         self.making.lifecycle.ensure_running(id, &entry).await?;
+        let name = memory_of(&snapshot.id);
+        let memory = if self.driver.has_checkpoint(&name).await {
+            Some(
+                self.driver
+                    .restore_checkpoint(id, &name)
+                    .await
+                    .unwrap_or_else(|e| LiveReport {
+                        carried: Vec::new(),
+                        skipped: vec![format!("every process ({e})")],
+                    }),
+            )
+        } else {
+            None
+        };
         Ok(Restored {
             snapshot,
             method,
             stopped_processes,
             ended_jobs,
             lost_contexts,
+            memory,
         })
     }
 

@@ -28,8 +28,8 @@ impl Isolation for NamespacesDriver {
         self.live_drop(name)
     }
 
-    fn has_checkpoint(&self, name: &str) -> bool {
-        self.live_has(name)
+    fn checkpoint_bytes(&self, name: &str) -> Option<u64> {
+        self.live_bytes(name)
     }
 
     fn no_live_state(&self) -> String {

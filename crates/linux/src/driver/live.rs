@@ -216,8 +216,19 @@ impl NamespacesDriver {
         adopted.map(|_| ())
     }
 
-    pub(super) fn live_has(&self, name: &str) -> bool {
-        !name.is_empty() && !name.contains('/') && self.live_dir(name).is_dir()
+    pub(super) fn live_bytes(&self, name: &str) -> Option<u64> {
+        if name.is_empty() || name.contains('/') {
+            return None;
+        }
+        let dir = self.live_dir(name);
+        let trees = fs::read_dir(&dir).ok()?;
+        let mut total = 0;
+        for tree in trees.flatten() {
+            for file in fs::read_dir(tree.path()).into_iter().flatten().flatten() {
+                total += file.metadata().map(|m| m.len()).unwrap_or(0);
+            }
+        }
+        Some(total)
     }
 
     pub(super) fn live_drop(&self, name: &str) {

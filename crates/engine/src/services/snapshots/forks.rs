@@ -165,38 +165,26 @@ impl Snapshots {
             .map(|c| (c.id.clone(), Self::disk_limit(c)))
             .collect();
         let checkpoint = format!("fork-{}", ids::sandbox_id());
-        // A paused parent is thawed for the dump (as any call would resume it) and paused again.
-        let refreeze = memory && runtime == Runtime::Frozen;
-        if refreeze {
-            self.driver.thaw(id).await?;
-        }
-        let runtime = if refreeze { Runtime::Running } else { runtime };
-        let mut report = None;
-        if memory {
-            report = Some(if runtime == Runtime::Running {
-                let dumped = self.driver.checkpoint(id, &checkpoint).await;
-                dumped.unwrap_or_else(|e| LiveReport {
-                    carried: Vec::new(),
-                    skipped: vec![format!("every process ({e})")],
-                })
-            } else {
-                LiveReport {
-                    carried: Vec::new(),
-                    skipped: vec![
-                        "every process (the parent is paused: resume it first to carry them)"
-                            .into(),
-                    ],
-                }
-            });
-        }
+        let live = if memory {
+            Some(self.checkpoint_for(id, runtime, &checkpoint).await)
+        } else {
+            None
+        };
         let copied = self
-            .frozen(id, runtime, driver.clone_many(from, targets))
+            .frozen(
+                id,
+                live.as_ref().map_or(runtime, |l| l.runtime),
+                driver.clone_many(from, targets),
+            )
             .await;
-        if memory && runtime == Runtime::Running {
-            self.driver.continue_processes(id).await;
-        }
-        if refreeze {
-            self.driver.freeze(id).await?;
+        let mut report = None;
+        if let Some(l) = live {
+            self.after_checkpoint(id, &l).await?;
+            // A fork goes on without the processes it could not dump: the result says why.
+            report = Some(l.report.unwrap_or_else(|e| LiveReport {
+                carried: Vec::new(),
+                skipped: vec![format!("every process ({e})")],
+            }));
         }
         let method = match copied {
             Ok(Ok(m)) => m,
