@@ -253,10 +253,10 @@ pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
                     return Err(io::Error::last_os_error());
                 }
             }
-            if let Some(fd) = landlock {
-                if libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
+            if let Some(fd) = landlock
+                && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0u32) < 0
+            {
+                return Err(io::Error::last_os_error());
             }
             Ok(())
         });
