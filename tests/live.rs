@@ -96,6 +96,15 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
         .await;
     }
     sh(&client, &id, "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1").await;
+    // A client holding a connection open to it: an established TCP connection, closed in the
+    // children (its peer cannot be cloned), which must not keep the trees from being carried.
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": "exec python3 -c 'import socket, time\nc = socket.create_connection((\"127.0.0.1\", 8000))\ntime.sleep(3600)'", "background": true}),
+    )
+    .await;
+    sh(&client, &id, "for i in $(seq 100); do grep -q ':1F40 [0-9A-F]*:[0-9A-F]* 01 ' /proc/net/tcp && exit 0; sleep 0.05; done; exit 1").await;
     let parent_map = sh(&client, &id, "cat /proc/self/uid_map").await;
     let before = count(&client, &id).await;
     // A paused parent is carried too (thawed for the dump, paused again).
@@ -110,7 +119,7 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
     let parent = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
     assert_eq!(parent["status"], "paused", "{parent}");
     let memory = &forked["memory"];
-    for what in ["code context python", "job job_1", "job job_2"] {
+    for what in ["code context python", "job job_1", "job job_2", "job job_3"] {
         assert!(
             memory["carried"].as_array().unwrap().contains(&json!(what)),
             "{what} was not carried: {forked}"

@@ -13,8 +13,9 @@
 //! `no_new_privs`, capabilities and ids (as the target's user namespace maps them). What CRIU
 //! does not restore — the Landlock domain — the restore re-creates: CRIU runs inside the same
 //! ruleset commands enter, so the restored tree inherits a domain that cannot signal or trace
-//! anything outside it. Established TCP connections are not carried: a tree holding one is not
-//! dumped (the caller is told which and why).
+//! anything outside it. Established TCP connections cannot be cloned (their peer is not): the
+//! restored sockets are closed, so a client sees its connection end and reconnects, and a server
+//! keeps listening.
 
 pub mod images;
 
@@ -125,6 +126,9 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
         "criu.log".into(),
         "-v2".into(),
         "--leave-stopped".into(),
+        // Established TCP connections are dumped (the network is locked meanwhile) so the tree
+        // can be; the restore closes them (below): a peer outside cannot be cloned.
+        "--tcp-established".into(),
         "--manage-cgroups=ignore".into(),
         "--external".into(),
         "mnt[]".into(),
@@ -212,6 +216,7 @@ pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
         "-v2".into(),
         "--unprivileged".into(),
         "--restore-detached".into(),
+        "--tcp-close".into(),
         "--manage-cgroups=ignore".into(),
         "--inherit-fd".into(),
         "fd[200]:pidns".into(),
