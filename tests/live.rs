@@ -190,6 +190,28 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
         )
         .await;
         assert_eq!(signal["result"], "'refused'", "{signal}");
+        // Nor read the agent's memory or environment, trace it, or move its OOM score.
+        let takeover = code(
+            &client,
+            kid,
+            r#"import ctypes, os
+out = []
+for path, mode in [('/proc/1/environ', 'r'), ('/proc/1/mem', 'r'), ('/proc/1/oom_score_adj', 'w')]:
+    try:
+        with open(path, mode) as f:
+            f.write('-1000') if mode == 'w' else f.read(1)
+        out.append('opened ' + path)
+    except OSError:
+        out.append('refused')
+libc = ctypes.CDLL(None, use_errno=True)
+out.append('traced' if libc.ptrace(16, 1, 0, 0) == 0 else 'refused')
+out"#,
+        )
+        .await;
+        assert_eq!(
+            takeover["result"], "['refused', 'refused', 'refused', 'refused']",
+            "{takeover}"
+        );
         let restored_map = code(&client, kid, "open('/proc/self/uid_map').read()").await;
         let own_map = sh(&client, kid, "cat /proc/self/uid_map").await;
         assert_eq!(

@@ -164,6 +164,21 @@ async fn the_tools_work_on_pods_the_cluster_schedules_and_limits() {
     // What pods cannot do is refused up front, saying why.
     let pause = err(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
     assert!(pause.contains("kubernetes driver cannot pause"), "{pause}");
+    // So is anything that would checkpoint processes: Kubernetes 1.20 has no checkpoint API.
+    for (tool, args) in [
+        ("sandbox_fork", json!({"sandbox_id": id, "memory": true})),
+        (
+            "sandbox_pause",
+            json!({"sandbox_id": id, "hibernate": true}),
+        ),
+        (
+            "sandbox_snapshot_create",
+            json!({"sandbox_id": id, "memory": true}),
+        ),
+    ] {
+        let refused = err(&client, tool, args).await;
+        assert!(refused.contains("no checkpoint API"), "{tool}: {refused}");
+    }
     let rules = err(
         &client,
         "sandbox_update",
