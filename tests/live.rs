@@ -459,3 +459,82 @@ async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() 
         .unwrap_or(0);
     assert_eq!(left, 0, "the snapshot's checkpoint is gone with it");
 }
+
+/// Hostile trees: each either comes through a fork intact or is left out with why, and the
+/// parent runs on as it was either way.
+#[tokio::test]
+async fn hostile_trees_come_through_a_fork_or_are_left_out_with_the_parent_untouched() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    if !live(&engine) {
+        return;
+    }
+    let client = engine.mcp().await;
+    let (status, made) = api(
+        &engine.url,
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"shape": {"memory_mb": 256}})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["id"].as_str().unwrap().to_string();
+    let trees = [
+        // A FIFO held open both ways.
+        "mkfifo /tmp/fifo && exec 3<>/tmp/fifo && exec sleep 3600",
+        // A file deleted while open, with data in it.
+        "exec 3>/tmp/gone && echo kept >&3 && rm /tmp/gone && exec sleep 3600",
+        // An inotify watch and a pty pair.
+        "exec python3 -c 'import ctypes, os, time\nlibc = ctypes.CDLL(None)\nfd = libc.inotify_init()\nlibc.inotify_add_watch(fd, b\"/tmp\", 0xfff)\nm, s = os.openpty()\ntime.sleep(3600)'",
+        // Threads racing: eight spinning and allocating while the dump runs.
+        "exec python3 -c 'import threading, time\ndef spin():\n    while True:\n        x = [0] * 1000\nfor _ in range(8):\n    threading.Thread(target=spin, daemon=True).start()\ntime.sleep(3600)'",
+        // A memory hog near its sandbox's limit (200 of 256 MB).
+        "exec python3 -c 'import time\nhog = b\"x\" * (200 << 20)\ntime.sleep(3600)'",
+    ];
+    for command in trees {
+        ok(
+            &client,
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": command, "background": true}),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let forked = ok(&client, "sandbox_fork", json!({"sandbox_id": id})).await;
+    let memory = &forked["memory"];
+    let (carried, skipped) = (
+        memory["carried"].as_array().unwrap().clone(),
+        memory["skipped"].as_array().unwrap().clone(),
+    );
+    assert_eq!(carried.len() + skipped.len(), trees.len(), "{forked}");
+    for s in &skipped {
+        assert!(
+            s.as_str().unwrap().contains('('),
+            "a skipped tree says why: {s}"
+        );
+    }
+    // The parent runs on as it was: every job still running, commands work.
+    for n in 1..=trees.len() {
+        let job = ok(
+            &client,
+            "sandbox_job_status",
+            json!({"sandbox_id": id, "job_id": format!("job_{n}")}),
+        )
+        .await;
+        assert_eq!(job["status"], "running", "{job}");
+    }
+    assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
+    // And what was carried runs in the child.
+    let kid = forked["ids"][0].as_str().unwrap();
+    for what in &carried {
+        let job_id = what.as_str().unwrap().trim_start_matches("job ");
+        let job = ok(
+            &client,
+            "sandbox_job_status",
+            json!({"sandbox_id": kid, "job_id": job_id}),
+        )
+        .await;
+        assert_eq!(job["status"], "running", "{what}: {job}");
+    }
+    eprintln!("hostile trees: carried {carried:?}, skipped {skipped:?}");
+}
