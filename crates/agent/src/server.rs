@@ -287,7 +287,12 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             let ends = state.pending.take(&key);
             let adopted = match (ends, pid) {
                 (Some(ends), Some(pid)) => {
-                    live::adopt(&state.contexts, &state.jobs, tree, pid, ends)
+                    let adopted = live::adopt(&state.contexts, &state.jobs, tree, pid, ends);
+                    if adopted.is_err() {
+                        // Restored but not taken over: nothing would ever stop it.
+                        super::spawn::kill_group(pid);
+                    }
+                    adopted
                 }
                 (_, None) => Ok(()),
                 (None, Some(_)) => Err(AgentError::new(

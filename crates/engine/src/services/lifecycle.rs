@@ -90,7 +90,13 @@ impl Lifecycle {
                     }
                 }
                 Status::Running | Status::Paused => {
-                    let runtime = match self.driver.liveness(&id).await {
+                    let liveness = self.driver.liveness(&id).await;
+                    if matches!(liveness, Liveness::Running | Liveness::Frozen) {
+                        // A fork or memory snapshot cut short by a crash leaves the processes it
+                        // was dumping stopped: they go on (once thawed, if frozen).
+                        self.driver.continue_processes(&id).await;
+                    }
+                    let runtime = match liveness {
                         Liveness::Gone => {
                             // Killed by another replica, or deleted behind the engine's back.
                             self.records.delete(&id).await?;
