@@ -98,7 +98,10 @@ RESIDUAL = {
         {"merge_sandbox"},
         r"source_id and target_id are the same sandbox",
     ),
-    "a path that resolves to /": ({"delete_file"}, r"refusing to delete / "),
+    "a path that resolves to /": (
+        {"delete_file", "write_file"},
+        r"refusing to delete / |cannot write to /$",
+    ),
     # What the sandbox, the engine or its host hold.
     "a path whose kind or parents do not fit": (
         FILES | {"exec_command", "exec_command_stream", "create_code_context", "diff_sandbox"},

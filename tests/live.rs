@@ -406,6 +406,12 @@ async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() 
     )
     .await;
     assert!(snap["memory_bytes"].as_u64().unwrap() > 0, "{snap}");
+    // Its images are the engine's alone: root's, in a directory no other user can enter.
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let live = std::fs::metadata(engine.data_dir().join("live")).unwrap();
+        assert_eq!((live.uid(), live.permissions().mode() & 0o777), (0, 0o700));
+    }
     let at_snapshot = count(&client, &id).await;
     let listed = ok(&client, "sandbox_snapshot_list", json!({"sandbox_id": id})).await;
     let kinds: Vec<bool> = listed["snapshots"]

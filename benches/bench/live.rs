@@ -25,13 +25,22 @@ pub(crate) fn live_figures(out: &mut Vec<Figure>) -> String {
         eprintln!("live figures FAILED: {why}");
         return format!("{heading}Not (all) measured: {why}\n");
     }
+    for mb in [200u64, 1024] {
+        if let Err(why) = hibernation(&engine, mb, 3, out) {
+            eprintln!("hibernation figures FAILED: {why}");
+            return format!("{heading}Hibernation not (all) measured: {why}\n");
+        }
+    }
     format!(
         "{heading}A fork with memory dumps each of the parent's process trees with CRIU ({}), \
          leaving them stopped while the parent's files are copied, then restores them into each \
          child in turn. Here the parent holds a Python context with 200 MB of resident data and a \
          ticker job; `parent stopped` is the longest gap in the ticker's output around a fork \
          (measured inside the sandbox). The file-only fork of the same sandbox (`memory: false`) \
-         is measured in the same run.\n",
+         is measured in the same run. Hibernation writes a sandbox's processes to the engine's \
+         data directory (ext4 here) and stops them; `wake` is the first `run_code` after it, which \
+         restarts the sandbox and restores them; `memory after` is the sandbox's cgroup charge \
+         once hibernated.\n",
         live["detail"].as_str().unwrap_or("criu")
     )
 }
@@ -131,6 +140,94 @@ fn measure(engine: &Engine, runs: usize, out: &mut Vec<Figure>) -> Result<(), St
             "the same fork with `memory: false`, same run",
         ));
     }
+    engine.kill(&id);
+    Ok(())
+}
+
+/// Hibernates a sandbox whose context holds `mb` MB, then wakes it with a call, `runs` times.
+fn hibernation(engine: &Engine, mb: u64, runs: usize, out: &mut Vec<Figure>) -> Result<(), String> {
+    let made = engine.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"shape": {"memory_mb": mb + 1024}})),
+    )?;
+    let id = made["id"].as_str().ok_or("no sandbox id")?.to_string();
+    let code = |code: &str| {
+        engine.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/code"),
+            Some(json!({"code": code, "language": "python", "timeout_ms": 120000})),
+        )
+    };
+    code(&format!("big = b'x' * ({mb} << 20)\nx = 41"))?;
+    let memory = || -> Result<f64, String> {
+        let m = engine.call("GET", &format!("/v1/sandboxes/{id}/metrics"), None)?;
+        Ok(m["memory_bytes"].as_u64().unwrap_or(0) as f64 / (1 << 20) as f64)
+    };
+    let (mut sleep, mut wake, mut before, mut after) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs {
+        before.push(memory()?);
+        let (d, r) = time(|| {
+            engine.call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/pause?hibernate=true"),
+                None,
+            )
+        });
+        r?;
+        sleep.push(ms(d));
+        after.push(memory()?);
+        let (d, r) = time(|| code("x"));
+        let r = r?;
+        if r["result"] != "41" {
+            return Err(format!("the context did not come back: {r}"));
+        }
+        wake.push(ms(d));
+    }
+    let per_gib = |t: f64| {
+        (
+            t,
+            if mb >= 1024 {
+                "≤ 2 s per GiB"
+            } else {
+                "≤ 1 s"
+            },
+        )
+    };
+    let (target_sleep, target_wake) = if mb >= 1024 {
+        (per_gib(2000.0), per_gib(2000.0))
+    } else {
+        (per_gib(1000.0), per_gib(1000.0))
+    };
+    out.push(figure(
+        &format!("Hibernation: {mb} MB context, hibernate"),
+        "ms",
+        sleep,
+        Some(target_sleep),
+        "POST /v1/sandboxes/{id}/pause?hibernate=true until it returns (dump written, processes stopped)",
+    ));
+    out.push(figure(
+        &format!("Hibernation: {mb} MB context, wake (first run_code)"),
+        "ms",
+        wake,
+        Some(target_wake),
+        "run_code `x` on the hibernated sandbox until it answers: restart and restore included",
+    ));
+    out.push(figure(
+        &format!("Hibernation: {mb} MB context, memory before"),
+        "MiB",
+        before,
+        None,
+        "the sandbox's cgroup memory charge before hibernating",
+    ));
+    out.push(figure(
+        &format!("Hibernation: {mb} MB context, memory after"),
+        "MiB",
+        after,
+        None,
+        "the same once hibernated: what hibernation freed is the difference",
+    ));
     engine.kill(&id);
     Ok(())
 }
