@@ -35,6 +35,18 @@ async fn code(client: &crate::common::McpClient, id: &str, code: &str) -> Value 
     .await
 }
 
+/// A counter job: one more in /tmp/count every 0.1 s.
+const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+
+async fn background(client: &crate::common::McpClient, id: &str, command: &str) {
+    ok(
+        client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": command, "background": true}),
+    )
+    .await;
+}
+
 async fn count(client: &crate::common::McpClient, id: &str) -> u64 {
     sh(client, id, "cat /tmp/count")
         .await
@@ -88,22 +100,12 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
         "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done",
         "mkdir -p /srv && echo served-by-the-parent > /srv/index.html && exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv",
     ] {
-        ok(
-            &client,
-            "sandbox_exec",
-            json!({"sandbox_id": id, "command": command, "background": true}),
-        )
-        .await;
+        background(&client, &id, command).await;
     }
     sh(&client, &id, "for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null && exit 0; sleep 0.05; done; exit 1").await;
     // A client holding a connection open to it: an established TCP connection, closed in the
     // children (its peer cannot be cloned), which must not keep the trees from being carried.
-    ok(
-        &client,
-        "sandbox_exec",
-        json!({"sandbox_id": id, "command": "exec python3 -c 'import socket, time\nc = socket.create_connection((\"127.0.0.1\", 8000))\ntime.sleep(3600)'", "background": true}),
-    )
-    .await;
+    background(&client, &id, "exec python3 -c 'import socket, time\nc = socket.create_connection((\"127.0.0.1\", 8000))\ntime.sleep(3600)'").await;
     sh(&client, &id, "for i in $(seq 100); do grep -q ':1F40 [0-9A-F]*:[0-9A-F]* 01 ' /proc/net/tcp && exit 0; sleep 0.05; done; exit 1").await;
     let parent_map = sh(&client, &id, "cat /proc/self/uid_map").await;
     let before = count(&client, &id).await;
@@ -298,12 +300,7 @@ async fn a_hibernated_sandbox_frees_its_memory_and_comes_back_after_an_engine_re
     let client = engine.mcp().await;
     let id = create(&client).await;
     code(&client, &id, "x = 41\nbig = b'x' * (64 << 20)").await;
-    ok(
-        &client,
-        "sandbox_exec",
-        json!({"sandbox_id": id, "command": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done", "background": true}),
-    )
-    .await;
+    background(&client, &id, COUNTER).await;
     assert!(memory_bytes(&client, &id).await > 64 << 20);
     let before = count(&client, &id).await;
     ok(
@@ -386,12 +383,7 @@ async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() 
     let client = engine.mcp().await;
     let id = create(&client).await;
     code(&client, &id, "x = 41").await;
-    ok(
-        &client,
-        "sandbox_exec",
-        json!({"sandbox_id": id, "command": "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done", "background": true}),
-    )
-    .await;
+    background(&client, &id, COUNTER).await;
     let files_only = ok(
         &client,
         "sandbox_snapshot_create",
@@ -399,6 +391,8 @@ async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() 
     )
     .await;
     assert!(files_only["memory_bytes"].is_null(), "{files_only}");
+    // Read before the snapshot: the counter goes on after it, and a restore goes back to it.
+    let at_snapshot = count(&client, &id).await;
     let snap = ok(
         &client,
         "sandbox_snapshot_create",
@@ -412,7 +406,6 @@ async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() 
         let live = std::fs::metadata(engine.data_dir().join("live")).unwrap();
         assert_eq!((live.uid(), live.permissions().mode() & 0o777), (0, 0o700));
     }
-    let at_snapshot = count(&client, &id).await;
     let listed = ok(&client, "sandbox_snapshot_list", json!({"sandbox_id": id})).await;
     let kinds: Vec<bool> = listed["snapshots"]
         .as_array()
@@ -498,12 +491,7 @@ async fn hostile_trees_come_through_a_fork_or_are_left_out_with_the_parent_untou
         "exec python3 -c 'import time\nhog = b\"x\" * (200 << 20)\ntime.sleep(3600)'",
     ];
     for command in trees {
-        ok(
-            &client,
-            "sandbox_exec",
-            json!({"sandbox_id": id, "command": command, "background": true}),
-        )
-        .await;
+        background(&client, &id, command).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let forked = ok(&client, "sandbox_fork", json!({"sandbox_id": id})).await;

@@ -146,11 +146,34 @@ fn measure(engine: &Engine, runs: usize, out: &mut Vec<Figure>) -> Result<(), St
 
 /// Hibernates a sandbox whose context holds `mb` MB, then wakes it with a call, `runs` times.
 fn hibernation(engine: &Engine, mb: u64, runs: usize, out: &mut Vec<Figure>) -> Result<(), String> {
-    let made = engine.call(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"shape": {"memory_mb": mb + 1024}})),
-    )?;
+    // The base template's sandboxes get at most 1024 MB: a larger context needs a template
+    // with a larger shape.
+    let body = if mb + 256 > 1024 {
+        let template = "bench-large";
+        engine.call(
+            "POST",
+            "/v1/templates",
+            Some(
+                json!({"name": template, "steps": [{"run": "true"}], "shape": {"memory_mb": 2048}}),
+            ),
+        )?;
+        let mut ready = false;
+        for _ in 0..600 {
+            let t = engine.call("GET", &format!("/v1/templates/{template}"), None)?;
+            if t["status"] == "ready" {
+                ready = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        if !ready {
+            return Err("the large template was not built".into());
+        }
+        json!({"template": template})
+    } else {
+        json!({})
+    };
+    let made = engine.call("POST", "/v1/sandboxes", Some(body))?;
     let id = made["id"].as_str().ok_or("no sandbox id")?.to_string();
     let code = |code: &str| {
         engine.call(

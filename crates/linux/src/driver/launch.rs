@@ -168,23 +168,27 @@ impl NamespacesDriver {
         }
     }
 
-    /// The agent's host pid, if it is still the process we launched.
+    /// Connects to the sandbox's agent and sends `call`: the connection, and the most of an
+    /// answer to read.
+    async fn send<C>(&self, id: &str, call: C) -> io::Result<(tokio::net::UnixStream, usize)>
+    where
+        C: sandbox_mcp_protocol::Call,
+    {
+        let limit = call.reply_limit();
+        let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
+        let request: sandbox_mcp_protocol::Request = call.into();
+        sandbox_mcp_protocol::write_frame(&mut conn, &request).await?;
+        Ok((conn, limit))
+    }
+
     /// Sends `call` to the sandbox's agent and reads its reply (an agent error as an `Other`
     /// error with its message).
     pub(super) async fn ask<C>(&self, id: &str, call: C) -> io::Result<C::Reply>
     where
         C: sandbox_mcp_protocol::Call,
     {
-        use sandbox_mcp_protocol::{Frame, Request, read_frame_limited, write_frame};
-        let limit = call.reply_limit();
-        let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
-        let request: Request = call.into();
-        write_frame(&mut conn, &request).await?;
-        match read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit).await? {
-            Some(Frame::Reply(reply)) => Ok(reply),
-            Some(Frame::Error(e)) => Err(io::Error::other(e.message)),
-            _ => Err(io::Error::other("the agent did not answer as it should")),
-        }
+        let (mut conn, limit) = self.send(id, call).await?;
+        read_reply::<C::Reply>(&mut conn, limit).await
     }
 
     /// Sends `call` to the sandbox's agent and takes the descriptors it passes (one byte with
@@ -198,11 +202,7 @@ impl NamespacesDriver {
     where
         C: sandbox_mcp_protocol::Call,
     {
-        use sandbox_mcp_protocol::{Frame, Request, read_frame_limited, write_frame};
-        let limit = call.reply_limit();
-        let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
-        let request: Request = call.into();
-        write_frame(&mut conn, &request).await?;
+        let (conn, limit) = self.send(id, call).await?;
         let fds = loop {
             conn.readable().await?;
             let got = conn.try_io(tokio::io::Interest::READABLE, || {
@@ -235,10 +235,8 @@ impl NamespacesDriver {
                 Err(e) => return Err(e),
             }
         };
-        match read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit).await? {
-            Some(Frame::Reply(reply)) => Ok((fds, reply)),
-            _ => Err(io::Error::other("the agent did not answer as it should")),
-        }
+        let mut conn = conn;
+        Ok((fds, read_reply::<C::Reply>(&mut conn, limit).await?))
     }
 
     /// Unprivileged: the sockets the agent made in the sandbox's namespace (which the sandbox's
@@ -278,12 +276,26 @@ impl NamespacesDriver {
         }))
     }
 
+    /// The agent's host pid, if it is still the process we launched.
     pub(super) fn agent_pid(&self, id: &str) -> Option<i32> {
         let text = fs::read_to_string(self.dir(id).join("agent.pid")).ok()?;
         let mut parts = text.split_whitespace();
         let pid: i32 = parts.next()?.parse().ok()?;
         let started: u64 = parts.next()?.parse().ok()?;
         (start_time(pid) == Some(started)).then_some(pid)
+    }
+}
+
+/// The agent's reply frame to a request: its answer, or its error as an `Other` error.
+async fn read_reply<R: serde::de::DeserializeOwned>(
+    conn: &mut tokio::net::UnixStream,
+    limit: usize,
+) -> io::Result<R> {
+    use sandbox_mcp_protocol::{Frame, read_frame_limited};
+    match read_frame_limited::<_, Frame<R>>(conn, limit).await? {
+        Some(Frame::Reply(reply)) => Ok(reply),
+        Some(Frame::Error(e)) => Err(io::Error::other(e.message)),
+        _ => Err(io::Error::other("the agent did not answer as it should")),
     }
 }
 
