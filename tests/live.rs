@@ -530,5 +530,24 @@ async fn hostile_trees_come_through_a_fork_or_are_left_out_with_the_parent_untou
         .await;
         assert_eq!(job["status"], "running", "{what}: {job}");
     }
+    // Hibernating it would lose what cannot be dumped: refused, and nothing is stopped.
+    if !skipped.is_empty() {
+        let refused = err(
+            &client,
+            "sandbox_pause",
+            json!({"sandbox_id": id, "hibernate": true}),
+        )
+        .await;
+        assert!(refused.contains("without losing"), "{refused}");
+        for n in 1..=trees.len() {
+            let job = ok(
+                &client,
+                "sandbox_job_status",
+                json!({"sandbox_id": id, "job_id": format!("job_{n}")}),
+            )
+            .await;
+            assert_eq!(job["status"], "running", "{job}");
+        }
+    }
     eprintln!("hostile trees: carried {carried:?}, skipped {skipped:?}");
 }

@@ -58,14 +58,24 @@ impl Lifecycle {
         let name = checkpoint_of(id);
         self.driver.drop_checkpoint(&name).await;
         let report = match self.driver.checkpoint(id, &name).await {
+            // A process that cannot be written down would be lost: then nothing is stopped.
+            Ok(r) if !r.skipped.is_empty() => Err(EngineError::Conflict(format!(
+                "sandbox {id} cannot be hibernated without losing {}; pause it without hibernate to keep everything in memory",
+                r.skipped.join(", ")
+            ))),
+            Ok(r) => Ok(r),
+            Err(e) => Err(e.into()),
+        };
+        let report = match report {
             Ok(r) => r,
             Err(e) => {
                 // Nothing lost: the sandbox goes back to how it was.
+                self.driver.drop_checkpoint(&name).await;
                 self.driver.continue_processes(id).await;
                 if *rt == Runtime::Frozen {
                     self.driver.freeze(id).await?;
                 }
-                return Err(e.into());
+                return Err(e);
             }
         };
         self.driver.stop(id).await?;
@@ -74,9 +84,6 @@ impl Lifecycle {
         entry.set_visible(Runtime::Stopped);
         drop(rt);
         self.flush_active(id, entry).await;
-        for why in &report.skipped {
-            tracing::info!(sandbox = %id, "hibernated without {why}");
-        }
         Ok(report)
     }
 

@@ -241,10 +241,14 @@ impl Snapshots {
                 report.skipped.push(format!("in {}: {f}", child.id));
             }
         }
+        // Each skipped entry reads `in CHILD: WHAT (why)`; `job job_1` is not `job job_10`.
         let failed_in_some: Vec<String> = report
             .carried
             .iter()
-            .filter(|what| report.skipped.iter().any(|s| s.contains(what.as_str())))
+            .filter(|what| {
+                let named = format!(": {what} (");
+                report.skipped.iter().any(|s| s.contains(&named))
+            })
             .cloned()
             .collect();
         report.carried.retain(|w| !failed_in_some.contains(w));
