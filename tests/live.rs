@@ -19,7 +19,7 @@ fn live(engine: &TestEngine) -> bool {
     }
     assert!(
         std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
-        "CRIU 4.0 or later is required here (../shared/criu/build.sh installs it): {}",
+        "CRIU 4.0 or later is required here (.ci/run builds it): {}",
         live.detail
     );
     eprintln!("SKIPPED: forks with memory need CRIU: {}", live.detail);
