@@ -26,6 +26,17 @@ fn live(engine: &TestEngine) -> bool {
     false
 }
 
+/// An engine that can carry processes, and an MCP client of it; `None` (skipped, or failed in
+/// CI) without CRIU.
+async fn live_engine() -> Option<(TestEngine, crate::common::McpClient)> {
+    let engine = TestEngine::start().await;
+    if !live(&engine) {
+        return None;
+    }
+    let client = engine.mcp().await;
+    Some((engine, client))
+}
+
 async fn code(client: &crate::common::McpClient, id: &str, code: &str) -> Value {
     ok(
         client,
@@ -83,11 +94,9 @@ async fn through_preview(url: &str) -> String {
 #[tokio::test]
 async fn a_fork_carries_the_parent_s_processes_into_each_child() {
     require_sandboxes!();
-    let engine = TestEngine::start().await;
-    if !live(&engine) {
+    let Some((engine, client)) = live_engine().await else {
         return;
-    }
-    let client = engine.mcp().await;
+    };
     let id = create(&client).await;
     // A context with a variable, 16 MiB of data and an open file; a counter; a web server.
     code(
@@ -293,11 +302,9 @@ async fn memory_bytes(client: &crate::common::McpClient, id: &str) -> u64 {
 #[tokio::test]
 async fn a_hibernated_sandbox_frees_its_memory_and_comes_back_after_an_engine_restart() {
     require_sandboxes!();
-    let engine = TestEngine::start().await;
-    if !live(&engine) {
+    let Some((engine, client)) = live_engine().await else {
         return;
-    }
-    let client = engine.mcp().await;
+    };
     let id = create(&client).await;
     code(&client, &id, "x = 41\nbig = b'x' * (64 << 20)").await;
     background(&client, &id, COUNTER).await;
@@ -376,11 +383,9 @@ async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
 #[tokio::test]
 async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() {
     require_sandboxes!();
-    let engine = TestEngine::start().await;
-    if !live(&engine) {
+    let Some((engine, client)) = live_engine().await else {
         return;
-    }
-    let client = engine.mcp().await;
+    };
     let id = create(&client).await;
     code(&client, &id, "x = 41").await;
     background(&client, &id, COUNTER).await;
@@ -464,11 +469,9 @@ async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() 
 #[tokio::test]
 async fn hostile_trees_come_through_a_fork_or_are_left_out_with_the_parent_untouched() {
     require_sandboxes!();
-    let engine = TestEngine::start().await;
-    if !live(&engine) {
+    let Some((engine, client)) = live_engine().await else {
         return;
-    }
-    let client = engine.mcp().await;
+    };
     let (status, made) = api(
         &engine.url,
         "POST",
