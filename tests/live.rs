@@ -94,7 +94,7 @@ async fn through_preview(url: &str) -> String {
 #[tokio::test]
 async fn a_fork_carries_the_parent_s_processes_into_each_child() {
     require_sandboxes!();
-    let Some((engine, client)) = live_engine().await else {
+    let Some((_engine, client)) = live_engine().await else {
         return;
     };
     let id = create(&client).await;
