@@ -26,6 +26,7 @@ mod servers;
 mod settings;
 mod template;
 mod tools;
+mod workspace;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -48,6 +49,7 @@ pub fn main() -> ExitCode {
         Some(Command::Secrets(args)) => secrets::run(&args.data, args.command),
         Some(Command::Template(args)) => runtime.block_on(template::run(&args.data, args.command)),
         Some(Command::Servers(args)) => runtime.block_on(servers::run(args)),
+        Some(Command::Workspace(args)) => runtime.block_on(workspace::run(args)),
         Some(Command::Run(args)) => match runtime.block_on(run::run(args)) {
             Ok(code) => {
                 runtime.shutdown_timeout(Duration::from_millis(100));

@@ -40,3 +40,4 @@ mod snapshots;
 mod stdio;
 mod templates;
 mod testnet;
+mod volumes;

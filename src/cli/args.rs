@@ -53,6 +53,43 @@ pub(crate) enum Command {
     /// Manage hosted MCP servers: `serve --http` serves each at /servers/NAME/mcp, one sandbox
     /// per MCP session.
     Servers(ServersArgs),
+    /// Review and apply what a sandbox changed in a workspace (a host folder exposed with
+    /// --workspace).
+    Workspace(WorkspaceArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct WorkspaceArgs {
+    /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
+    #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
+    pub(crate) url: Option<String>,
+    /// Bearer key sent to the control plane at SANDBOX_MCP_URL (an operator key, for apply).
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_API_KEY",
+        hide_env_values = true,
+        global = true
+    )]
+    pub(crate) api_key: Option<String>,
+    #[command(flatten)]
+    pub(crate) engine: EngineSettings,
+    #[command(subcommand)]
+    pub(crate) command: WorkspaceCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum WorkspaceCommand {
+    /// Print sandbox SANDBOX_ID's changes to workspace NAME as a git patch.
+    Changes { sandbox_id: String, name: String },
+    /// Write sandbox SANDBOX_ID's changes to workspace NAME into the folder: every file it
+    /// changed gets the sandbox's version, every file it removed goes. Prints what changes first.
+    Apply {
+        sandbox_id: String,
+        name: String,
+        /// Print what would change and stop.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 #[derive(Args, Debug)]

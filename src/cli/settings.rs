@@ -49,6 +49,7 @@ impl EngineSettings {
             domain: self.preview_domain.clone(),
         };
         config.default_template = self.default_template.clone();
+        config.workspaces = self.workspaces.clone();
         config
     }
 }

@@ -206,5 +206,6 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
         inventory,
         toolsets,
         profiles,
+        narrowed: Default::default(),
     })
 }

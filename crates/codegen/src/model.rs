@@ -22,6 +22,10 @@ pub struct Registry {
     /// Alternative tool surfaces (`--session-sandbox` uses `session`), from `[[profile]]` tables.
     #[serde(default)]
     pub profiles: BTreeMap<String, Profile>,
+    /// Per toolset, its tools whose schema leaves out arguments hidden there (`hide_in`); made
+    /// by [`Registry::with_toolset_schemas`] when the registry is loaded, never stored.
+    #[serde(skip)]
+    pub narrowed: BTreeMap<String, Vec<ToolDef>>,
 }
 
 /// A tool surface derived from the registry: some tools left out, one argument bound to the
@@ -111,6 +115,9 @@ pub struct ArgDef {
     pub hidden: bool,
     /// Sent when the model omits the argument.
     pub default: Option<serde_json::Value>,
+    /// Toolsets whose schema leaves the argument out (`hide_in`); it is offered everywhere else.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden_in: Vec<String>,
 }
 
 /// A cap on one top-level field of a tool's result.
@@ -136,6 +143,44 @@ pub struct InventoryEntry {
 }
 
 impl Registry {
+    /// Computes the schema each toolset shows of a tool that hides arguments there: the
+    /// argument leaves `properties` and `required`, so a call that sends it is refused as
+    /// unknown, exactly as the model was told.
+    pub fn with_toolset_schemas(mut self) -> Self {
+        let mut narrowed: BTreeMap<String, Vec<ToolDef>> = BTreeMap::new();
+        for tool in &self.tools {
+            for arg in &tool.args {
+                for set in &arg.hidden_in {
+                    let list = narrowed.entry(set.clone()).or_default();
+                    let idx = match list.iter().position(|t| t.name == tool.name) {
+                        Some(i) => i,
+                        None => {
+                            list.push(tool.clone());
+                            list.len() - 1
+                        }
+                    };
+                    let t = &mut list[idx];
+                    if let Some(props) = t
+                        .input_schema
+                        .get_mut("properties")
+                        .and_then(|p| p.as_object_mut())
+                    {
+                        props.remove(&arg.name);
+                    }
+                    if let Some(req) = t
+                        .input_schema
+                        .get_mut("required")
+                        .and_then(|r| r.as_array_mut())
+                    {
+                        req.retain(|r| r.as_str() != Some(arg.name.as_str()));
+                    }
+                }
+            }
+        }
+        self.narrowed = narrowed;
+        self
+    }
+
     pub fn tool(&self, name: &str) -> Option<&ToolDef> {
         self.tools.iter().find(|t| t.name == name)
     }
@@ -164,10 +209,16 @@ impl Registry {
             return Ok(self.tools.iter().collect());
         }
         if let Some(names) = self.toolsets.get(spec) {
+            let narrowed = self.narrowed.get(spec);
             return Ok(self
                 .tools
                 .iter()
                 .filter(|t| names.contains(&t.name))
+                .map(|t| {
+                    narrowed
+                        .and_then(|n| n.iter().find(|n| n.name == t.name))
+                        .unwrap_or(t)
+                })
                 .collect());
         }
         let mut wanted = Vec::new();

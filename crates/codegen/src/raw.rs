@@ -96,6 +96,10 @@ pub struct RawArg {
     /// Hide the argument from the model; `default` is sent instead.
     #[serde(default)]
     pub hide: bool,
+    /// Hide the argument only when the server serves one of these toolsets (`--tools core`):
+    /// an option a small toolset cannot afford to describe, which `all` still offers.
+    #[serde(default)]
+    pub hide_in: Vec<String>,
     /// Value sent when the model omits the argument (shown as the schema's `default`).
     pub default: Option<toml::Value>,
     /// Replaces the description taken from the spec.

@@ -268,10 +268,13 @@ impl Spec {
         };
         let raw = serde_json::to_value(schema).map_err(|e| e.to_string())?;
         let mut schema = self.to_json_schema(&raw, 0)?;
-        if let Some(desc) = &data.description
-            && let Some(obj) = schema.as_object_mut()
-        {
-            obj.insert("description".into(), Value::String(desc.clone()));
+        // A parameter says what it is for in its own description; without one it shows none
+        // (its name and pattern say enough), rather than the description of its schema's type.
+        if let Some(obj) = schema.as_object_mut() {
+            match &data.description {
+                Some(desc) => obj.insert("description".into(), Value::String(desc.clone())),
+                None => obj.remove("description"),
+            };
         }
         let kind = schema.get("type").and_then(Value::as_str).unwrap_or("");
         if !matches!(kind, "string" | "integer" | "boolean" | "number") {

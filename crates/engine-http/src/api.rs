@@ -25,6 +25,7 @@ mod previews;
 pub mod request;
 mod sandboxes;
 mod secrets;
+mod volumes;
 mod servers;
 mod snapshots;
 mod templates;
@@ -371,6 +372,44 @@ impl EngineApi for AppState {
         port: String,
     ) -> Result<types::DeletePreviewResult, EngineError> {
         previews::delete(self, caller, sandbox_id, port).await
+    }
+
+    async fn list_volumes(&self, caller: Caller) -> Result<types::VolumeList, EngineError> {
+        volumes::list(self, caller).await
+    }
+
+    async fn create_volume(
+        &self,
+        caller: Caller,
+        body: types::CreateVolumeRequest,
+    ) -> Result<types::Volume, EngineError> {
+        volumes::create(self, caller, body).await
+    }
+
+    async fn delete_volume(
+        &self,
+        caller: Caller,
+        name: String,
+    ) -> Result<types::DeleteVolumeResult, EngineError> {
+        volumes::delete(self, caller, name).await
+    }
+
+    async fn workspace_changes(
+        &self,
+        caller: Caller,
+        sandbox_id: types::SandboxId,
+        name: String,
+    ) -> Result<types::WorkspaceChanges, EngineError> {
+        volumes::changes(self, caller, sandbox_id, name).await
+    }
+
+    async fn apply_workspace(
+        &self,
+        caller: Caller,
+        sandbox_id: types::SandboxId,
+        name: String,
+    ) -> Result<types::ApplyWorkspaceResult, EngineError> {
+        volumes::apply(self, caller, sandbox_id, name).await
     }
 
     async fn list_secrets(&self, caller: Caller) -> Result<types::SecretList, EngineError> {

@@ -308,4 +308,26 @@ impl DriverHandle {
     ) -> Result<FsLayers, DriverError> {
         self.stored(move |s| s.fs_layers(&fs, &template)).await
     }
+
+    pub(crate) async fn create_volume(
+        &self,
+        key: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<(), DriverError> {
+        let key = key.to_string();
+        self.stored(move |s| s.create_volume(&key, quota_bytes))
+            .await
+    }
+
+    pub(crate) async fn volume_bytes(&self, key: &str) -> u64 {
+        let key = key.to_string();
+        self.stored(move |s| Ok(s.volume_bytes(&key)))
+            .await
+            .unwrap_or(0)
+    }
+
+    pub(crate) async fn remove_volume(&self, key: &str) -> Result<(), DriverError> {
+        let key = key.to_string();
+        self.stored(move |s| s.remove_volume(&key)).await
+    }
 }

@@ -48,6 +48,8 @@ pub struct Manager {
     pub snapshots: Arc<Snapshots>,
     pub previews: Arc<Previews>,
     pub desktops: Arc<Desktops>,
+    pub volumes: Arc<crate::services::volumes::Volumes>,
+    pub workspaces: Arc<crate::services::workspaces::Workspaces>,
     timers: Arc<Timers>,
     /// Cancelled when the engine stops: builds and pool refills end with it.
     stopping: CancellationToken,
@@ -209,6 +211,17 @@ impl Manager {
             pools.clone(),
         ));
         let servers = Arc::new(crate::services::servers::Servers::new(records.clone()));
+        let volumes = Arc::new(crate::services::volumes::Volumes::new(
+            driver.clone(),
+            records.clone(),
+            registry.clone(),
+            config.workspaces.clone(),
+        ));
+        let workspaces = Arc::new(crate::services::workspaces::Workspaces::new(
+            driver.clone(),
+            registry.clone(),
+            volumes.clone(),
+        ));
         let timers = Arc::new(Timers::new(
             config.tick,
             (config.idle_pause, config.idle_hibernate),
@@ -234,6 +247,8 @@ impl Manager {
             snapshots,
             previews,
             desktops,
+            volumes,
+            workspaces,
             timers,
             stopping,
         }))

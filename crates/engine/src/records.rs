@@ -13,7 +13,7 @@ use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, Status
 
 use crate::driver::blocking;
 use crate::error::EngineError;
-use crate::state::{ServerRow, Store};
+use crate::state::{ServerRow, Store, VolumeRow};
 
 pub(crate) struct Records {
     local: Arc<Store>,
@@ -203,6 +203,42 @@ impl Records {
     ) -> Result<bool, EngineError> {
         let (tenant, name) = (tenant.map(String::from), name.to_string());
         self.local(move |s| s.delete_server(tenant.as_deref(), &name))
+            .await
+    }
+
+    /// Adds a volume's row: `Ok(None)` when the owner has one of that name, `Ok(Some(false))`
+    /// when it has `max` already.
+    pub(crate) async fn insert_volume(
+        &self,
+        row: &VolumeRow,
+        max: u64,
+    ) -> Result<Option<bool>, EngineError> {
+        let row = row.clone();
+        self.local(move |s| s.insert_volume(&row, max)).await
+    }
+
+    pub(crate) async fn volume(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<Option<VolumeRow>, EngineError> {
+        let (tenant, name) = (tenant.map(str::to_string), name.to_string());
+        self.local(move |s| s.volume(tenant.as_deref(), &name))
+            .await
+    }
+
+    pub(crate) async fn volumes(&self, tenant: Option<&str>) -> Result<Vec<VolumeRow>, EngineError> {
+        let tenant = tenant.map(str::to_string);
+        self.local(move |s| s.volumes(tenant.as_deref())).await
+    }
+
+    pub(crate) async fn delete_volume(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+    ) -> Result<(), EngineError> {
+        let (tenant, name) = (tenant.map(str::to_string), name.to_string());
+        self.local(move |s| s.delete_volume(tenant.as_deref(), &name))
             .await
     }
 }

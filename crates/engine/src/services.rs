@@ -10,6 +10,7 @@
 //! - [`agent`]: every request to a sandbox's agent (call, stream, ping, deadlines, crashes);
 //! - [`pool`]: `create` as callers see it, with warm pools;
 //! - [`snapshots`], [`templates`] (with [`import`]), [`previews`], [`desktop`]: one resource each;
+//! - [`volumes`] (named volumes, workspaces) and [`workspaces`] (a sandbox's changes to one);
 //! - [`timers`]: expiry, idle pauses, activity.
 //!
 //! A service reaches another only below it, through the `Arc` it was given; none holds the
@@ -56,6 +57,8 @@ pub mod servers;
 pub mod snapshots;
 pub mod templates;
 pub(crate) mod timers;
+pub mod volumes;
+pub mod workspaces;
 
 pub use desktop::{ActionRequest, parse_resolution};
 pub use import::import;
@@ -64,6 +67,7 @@ pub use secrets::SecretView;
 pub use snapshots::{Diffed, MAX_LABELS, MAX_SNAPSHOTS, Restored};
 pub use templates::ShapeRequest;
 pub use templates::{Step, TemplateRequest};
+pub use volumes::{MountRequest, VolumeView};
 
 /// Cap on each of stdout and stderr in an exec result.
 pub const EXEC_OUTPUT_CAP: u64 = 32 * 1024;
@@ -96,6 +100,8 @@ pub struct CreateRequest {
     pub shape: ShapeRequest,
     /// A desktop of this size (create_computer); none for a plain sandbox.
     pub desktop: Option<sandbox_mcp_protocol::Screen>,
+    /// Volumes and workspaces to mount, resolved by [`volumes::Volumes::resolve`].
+    pub volumes: Vec<sandbox_mcp_model::record::Mounted>,
 }
 
 /// A sandbox as the API reports it.

@@ -16,8 +16,10 @@ use sandbox_mcp_model::driver::Shape;
 pub use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, Status};
 
 mod servers;
+mod volumes;
 
 pub use servers::{PutRefused, ServerRow};
+pub use volumes::VolumeRow;
 
 pub struct Store {
     conn: Mutex<Connection>,
@@ -68,13 +70,14 @@ INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '1');
 
 /// Inserts one record on `c` (a connection or a transaction).
 fn insert_on(c: &Connection, r: &Record) -> rusqlite::Result<()> {
-    let [metadata, env, network, secrets] = json_columns(r)?;
+    let [metadata, env, network, secrets, volumes] = json_columns(r)?;
     let desktop = desktop_column(r)?;
     c.execute(
         "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
          max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets,
-         desktop)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+         desktop, volumes)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+         ?19)",
         params![
             r.id,
             r.name,
@@ -94,18 +97,20 @@ fn insert_on(c: &Connection, r: &Record) -> rusqlite::Result<()> {
             network,
             secrets,
             desktop,
+            volumes,
         ],
     )
     .map(|_| ())
 }
 
-/// The columns of a record stored as JSON: metadata, env, network, secrets.
-fn json_columns(r: &Record) -> rusqlite::Result<[String; 4]> {
+/// The columns of a record stored as JSON: metadata, env, network, secrets, volumes.
+fn json_columns(r: &Record) -> rusqlite::Result<[String; 5]> {
     Ok([
         serde_json::to_string(&r.metadata).map_err(db_err)?,
         serde_json::to_string(&r.env).map_err(db_err)?,
         serde_json::to_string(&r.network).map_err(db_err)?,
         serde_json::to_string(&r.secrets).map_err(db_err)?,
+        serde_json::to_string(&r.volumes).map_err(db_err)?,
     ])
 }
 
@@ -128,6 +133,7 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(servers::SCHEMA)?;
+        conn.execute_batch(volumes::SCHEMA)?;
         // Data dirs from before these columns keep their rows: no network rules (the engine's
         // default), no secrets bound.
         for column in ["network", "secrets"] {
@@ -147,6 +153,7 @@ impl Store {
         if !has_desktop {
             conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN desktop TEXT")?;
         }
+        volumes::migrate(&conn)?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -232,7 +239,7 @@ impl Store {
     /// Gives a pooled sandbox its owner's request: name, labels, environment, expiry, tenant,
     /// network rules, secrets and timestamps.
     pub(crate) fn adopt(&self, r: &Record) -> rusqlite::Result<()> {
-        let [metadata, env, network, secrets] = json_columns(r)?;
+        let [metadata, env, network, secrets, _] = json_columns(r)?;
         let desktop = desktop_column(r)?;
         self.with(|c| {
             c.execute(
@@ -411,7 +418,8 @@ impl Store {
 
 const SELECT: &str =
     "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
-    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets, desktop FROM sandboxes";
+    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets, desktop, volumes
+    FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let metadata: String = r.get(4)?;
@@ -419,6 +427,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
     let network: String = r.get(15)?;
     let secrets: String = r.get(16)?;
     let desktop: Option<String> = r.get(17)?;
+    let volumes: String = r.get(18)?;
     Ok(Record {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -440,6 +449,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         network: serde_json::from_str(&network).unwrap_or_default(),
         secrets: serde_json::from_str(&secrets).unwrap_or_default(),
         desktop: desktop.and_then(|d| serde_json::from_str(&d).ok()),
+        volumes: serde_json::from_str(&volumes).unwrap_or_default(),
     })
 }
 
@@ -484,6 +494,14 @@ mod tests {
                 width: 1024,
                 height: 768,
             }),
+            volumes: vec![sandbox_mcp_model::record::Mounted {
+                name: "data".into(),
+                path: "/data".into(),
+                read_only: true,
+                source: sandbox_mcp_model::record::MountSource::Volume {
+                    key: "data.00".into(),
+                },
+            }],
         }
     }
 

@@ -325,6 +325,7 @@ impl KubernetesDriver {
                 available: false,
                 detail: KUBE_NO_LIVE_STATE.into(),
             },
+            volumes_refused: Some(KUBE_NO_VOLUMES.into()),
         };
         let this = Arc::new(self);
         Driver {
@@ -549,3 +550,4 @@ impl SharedRecords for KubernetesDriver {
 
 /// Why the kubernetes driver carries no running processes.
 const KUBE_NO_LIVE_STATE: &str = "the kubernetes driver cannot checkpoint running processes: Kubernetes 1.20 has no checkpoint API";
+const KUBE_NO_VOLUMES: &str = "the kubernetes driver does not mount named volumes or workspaces: a workspace is a folder of the engine's host, which a pod on another node cannot see, and volumes as PersistentVolumeClaims are not built yet; use the namespaces driver (no --kubernetes) for them";

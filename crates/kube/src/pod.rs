@@ -93,6 +93,7 @@ impl PodRecord {
             network: self.network,
             secrets: BTreeMap::new(),
             desktop: None,
+            volumes: Vec::new(),
         }
     }
 }

@@ -184,6 +184,15 @@ impl NamespacesDriver {
         }
     }
 
+    /// Where named volumes are: in the sandbox store, so a btrfs store limits them too.
+    fn volumes_dir(&self) -> PathBuf {
+        self.sandboxes_dir.join(".volumes")
+    }
+
+    fn volume_dir(&self, key: &str) -> PathBuf {
+        self.volumes_dir().join(key)
+    }
+
     fn dir(&self, id: &str) -> PathBuf {
         self.sandboxes_dir.join(id)
     }
@@ -325,6 +334,7 @@ impl NamespacesDriver {
                     detail: why.clone(),
                 },
             },
+            volumes_refused: None,
         };
         let this = Arc::new(self);
         Driver {

@@ -17,7 +17,7 @@
 
 use std::fs;
 use std::io::Read;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use landlock::{
@@ -176,10 +176,14 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
             })
             .collect::<Result<Vec<_>, _>>()?
             .join(":");
-        let target = if layer.target == "/" {
-            rootfs.to_path_buf()
-        } else {
-            rootfs.join(layer.target.trim_start_matches('/'))
+        // Below the root, the mount point is found (or made) without following a symlink:
+        // the root's upper is the sandbox's to write, and a link there must not move a mount.
+        let point = (layer.target != "/")
+            .then(|| mount_point(rootfs, &layer.target))
+            .transpose()?;
+        let target = match &point {
+            None => rootfs.to_path_buf(),
+            Some(fd) => PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
         };
         let data = format!(
             "lowerdir={lower},upperdir={},workdir={},userxattr",
@@ -195,6 +199,20 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
                 Some(data.as_str()),
             ),
             &format!("mount overlay on {}", layer.target),
+        )?;
+    }
+
+    for v in &plan.volumes {
+        // As root, the id-mapped copy the launcher attached; otherwise the host directory.
+        let source = if plan.privileged {
+            inside(&v.staging)?
+        } else {
+            v.source.clone()
+        };
+        let point = mount_point(rootfs, &v.target)?;
+        ctx(
+            sys::attach_copy(&source.to_string_lossy(), &point, v.read_only),
+            &format!("mount the volume at {}", v.target),
         )?;
     }
 
@@ -244,6 +262,45 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
     let no_core = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     ctx(no_core, "disable core dumps")?;
     Ok(())
+}
+
+/// The directory `target` (absolute) below `rootfs`, each missing name made, none followed if it
+/// is a symlink: a path the sandbox could have bent with a link is refused.
+fn mount_point(rootfs: &Path, target: &str) -> Result<OwnedFd, BuildError> {
+    use nix::fcntl::{OFlag, open, openat};
+    use nix::sys::stat::{Mode, fstat, mkdirat};
+    let flags = OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+    let mut dir = ctx(open(rootfs, flags, Mode::empty()), "open the new root")?;
+    for name in target.split('/').filter(|n| !n.is_empty()) {
+        if name == "." || name == ".." {
+            return Err(BuildError::Refused(format!(
+                "mount point {target} holds `.` or `..`"
+            )));
+        }
+        let next = match openat(&dir, name, flags, Mode::empty()) {
+            Err(nix::errno::Errno::ENOENT) => {
+                ctx(
+                    mkdirat(&dir, name, Mode::from_bits_truncate(0o755)),
+                    &format!("make mount point {target}"),
+                )?;
+                openat(&dir, name, flags, Mode::empty())
+            }
+            other => other,
+        };
+        let next = next.map_err(|e| {
+            BuildError::Refused(format!(
+                "mount point {target}: {name} is a symlink or not a directory ({e}); mount points must be real directories"
+            ))
+        })?;
+        let st = ctx(fstat(&next), &format!("inspect mount point {target}"))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(BuildError::Refused(format!(
+                "mount point {target}: {name} is not a directory"
+            )));
+        }
+        dir = next;
+    }
+    Ok(dir)
 }
 
 /// A minimal /dev: a small tmpfs with the harmless host devices bind-mounted in, a private

@@ -286,6 +286,20 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let volumes = plan
+            .volumes
+            .iter()
+            .map(|v| {
+                ctx(
+                    sys::idmapped_volume(
+                        &v.source.to_string_lossy(),
+                        userns.as_raw_fd(),
+                        v.read_only,
+                    ),
+                    &format!("id-map the volume for {}", v.target),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         // Enter the child's mount namespace (this process exits right after) and attach them.
         let mntns = ctx(
             fs::File::open(format!("/proc/{pid}/ns/mnt")),
@@ -306,6 +320,12 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
             ctx(
                 sys::move_mount_to(tree, &staging.to_string_lossy()),
                 &format!("attach id-mapped {}", lower.display()),
+            )?;
+        }
+        for (tree, v) in volumes.iter().zip(&plan.volumes) {
+            ctx(
+                sys::move_mount_to(tree, &v.staging.to_string_lossy()),
+                &format!("attach the volume for {}", v.target),
             )?;
         }
         // The sandbox's directory, opened here for the child: its own id may be unable to reach

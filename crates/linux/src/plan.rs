@@ -37,6 +37,18 @@ pub struct Layer {
     pub staging: Vec<PathBuf>,
 }
 
+/// A named volume bind-mounted into the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Bind {
+    /// The volume's directory on the host.
+    pub source: PathBuf,
+    /// Empty host directory where, as root, its id-mapped copy is attached first.
+    pub staging: PathBuf,
+    /// Mount point inside the sandbox (absolute, normalized).
+    pub target: String,
+    pub read_only: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LaunchPlan {
     pub sandbox_id: String,
@@ -85,6 +97,9 @@ pub struct LaunchPlan {
     /// directory id-mapped from that range to this sandbox's before the overlays use it.
     #[serde(default)]
     pub disk_ids: Option<u32>,
+    /// Named volumes, mounted after the overlays.
+    #[serde(default)]
+    pub volumes: Vec<Bind>,
 }
 
 /// What the engine knows about a sandbox when it launches it.
@@ -107,6 +122,8 @@ pub struct PlanInput<'a> {
     pub user: Option<(u32, u32)>,
     /// First host id the sandbox directory's files are stored under (see [`LaunchPlan::disk_ids`]).
     pub disk_ids: Option<u32>,
+    /// Named volumes: the host directory, the mount point, read-only.
+    pub volumes: &'a [(PathBuf, String, bool)],
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
@@ -148,6 +165,11 @@ pub fn upper_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
 
 pub fn work_dir(sandbox_dir: &Path, layer: &str) -> PathBuf {
     sandbox_dir.join("work").join(layer_name(layer))
+}
+
+/// Where the `index`th named volume is attached (as root) before it is mounted in place.
+pub fn volume_staging(sandbox_dir: &Path, index: usize) -> PathBuf {
+    sandbox_dir.join("vol").join(index.to_string())
 }
 
 /// Where the `index`th lower directory of the overlay at `layer` is attached (as root).
@@ -222,6 +244,17 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         disk_ids: input
             .disk_ids
             .filter(|&ids| privileged && ids != uid_base(input.uid_slot)),
+        volumes: input
+            .volumes
+            .iter()
+            .enumerate()
+            .map(|(i, (source, target, read_only))| Bind {
+                source: source.clone(),
+                staging: volume_staging(input.sandbox_dir, i),
+                target: target.clone(),
+                read_only: *read_only,
+            })
+            .collect(),
     }
 }
 
@@ -266,6 +299,7 @@ mod tests {
             workdir: None,
             user: None,
             disk_ids: None,
+            volumes: &[],
         }
     }
 

@@ -14,7 +14,7 @@ const REGISTRY_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/tools.json")
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     // The JSON was produced by serializing this very type in build.rs, so it always parses;
     // an empty registry (never served) is the fallback rather than a panic.
-    serde_json::from_str(REGISTRY_JSON).unwrap_or_else(|e| {
+    let registry: Registry = serde_json::from_str(REGISTRY_JSON).unwrap_or_else(|e| {
         tracing::error!("embedded tool registry is corrupt: {e}");
         Registry {
             api_title: String::new(),
@@ -23,8 +23,10 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
             inventory: Vec::new(),
             toolsets: Default::default(),
             profiles: Default::default(),
+            narrowed: Default::default(),
         }
-    })
+    });
+    registry.with_toolset_schemas()
 });
 
 /// The registry compiled into this binary.

@@ -82,6 +82,70 @@ pub struct EngineConfig {
     pub favordynmods: bool,
     /// CRIU, for forks that carry running processes: found on PATH, at a given path, or off.
     pub criu: CriuSetting,
+    /// Host folders the operator exposes by name (`--workspace NAME=PATH[:ro]`), which
+    /// sandboxes mount copy-on-write.
+    pub workspaces: Vec<Workspace>,
+}
+
+/// A host folder sandboxes may mount copy-on-write, by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workspace {
+    pub name: String,
+    /// Absolute and canonical (symlinks resolved when it was given).
+    pub path: PathBuf,
+    /// Sandboxes' changes may not be applied to it.
+    pub read_only: bool,
+}
+
+impl Workspace {
+    /// Parses `NAME=PATH` or `NAME=PATH:ro`: the name as a volume's (lower-case letters, digits,
+    /// `_`, `-`), the path an existing directory, resolved to its canonical form.
+    pub fn parse(arg: &str) -> Result<Workspace, String> {
+        let (name, rest) = arg
+            .split_once('=')
+            .ok_or_else(|| format!("--workspace {arg:?}: expected NAME=PATH or NAME=PATH:ro"))?;
+        let valid = !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+            && name
+                .bytes()
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        if !valid {
+            return Err(format!(
+                "--workspace {arg:?}: the name must be 1-63 lower-case letters, digits, `_` or `-`, starting with a letter or digit"
+            ));
+        }
+        let (path, read_only) = match rest.strip_suffix(":ro") {
+            Some(p) => (p, true),
+            None => (rest, false),
+        };
+        let path = std::fs::canonicalize(path)
+            .map_err(|e| format!("--workspace {name}: {path}: {e}"))?;
+        if !path.is_dir() {
+            return Err(format!(
+                "--workspace {name}: {} is not a directory",
+                path.display()
+            ));
+        }
+        // Overlay options separate layers with `:` and options with `,`.
+        if path.to_string_lossy().contains([':', ',', '\n']) {
+            return Err(format!(
+                "--workspace {name}: {} contains ':', ',' or a newline, which an overlay cannot stack; rename the folder",
+                path.display()
+            ));
+        }
+        if path == std::path::Path::new("/") {
+            return Err(format!("--workspace {name}: the host's root cannot be a workspace"));
+        }
+        Ok(Workspace {
+            name: name.to_string(),
+            path,
+            read_only,
+        })
+    }
 }
 
 impl EngineConfig {
@@ -102,6 +166,7 @@ impl EngineConfig {
             kubernetes: None,
             favordynmods: true,
             criu: CriuSetting::Auto,
+            workspaces: Vec::new(),
         }
     }
 

@@ -79,9 +79,19 @@ pub struct StartSpec {
     pub workdir: Option<String>,
     /// uid and gid commands run as (root when `None`).
     pub user: Option<(u32, u32)>,
+    /// Named volumes to bind-mount (workspaces are overlays of `template`).
+    pub volumes: Vec<VolumeBind>,
     /// The sandbox's record, for drivers that keep it with the sandbox (see
     /// [`Driver::shared`]).
     pub record: crate::record::Record,
+}
+
+/// A named volume mounted into a sandbox: the driver's key for it, where, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeBind {
+    pub key: String,
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// A filesystem the driver keeps: a sandbox's (`slot` given) or a snapshot's.
@@ -195,6 +205,8 @@ pub struct Capabilities {
     pub image_templates: Option<Vec<(String, String)>>,
     /// Whether running processes can be checkpointed and restored (forks with memory).
     pub live_state: LiveState,
+    /// Why named volumes and workspaces cannot be mounted, for the caller; `None`: they can.
+    pub volumes_refused: Option<String>,
 }
 
 /// Whether a driver can carry running processes from one sandbox to another, and in words what
@@ -399,6 +411,28 @@ pub trait Storage: Send + Sync + 'static {
     /// delete (so a failed snapshot's row, and the sandbox it belongs to, can go).
     fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
         let _ = name;
+        Ok(())
+    }
+
+    /// Makes named volume `key` (one path component the engine chose): an empty directory
+    /// sandboxes mount, limited to `quota_bytes` when given. Idempotent.
+    fn create_volume(&self, key: &str, quota_bytes: Option<u64>) -> Result<(), DriverError> {
+        let _ = (key, quota_bytes);
+        Err(DriverError::Unsupported(format!(
+            "the {} driver has no volumes",
+            self.name()
+        )))
+    }
+
+    /// Bytes volume `key` holds.
+    fn volume_bytes(&self, key: &str) -> u64 {
+        let _ = key;
+        0
+    }
+
+    /// Deletes volume `key` and its files (nothing to do if it does not exist).
+    fn remove_volume(&self, key: &str) -> Result<(), DriverError> {
+        let _ = key;
         Ok(())
     }
 

@@ -56,6 +56,31 @@ pub struct Record {
     pub secrets: BTreeMap<String, Binding>,
     /// The screen of a desktop sandbox (made with create_computer); none for others.
     pub desktop: Option<Screen>,
+    /// Named volumes and workspaces it mounts, in the order given.
+    pub volumes: Vec<Mounted>,
+}
+
+/// A named volume or a workspace a sandbox mounts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Mounted {
+    /// The volume's or workspace's name (as the caller wrote it).
+    pub name: String,
+    /// Absolute mount point inside the sandbox, normalized.
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    /// What is mounted.
+    pub source: MountSource,
+}
+
+/// What a [`Mounted`] name stands for, fixed when the sandbox was created.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MountSource {
+    /// A named volume: the driver's key for its directory.
+    Volume { key: String },
+    /// A host folder the operator exposed, mounted copy-on-write (its own overlay).
+    Workspace { host: std::path::PathBuf },
 }
 
 /// A secret bound to one of a sandbox's environment variables.

@@ -95,6 +95,78 @@ pub fn idmapped_tree_rw(path: &str, userns_fd: RawFd) -> io::Result<OwnedFd> {
     idmapped(path, userns_fd, 0)
 }
 
+/// A detached, nosuid, nodev copy of the mount at `path` (a named volume's directory), its
+/// ownership shifted through `userns_fd`'s id map, read-only if asked.
+pub fn idmapped_volume(path: &str, userns_fd: RawFd, read_only: bool) -> io::Result<OwnedFd> {
+    idmapped(
+        path,
+        userns_fd,
+        if read_only { MOUNT_ATTR_RDONLY } else { 0 },
+    )
+}
+
+/// Attaches a copy of the mount at `source` onto the directory `target` (a descriptor, so the
+/// place was found without following a symlink), nosuid and nodev, read-only if asked. The
+/// copy keeps the source's id mapping and its read-only flag.
+pub fn attach_copy(source: &str, target: &OwnedFd, read_only: bool) -> io::Result<()> {
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
+    const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x0000_0040;
+    let c = cstr(source)?;
+    // SAFETY: valid NUL-terminated path; flags are constants.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: open_tree returned a new descriptor that we now own.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID
+            | MOUNT_ATTR_NODEV
+            | if read_only { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let empty = cstr("")?;
+    // SAFETY: `tree` is a detached mount fd; `attr` is a valid mount_attr of the size passed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            std::os::fd::AsRawFd::as_raw_fd(&tree),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two valid descriptors and empty paths, as the flags say.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            std::os::fd::AsRawFd::as_raw_fd(&tree),
+            empty.as_ptr(),
+            std::os::fd::AsRawFd::as_raw_fd(target),
+            empty.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
 fn idmapped(path: &str, userns_fd: RawFd, extra: u64) -> io::Result<OwnedFd> {
     let c = cstr(path)?;
     // SAFETY: valid NUL-terminated path; flags are constants.

@@ -155,6 +155,7 @@ impl FakeDriver {
                     "fake".to_string(),
                 )]),
                 live_state: Default::default(),
+                volumes_refused: Some("the fake driver has no volumes".into()),
             },
             isolation: Arc::new(self.clone()),
             storage: Arc::new(self.clone()),

@@ -117,6 +117,17 @@ pub(crate) struct EngineSettings {
     #[arg(long = "default-template", env = "SANDBOX_MCP_DEFAULT_TEMPLATE", value_name = "NAME",
           value_parser = |s: &str| sandbox_mcp_storage::templates::check_name(s).map(|()| s.to_string()))]
     pub(crate) default_template: Option<String>,
+    /// A host folder sandboxes may mount by NAME (create's `volumes`), copy-on-write: they read
+    /// its files, their writes stay in their own layer, the folder never changes until
+    /// `sandbox-mcp workspace apply`; `:ro` refuses even that. Repeat for more.
+    #[arg(
+        long = "workspace",
+        env = "SANDBOX_MCP_WORKSPACES",
+        value_name = "NAME=PATH[:ro]",
+        value_delimiter = ',',
+        value_parser = sandbox_mcp_model::config::Workspace::parse
+    )]
+    pub(crate) workspaces: Vec<sandbox_mcp_model::config::Workspace>,
 }
 
 /// `--preview-listen`: an address, or `None` for `off`.

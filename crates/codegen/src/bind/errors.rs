@@ -98,6 +98,7 @@ pub(crate) fn check_defaults(ctx: &mut Ctx<'_>, spec: &Spec, file: &RawFile) {
                         required: false,
                         hidden: false,
                         default: None,
+                        hidden_in: Vec::new(),
                     })
                     .collect();
                 fits(message, &args)

@@ -70,7 +70,7 @@ pub(crate) fn build_args(
                     Err(e) => ctx.fail(f, t, format!("[args.{}] default: {e}", arg.name)),
                 }
             }
-            if over.hide && arg.required && default.is_none() {
+            if (over.hide || !over.hide_in.is_empty()) && arg.required && default.is_none() {
                 ctx.fail(
                     f,
                     t,
@@ -82,6 +82,30 @@ pub(crate) fn build_args(
             }
         }
         let hidden = over.is_some_and(|o| o.hide);
+        let hidden_in = over.map(|o| o.hide_in.clone()).unwrap_or_default();
+        for set in &hidden_in {
+            if !raw.toolsets.contains(set) {
+                ctx.fail(
+                    f,
+                    t,
+                    format!(
+                        "[args.{}] hide_in names `{set}`, which is not one of the tool's toolsets ({}); list only those",
+                        arg.name,
+                        raw.toolsets.join(", ")
+                    ),
+                );
+            }
+        }
+        if hidden && !hidden_in.is_empty() {
+            ctx.fail(
+                f,
+                t,
+                format!(
+                    "[args.{}] sets both hide and hide_in; keep one",
+                    arg.name
+                ),
+            );
+        }
         let is_required = arg.required && default.is_none();
         if !hidden {
             if is_required {
@@ -99,6 +123,7 @@ pub(crate) fn build_args(
             required: is_required,
             hidden,
             default,
+            hidden_in,
         });
     }
     let mut schema = json!({

@@ -270,6 +270,17 @@ impl TryApi<types::Sandbox> for &SandboxView {
                     })
                 })
                 .collect::<Result<_, EngineError>>()?,
+            volumes: r
+                .volumes
+                .iter()
+                .map(|m| {
+                    Ok(types::VolumeMount {
+                        name: m.name.parse().map_err(internal)?,
+                        path: m.path.parse().map_err(internal)?,
+                        read_only: m.read_only,
+                    })
+                })
+                .collect::<Result<_, EngineError>>()?,
             usage: view.usage.map(|(u, disk)| types::Usage {
                 cpu_seconds: u.cpu_seconds,
                 memory_bytes: u.memory_bytes,

@@ -10,7 +10,7 @@ use sandbox_mcp_api::limits;
 use sandbox_mcp_api::server::{self, Caller};
 use sandbox_mcp_api::types;
 use sandbox_mcp_engine::error::EngineError;
-use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
+use sandbox_mcp_engine::services::{CreateRequest, MountRequest, SandboxView};
 use sandbox_mcp_engine::state::NetworkRules;
 
 /// Longest metadata key accepted.
@@ -105,11 +105,23 @@ pub(super) async fn create(
     caller: Caller,
     body: types::CreateSandboxRequest,
 ) -> Result<types::Sandbox, EngineError> {
-    let view = state
+    let mut req = create_request(&body, caller)?;
+    let wanted: Vec<MountRequest> = body
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| MountRequest {
+            name: v.name.to_string(),
+            path: v.path.to_string(),
+            read_only: v.read_only,
+        })
+        .collect();
+    req.volumes = state
         .manager
-        .pools
-        .create(create_request(&body, caller)?)
+        .volumes
+        .resolve(req.tenant.as_deref(), &wanted)
         .await?;
+    let view = state.manager.pools.create(req).await?;
     sandbox(&view)
 }
 
@@ -152,6 +164,7 @@ pub(super) fn create_request(
             })
             .unwrap_or_default(),
         desktop: None,
+        volumes: Vec::new(),
     })
 }
 

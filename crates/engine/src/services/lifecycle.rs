@@ -146,7 +146,8 @@ impl Lifecycle {
             id: record.id.clone(),
             uid_slot: record.uid_slot,
             shape: record.shape,
-            template: template.layout.clone(),
+            template: super::volumes::layout_of(&template.layout, record),
+            volumes: super::volumes::binds_of(record),
             // The agent's own environment: what REPL interpreters start with, too: the
             // template's (an image's `Env`), the egress CA's, the sandbox's own.
             // Bound secrets' stand-ins are not here: each command gets them when it starts
@@ -571,5 +572,6 @@ pub(crate) fn record_of(
         network: req.network.clone(),
         secrets,
         desktop: req.desktop,
+        volumes: req.volumes.clone(),
     }
 }

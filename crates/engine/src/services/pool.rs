@@ -73,6 +73,7 @@ impl Pools {
         let shape = req.shape.within(&template)?;
         // A pooled sandbox has the template's shape: only a request for that one takes it.
         if shape == template.shape
+            && req.volumes.is_empty()
             && let Some(view) = self.take_warm(&template, &req).await?
         {
             return Ok(view);

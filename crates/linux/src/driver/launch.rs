@@ -59,6 +59,15 @@ impl NamespacesDriver {
                 }
             }
         }
+        for index in 0..spec.volumes.len() {
+            let staging = plan::volume_staging(&dir, index);
+            if !staging.exists() {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&staging)?;
+            }
+        }
         // The upper root becomes the sandbox's `/`: keep the template's mode.
         let _ = fs::set_permissions(
             plan::upper_dir(&dir, "/"),
@@ -84,6 +93,21 @@ impl NamespacesDriver {
                 DriverError::Launch(format!("cannot create the sandbox's cgroups: {e}"))
             })?;
         }
+        let volumes = spec
+            .volumes
+            .iter()
+            .map(|v| {
+                let source = self.volume_dir(&v.key);
+                if source.is_dir() {
+                    Ok((source, v.target.clone(), v.read_only))
+                } else {
+                    Err(DriverError::Launch(format!(
+                        "the volume mounted at {} no longer exists",
+                        v.target
+                    )))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let plan = plan::build(&PlanInput {
             sandbox_id: &spec.id,
             sandbox_dir: &dir,
@@ -105,6 +129,7 @@ impl NamespacesDriver {
                 name: spec.id.clone(),
                 slot: Some(spec.uid_slot),
             }),
+            volumes: &volumes,
         });
         let input = serde_json::to_vec(&plan)
             .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;

@@ -8,6 +8,36 @@ impl Storage for NamespacesDriver {
         NAME
     }
 
+    fn create_volume(&self, key: &str, quota_bytes: Option<u64>) -> Result<(), DriverError> {
+        let parent = self.volumes_dir();
+        // Only the engine reaches volumes by path: sandboxes get them as mounts.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&parent)
+            .map_err(DriverError::io("create the volumes directory"))?;
+        let made = match quota_bytes {
+            Some(limit) => disk::create_dir(&self.store, &parent, key, limit),
+            None => disk::create_dir(&disk::Store::Plain(String::new()), &parent, key, 0),
+        };
+        made.map_err(DriverError::io("create the volume"))?;
+        // Everyone inside may write it (a template's user as much as its root), as /tmp.
+        fs::set_permissions(self.volume_dir(key), fs::Permissions::from_mode(0o1777))
+            .map_err(DriverError::io("set the volume's mode"))
+    }
+
+    fn volume_bytes(&self, key: &str) -> u64 {
+        sandbox_mcp_sys::fs_tree::disk_usage(&self.volume_dir(key), 1_000_000)
+    }
+
+    fn remove_volume(&self, key: &str) -> Result<(), DriverError> {
+        if !self.volume_dir(key).exists() {
+            return Ok(());
+        }
+        disk::remove_dir(&self.store, &self.volumes_dir(), key)
+            .map_err(DriverError::io("delete the volume"))
+    }
+
     fn capture(
         &self,
         id: &str,

@@ -30,6 +30,7 @@ fn spec(id: &str) -> StartSpec {
         env: vec![("WHO".into(), "fake".into())],
         workdir: None,
         user: None,
+        volumes: Vec::new(),
         record: sandbox_mcp_model::Record {
             id: id.into(),
             name: None,
@@ -51,6 +52,7 @@ fn spec(id: &str) -> StartSpec {
             network: Default::default(),
             secrets: Default::default(),
             desktop: None,
+            volumes: Vec::new(),
         },
     }
 }

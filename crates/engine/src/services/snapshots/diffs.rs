@@ -26,7 +26,7 @@ impl Snapshots {
             .making
             .catalog
             .template(&lock(&entry.record).template)?;
-        let (base, base_template) = if ids::is_snapshot_id(against) {
+        let (base, base_layout) = if ids::is_snapshot_id(against) {
             let snap = self
                 .snapshots_of(None)
                 .await?
@@ -43,12 +43,16 @@ impl Snapshots {
                 .making
                 .catalog
                 .template(&lock(&owner.record).template)?;
+            let layout = crate::services::volumes::layout_of(
+                &owner_template.layout,
+                &lock(&owner.record),
+            );
             (
                 FsRef {
                     name: against.to_string(),
                     slot: None,
                 },
-                owner_template,
+                layout,
             )
         } else if ids::is_sandbox_id(against) {
             let other = self.making.registry.entry(against, tenant)?;
@@ -56,7 +60,11 @@ impl Snapshots {
                 .making
                 .catalog
                 .template(&lock(&other.record).template)?;
-            (Self::fs_of(&other, against), other_template)
+            let layout = crate::services::volumes::layout_of(
+                &other_template.layout,
+                &lock(&other.record),
+            );
+            (Self::fs_of(&other, against), layout)
         } else {
             return Err(EngineError::InvalidArgument(format!(
                 "against must be a sandbox id (sbx_…) or a snapshot id (snap_…); got {against:?}"
@@ -76,12 +84,16 @@ impl Snapshots {
         };
         let a = side(
             self.driver
-                .fs_layers(base, base_template.layout.clone())
+                .fs_layers(base, base_layout)
                 .await?,
         );
+        let own_layout = {
+            let record = lock(&entry.record);
+            crate::services::volumes::layout_of(&template.layout, &record)
+        };
         let b = side(
             self.driver
-                .fs_layers(Self::fs_of(&entry, id), template.layout.clone())
+                .fs_layers(Self::fs_of(&entry, id), own_layout)
                 .await?,
         );
         let under = under.to_string();

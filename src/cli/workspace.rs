@@ -1,0 +1,96 @@
+//! `sandbox-mcp workspace changes|apply`: what a sandbox changed in a workspace (a host folder
+//! exposed with `--workspace`), and writing it into the folder once reviewed. Goes through the
+//! engine that serves the data dir (started here if none does) or the one at `--url`.
+
+use sandbox_mcp_api::{ApiKey, Client, types};
+use sandbox_mcp_server::backend::Backend;
+
+use super::args::{WorkspaceArgs, WorkspaceCommand};
+use super::process;
+
+pub(super) async fn run(args: WorkspaceArgs) -> anyhow::Result<()> {
+    process::init_logging("warn");
+    let backend = match &args.url {
+        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
+            .map_err(anyhow::Error::msg)?,
+        None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
+            args.engine.config(),
+        ))),
+    };
+    let outcome = async {
+        let handle = backend
+            .client(None)
+            .await
+            .map_err(|e| anyhow::anyhow!(e.text()))?;
+        let client = handle.client.clone();
+        match args.command {
+            WorkspaceCommand::Changes { sandbox_id, name } => {
+                changes(&client, &sandbox_id, &name, true).await.map(|_| ())
+            }
+            WorkspaceCommand::Apply {
+                sandbox_id,
+                name,
+                dry_run,
+            } => apply(&client, &sandbox_id, &name, dry_run).await,
+        }
+    }
+    .await;
+    backend.shutdown().await;
+    outcome
+}
+
+fn api_error(e: sandbox_mcp_api::Error<types::Error>) -> anyhow::Error {
+    anyhow::anyhow!(sandbox_mcp_server::call::error_text(e))
+}
+
+/// Prints the patch (`patch`) or the list of changed files; returns how many there are.
+#[allow(clippy::print_stdout)] // the patch or the list is the command's output
+async fn changes(client: &Client, id: &str, name: &str, patch: bool) -> anyhow::Result<usize> {
+    let c = client
+        .workspace_changes()
+        .sandbox_id(id)
+        .name(name)
+        .send()
+        .await
+        .map_err(api_error)?
+        .into_inner();
+    if patch {
+        print!("{}", c.patch);
+    } else {
+        for f in &c.files {
+            let mark = match f.change {
+                types::ChangeKind::Added => 'A',
+                types::ChangeKind::Removed => 'D',
+                types::ChangeKind::Modified => 'M',
+            };
+            println!("{mark} {}", f.path);
+        }
+    }
+    Ok(c.files.len())
+}
+
+#[allow(clippy::print_stdout)]
+async fn apply(client: &Client, id: &str, name: &str, dry_run: bool) -> anyhow::Result<()> {
+    let files = changes(client, id, name, false).await?;
+    if files == 0 {
+        println!("sandbox {id} changed nothing in workspace {name}");
+        return Ok(());
+    }
+    if dry_run {
+        println!("(dry run: nothing written)");
+        return Ok(());
+    }
+    let done = client
+        .apply_workspace()
+        .sandbox_id(id)
+        .name(name)
+        .send()
+        .await
+        .map_err(api_error)?
+        .into_inner();
+    println!(
+        "applied sandbox {id}'s changes to workspace {name}: {} paths written or removed",
+        done.applied
+    );
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! Named volumes: shared at once, persistent past every sandbox, read-only where asked, limited
+//! by their quota, deletable only when unused, kept out of snapshots, shared by forks.
+
+use serde_json::json;
+
+use super::create_with;
+use crate::common::{TestEngine, err, exec, ok, sh};
+use crate::require_sandboxes;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_is_shared_at_once_and_outlives_its_sandboxes() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let v = ok(&client, "volume_create", json!({"name": "data"})).await;
+    assert_eq!(v["kind"], "volume");
+    let mount = json!([{"name": "data", "path": "/data"}]);
+    let (a, b) = (
+        create_with(&client, mount.clone()).await,
+        create_with(&client, mount.clone()).await,
+    );
+    sh(&client, &a, "echo from-a > /data/note && mkdir -p /data/dir && echo deep > /data/dir/f").await;
+    // The other sandbox reads it at once, and its own write is seen by the first.
+    assert_eq!(sh(&client, &b, "cat /data/note").await, "from-a\n");
+    sh(&client, &b, "echo from-b >> /data/note").await;
+    assert_eq!(sh(&client, &a, "cat /data/note").await, "from-a\nfrom-b\n");
+    // Listed with its size and users; each sandbox says what it mounts.
+    let list = ok(&client, "volume_list", json!({})).await;
+    let data = &list["volumes"][0];
+    assert_eq!(data["name"], "data");
+    assert!(data["size_bytes"].as_u64().unwrap() > 0, "{data}");
+    let mut users: Vec<_> = data["used_by"].as_array().unwrap().clone();
+    users.sort_by_key(|u| u.as_str().unwrap().to_string());
+    let mut both = vec![json!(a), json!(b)];
+    both.sort_by_key(|u| u.as_str().unwrap().to_string());
+    assert_eq!(users, both);
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": a})).await;
+    assert_eq!(info["volumes"], json!([{"name": "data", "path": "/data", "read_only": false}]));
+    // In use: not deleted, and the refusal names who uses it.
+    let refused = err(&client, "volume_delete", json!({"name": "data"})).await;
+    assert!(refused.contains("is mounted by") && refused.contains(&a), "{refused}");
+    for id in [&a, &b] {
+        ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+    }
+    // Both gone; the files are not.
+    let c = create_with(&client, mount).await;
+    assert_eq!(sh(&client, &c, "cat /data/note /data/dir/f").await, "from-a\nfrom-b\ndeep\n");
+    ok(&client, "sandbox_kill", json!({"sandbox_id": c})).await;
+    let deleted = ok(&client, "volume_delete", json!({"name": "data"})).await;
+    assert_eq!(deleted["deleted"], true);
+    let list = ok(&client, "volume_list", json!({})).await;
+    assert_eq!(list["volumes"], json!([]));
+    let gone = err(
+        &client,
+        "sandbox_create",
+        json!({"volumes": [{"name": "data", "path": "/data"}]}),
+    )
+    .await;
+    assert!(gone.contains("volume data not found"), "{gone}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_read_only_mount_refuses_writes_and_says_so() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    ok(&client, "volume_create", json!({"name": "ro"})).await;
+    let writer = create_with(&client, json!([{"name": "ro", "path": "/v"}])).await;
+    sh(&client, &writer, "echo kept > /v/file").await;
+    let reader = create_with(
+        &client,
+        json!([{"name": "ro", "path": "/v", "read_only": true}]),
+    )
+    .await;
+    assert_eq!(sh(&client, &reader, "cat /v/file").await, "kept\n");
+    let r = exec(&client, &reader, "echo x > /v/file; echo y > /v/new").await;
+    let stderr = r["stderr"].as_str().unwrap();
+    assert!(stderr.contains("Read-only file system"), "{r}");
+    let refused = err(
+        &client,
+        "sandbox_files_write",
+        json!({"sandbox_id": reader, "path": "/v/new", "content": "x"}),
+    )
+    .await;
+    assert!(refused.to_lowercase().contains("read-only"), "{refused}");
+    // Nor can it be mounted writable again from inside.
+    let r = exec(&client, &reader, "mount -o remount,rw /v").await;
+    assert_ne!(r["exit_code"], 0, "{r}");
+    assert_eq!(sh(&client, &writer, "cat /v/file; ls /v").await, "kept\nfile\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_is_enforced_or_refused_with_the_reason() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    if !engine.manager.driver().capabilities().disk_limits_enforced {
+        // Without the btrfs store a quota cannot be kept: asking for one says so.
+        let refused = err(&client, "volume_create", json!({"name": "small", "size_mb": 8})).await;
+        assert!(refused.contains("cannot enforce volume quotas"), "{refused}");
+        let v = ok(&client, "volume_create", json!({"name": "small"})).await;
+        assert!(v["quota_bytes"].is_null(), "{v}");
+        return;
+    }
+    let v = ok(&client, "volume_create", json!({"name": "small", "size_mb": 8})).await;
+    assert_eq!(v["quota_bytes"], 8 << 20);
+    let id = create_with(&client, json!([{"name": "small", "path": "/small"}])).await;
+    let r = exec(
+        &client,
+        &id,
+        "dd if=/dev/zero of=/small/big bs=1M count=32 2>&1; sync",
+    )
+    .await;
+    let out = format!("{}{}", r["stdout"], r["stderr"]);
+    assert!(out.contains("Disk quota exceeded"), "{r}");
+    // The sandbox's own disk is not the volume's: it still writes there.
+    sh(&client, &id, "dd if=/dev/zero of=/root/own bs=1M count=16 2>/dev/null").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn forks_share_volumes_and_snapshots_leave_them_alone() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    ok(&client, "volume_create", json!({"name": "shared"})).await;
+    let parent = create_with(&client, json!([{"name": "shared", "path": "/s"}])).await;
+    sh(&client, &parent, "echo 1 > /s/v; echo 1 > /root/own").await;
+    let snap = ok(&client, "sandbox_snapshot_create", json!({"sandbox_id": parent})).await;
+    sh(&client, &parent, "echo 2 > /s/v; echo 2 > /root/own").await;
+    ok(
+        &client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": parent, "snapshot_id": snap["id"]}),
+    )
+    .await;
+    // The sandbox's own files went back; the volume did not (documented: not in snapshots).
+    assert_eq!(sh(&client, &parent, "cat /root/own /s/v").await, "1\n2\n");
+    let forked = ok(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": parent, "memory": false}),
+    )
+    .await;
+    let child = forked["ids"][0].as_str().unwrap().to_string();
+    sh(&client, &child, "echo from-child > /s/child").await;
+    assert_eq!(sh(&client, &parent, "cat /s/child").await, "from-child\n");
+    // Paused and resumed, still mounted.
+    ok(&client, "sandbox_pause", json!({"sandbox_id": child})).await;
+    assert_eq!(sh(&client, &child, "cat /s/v").await, "2\n");
+}
