@@ -108,7 +108,16 @@ RESIDUAL = {
         r".* is a directory; list it with|.* is not a directory; read"
         r"|a parent of .* is not a directory"
         r"|too many levels of symbolic links|.* is not a regular file"
-        r"|cwd .* (does not exist|is not a directory)",
+        r"|cwd (does not exist|is not a directory)",
+    ),
+    # Mount points relative to each other and to the sandbox's own tree.
+    "a mount point a sandbox can have": (
+        {"create_sandbox"},
+        r'volume path ".*": |mount points \S+ and \S+ overlap|\S+ is listed twice in volumes',
+    ),
+    "a volume quota where the engine can keep one (its btrfs store)": (
+        {"create_volume"},
+        r"this engine cannot enforce volume quotas",
     ),
     "a secret that exists": (
         CREATE | {"attach_secret"},

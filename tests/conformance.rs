@@ -28,10 +28,20 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
         None,
     ),
     (
+        "create_volume",
+        "POST",
+        "/v1/volumes",
+        Some(r#"{"name": "conformance"}"#),
+    ),
+    ("list_volumes", "GET", "/v1/volumes", None),
+    ("delete_volume", "DELETE", "/v1/volumes/conformance", None),
+    (
         "create_sandbox",
         "POST",
         "/v1/sandboxes",
-        Some(r#"{"name": "conformance", "metadata": {"k": "v"}}"#),
+        Some(
+            r#"{"name": "conformance", "metadata": {"k": "v"}, "volumes": [{"name": "ws", "path": "/ws"}]}"#,
+        ),
     ),
     (
         "list_sandboxes",
@@ -108,6 +118,8 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
         "{s}/files?path=/root/c&recursive=true",
         None,
     ),
+    ("workspace_changes", "GET", "{s}/workspaces/ws/changes", None),
+    ("apply_workspace", "POST", "{s}/workspaces/ws/apply", None),
     ("get_sandbox_metrics", "GET", "{s}/metrics", None),
     ("get_network_log", "GET", "{s}/network/log?limit=5", None),
     (
@@ -220,7 +232,14 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
     let error_schema = spec
         .to_json_schema(&json!({"$ref": "#/components/schemas/Error"}), 0)
         .unwrap();
-    let engine = TestEngine::start().await;
+    // A workspace for the sandbox to mount, and change.
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(folder.path().join("file.txt"), "old\n").unwrap();
+    let spec_arg = format!("ws={}", folder.path().display());
+    let engine = TestEngine::start_with(|c| {
+        c.workspaces = vec![sandbox_mcp_model::config::Workspace::parse(&spec_arg).unwrap()];
+    })
+    .await;
     let http = engine.http();
     let mut id = String::from("sbx_0000000000000000000000000a");
     // A snapshot, a forked child and a desktop, once made.

@@ -65,6 +65,41 @@ async fn tools_list_as_the_model_receives_it() {
     settings().bind(|| insta::assert_json_snapshot!("tools_list", order));
 }
 
+/// `core` as the model receives it: the same tools, minus the arguments `core` hides
+/// (`hide_in`) — `sandbox_create` without `name`, `env_vars`, `shape`, `volumes`.
+#[tokio::test]
+async fn tools_list_of_the_core_toolset() {
+    let engine = TestEngine::start().await;
+    let client = engine
+        .mcp_with(sandbox_mcp_server::server::ServerSettings::default(), "core")
+        .await;
+    let tools = client.list_all_tools().await.unwrap();
+    let tools: Vec<serde_json::Value> = tools
+        .iter()
+        .map(|t| serde_json::to_value(t).unwrap())
+        .collect();
+    let create = tools.iter().find(|t| t["name"] == "sandbox_create").unwrap();
+    for hidden in ["name", "env_vars", "shape", "volumes"] {
+        assert!(create["inputSchema"]["properties"].get(hidden).is_none(), "{hidden}");
+    }
+    let full = sandbox_mcp_server::tooldefs::registry()
+        .tool("sandbox_create")
+        .unwrap();
+    for shown in ["name", "env_vars", "shape", "volumes"] {
+        assert!(full.input_schema["properties"].get(shown).is_some(), "{shown}");
+    }
+    assert_each_tool("tools_core", &tools);
+    // Sent anyway, a hidden argument is refused as unknown, as the model was told.
+    let refused = crate::common::call(
+        &client,
+        "sandbox_create",
+        serde_json::json!({"volumes": [{"name": "x", "path": "/x"}]}),
+    )
+    .await;
+    assert_eq!(refused.is_error, Some(true));
+    assert!(crate::common::text(&refused).contains("volumes"), "{refused:?}");
+}
+
 #[test]
 fn operation_inventory() {
     let registry = sandbox_mcp_server::tooldefs::registry();

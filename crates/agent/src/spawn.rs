@@ -119,13 +119,13 @@ pub fn check(cwd: &str, env: &[(String, String)]) -> Result<(), AgentError> {
         Ok(_) => {
             return Err(error(
                 ErrorKind::InvalidArgument,
-                format!("cwd {cwd} is not a directory"),
+                format!("cwd is not a directory: {cwd}"),
             ));
         }
         Err(_) => {
             return Err(error(
                 ErrorKind::InvalidArgument,
-                format!("cwd {cwd} does not exist; create it first (mkdir -p) or omit cwd"),
+                format!("cwd does not exist (create it first with mkdir -p, or omit cwd): {cwd}"),
             ));
         }
     }
