@@ -148,3 +148,48 @@ async fn forks_share_volumes_and_snapshots_leave_them_alone() {
     ok(&client, "sandbox_pause", json!({"sandbox_id": child})).await;
     assert_eq!(sh(&client, &child, "cat /s/v").await, "2\n");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hibernated_sandbox_keeps_its_volume_and_its_writer() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let live = engine.manager.driver().capabilities().live_state.clone();
+    if !live.available {
+        assert!(
+            std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
+            "CRIU 4.0 or later is required here (.ci/run builds it): {}",
+            live.detail
+        );
+        eprintln!("SKIPPED: hibernation needs CRIU: {}", live.detail);
+        return;
+    }
+    let client = engine.mcp().await;
+    ok(&client, "volume_create", json!({"name": "log"})).await;
+    let mount = json!([{"name": "log", "path": "/log"}]);
+    let id = create_with(&client, mount.clone()).await;
+    let counter = "i=0; while :; do i=$((i+1)); echo $i > /log/count; sleep 0.1; done";
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": counter, "background": true}),
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    ok(
+        &client,
+        "sandbox_pause",
+        json!({"sandbox_id": id, "hibernate": true}),
+    )
+    .await;
+    // Another sandbox watches the volume: nothing writes while the writer is hibernated.
+    let watcher = create_with(&client, mount).await;
+    let read = |s: String| s.trim().parse::<u64>().unwrap();
+    let before = read(sh(&client, &watcher, "cat /log/count").await);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(read(sh(&client, &watcher, "cat /log/count").await), before);
+    // Woken by a call: the volume is mounted again and the restored job writes on into it.
+    assert_eq!(read(sh(&client, &id, "cat /log/count").await), before);
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    let after = read(sh(&client, &watcher, "cat /log/count").await);
+    assert!(after > before + 2, "{before} → {after}");
+}

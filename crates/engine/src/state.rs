@@ -134,26 +134,8 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(servers::SCHEMA)?;
         conn.execute_batch(volumes::SCHEMA)?;
-        // Data dirs from before these columns keep their rows: no network rules (the engine's
-        // default), no secrets bound.
-        for column in ["network", "secrets"] {
-            let has: bool = conn
-                .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = ?1")?
-                .exists([column])?;
-            if !has {
-                conn.execute_batch(&format!(
-                    "ALTER TABLE sandboxes ADD COLUMN {column} TEXT NOT NULL DEFAULT '{{}}'"
-                ))?;
-            }
-        }
-        // And before desktops: none has one.
-        let has_desktop: bool = conn
-            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'desktop'")?
-            .exists([])?;
-        if !has_desktop {
-            conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN desktop TEXT")?;
-        }
-        volumes::migrate(&conn)?;
+        // Data dirs from before a column keep their rows, with its default.
+        volumes::add_columns(&conn)?;
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;

@@ -139,6 +139,18 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
         args.push("--external".into());
         args.push(format!("pipe[{ino}]:pipe{ino}"));
     }
+    // Named volumes: binds of a directory below the engine's store, which CRIU cannot place in
+    // the tree's mounts by itself. Marked external, they are left as they are; the restore joins
+    // a mount namespace that has them at the same places.
+    let info = std::fs::read_to_string(format!("/proc/{}/mountinfo", d.root))?;
+    let volumes = sandbox_mcp_sys::mounts::mounts(&info)
+        .filter(|m| m.root != "/" && m.fstype != "devtmpfs")
+        .map(|m| m.point.to_string())
+        .collect::<Vec<_>>();
+    for (i, point) in volumes.iter().enumerate() {
+        args.push("--external".into());
+        args.push(format!("mnt[{point}]:volume{i}"));
+    }
     let netns = open(&format!("/proc/{}/ns/net", d.agent))?;
     // Reading another user namespace's rlimits takes CAP_SYS_RESOURCE over it. Where root lacks
     // it (some container hosts), CRIU runs as the tree's own uid, keeping every other capability

@@ -3,6 +3,8 @@
 
 /// What is read of one /proc/self/mountinfo line.
 pub struct MountLine<'a> {
+    /// The directory of its filesystem the mount shows (`/` unless it is a bind of a part).
+    pub root: &'a str,
     pub point: &'a str,
     /// The mount's own options (`rw,nosuid,…`).
     pub options: &'a str,
@@ -16,12 +18,14 @@ pub fn mounts(info: &str) -> impl Iterator<Item = MountLine<'_>> {
     info.lines().filter_map(|line| {
         let (left, right) = line.split_once(" - ")?;
         let mut left = left.split_whitespace();
-        let point = left.nth(4)?;
+        let root = left.nth(3)?;
+        let point = left.next()?;
         let options = left.next().unwrap_or("");
         let mut right = right.split_whitespace();
         let fstype = right.next()?;
         let super_options = right.nth(1).unwrap_or("");
         Some(MountLine {
+            root,
             point,
             options,
             fstype,

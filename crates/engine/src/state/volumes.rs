@@ -17,13 +17,21 @@ CREATE TABLE IF NOT EXISTS volumes (
 );
 ";
 
-/// Data dirs from before volumes: every sandbox mounts none.
-pub(super) fn migrate(conn: &Connection) -> rusqlite::Result<()> {
-    let has: bool = conn
-        .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'volumes'")?
-        .exists([])?;
-    if !has {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN volumes TEXT NOT NULL DEFAULT '[]'")?;
+/// The columns of `sandboxes` added since the first data dirs, each with what a row made before
+/// it holds: no network rules (the engine's default), no secrets bound, no desktop, no volumes.
+pub(super) fn add_columns(conn: &Connection) -> rusqlite::Result<()> {
+    for (column, kind) in [
+        ("network", "TEXT NOT NULL DEFAULT '{}'"),
+        ("secrets", "TEXT NOT NULL DEFAULT '{}'"),
+        ("desktop", "TEXT"),
+        ("volumes", "TEXT NOT NULL DEFAULT '[]'"),
+    ] {
+        let has: bool = conn
+            .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = ?1")?
+            .exists([column])?;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE sandboxes ADD COLUMN {column} {kind}"))?;
+        }
     }
     Ok(())
 }
