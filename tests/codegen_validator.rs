@@ -109,6 +109,14 @@ fn specific_mistakes_say_how_to_fix_them() {
         e.contains("[defaults.errors] `not_found` names a placeholder that no tool in this file has as an argument; check its spelling"),
         "one sentence, one space: {e}"
     );
+    let e = errors("bad_hide_in.toml");
+    for needle in [
+        "[args.cwd] hide_in names `computer`, which is not one of the tool's toolsets (core)",
+        "[args.env] sets both hide and hide_in",
+        "[args.command] hides a required argument without a default",
+    ] {
+        assert!(e.contains(needle), "missing `{needle}` in:\n{e}");
+    }
     let e = errors("bad_overrides.toml");
     for needle in [
         "[args.comand] names no argument",

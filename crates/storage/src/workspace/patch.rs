@@ -277,10 +277,39 @@ mod tests {
         assert_eq!(quote(b"b/", b"x\"y"), "\"b/x\\\"y\"");
     }
 
+    /// Git's decoding of a literal hunk, to check ours against it.
+    fn decode(hunk: &str) -> Vec<u8> {
+        use std::io::Read as _;
+        let mut deflated = Vec::new();
+        for line in hunk.lines().skip(1).take_while(|l| !l.is_empty()) {
+            let n = match line.as_bytes()[0] {
+                c @ b'A'..=b'Z' => (c - b'A' + 1) as usize,
+                c => (c - b'a' + 27) as usize,
+            };
+            let mut bytes = Vec::new();
+            for group in line.as_bytes()[1..].chunks(5) {
+                let acc = group.iter().fold(0u32, |acc, c| {
+                    acc * 85 + B85.iter().position(|b| b == c).unwrap() as u32
+                });
+                bytes.extend_from_slice(&acc.to_be_bytes());
+            }
+            deflated.extend_from_slice(&bytes[..n]);
+        }
+        let mut out = Vec::new();
+        flate2::read::ZlibDecoder::new(&deflated[..])
+            .read_to_end(&mut out)
+            .unwrap();
+        out
+    }
+
     #[test]
-    fn an_empty_literal_is_gits() {
-        let mut s = String::new();
-        literal(&mut s, b"").unwrap();
-        assert_eq!(s, "literal 0\nHcmV?d00001\n\n");
+    fn literal_hunks_decode_to_their_content() {
+        for data in [&b""[..], b"\0\x01\xff", &[7u8; 300], b"text\n"] {
+            let mut s = String::new();
+            literal(&mut s, data).unwrap();
+            assert!(s.starts_with(&format!("literal {}\n", data.len())), "{s}");
+            assert!(s.ends_with("\n\n"));
+            assert_eq!(decode(&s), data);
+        }
     }
 }
