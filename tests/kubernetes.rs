@@ -160,3 +160,4 @@ mod rbac;
 mod replicas;
 mod starts;
 mod tools;
+mod volumes;

@@ -12,7 +12,7 @@
 //!
 //! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
 //! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
-//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=kubernetes` the kubernetes driver's section, and
+//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section, and
 //! prints its table and text instead of writing any file: for working on it. The kubernetes
 //! section needs `SANDBOX_MCP_TEST_K8S_RIG` (as its tests do); without it, it says so.
 //!
@@ -32,6 +32,7 @@ mod hosted;
 mod http;
 mod kubernetes;
 mod live;
+mod volumes;
 mod mcp;
 mod memory;
 mod network;
@@ -54,6 +55,7 @@ use crate::hosted::hosted_figures;
 use crate::http::http_figures;
 use crate::kubernetes::kubernetes_figures;
 use crate::live::live_figures;
+use crate::volumes::volume_figures;
 use crate::mcp::mcp_figures;
 use crate::memory::idle_memory;
 use crate::network::network_figures;
@@ -78,6 +80,7 @@ fn suite(with_peer: bool) -> (Vec<Figure>, String) {
     template_figures(&mut figures);
     let forks_section = fork_figures(&mut figures);
     let live_section = live_figures(&mut figures);
+    let volume_section = volume_figures(&mut figures);
     let desktop_section = desktop_figures(&mut figures);
     let kubernetes_section = kubernetes_figures(&mut figures);
     // In the table, after the engine's own figures.
@@ -89,6 +92,7 @@ fn suite(with_peer: bool) -> (Vec<Figure>, String) {
             + &network_section
             + &forks_section
             + &live_section
+            + &volume_section
             + &desktop_section
             + &kubernetes_section,
     )
@@ -101,10 +105,12 @@ fn main() {
     }
     let only = std::env::var("SANDBOX_MCP_BENCH_ONLY").unwrap_or_default();
     // Sections kept beside the full run's file: each alone takes minutes, the suite an hour.
-    if only == "live" || only == "hosted" {
+    if only == "live" || only == "hosted" || only == "volumes" {
         let mut figures = Vec::new();
         let section = if only == "live" {
             live_figures(&mut figures)
+        } else if only == "volumes" {
+            volume_figures(&mut figures)
         } else {
             let engine = Engine::start();
             hosted_figures(&engine, &mut figures)

@@ -116,6 +116,7 @@ impl KubeArgs {
             run_as_user: self.run_as_user,
             pull_policy: self.image_pull_policy.clone(),
             cpu_overcommit: self.cpu_overcommit,
+            storage_class: self.storage_class.clone(),
         }))
     }
 }

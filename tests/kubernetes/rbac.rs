@@ -60,6 +60,8 @@ async fn the_engine_runs_with_only_the_documented_rbac() {
         ("patch", "pods"),
         ("delete", "pods"),
         ("create", "pods/exec"),
+        ("create", "persistentvolumeclaims"),
+        ("delete", "persistentvolumeclaims"),
     ] {
         assert!(can(verb, what), "{verb} {what} must be allowed");
     }
@@ -70,6 +72,8 @@ async fn the_engine_runs_with_only_the_documented_rbac() {
         ("create", "pods/attach"),
         ("create", "deployments"),
         ("list", "configmaps"),
+        ("create", "persistentvolumes"),
+        ("patch", "persistentvolumeclaims"),
     ] {
         assert!(!can(verb, what), "{verb} {what} must not be allowed");
     }

@@ -179,6 +179,9 @@ async fn the_tools_work_on_pods_the_cluster_schedules_and_limits() {
         let refused = err(&client, tool, args).await;
         assert!(refused.contains("no checkpoint API"), "{tool}: {refused}");
     }
+    // Named volumes need a storage class to claim them in (see volumes.rs).
+    let volume = err(&client, "volume_create", json!({"name": "data"})).await;
+    assert!(volume.contains("--storage-class"), "{volume}");
     let rules = err(
         &client,
         "sandbox_update",

@@ -16,6 +16,7 @@
 pub mod mux;
 pub mod pod;
 pub mod status;
+mod volumes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -325,13 +326,25 @@ impl KubernetesDriver {
                 available: false,
                 detail: KUBE_NO_LIVE_STATE.into(),
             },
-            volumes_refused: Some(KUBE_NO_VOLUMES.into()),
+            volumes_refused: self.opts.storage_class.is_none().then(|| KUBE_NO_VOLUMES.into()),
+            workspaces_refused: Some(KUBE_NO_WORKSPACES.into()),
+            volume_quotas: true,
         };
+        let storage: Arc<dyn sandbox_mcp_model::driver::Storage> =
+            match &self.opts.storage_class {
+                Some(class) => Arc::new(volumes::Claims::new(
+                    self.pods.clone().into_client(),
+                    &self.opts.namespace,
+                    class,
+                    self.runtime.clone(),
+                )),
+                None => Arc::new(NoStorage(NAME)),
+            };
         let this = Arc::new(self);
         Driver {
             capabilities,
             isolation: this.clone(),
-            storage: Arc::new(NoStorage(NAME)),
+            storage,
             shared: Some(this),
         }
     }
@@ -367,6 +380,8 @@ impl Isolation for KubernetesDriver {
                 sandbox_mcp_model::ids::now_ms(),
             )
             .map_err(DriverError::Launch)?;
+            let mut pod = pod;
+            volumes::mount_claims(&mut pod, &spec.volumes);
             let name = pod::pod_name(&spec.id);
             match self.pods.create(&PostParams::default(), &pod).await {
                 Ok(_) => {}
@@ -550,4 +565,5 @@ impl SharedRecords for KubernetesDriver {
 
 /// Why the kubernetes driver carries no running processes.
 const KUBE_NO_LIVE_STATE: &str = "the kubernetes driver cannot checkpoint running processes: Kubernetes 1.20 has no checkpoint API";
-const KUBE_NO_VOLUMES: &str = "the kubernetes driver does not mount named volumes or workspaces: a workspace is a folder of the engine's host, which a pod on another node cannot see, and volumes as PersistentVolumeClaims are not built yet; use the namespaces driver (no --kubernetes) for them";
+const KUBE_NO_VOLUMES: &str = "named volumes on the kubernetes driver are PersistentVolumeClaims: start the engine with --storage-class NAME (a class that can bind ReadWriteMany claims) to use them";
+const KUBE_NO_WORKSPACES: &str = "workspaces are folders of the engine's host, which a pod on a cluster cannot see: use them with the namespaces driver (no --driver kubernetes)";

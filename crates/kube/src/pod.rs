@@ -57,6 +57,8 @@ pub struct PodRecord {
     pub tenant: Option<String>,
     #[serde(default)]
     pub network: NetworkRules,
+    #[serde(default)]
+    pub volumes: Vec<sandbox_mcp_model::record::Mounted>,
 }
 
 impl PodRecord {
@@ -72,6 +74,7 @@ impl PodRecord {
             expires_at: r.expires_at,
             tenant: r.tenant.clone(),
             network: r.network.clone(),
+            volumes: r.volumes.clone(),
         }
     }
 
@@ -93,7 +96,7 @@ impl PodRecord {
             network: self.network,
             secrets: BTreeMap::new(),
             desktop: None,
-            volumes: Vec::new(),
+            volumes: self.volumes,
         }
     }
 }
@@ -369,6 +372,7 @@ mod tests {
             run_as_user: Some(1000),
             pull_policy: None,
             cpu_overcommit: 1.0,
+            storage_class: None,
         }
     }
 
@@ -389,6 +393,7 @@ mod tests {
             expires_at: Some(61_000),
             tenant: Some("t".into()),
             network: NetworkRules::default(),
+            volumes: Vec::new(),
         }
     }
 

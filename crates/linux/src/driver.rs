@@ -335,6 +335,8 @@ impl NamespacesDriver {
                 },
             },
             volumes_refused: None,
+            workspaces_refused: None,
+            volume_quotas: self.store.enforced(),
         };
         let this = Arc::new(self);
         Driver {

@@ -266,6 +266,8 @@ pub struct PodOptions {
     pub pull_policy: Option<String>,
     /// Pods request 1/this of their shape's CPU (limits stay the shape); 1: requests = limits.
     pub cpu_overcommit: f64,
+    /// Storage class of named volumes' PersistentVolumeClaims; `None`: no named volumes.
+    pub storage_class: Option<String>,
 }
 
 impl PodOptions {

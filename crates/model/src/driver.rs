@@ -205,8 +205,12 @@ pub struct Capabilities {
     pub image_templates: Option<Vec<(String, String)>>,
     /// Whether running processes can be checkpointed and restored (forks with memory).
     pub live_state: LiveState,
-    /// Why named volumes and workspaces cannot be mounted, for the caller; `None`: they can.
+    /// Why named volumes cannot be mounted, for the caller; `None`: they can.
     pub volumes_refused: Option<String>,
+    /// Why workspaces (host folders) cannot be mounted; `None`: they can.
+    pub workspaces_refused: Option<String>,
+    /// A volume's size is its limit (a btrfs quota, a claim's capacity): `size_mb` is kept.
+    pub volume_quotas: bool,
 }
 
 /// Whether a driver can carry running processes from one sandbox to another, and in words what

@@ -156,6 +156,8 @@ impl FakeDriver {
                 )]),
                 live_state: Default::default(),
                 volumes_refused: Some("the fake driver has no volumes".into()),
+                workspaces_refused: Some("the fake driver has no workspaces".into()),
+                volume_quotas: false,
             },
             isolation: Arc::new(self.clone()),
             storage: Arc::new(self.clone()),

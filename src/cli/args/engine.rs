@@ -210,4 +210,8 @@ pub(crate) struct KubeArgs {
     /// RATIO times more sandboxes fit a node's cores; 1 keeps requests equal to limits.
     #[arg(long, env = "SANDBOX_MCP_CPU_OVERCOMMIT", default_value_t = 1.0)]
     pub(crate) cpu_overcommit: f64,
+    /// Storage class of named volumes, each a PersistentVolumeClaim (ReadWriteMany) of its
+    /// size; without it, volumes are refused on this driver.
+    #[arg(long, env = "SANDBOX_MCP_K8S_STORAGE_CLASS", value_name = "CLASS")]
+    pub(crate) storage_class: Option<String>,
 }

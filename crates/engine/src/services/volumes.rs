@@ -65,7 +65,7 @@ impl Volumes {
         registry: Arc<Registry>,
         workspaces: Vec<Workspace>,
     ) -> Self {
-        let enforced = driver.capabilities().disk_limits_enforced;
+        let enforced = driver.capabilities().volume_quotas;
         Self {
             driver,
             records,
@@ -167,7 +167,11 @@ impl Volumes {
             let size = self.driver.volume_bytes(&row.key).await;
             out.push(self.view(&row, used, size));
         }
-        for ws in &self.workspaces {
+        let workspaces = match self.driver.capabilities().workspaces_refused {
+            Some(_) => &[][..],
+            None => &self.workspaces[..],
+        };
+        for ws in workspaces {
             let used =
                 users(&|s| matches!(s, MountSource::Workspace { host } if *host == ws.path));
             let path = ws.path.clone();
@@ -264,6 +268,9 @@ impl Volumes {
                 )));
             }
             let source = if let Some(ws) = self.workspace(&w.name) {
+                if let Some(why) = &self.driver.capabilities().workspaces_refused {
+                    return Err(EngineError::Conflict(why.clone()));
+                }
                 MountSource::Workspace {
                     host: ws.path.clone(),
                 }
