@@ -118,7 +118,12 @@ const REQUESTS: &[(&str, &str, &str, Option<&str>)] = &[
         "{s}/files?path=/root/c&recursive=true",
         None,
     ),
-    ("workspace_changes", "GET", "{s}/workspaces/ws/changes", None),
+    (
+        "workspace_changes",
+        "GET",
+        "{s}/workspaces/ws/changes",
+        None,
+    ),
     ("apply_workspace", "POST", "{s}/workspaces/ws/apply", None),
     ("get_sandbox_metrics", "GET", "{s}/metrics", None),
     ("get_network_log", "GET", "{s}/network/log?limit=5", None),

@@ -71,22 +71,34 @@ async fn tools_list_as_the_model_receives_it() {
 async fn tools_list_of_the_core_toolset() {
     let engine = TestEngine::start().await;
     let client = engine
-        .mcp_with(sandbox_mcp_server::server::ServerSettings::default(), "core")
+        .mcp_with(
+            sandbox_mcp_server::server::ServerSettings::default(),
+            "core",
+        )
         .await;
     let tools = client.list_all_tools().await.unwrap();
     let tools: Vec<serde_json::Value> = tools
         .iter()
         .map(|t| serde_json::to_value(t).unwrap())
         .collect();
-    let create = tools.iter().find(|t| t["name"] == "sandbox_create").unwrap();
+    let create = tools
+        .iter()
+        .find(|t| t["name"] == "sandbox_create")
+        .unwrap();
     for hidden in ["name", "env_vars", "shape", "volumes"] {
-        assert!(create["inputSchema"]["properties"].get(hidden).is_none(), "{hidden}");
+        assert!(
+            create["inputSchema"]["properties"].get(hidden).is_none(),
+            "{hidden}"
+        );
     }
     let full = sandbox_mcp_server::tooldefs::registry()
         .tool("sandbox_create")
         .unwrap();
     for shown in ["name", "env_vars", "shape", "volumes"] {
-        assert!(full.input_schema["properties"].get(shown).is_some(), "{shown}");
+        assert!(
+            full.input_schema["properties"].get(shown).is_some(),
+            "{shown}"
+        );
     }
     assert_each_tool("tools_core", &tools);
     // Sent anyway, a hidden argument is refused as unknown, as the model was told.
@@ -97,7 +109,10 @@ async fn tools_list_of_the_core_toolset() {
     )
     .await;
     assert_eq!(refused.is_error, Some(true));
-    assert!(crate::common::text(&refused).contains("volumes"), "{refused:?}");
+    assert!(
+        crate::common::text(&refused).contains("volumes"),
+        "{refused:?}"
+    );
 }
 
 #[test]

@@ -32,7 +32,6 @@ mod hosted;
 mod http;
 mod kubernetes;
 mod live;
-mod volumes;
 mod mcp;
 mod memory;
 mod network;
@@ -43,6 +42,7 @@ mod secrets;
 mod servers;
 mod templates;
 mod testnet;
+mod volumes;
 
 use std::path::{Path, PathBuf};
 
@@ -55,13 +55,13 @@ use crate::hosted::hosted_figures;
 use crate::http::http_figures;
 use crate::kubernetes::kubernetes_figures;
 use crate::live::live_figures;
-use crate::volumes::volume_figures;
 use crate::mcp::mcp_figures;
 use crate::memory::idle_memory;
 use crate::network::network_figures;
 use crate::report::render;
 use crate::servers::Engine;
 use crate::templates::template_figures;
+use crate::volumes::volume_figures;
 
 /// Every figure of the binary `bin()` names, with the side-by-side section when `with_peer`.
 fn suite(with_peer: bool) -> (Vec<Figure>, String) {

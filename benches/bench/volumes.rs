@@ -71,7 +71,13 @@ fn measure(engine: &Engine, runs: usize, out: &mut Vec<Figure>) -> Result<(), St
         delta.push(b - a);
     }
     let note = "HTTP create_sandbox + exec `true`, plain and with the workspace alternating";
-    out.push(figure("Create → first exec, plain", "ms", plain, None, note));
+    out.push(figure(
+        "Create → first exec, plain",
+        "ms",
+        plain,
+        None,
+        note,
+    ));
     out.push(figure(
         &format!("Create → first exec, with a {FILES}-file workspace"),
         "ms",
@@ -122,8 +128,20 @@ fn measure(engine: &Engine, runs: usize, out: &mut Vec<Figure>) -> Result<(), St
         own.push(rate("/root/f")?);
     }
     let note = format!("cat of a {READ_MIB} MiB file, warm cache, alternating");
-    out.push(figure("Read through a named volume", "MiB/s", volume, None, &note));
-    out.push(figure("Read in the sandbox's own layer", "MiB/s", own, None, &note));
+    out.push(figure(
+        "Read through a named volume",
+        "MiB/s",
+        volume,
+        None,
+        &note,
+    ));
+    out.push(figure(
+        "Read in the sandbox's own layer",
+        "MiB/s",
+        own,
+        None,
+        &note,
+    ));
     engine.kill(&id);
     Ok(())
 }

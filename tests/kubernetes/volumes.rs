@@ -24,7 +24,10 @@ async fn named_volumes_are_claims_that_pods_share() {
     // A storage class without a provisioner, and one volume of the rig's node for its claim to
     // bind: a directory of this machine (the rig is one node).
     let class = format!("{}-class", ns.name);
-    let host = tempfile::Builder::new().prefix("smcp-pv").tempdir_in("/tmp").unwrap();
+    let host = tempfile::Builder::new()
+        .prefix("smcp-pv")
+        .tempdir_in("/tmp")
+        .unwrap();
     std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let manifest = host.path().with_extension("yaml");
     std::fs::write(
@@ -52,11 +55,23 @@ async fn named_volumes_are_claims_that_pods_share() {
     )
     .await;
     let client = engine.mcp().await;
-    let made = ok(&client, "volume_create", json!({"name": "data", "size_mb": 100})).await;
+    let made = ok(
+        &client,
+        "volume_create",
+        json!({"name": "data", "size_mb": 100}),
+    )
+    .await;
     assert_eq!(made["quota_bytes"], 100 << 20, "{made}");
     // One claim, of the class and the size asked for.
     let claims: Value = serde_json::from_str(&rig.kubectl_ok(&[
-        "get", "pvc", "-n", &ns.name, "-l", "sandbox-mcp/volume", "-o", "json",
+        "get",
+        "pvc",
+        "-n",
+        &ns.name,
+        "-l",
+        "sandbox-mcp/volume",
+        "-o",
+        "json",
     ]))
     .unwrap();
     let claim = &claims["items"][0];

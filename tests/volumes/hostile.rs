@@ -38,14 +38,29 @@ async fn names_and_mount_points_that_are_paths_are_refused() {
     for name in ["../x", "..", "a/b", ".", "A", "x\u{0}y", "-x", ""] {
         let said = err(&client, "volume_create", json!({"name": name})).await;
         assert!(!said.is_empty(), "{name:?}");
-        let (status, body) =
-            as_tenant(&engine, None, "POST", "/v1/volumes", Some(json!({"name": name}))).await;
+        let (status, body) = as_tenant(
+            &engine,
+            None,
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": name})),
+        )
+        .await;
         assert_eq!(status, 400, "{name:?}: {body}");
     }
     let (status, _) = as_tenant(&engine, None, "DELETE", "/v1/volumes/..%2Fx", None).await;
     assert!(status == 400 || status == 404, "{status}");
     ok(&client, "volume_create", json!({"name": "v"})).await;
-    for path in ["relative", "/", "/proc", "/proc/self", "/dev/x", "/sys", "/a/../etc", "/a:b"] {
+    for path in [
+        "relative",
+        "/",
+        "/proc",
+        "/proc/self",
+        "/dev/x",
+        "/sys",
+        "/a/../etc",
+        "/a:b",
+    ] {
         let said = err(
             &client,
             "sandbox_create",
@@ -60,7 +75,10 @@ async fn names_and_mount_points_that_are_paths_are_refused() {
         json!({"volumes": [{"name": "v", "path": "/a"}, {"name": "v", "path": "/a/b"}]}),
     )
     .await;
-    assert!(overlap.contains("twice") || overlap.contains("overlap"), "{overlap}");
+    assert!(
+        overlap.contains("twice") || overlap.contains("overlap"),
+        "{overlap}"
+    );
     assert_eq!(
         std::fs::read_dir(engine.data_dir().join("sandboxes/.volumes"))
             .unwrap()
@@ -98,7 +116,12 @@ async fn a_sandbox_cannot_leave_its_volume() {
     }
     // What the sandbox left in the volume is there, and nothing of the host came in.
     let volume = engine.data_dir().join("sandboxes/.volumes");
-    let dir = std::fs::read_dir(&volume).unwrap().next().unwrap().unwrap().path();
+    let dir = std::fs::read_dir(&volume)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
     assert_eq!(
         std::fs::read_link(dir.join("root")).unwrap(),
         std::path::PathBuf::from("/")
@@ -108,8 +131,18 @@ async fn a_sandbox_cannot_leave_its_volume() {
     // The mount point bent into a link: the next start refuses rather than mount through it.
     sh(&client, &id, "mkdir -p /mnt/real").await;
     let id2 = create_with(&client, json!([{"name": "v", "path": "/mnt/inner/v"}])).await;
-    sh(&client, &id2, "mv /mnt/inner /mnt/moved && ln -s /etc /mnt/inner").await;
-    let snap = ok(&client, "sandbox_snapshot_create", json!({"sandbox_id": id2})).await;
+    sh(
+        &client,
+        &id2,
+        "mv /mnt/inner /mnt/moved && ln -s /etc /mnt/inner",
+    )
+    .await;
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id2}),
+    )
+    .await;
     let refused = err(
         &client,
         "sandbox_snapshot_restore",
@@ -123,20 +156,48 @@ async fn a_sandbox_cannot_leave_its_volume() {
 async fn tenants_never_meet_in_volumes() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
-    let (s, v) = as_tenant(&engine, Some("t1"), "POST", "/v1/volumes", Some(json!({"name": "data"}))).await;
+    let (s, v) = as_tenant(
+        &engine,
+        Some("t1"),
+        "POST",
+        "/v1/volumes",
+        Some(json!({"name": "data"})),
+    )
+    .await;
     assert_eq!(s, 200, "{v}");
     let (s, list) = as_tenant(&engine, Some("t2"), "GET", "/v1/volumes", None).await;
     assert_eq!(s, 200);
     assert_eq!(list["volumes"], json!([]), "t2 sees t1's volume");
     // t2 cannot mount or delete it by name; its own `data` is another volume.
     let mount = json!({"volumes": [{"name": "data", "path": "/data"}]});
-    let (s, _) = as_tenant(&engine, Some("t2"), "POST", "/v1/sandboxes", Some(mount.clone())).await;
+    let (s, _) = as_tenant(
+        &engine,
+        Some("t2"),
+        "POST",
+        "/v1/sandboxes",
+        Some(mount.clone()),
+    )
+    .await;
     assert_eq!(s, 404);
     let (s, d) = as_tenant(&engine, Some("t2"), "DELETE", "/v1/volumes/data", None).await;
     assert_eq!((s, &d["deleted"]), (200, &json!(false)));
-    let (s, _) = as_tenant(&engine, Some("t2"), "POST", "/v1/volumes", Some(json!({"name": "data"}))).await;
+    let (s, _) = as_tenant(
+        &engine,
+        Some("t2"),
+        "POST",
+        "/v1/volumes",
+        Some(json!({"name": "data"})),
+    )
+    .await;
     assert_eq!(s, 200);
-    let (s, a) = as_tenant(&engine, Some("t1"), "POST", "/v1/sandboxes", Some(mount.clone())).await;
+    let (s, a) = as_tenant(
+        &engine,
+        Some("t1"),
+        "POST",
+        "/v1/sandboxes",
+        Some(mount.clone()),
+    )
+    .await;
     assert_eq!(s, 201, "{a}");
     let (s, b) = as_tenant(&engine, Some("t2"), "POST", "/v1/sandboxes", Some(mount)).await;
     assert_eq!(s, 201, "{b}");
@@ -166,7 +227,10 @@ async fn tenants_never_meet_in_volumes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn applying_never_writes_outside_the_folder() {
     require_sandboxes!();
-    let host = tempfile::Builder::new().prefix("smcp-ws").tempdir_in("/tmp").unwrap();
+    let host = tempfile::Builder::new()
+        .prefix("smcp-ws")
+        .tempdir_in("/tmp")
+        .unwrap();
     let repo = host.path().join("repo");
     make_repo(&repo);
     // The user's own link out of the folder, and a directory the sandbox will swap for a link.
@@ -194,10 +258,17 @@ async fn applying_never_writes_outside_the_folder() {
         .env("SANDBOX_MCP_API_KEY", KEY)
         .output()
         .unwrap();
-    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
     // The folder holds what the sandbox made: a real directory, links as links.
     assert!(repo.join("link").is_dir() && !repo.join("link").is_symlink());
-    assert_eq!(std::fs::read_to_string(repo.join("link/precious")).unwrap(), "pwned\n");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("link/precious")).unwrap(),
+        "pwned\n"
+    );
     assert!(repo.join("sub").is_symlink());
     assert!(repo.join("passwd-link").is_symlink());
     // And nothing outside it changed.

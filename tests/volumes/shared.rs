@@ -19,7 +19,12 @@ async fn a_volume_is_shared_at_once_and_outlives_its_sandboxes() {
         create_with(&client, mount.clone()).await,
         create_with(&client, mount.clone()).await,
     );
-    sh(&client, &a, "echo from-a > /data/note && mkdir -p /data/dir && echo deep > /data/dir/f").await;
+    sh(
+        &client,
+        &a,
+        "echo from-a > /data/note && mkdir -p /data/dir && echo deep > /data/dir/f",
+    )
+    .await;
     // The other sandbox reads it at once, and its own write is seen by the first.
     assert_eq!(sh(&client, &b, "cat /data/note").await, "from-a\n");
     sh(&client, &b, "echo from-b >> /data/note").await;
@@ -35,16 +40,25 @@ async fn a_volume_is_shared_at_once_and_outlives_its_sandboxes() {
     both.sort_by_key(|u| u.as_str().unwrap().to_string());
     assert_eq!(users, both);
     let info = ok(&client, "sandbox_info", json!({"sandbox_id": a})).await;
-    assert_eq!(info["volumes"], json!([{"name": "data", "path": "/data", "read_only": false}]));
+    assert_eq!(
+        info["volumes"],
+        json!([{"name": "data", "path": "/data", "read_only": false}])
+    );
     // In use: not deleted, and the refusal names who uses it.
     let refused = err(&client, "volume_delete", json!({"name": "data"})).await;
-    assert!(refused.contains("is mounted by") && refused.contains(&a), "{refused}");
+    assert!(
+        refused.contains("is mounted by") && refused.contains(&a),
+        "{refused}"
+    );
     for id in [&a, &b] {
         ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
     }
     // Both gone; the files are not.
     let c = create_with(&client, mount).await;
-    assert_eq!(sh(&client, &c, "cat /data/note /data/dir/f").await, "from-a\nfrom-b\ndeep\n");
+    assert_eq!(
+        sh(&client, &c, "cat /data/note /data/dir/f").await,
+        "from-a\nfrom-b\ndeep\n"
+    );
     ok(&client, "sandbox_kill", json!({"sandbox_id": c})).await;
     let deleted = ok(&client, "volume_delete", json!({"name": "data"})).await;
     assert_eq!(deleted["deleted"], true);
@@ -86,7 +100,10 @@ async fn a_read_only_mount_refuses_writes_and_says_so() {
     // Nor can it be mounted writable again from inside.
     let r = exec(&client, &reader, "mount -o remount,rw /v").await;
     assert_ne!(r["exit_code"], 0, "{r}");
-    assert_eq!(sh(&client, &writer, "cat /v/file; ls /v").await, "kept\nfile\n");
+    assert_eq!(
+        sh(&client, &writer, "cat /v/file; ls /v").await,
+        "kept\nfile\n"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -96,13 +113,26 @@ async fn a_quota_is_enforced_or_refused_with_the_reason() {
     let client = engine.mcp().await;
     if !engine.manager.driver().capabilities().disk_limits_enforced {
         // Without the btrfs store a quota cannot be kept: asking for one says so.
-        let refused = err(&client, "volume_create", json!({"name": "small", "size_mb": 8})).await;
-        assert!(refused.contains("cannot enforce volume quotas"), "{refused}");
+        let refused = err(
+            &client,
+            "volume_create",
+            json!({"name": "small", "size_mb": 8}),
+        )
+        .await;
+        assert!(
+            refused.contains("cannot enforce volume quotas"),
+            "{refused}"
+        );
         let v = ok(&client, "volume_create", json!({"name": "small"})).await;
         assert!(v["quota_bytes"].is_null(), "{v}");
         return;
     }
-    let v = ok(&client, "volume_create", json!({"name": "small", "size_mb": 8})).await;
+    let v = ok(
+        &client,
+        "volume_create",
+        json!({"name": "small", "size_mb": 8}),
+    )
+    .await;
     assert_eq!(v["quota_bytes"], 8 << 20);
     let id = create_with(&client, json!([{"name": "small", "path": "/small"}])).await;
     let r = exec(
@@ -114,7 +144,12 @@ async fn a_quota_is_enforced_or_refused_with_the_reason() {
     let out = format!("{}{}", r["stdout"], r["stderr"]);
     assert!(out.contains("Disk quota exceeded"), "{r}");
     // The sandbox's own disk is not the volume's: it still writes there.
-    sh(&client, &id, "dd if=/dev/zero of=/root/own bs=1M count=16 2>/dev/null").await;
+    sh(
+        &client,
+        &id,
+        "dd if=/dev/zero of=/root/own bs=1M count=16 2>/dev/null",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -125,7 +160,12 @@ async fn forks_share_volumes_and_snapshots_leave_them_alone() {
     ok(&client, "volume_create", json!({"name": "shared"})).await;
     let parent = create_with(&client, json!([{"name": "shared", "path": "/s"}])).await;
     sh(&client, &parent, "echo 1 > /s/v; echo 1 > /root/own").await;
-    let snap = ok(&client, "sandbox_snapshot_create", json!({"sandbox_id": parent})).await;
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": parent}),
+    )
+    .await;
     sh(&client, &parent, "echo 2 > /s/v; echo 2 > /root/own").await;
     ok(
         &client,

@@ -13,8 +13,17 @@ use crate::common::{BIN, KEY, McpClient, TestEngine, err, ok, sh};
 use crate::require_sandboxes;
 
 fn run(dir: &Path, cmd: &str) {
-    let out = Command::new("sh").arg("-c").arg(cmd).current_dir(dir).output().unwrap();
-    assert!(out.status.success(), "`{cmd}`: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "`{cmd}`: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A git repository with text, binary, executable-to-be and nested files, committed.
@@ -49,7 +58,10 @@ pub fn tree(dir: &Path, skip_git: bool) -> BTreeMap<PathBuf, (u32, Vec<u8>)> {
             }
             let m = std::fs::symlink_metadata(&p).unwrap();
             let content = if m.file_type().is_symlink() {
-                std::fs::read_link(&p).unwrap().into_os_string().into_encoded_bytes()
+                std::fs::read_link(&p)
+                    .unwrap()
+                    .into_os_string()
+                    .into_encoded_bytes()
             } else if m.is_file() {
                 std::fs::read(&p).unwrap()
             } else {
@@ -87,7 +99,11 @@ fn host_view(dir: &Path) -> Value {
         .current_dir(dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -109,7 +125,10 @@ echo u > 'café.txt' && printf 'no newline' > nonl.txt && ln -s README.md link &
 git add -A && git -c user.name=s -c user.email=s@example.test commit -qm sandbox"#;
 
 async fn engine_with(repo: &Path, ro: &Path) -> TestEngine {
-    let spec = [format!("repo={}", repo.display()), format!("ro={}:ro", ro.display())];
+    let spec = [
+        format!("repo={}", repo.display()),
+        format!("ro={}:ro", ro.display()),
+    ];
     TestEngine::start_with(|c| {
         c.workspaces = spec
             .iter()
@@ -122,7 +141,10 @@ async fn engine_with(repo: &Path, ro: &Path) -> TestEngine {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     require_sandboxes!();
-    let host = tempfile::Builder::new().prefix("smcp-ws").tempdir_in("/tmp").unwrap();
+    let host = tempfile::Builder::new()
+        .prefix("smcp-ws")
+        .tempdir_in("/tmp")
+        .unwrap();
     let (repo, ro) = (host.path().join("repo"), host.path().join("ro"));
     make_repo(&repo);
     make_repo(&ro);
@@ -148,9 +170,15 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     assert!(taken.contains("workspace"), "{taken}");
 
     let id = create_with(&client, json!([{"name": "repo", "path": "/root/repo"}])).await;
-    assert_eq!(sh(&client, &id, "cat /root/repo/README.md").await, "hello\nsecond line\n");
+    assert_eq!(
+        sh(&client, &id, "cat /root/repo/README.md").await,
+        "hello\nsecond line\n"
+    );
     sh(&client, &id, WORK).await;
-    assert_eq!(sh(&client, &id, "cd /root/repo && git log --format=%s -1").await, "sandbox\n");
+    assert_eq!(
+        sh(&client, &id, "cd /root/repo && git log --format=%s -1").await,
+        "sandbox\n"
+    );
     // The folder, .git and all, is exactly as it was.
     assert_eq!(tree(&repo, false), before, "the host folder changed");
 
@@ -167,7 +195,10 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
         .map(|f| {
             (
                 f["path"].as_str().unwrap().to_string(),
-                (f["change"].as_str().unwrap().to_string(), f["binary"].as_bool().unwrap()),
+                (
+                    f["change"].as_str().unwrap().to_string(),
+                    f["binary"].as_bool().unwrap(),
+                ),
             )
         })
         .collect();
@@ -178,12 +209,18 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     assert!(files.keys().any(|p| p.ends_with(".pyc")), "{files:?}");
     assert!(!files.keys().any(|p| p.starts_with(".git")), "{files:?}");
     let patch = changes["patch"].as_str().unwrap();
-    assert!(patch.contains("old mode 100644\nnew mode 100755"), "{patch}");
+    assert!(
+        patch.contains("old mode 100644\nnew mode 100755"),
+        "{patch}"
+    );
     assert!(patch.contains("GIT binary patch"), "{patch}");
 
     // The patch, applied by git to a copy of the folder, gives the sandbox's tree.
     let copy = host.path().join("copy");
-    run(host.path(), &format!("cp -a {} {}", repo.display(), copy.display()));
+    run(
+        host.path(),
+        &format!("cp -a {} {}", repo.display(), copy.display()),
+    );
     let patch_file = host.path().join("changes.patch");
     std::fs::write(&patch_file, patch).unwrap();
     run(&copy, &format!("git apply {}", patch_file.display()));
@@ -197,12 +234,18 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     assert!(!ro_apply.status.success());
     let said = String::from_utf8_lossy(&ro_apply.stderr);
     assert!(said.contains("read-only"), "{said}");
-    assert_eq!(std::fs::read_to_string(ro.join("README.md")).unwrap(), "hello\nsecond line\n");
+    assert_eq!(
+        std::fs::read_to_string(ro.join("README.md")).unwrap(),
+        "hello\nsecond line\n"
+    );
 
     // A tenant's key reads changes but never writes the operator's folder.
     let r = engine
         .http()
-        .post(format!("{}/v1/sandboxes/{id}/workspaces/repo/apply", engine.url))
+        .post(format!(
+            "{}/v1/sandboxes/{id}/workspaces/repo/apply",
+            engine.url
+        ))
         .bearer_auth(KEY)
         .header("x-sandbox-tenant", "t1")
         .send()
@@ -213,9 +256,16 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
 
     // The operator applies: the folder's working tree becomes the sandbox's, its .git stays.
     let applied = apply_cli(&engine, &id, "repo");
-    assert!(applied.status.success(), "{}", String::from_utf8_lossy(&applied.stderr));
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
     let said = String::from_utf8_lossy(&applied.stdout);
-    assert!(said.contains("D old.txt") && said.contains("applied"), "{said}");
+    assert!(
+        said.contains("D old.txt") && said.contains("applied"),
+        "{said}"
+    );
     assert_eq!(host_view(&repo), wanted);
     let after = tree(&repo, false);
     for (path, entry) in &before {
@@ -244,7 +294,10 @@ fn apply_cli(engine: &TestEngine, id: &str, name: &str) -> std::process::Output 
 #[tokio::test(flavor = "multi_thread")]
 async fn forks_of_a_workspace_sandbox_diverge_independently() {
     require_sandboxes!();
-    let host = tempfile::Builder::new().prefix("smcp-ws").tempdir_in("/tmp").unwrap();
+    let host = tempfile::Builder::new()
+        .prefix("smcp-ws")
+        .tempdir_in("/tmp")
+        .unwrap();
     let (repo, ro) = (host.path().join("repo"), host.path().join("ro"));
     make_repo(&repo);
     make_repo(&ro);
@@ -259,21 +312,47 @@ async fn forks_of_a_workspace_sandbox_diverge_independently() {
     )
     .await;
     let child = forked["ids"][0].as_str().unwrap().to_string();
-    sh(&client, &child, "echo c > /root/repo/child.txt; rm /root/repo/parent.txt").await;
+    sh(
+        &client,
+        &child,
+        "echo c > /root/repo/child.txt; rm /root/repo/parent.txt",
+    )
+    .await;
     sh(&client, &parent, "echo p2 >> /root/repo/README.md").await;
     let paths = |v: &Value| -> Vec<String> {
         v["files"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|f| format!("{} {}", f["change"].as_str().unwrap(), f["path"].as_str().unwrap()))
+            .map(|f| {
+                format!(
+                    "{} {}",
+                    f["change"].as_str().unwrap(),
+                    f["path"].as_str().unwrap()
+                )
+            })
             .collect()
     };
-    let p = ok(&client, "sandbox_workspace_changes", json!({"sandbox_id": parent, "name": "repo"})).await;
-    let c = ok(&client, "sandbox_workspace_changes", json!({"sandbox_id": child, "name": "repo"})).await;
+    let p = ok(
+        &client,
+        "sandbox_workspace_changes",
+        json!({"sandbox_id": parent, "name": "repo"}),
+    )
+    .await;
+    let c = ok(
+        &client,
+        "sandbox_workspace_changes",
+        json!({"sandbox_id": child, "name": "repo"}),
+    )
+    .await;
     assert_eq!(paths(&p), ["modified README.md", "added parent.txt"]);
     assert_eq!(paths(&c), ["added child.txt"]);
     // A sandbox that does not mount it has no changes to it.
-    let none = err(&client, "sandbox_workspace_changes", json!({"sandbox_id": parent, "name": "ro"})).await;
+    let none = err(
+        &client,
+        "sandbox_workspace_changes",
+        json!({"sandbox_id": parent, "name": "ro"}),
+    )
+    .await;
     assert!(none.contains("mounts no workspace ro"), "{none}");
 }

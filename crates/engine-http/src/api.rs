@@ -25,10 +25,10 @@ mod previews;
 pub mod request;
 mod sandboxes;
 mod secrets;
-mod volumes;
 mod servers;
 mod snapshots;
 mod templates;
+mod volumes;
 
 use axum::Router;
 use axum::body::Body;

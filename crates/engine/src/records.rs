@@ -227,7 +227,10 @@ impl Records {
             .await
     }
 
-    pub(crate) async fn volumes(&self, tenant: Option<&str>) -> Result<Vec<VolumeRow>, EngineError> {
+    pub(crate) async fn volumes(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<VolumeRow>, EngineError> {
         let tenant = tenant.map(str::to_string);
         self.local(move |s| s.volumes(tenant.as_deref())).await
     }

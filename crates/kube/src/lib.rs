@@ -326,20 +326,23 @@ impl KubernetesDriver {
                 available: false,
                 detail: KUBE_NO_LIVE_STATE.into(),
             },
-            volumes_refused: self.opts.storage_class.is_none().then(|| KUBE_NO_VOLUMES.into()),
+            volumes_refused: self
+                .opts
+                .storage_class
+                .is_none()
+                .then(|| KUBE_NO_VOLUMES.into()),
             workspaces_refused: Some(KUBE_NO_WORKSPACES.into()),
             volume_quotas: true,
         };
-        let storage: Arc<dyn sandbox_mcp_model::driver::Storage> =
-            match &self.opts.storage_class {
-                Some(class) => Arc::new(volumes::Claims::new(
-                    self.pods.clone().into_client(),
-                    &self.opts.namespace,
-                    class,
-                    self.runtime.clone(),
-                )),
-                None => Arc::new(NoStorage(NAME)),
-            };
+        let storage: Arc<dyn sandbox_mcp_model::driver::Storage> = match &self.opts.storage_class {
+            Some(class) => Arc::new(volumes::Claims::new(
+                self.pods.clone().into_client(),
+                &self.opts.namespace,
+                class,
+                self.runtime.clone(),
+            )),
+            None => Arc::new(NoStorage(NAME)),
+        };
         let this = Arc::new(self);
         Driver {
             capabilities,

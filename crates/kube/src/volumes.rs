@@ -49,12 +49,14 @@ pub(crate) fn mount_claims(pod: &mut Pod, volumes: &[VolumeBind]) {
             ..Default::default()
         });
         if let Some(main) = spec.containers.first_mut() {
-            main.volume_mounts.get_or_insert_with(Vec::new).push(VolumeMount {
-                name,
-                mount_path: v.target.clone(),
-                read_only: Some(v.read_only),
-                ..Default::default()
-            });
+            main.volume_mounts
+                .get_or_insert_with(Vec::new)
+                .push(VolumeMount {
+                    name,
+                    mount_path: v.target.clone(),
+                    read_only: Some(v.read_only),
+                    ..Default::default()
+                });
         }
     }
 }
@@ -149,7 +151,13 @@ impl Storage for Claims {
 /// A label value from a volume key: at most 63 of its characters that labels allow.
 fn label_value(key: &str) -> String {
     key.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(63)
         .collect::<String>()
         .trim_matches(|c: char| !c.is_ascii_alphanumeric())
@@ -165,7 +173,11 @@ mod tests {
     fn claim_names_are_dns_names_of_their_key() {
         let (a, b) = (claim_name("data_1.0011"), claim_name("data-1.0011"));
         assert_ne!(a, b);
-        assert!(a.len() <= 63 && a.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));
+        assert!(
+            a.len() <= 63
+                && a.bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        );
         assert_eq!(label_value("data_1.00ff"), "data-1.00ff");
     }
 }

@@ -122,8 +122,8 @@ impl Workspace {
             Some(p) => (p, true),
             None => (rest, false),
         };
-        let path = std::fs::canonicalize(path)
-            .map_err(|e| format!("--workspace {name}: {path}: {e}"))?;
+        let path =
+            std::fs::canonicalize(path).map_err(|e| format!("--workspace {name}: {path}: {e}"))?;
         if !path.is_dir() {
             return Err(format!(
                 "--workspace {name}: {} is not a directory",
@@ -138,7 +138,9 @@ impl Workspace {
             ));
         }
         if path == std::path::Path::new("/") {
-            return Err(format!("--workspace {name}: the host's root cannot be a workspace"));
+            return Err(format!(
+                "--workspace {name}: the host's root cannot be a workspace"
+            ));
         }
         Ok(Workspace {
             name: name.to_string(),

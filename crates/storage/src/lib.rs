@@ -3,6 +3,6 @@
 //! following a link, and the diff of two sandbox filesystems, compared from outside.
 
 pub mod diff;
-pub mod workspace;
 pub mod oci;
 pub mod templates;
+pub mod workspace;

@@ -74,7 +74,11 @@ fn entries(host: &Path, upper: &Path, id_base: Option<u32>) -> io::Result<Vec<En
     // stay in the sandbox (the folder's history is the user's).
     Ok(d.entries
         .into_iter()
-        .filter(|e| !raw_path(&e.path).split(|&b| b == b'/').any(|n| n == b".git"))
+        .filter(|e| {
+            !raw_path(&e.path)
+                .split(|&b| b == b'/')
+                .any(|n| n == b".git")
+        })
         .collect())
 }
 
@@ -110,8 +114,12 @@ fn beneath() -> ResolveFlag {
 }
 
 fn cpath(rel: &[u8]) -> io::Result<CString> {
-    CString::new(if rel.is_empty() { b".".to_vec() } else { rel.to_vec() })
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a path holds a NUL byte"))
+    CString::new(if rel.is_empty() {
+        b".".to_vec()
+    } else {
+        rel.to_vec()
+    })
+    .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "a path holds a NUL byte"))
 }
 
 /// Opens `rel` beneath the directory `root` with `flags`, following no symlink.
@@ -149,7 +157,12 @@ pub(crate) fn read(root: &impl AsFd, rel: &[u8]) -> io::Result<Blob> {
         Ok(fd) => fd,
         // Absent, or below a symlink or a file: nothing is at this path on this side (a
         // sandbox that replaced the folder's link with a directory, say).
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)) => {
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+            ) =>
+        {
             return Ok(Blob::None);
         }
         Err(e) => return Err(e),

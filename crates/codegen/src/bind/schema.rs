@@ -100,10 +100,7 @@ pub(crate) fn build_args(
             ctx.fail(
                 f,
                 t,
-                format!(
-                    "[args.{}] sets both hide and hide_in; keep one",
-                    arg.name
-                ),
+                format!("[args.{}] sets both hide and hide_in; keep one", arg.name),
             );
         }
         let is_required = arg.required && default.is_none();

@@ -30,7 +30,10 @@ fn view(v: VolumeView) -> Result<types::Volume, EngineError> {
     })
 }
 
-pub(super) async fn list(state: &AppState, caller: Caller) -> Result<types::VolumeList, EngineError> {
+pub(super) async fn list(
+    state: &AppState,
+    caller: Caller,
+) -> Result<types::VolumeList, EngineError> {
     let volumes = state.manager.volumes.list(caller.tenant()).await?;
     Ok(types::VolumeList {
         volumes: volumes.into_iter().map(view).collect::<Result<_, _>>()?,

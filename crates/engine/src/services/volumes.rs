@@ -172,8 +172,7 @@ impl Volumes {
             None => &self.workspaces[..],
         };
         for ws in workspaces {
-            let used =
-                users(&|s| matches!(s, MountSource::Workspace { host } if *host == ws.path));
+            let used = users(&|s| matches!(s, MountSource::Workspace { host } if *host == ws.path));
             let path = ws.path.clone();
             let size = blocking(move || sandbox_mcp_sys::fs_tree::disk_usage(&path, SIZE_WALK))
                 .await
@@ -407,7 +406,18 @@ mod tests {
 
     #[test]
     fn names_never_name_a_path() {
-        for bad in ["", "..", ".", "a/b", "../x", "A", "a.b", "-a", "_a", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "..",
+            ".",
+            "a/b",
+            "../x",
+            "A",
+            "a.b",
+            "-a",
+            "_a",
+            &"x".repeat(64),
+        ] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         assert!(check_name("data-1_x").is_ok());

@@ -32,7 +32,11 @@ struct Layers {
 }
 
 impl Workspaces {
-    pub(crate) fn new(driver: DriverHandle, registry: Arc<Registry>, volumes: Arc<Volumes>) -> Self {
+    pub(crate) fn new(
+        driver: DriverHandle,
+        registry: Arc<Registry>,
+        volumes: Arc<Volumes>,
+    ) -> Self {
         Self {
             driver,
             registry,
@@ -69,11 +73,9 @@ impl Workspaces {
             slot: Some(record.uid_slot),
         };
         let layers = self.driver.fs_layers(fs, layout).await?;
-        let (_, upper, _) = layers
-            .mounts
-            .into_iter()
-            .next()
-            .ok_or_else(|| EngineError::Conflict(format!("sandbox {id} has no layer at {target}")))?;
+        let (_, upper, _) = layers.mounts.into_iter().next().ok_or_else(|| {
+            EngineError::Conflict(format!("sandbox {id} has no layer at {target}"))
+        })?;
         Ok(Layers {
             host: host.clone(),
             upper,
@@ -110,7 +112,11 @@ impl Workspaces {
             )));
         }
         let l = self.layers(id, tenant, name).await?;
-        if self.volumes.workspace(name).is_none_or(|ws| ws.path != l.host) {
+        if self
+            .volumes
+            .workspace(name)
+            .is_none_or(|ws| ws.path != l.host)
+        {
             return Err(EngineError::Conflict(format!(
                 "workspace {name} is no longer exposed at the folder sandbox {id} mounts; expose it again with --workspace to apply"
             )));

@@ -111,7 +111,11 @@ fn write(root: &impl AsFd, rel: &[u8], blob: &Blob) -> io::Result<()> {
             match existing {
                 Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
                 _ => {
-                    nix::sys::stat::mkdirat(&dir, name.as_c_str(), Mode::from_bits_truncate(0o700))?;
+                    nix::sys::stat::mkdirat(
+                        &dir,
+                        name.as_c_str(),
+                        Mode::from_bits_truncate(0o700),
+                    )?;
                     let _ = nix::unistd::fchownat(
                         &dir,
                         name.as_c_str(),

@@ -152,8 +152,16 @@ fn one_side(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<
         }
     }
     if is_text(od) && is_text(nd) {
-        let from = if om.is_some() { a.as_str() } else { "/dev/null" };
-        let to = if nm.is_some() { b.as_str() } else { "/dev/null" };
+        let from = if om.is_some() {
+            a.as_str()
+        } else {
+            "/dev/null"
+        };
+        let to = if nm.is_some() {
+            b.as_str()
+        } else {
+            "/dev/null"
+        };
         let _ = writeln!(out, "--- {from}\n+++ {to}");
         unified(out, od, nd);
         Ok(false)
@@ -233,7 +241,7 @@ fn quote(prefix: &[u8], rel: &[u8]) -> String {
     let full: Vec<u8> = prefix.iter().chain(rel).copied().collect();
     let needs = full
         .iter()
-        .any(|&b| b < 0x20 || b >= 0x7f || b == b'"' || b == b'\\');
+        .any(|&b| !(0x20..0x7f).contains(&b) || b == b'"' || b == b'\\');
     if !needs {
         return String::from_utf8_lossy(&full).into_owned();
     }

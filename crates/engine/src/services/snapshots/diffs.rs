@@ -43,10 +43,8 @@ impl Snapshots {
                 .making
                 .catalog
                 .template(&lock(&owner.record).template)?;
-            let layout = crate::services::volumes::layout_of(
-                &owner_template.layout,
-                &lock(&owner.record),
-            );
+            let layout =
+                crate::services::volumes::layout_of(&owner_template.layout, &lock(&owner.record));
             (
                 FsRef {
                     name: against.to_string(),
@@ -60,10 +58,8 @@ impl Snapshots {
                 .making
                 .catalog
                 .template(&lock(&other.record).template)?;
-            let layout = crate::services::volumes::layout_of(
-                &other_template.layout,
-                &lock(&other.record),
-            );
+            let layout =
+                crate::services::volumes::layout_of(&other_template.layout, &lock(&other.record));
             (Self::fs_of(&other, against), layout)
         } else {
             return Err(EngineError::InvalidArgument(format!(
@@ -82,11 +78,7 @@ impl Snapshots {
                 .collect(),
             id_base: layers.id_base,
         };
-        let a = side(
-            self.driver
-                .fs_layers(base, base_layout)
-                .await?,
-        );
+        let a = side(self.driver.fs_layers(base, base_layout).await?);
         let own_layout = {
             let record = lock(&entry.record);
             crate::services::volumes::layout_of(&template.layout, &record)
