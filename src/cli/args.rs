@@ -60,17 +60,8 @@ pub(crate) enum Command {
 
 #[derive(Args, Debug)]
 pub(crate) struct WorkspaceArgs {
-    /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
-    #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
-    pub(crate) url: Option<String>,
-    /// Bearer key sent to the control plane at SANDBOX_MCP_URL (an operator key, for apply).
-    #[arg(
-        long,
-        env = "SANDBOX_MCP_API_KEY",
-        hide_env_values = true,
-        global = true
-    )]
-    pub(crate) api_key: Option<String>,
+    #[command(flatten)]
+    pub(crate) control: ControlPlane,
     #[command(flatten)]
     pub(crate) engine: EngineSettings,
     #[command(subcommand)]
@@ -92,12 +83,15 @@ pub(crate) enum WorkspaceCommand {
     },
 }
 
+/// The engine an operator command talks to: the one at `--url`, or the one that serves the data
+/// dir (started for the command if none does).
 #[derive(Args, Debug)]
-pub(crate) struct ServersArgs {
+pub(crate) struct ControlPlane {
     /// Control plane to use instead of the embedded engine, e.g. http://10.0.0.5:7070.
     #[arg(long, env = "SANDBOX_MCP_URL", global = true)]
     pub(crate) url: Option<String>,
-    /// Bearer key sent to the control plane at SANDBOX_MCP_URL.
+    /// Bearer key sent to the control plane at SANDBOX_MCP_URL (an operator key: one not bound
+    /// to a tenant).
     #[arg(
         long,
         env = "SANDBOX_MCP_API_KEY",
@@ -105,6 +99,12 @@ pub(crate) struct ServersArgs {
         global = true
     )]
     pub(crate) api_key: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct ServersArgs {
+    #[command(flatten)]
+    pub(crate) control: ControlPlane,
     #[command(flatten)]
     pub(crate) engine: EngineSettings,
     #[command(subcommand)]

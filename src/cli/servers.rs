@@ -15,13 +15,7 @@ mod source;
 
 pub(super) async fn run(args: ServersArgs) -> anyhow::Result<()> {
     process::init_logging("warn");
-    let backend = match &args.url {
-        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
-            .map_err(anyhow::Error::msg)?,
-        None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
-            args.engine.config(),
-        ))),
-    };
+    let backend = args.control.backend(&args.engine)?;
     let outcome = async {
         let handle = backend
             .client(None)
@@ -40,7 +34,20 @@ pub(super) async fn run(args: ServersArgs) -> anyhow::Result<()> {
     outcome
 }
 
-fn api_error(e: sandbox_mcp_api::Error<types::Error>) -> anyhow::Error {
+impl super::args::ControlPlane {
+    /// The engine at `--url`, or the one that serves the data dir (started if none does).
+    pub(super) fn backend(&self, engine: &super::args::EngineSettings) -> anyhow::Result<Backend> {
+        Ok(match &self.url {
+            Some(url) => Backend::remote(url, self.api_key.clone().map(ApiKey::new))
+                .map_err(anyhow::Error::msg)?,
+            None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
+                engine.config(),
+            ))),
+        })
+    }
+}
+
+pub(super) fn api_error(e: sandbox_mcp_api::Error<types::Error>) -> anyhow::Error {
     anyhow::anyhow!(sandbox_mcp_server::call::error_text(e))
 }
 

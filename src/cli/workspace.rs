@@ -2,21 +2,15 @@
 //! exposed with `--workspace`), and writing it into the folder once reviewed. Goes through the
 //! engine that serves the data dir (started here if none does) or the one at `--url`.
 
-use sandbox_mcp_api::{ApiKey, Client, types};
-use sandbox_mcp_server::backend::Backend;
+use sandbox_mcp_api::{Client, types};
 
 use super::args::{WorkspaceArgs, WorkspaceCommand};
 use super::process;
+use super::servers::api_error;
 
 pub(super) async fn run(args: WorkspaceArgs) -> anyhow::Result<()> {
     process::init_logging("warn");
-    let backend = match &args.url {
-        Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
-            .map_err(anyhow::Error::msg)?,
-        None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
-            args.engine.config(),
-        ))),
-    };
+    let backend = args.control.backend(&args.engine)?;
     let outcome = async {
         let handle = backend
             .client(None)
@@ -37,10 +31,6 @@ pub(super) async fn run(args: WorkspaceArgs) -> anyhow::Result<()> {
     .await;
     backend.shutdown().await;
     outcome
-}
-
-fn api_error(e: sandbox_mcp_api::Error<types::Error>) -> anyhow::Error {
-    anyhow::anyhow!(sandbox_mcp_server::call::error_text(e))
 }
 
 /// Prints the patch (`patch`) or the list of changed files; returns how many there are.

@@ -87,6 +87,31 @@ impl TestEngine {
         sandbox_mcp_api::http_builder().no_proxy().build().unwrap()
     }
 
+    /// The engine API as `tenant` (none: the operator, untenanted): status and JSON answer.
+    pub async fn as_tenant(
+        &self,
+        tenant: Option<&str>,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut req = self
+            .http()
+            .request(method.parse().unwrap(), format!("{}{path}", self.url))
+            .bearer_auth(KEY);
+        if let Some(t) = tenant {
+            req = req.header("x-sandbox-tenant", t);
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let r = req.send().await.unwrap();
+        (
+            r.status().as_u16(),
+            r.json().await.unwrap_or(serde_json::Value::Null),
+        )
+    }
+
     /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir.
     pub async fn stop(mut self) -> tempfile::TempDir {
         if let Some(server) = self.server.take() {

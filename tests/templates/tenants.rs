@@ -7,49 +7,22 @@ use serde_json::{Value, json};
 use crate::common::TestEngine;
 use crate::require_sandboxes;
 
-/// The engine API as `tenant` (none: the operator, untenanted).
-async fn as_tenant(
-    engine: &TestEngine,
-    tenant: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = engine
-        .http()
-        .request(method.parse().unwrap(), format!("{}{path}", engine.url))
-        .bearer_auth(crate::common::KEY);
-    if let Some(t) = tenant {
-        req = req.header("x-sandbox-tenant", t);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
 /// Builds `name` as `tenant` from `steps` and waits until it is ready.
 async fn build_as(engine: &TestEngine, tenant: Option<&str>, name: &str, steps: Value) {
-    let (status, t) = as_tenant(
-        engine,
-        tenant,
-        "POST",
-        "/v1/templates",
-        Some(json!({"name": name, "steps": steps})),
-    )
-    .await;
+    let (status, t) = engine
+        .as_tenant(
+            tenant,
+            "POST",
+            "/v1/templates",
+            Some(json!({"name": name, "steps": steps})),
+        )
+        .await;
     assert_eq!(status, 201, "{name}: {t}");
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let (_, t) = as_tenant(
-            engine,
-            tenant,
-            "GET",
-            &format!("/v1/templates/{name}"),
-            None,
-        )
-        .await;
+        let (_, t) = engine
+            .as_tenant(tenant, "GET", &format!("/v1/templates/{name}"), None)
+            .await;
         if t["status"] != "building" {
             assert_eq!(t["status"], "ready", "{t}");
             return;
@@ -65,14 +38,14 @@ async fn start_as(
     tenant: Option<&str>,
     template: &str,
 ) -> Result<String, Value> {
-    let (status, r) = as_tenant(
-        engine,
-        tenant,
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"template": template})),
-    )
-    .await;
+    let (status, r) = engine
+        .as_tenant(
+            tenant,
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"template": template})),
+        )
+        .await;
     if status == 201 {
         Ok(r["id"].as_str().unwrap().to_string())
     } else {
@@ -81,14 +54,14 @@ async fn start_as(
 }
 
 async fn cat_as(engine: &TestEngine, tenant: Option<&str>, id: &str, path: &str) -> String {
-    let (_, r) = as_tenant(
-        engine,
-        tenant,
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"command": format!("cat {path} 2>&1")})),
-    )
-    .await;
+    let (_, r) = engine
+        .as_tenant(
+            tenant,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"command": format!("cat {path} 2>&1")})),
+        )
+        .await;
     r["stdout"].as_str().unwrap_or("").to_string()
 }
 
@@ -109,18 +82,18 @@ async fn templates_belong_to_their_tenant_and_shared_ones_are_read_only() {
     let a_rand = cat_as(&engine, a, &ida, "/root/rand").await;
     assert_eq!(a_rand.len(), 32, "{a_rand}");
     // A capture of A's sandbox is A's too.
-    let (status, r) = as_tenant(
-        &engine,
-        a,
-        "POST",
-        "/v1/templates",
-        Some(json!({"name": "snap-a", "from_sandbox": ida})),
-    )
-    .await;
+    let (status, r) = engine
+        .as_tenant(
+            a,
+            "POST",
+            "/v1/templates",
+            Some(json!({"name": "snap-a", "from_sandbox": ida})),
+        )
+        .await;
     assert_eq!(status, 201, "{r}");
     assert_eq!(r["shared"], false, "{r}");
     // B sees neither, and every way to reach them answers as for a template that does not exist.
-    let (_, list) = as_tenant(&engine, b, "GET", "/v1/templates", None).await;
+    let (_, list) = engine.as_tenant(b, "GET", "/v1/templates", None).await;
     let names: Vec<&str> = list["templates"]
         .as_array()
         .unwrap()
@@ -140,29 +113,31 @@ async fn templates_belong_to_their_tenant_and_shared_ones_are_read_only() {
             .all(|t| t["shared"] == true)
     );
     for name in ["team", "snap-a"] {
-        let (status, r) =
-            as_tenant(&engine, b, "GET", &format!("/v1/templates/{name}"), None).await;
+        let (status, r) = engine
+            .as_tenant(b, "GET", &format!("/v1/templates/{name}"), None)
+            .await;
         assert_eq!(status, 404, "{r}");
         let e = start_as(&engine, b, name).await.unwrap_err();
         assert!(
             e["message"].as_str().unwrap().contains("does not exist"),
             "{e}"
         );
-        let (status, r) =
-            as_tenant(&engine, b, "DELETE", &format!("/v1/templates/{name}"), None).await;
+        let (status, r) = engine
+            .as_tenant(b, "DELETE", &format!("/v1/templates/{name}"), None)
+            .await;
         assert_eq!(status, 404, "{r}");
-        let (status, r) = as_tenant(
-            &engine,
-            b,
-            "POST",
-            "/v1/templates",
-            Some(json!({"name": "on-top", "from": name, "steps": [{"run": "true"}]})),
-        )
-        .await;
+        let (status, r) = engine
+            .as_tenant(
+                b,
+                "POST",
+                "/v1/templates",
+                Some(json!({"name": "on-top", "from": name, "steps": [{"run": "true"}]})),
+            )
+            .await;
         assert_eq!(status, 404, "{r}");
     }
     // Nor the operator: a tenant's template is in the tenant's namespace only.
-    let (_, list) = as_tenant(&engine, None, "GET", "/v1/templates", None).await;
+    let (_, list) = engine.as_tenant(None, "GET", "/v1/templates", None).await;
     assert!(!list.to_string().contains("\"team\""), "{list}");
     // B's own "team", from the same steps: its own build (never A's cached layer), its own files.
     build_as(&engine, b, "team", steps.clone()).await;
@@ -187,40 +162,49 @@ async fn templates_belong_to_their_tenant_and_shared_ones_are_read_only() {
     let idops = start_as(&engine, b, "ops-1").await.unwrap();
     assert_eq!(cat_as(&engine, b, &idops, "/root/rand").await.len(), 32);
     for name in ["ops-1", "base"] {
-        let (status, r) =
-            as_tenant(&engine, b, "DELETE", &format!("/v1/templates/{name}"), None).await;
+        let (status, r) = engine
+            .as_tenant(b, "DELETE", &format!("/v1/templates/{name}"), None)
+            .await;
         assert_eq!(status, 403, "{name}: {r}");
         assert!(r["message"].as_str().unwrap().contains("shared"), "{r}");
     }
-    let (status, r) = as_tenant(
-        &engine,
-        b,
-        "POST",
-        "/v1/templates",
-        Some(json!({"name": "ops-1", "steps": [{"run": "true"}]})),
-    )
-    .await;
+    let (status, r) = engine
+        .as_tenant(
+            b,
+            "POST",
+            "/v1/templates",
+            Some(json!({"name": "ops-1", "steps": [{"run": "true"}]})),
+        )
+        .await;
     assert_eq!(status, 409, "{r}");
     assert!(
         r["message"].as_str().unwrap().contains("shared template"),
         "{r}"
     );
     // B's sandboxes show the name B gave; A deletes its own once its sandboxes are gone.
-    let (_, view) = as_tenant(&engine, b, "GET", &format!("/v1/sandboxes/{idb}"), None).await;
+    let (_, view) = engine
+        .as_tenant(b, "GET", &format!("/v1/sandboxes/{idb}"), None)
+        .await;
     assert_eq!(view["template"], "team", "{view}");
     for id in [&ida, &again] {
-        as_tenant(&engine, a, "DELETE", &format!("/v1/sandboxes/{id}"), None).await;
+        engine
+            .as_tenant(a, "DELETE", &format!("/v1/sandboxes/{id}"), None)
+            .await;
     }
-    let (status, r) = as_tenant(&engine, a, "DELETE", "/v1/templates/team", None).await;
+    let (status, r) = engine
+        .as_tenant(a, "DELETE", "/v1/templates/team", None)
+        .await;
     assert_eq!(status, 200, "{r}");
     // B's "team" is untouched, and survives a restart as B's.
     let dir = engine.stop().await;
     let config = TestEngine::config_for(dir.path());
     let engine = TestEngine::start_on(dir, config).await;
-    let (status, r) = as_tenant(&engine, b, "GET", "/v1/templates/team", None).await;
+    let (status, r) = engine.as_tenant(b, "GET", "/v1/templates/team", None).await;
     assert_eq!((status, r["shared"].clone()), (200, json!(false)), "{r}");
-    let (status, _) = as_tenant(&engine, a, "GET", "/v1/templates/team", None).await;
+    let (status, _) = engine.as_tenant(a, "GET", "/v1/templates/team", None).await;
     assert_eq!(status, 404);
-    let (status, _) = as_tenant(&engine, a, "GET", "/v1/templates/snap-a", None).await;
+    let (status, _) = engine
+        .as_tenant(a, "GET", "/v1/templates/snap-a", None)
+        .await;
     assert_eq!(status, 200);
 }

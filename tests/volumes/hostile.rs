@@ -2,33 +2,12 @@
 //! paths, mount points in forbidden places, links and binds from inside, a mount point bent
 //! into a symlink, a workspace whose directories become links, and another tenant.
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::create_with;
 use super::workspace::{make_repo, tree};
 use crate::common::{KEY, TestEngine, err, exec, ok, sh};
 use crate::require_sandboxes;
-
-async fn as_tenant(
-    engine: &TestEngine,
-    tenant: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let mut req = engine
-        .http()
-        .request(method.parse().unwrap(), format!("{}{path}", engine.url))
-        .bearer_auth(KEY);
-    if let Some(t) = tenant {
-        req = req.header("x-sandbox-tenant", t);
-    }
-    if let Some(body) = body {
-        req = req.json(&body);
-    }
-    let r = req.send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn names_and_mount_points_that_are_paths_are_refused() {
@@ -38,17 +17,14 @@ async fn names_and_mount_points_that_are_paths_are_refused() {
     for name in ["../x", "..", "a/b", ".", "A", "x\u{0}y", "-x", ""] {
         let said = err(&client, "volume_create", json!({"name": name})).await;
         assert!(!said.is_empty(), "{name:?}");
-        let (status, body) = as_tenant(
-            &engine,
-            None,
-            "POST",
-            "/v1/volumes",
-            Some(json!({"name": name})),
-        )
-        .await;
+        let (status, body) = engine
+            .as_tenant(None, "POST", "/v1/volumes", Some(json!({"name": name})))
+            .await;
         assert_eq!(status, 400, "{name:?}: {body}");
     }
-    let (status, _) = as_tenant(&engine, None, "DELETE", "/v1/volumes/..%2Fx", None).await;
+    let (status, _) = engine
+        .as_tenant(None, "DELETE", "/v1/volumes/..%2Fx", None)
+        .await;
     assert!(status == 400 || status == 404, "{status}");
     ok(&client, "volume_create", json!({"name": "v"})).await;
     for path in [
@@ -156,71 +132,67 @@ async fn a_sandbox_cannot_leave_its_volume() {
 async fn tenants_never_meet_in_volumes() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
-    let (s, v) = as_tenant(
-        &engine,
-        Some("t1"),
-        "POST",
-        "/v1/volumes",
-        Some(json!({"name": "data"})),
-    )
-    .await;
+    let (s, v) = engine
+        .as_tenant(
+            Some("t1"),
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": "data"})),
+        )
+        .await;
     assert_eq!(s, 200, "{v}");
-    let (s, list) = as_tenant(&engine, Some("t2"), "GET", "/v1/volumes", None).await;
+    let (s, list) = engine
+        .as_tenant(Some("t2"), "GET", "/v1/volumes", None)
+        .await;
     assert_eq!(s, 200);
     assert_eq!(list["volumes"], json!([]), "t2 sees t1's volume");
     // t2 cannot mount or delete it by name; its own `data` is another volume.
     let mount = json!({"volumes": [{"name": "data", "path": "/data"}]});
-    let (s, _) = as_tenant(
-        &engine,
-        Some("t2"),
-        "POST",
-        "/v1/sandboxes",
-        Some(mount.clone()),
-    )
-    .await;
+    let (s, _) = engine
+        .as_tenant(Some("t2"), "POST", "/v1/sandboxes", Some(mount.clone()))
+        .await;
     assert_eq!(s, 404);
-    let (s, d) = as_tenant(&engine, Some("t2"), "DELETE", "/v1/volumes/data", None).await;
+    let (s, d) = engine
+        .as_tenant(Some("t2"), "DELETE", "/v1/volumes/data", None)
+        .await;
     assert_eq!((s, &d["deleted"]), (200, &json!(false)));
-    let (s, _) = as_tenant(
-        &engine,
-        Some("t2"),
-        "POST",
-        "/v1/volumes",
-        Some(json!({"name": "data"})),
-    )
-    .await;
+    let (s, _) = engine
+        .as_tenant(
+            Some("t2"),
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": "data"})),
+        )
+        .await;
     assert_eq!(s, 200);
-    let (s, a) = as_tenant(
-        &engine,
-        Some("t1"),
-        "POST",
-        "/v1/sandboxes",
-        Some(mount.clone()),
-    )
-    .await;
+    let (s, a) = engine
+        .as_tenant(Some("t1"), "POST", "/v1/sandboxes", Some(mount.clone()))
+        .await;
     assert_eq!(s, 201, "{a}");
-    let (s, b) = as_tenant(&engine, Some("t2"), "POST", "/v1/sandboxes", Some(mount)).await;
+    let (s, b) = engine
+        .as_tenant(Some("t2"), "POST", "/v1/sandboxes", Some(mount))
+        .await;
     assert_eq!(s, 201, "{b}");
-    let (_, r) = as_tenant(
-        &engine,
-        Some("t1"),
-        "POST",
-        &format!("/v1/sandboxes/{}/exec", a["id"].as_str().unwrap()),
-        Some(json!({"command": "echo t1-secret > /data/f"})),
-    )
-    .await;
+    let (_, r) = engine
+        .as_tenant(
+            Some("t1"),
+            "POST",
+            &format!("/v1/sandboxes/{}/exec", a["id"].as_str().unwrap()),
+            Some(json!({"command": "echo t1-secret > /data/f"})),
+        )
+        .await;
     assert_eq!(r["exit_code"], 0, "{r}");
-    let (_, r) = as_tenant(
-        &engine,
-        Some("t2"),
-        "POST",
-        &format!("/v1/sandboxes/{}/exec", b["id"].as_str().unwrap()),
-        Some(json!({"command": "cat /data/f; ls -A /data"})),
-    )
-    .await;
+    let (_, r) = engine
+        .as_tenant(
+            Some("t2"),
+            "POST",
+            &format!("/v1/sandboxes/{}/exec", b["id"].as_str().unwrap()),
+            Some(json!({"command": "cat /data/f; ls -A /data"})),
+        )
+        .await;
     assert!(!r["stdout"].as_str().unwrap().contains("t1-secret"), "{r}");
     // The untenanted caller's volumes are its own too.
-    let (_, list) = as_tenant(&engine, None, "GET", "/v1/volumes", None).await;
+    let (_, list) = engine.as_tenant(None, "GET", "/v1/volumes", None).await;
     assert_eq!(list["volumes"], json!([]));
 }
 

@@ -111,44 +111,10 @@ pub fn idmapped_volume(path: &str, userns_fd: RawFd, read_only: bool) -> io::Res
 pub fn attach_copy(source: &str, target: &OwnedFd, read_only: bool) -> io::Result<()> {
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
     const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x0000_0040;
-    let c = cstr(source)?;
-    // SAFETY: valid NUL-terminated path; flags are constants.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: open_tree returned a new descriptor that we now own.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_NOSUID
-            | MOUNT_ATTR_NODEV
-            | if read_only { MOUNT_ATTR_RDONLY } else { 0 },
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let tree = clone_tree(source)?;
+    let ro = if read_only { MOUNT_ATTR_RDONLY } else { 0 };
+    set_attrs(&tree, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | ro, 0)?;
     let empty = cstr("")?;
-    // SAFETY: `tree` is a detached mount fd; `attr` is a valid mount_attr of the size passed.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            std::os::fd::AsRawFd::as_raw_fd(&tree),
-            empty.as_ptr(),
-            libc::AT_EMPTY_PATH,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
     // SAFETY: two valid descriptors and empty paths, as the flags say.
     let ret = unsafe {
         libc::syscall(
@@ -168,6 +134,17 @@ pub fn attach_copy(source: &str, target: &OwnedFd, read_only: bool) -> io::Resul
 }
 
 fn idmapped(path: &str, userns_fd: RawFd, extra: u64) -> io::Result<OwnedFd> {
+    let tree = clone_tree(path)?;
+    set_attrs(
+        &tree,
+        MOUNT_ATTR_IDMAP | extra | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        userns_fd as u64,
+    )?;
+    Ok(tree)
+}
+
+/// A detached copy of the mount at `path` (`open_tree` with `OPEN_TREE_CLONE`).
+fn clone_tree(path: &str) -> io::Result<OwnedFd> {
     let c = cstr(path)?;
     // SAFETY: valid NUL-terminated path; flags are constants.
     let fd = unsafe {
@@ -182,19 +159,24 @@ fn idmapped(path: &str, userns_fd: RawFd, extra: u64) -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: open_tree returned a new descriptor that we now own.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Sets `attr_set` (with the user namespace `userns_fd` for `MOUNT_ATTR_IDMAP`) on a detached
+/// mount.
+fn set_attrs(tree: &OwnedFd, attr_set: u64, userns_fd: u64) -> io::Result<()> {
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | extra | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        attr_set,
         attr_clr: 0,
         propagation: 0,
-        userns_fd: userns_fd as u64,
+        userns_fd,
     };
     let empty = cstr("")?;
     // SAFETY: `tree` is a detached mount fd; `attr` is a valid mount_attr of the size passed.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_mount_setattr,
-            std::os::fd::AsRawFd::as_raw_fd(&tree),
+            std::os::fd::AsRawFd::as_raw_fd(tree),
             empty.as_ptr(),
             libc::AT_EMPTY_PATH,
             &attr as *const MountAttr,
@@ -202,9 +184,10 @@ fn idmapped(path: &str, userns_fd: RawFd, extra: u64) -> io::Result<OwnedFd> {
         )
     };
     if ret < 0 {
-        return Err(io::Error::last_os_error());
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
     }
-    Ok(tree)
 }
 
 /// A user namespace whose uid and gid maps are both `map` (`inside outside count`), for an
