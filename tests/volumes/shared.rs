@@ -233,3 +233,48 @@ async fn a_hibernated_sandbox_keeps_its_volume_and_its_writer() {
     let after = read(sh(&client, &watcher, "cat /log/count").await);
     assert!(after > before + 2, "{before} → {after}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_asked_to_copy_gets_volumes_of_its_own() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    ok(&client, "volume_create", json!({"name": "state"})).await;
+    let parent = create_with(&client, json!([{"name": "state", "path": "/s"}])).await;
+    sh(&client, &parent, "echo parent > /s/v").await;
+    let forked = ok(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": parent, "count": 2, "memory": false, "volumes": "copy"}),
+    )
+    .await;
+    let kids: Vec<String> = forked["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
+    for kid in &kids {
+        let info = ok(&client, "sandbox_info", json!({"sandbox_id": kid})).await;
+        let copy = format!("state-{}", &kid[kid.len() - 8..]);
+        assert_eq!(
+            info["volumes"],
+            json!([{"name": copy, "path": "/s", "read_only": false}])
+        );
+        // The parent's files at the fork, then its own.
+        assert_eq!(sh(&client, kid, "cat /s/v").await, "parent\n");
+        sh(&client, kid, &format!("echo {kid} > /s/v")).await;
+    }
+    assert_eq!(sh(&client, &parent, "cat /s/v").await, "parent\n");
+    assert_eq!(
+        sh(&client, &kids[0], "cat /s/v").await,
+        format!("{}\n", kids[0])
+    );
+    let list = ok(&client, "volume_list", json!({})).await;
+    assert_eq!(list["volumes"].as_array().unwrap().len(), 3, "{list}");
+    // A copy is a volume like any other: it outlives its child and is deleted by name.
+    ok(&client, "sandbox_kill", json!({"sandbox_id": kids[0]})).await;
+    let copy = format!("state-{}", &kids[0][kids[0].len() - 8..]);
+    let deleted = ok(&client, "volume_delete", json!({"name": copy})).await;
+    assert_eq!(deleted["deleted"], true);
+}

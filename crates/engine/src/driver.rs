@@ -319,6 +319,17 @@ impl DriverHandle {
             .await
     }
 
+    pub(crate) async fn copy_volume(
+        &self,
+        from: &str,
+        to: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<(), DriverError> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.stored(move |s| s.copy_volume(&from, &to, quota_bytes))
+            .await
+    }
+
     pub(crate) async fn volume_bytes(&self, key: &str) -> u64 {
         let key = key.to_string();
         self.stored(move |s| Ok(s.volume_bytes(&key)))

@@ -174,6 +174,12 @@ impl Manager {
             lifecycle.clone(),
             config.exec_grace,
         ));
+        let volumes = Arc::new(crate::services::volumes::Volumes::new(
+            driver.clone(),
+            records.clone(),
+            registry.clone(),
+            config.workspaces.clone(),
+        ));
         let making = Making {
             records: records.clone(),
             registry: registry.clone(),
@@ -182,6 +188,7 @@ impl Manager {
             catalog: catalog.clone(),
             lifecycle: lifecycle.clone(),
             agent: agent.clone(),
+            volumes: volumes.clone(),
         };
         let pools = Arc::new(Pools::new(making.clone(), stopping.clone()));
         let templates = Arc::new(Templates::new(
@@ -211,12 +218,6 @@ impl Manager {
             pools.clone(),
         ));
         let servers = Arc::new(crate::services::servers::Servers::new(records.clone()));
-        let volumes = Arc::new(crate::services::volumes::Volumes::new(
-            driver.clone(),
-            records.clone(),
-            registry.clone(),
-            config.workspaces.clone(),
-        ));
         let workspaces = Arc::new(crate::services::workspaces::Workspaces::new(
             driver.clone(),
             registry.clone(),

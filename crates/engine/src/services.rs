@@ -41,6 +41,7 @@ pub(crate) struct Making {
     pub catalog: Arc<catalog::Catalog>,
     pub lifecycle: Arc<lifecycle::Lifecycle>,
     pub agent: Arc<agent::AgentClient>,
+    pub volumes: Arc<volumes::Volumes>,
 }
 
 pub mod agent;

@@ -428,6 +428,21 @@ pub trait Storage: Send + Sync + 'static {
         )))
     }
 
+    /// Makes volume `to` a copy of volume `from` (copy-on-write where the store can), limited to
+    /// `quota_bytes` when given.
+    fn copy_volume(
+        &self,
+        from: &str,
+        to: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<(), DriverError> {
+        let _ = (from, to, quota_bytes);
+        Err(DriverError::Unsupported(format!(
+            "the {} driver cannot copy volumes; fork with volumes=share",
+            self.name()
+        )))
+    }
+
     /// Bytes volume `key` holds.
     fn volume_bytes(&self, key: &str) -> u64 {
         let _ = key;

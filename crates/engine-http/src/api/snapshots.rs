@@ -101,7 +101,14 @@ pub(super) async fn fork(
     let forked = state
         .manager
         .snapshots
-        .fork(id, caller.tenant(), body.count.get(), metadata, body.memory)
+        .fork(
+            id,
+            caller.tenant(),
+            body.count.get(),
+            metadata,
+            body.memory,
+            body.volumes == types::ForkRequestVolumes::Copy,
+        )
         .await?;
     Ok(types::ForkResult {
         parent_id: api_sandbox_id(id)?,

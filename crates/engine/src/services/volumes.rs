@@ -235,6 +235,96 @@ impl Volumes {
         Ok(true)
     }
 
+    /// For a fork with `volumes: copy`: the child's mounts, each named volume replaced by a new
+    /// volume of the same owner and quota, a copy of it named `<name>-<suffix>`. Workspaces stay
+    /// as they are (copy-on-write already). All are made or none.
+    pub(crate) async fn copies(
+        &self,
+        tenant: Option<&str>,
+        mounts: &[Mounted],
+        suffix: &str,
+    ) -> Result<Vec<Mounted>, EngineError> {
+        let mut out: Vec<Mounted> = Vec::new();
+        for m in mounts {
+            let made = match &m.source {
+                MountSource::Volume { key } => self.copy_one(tenant, &m.name, key, suffix).await,
+                MountSource::Workspace { .. } => Ok(m.clone()),
+            };
+            match made {
+                Ok(copy) => out.push(Mounted {
+                    path: m.path.clone(),
+                    read_only: m.read_only,
+                    ..copy
+                }),
+                Err(e) => {
+                    self.discard(tenant, &out).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn copy_one(
+        &self,
+        tenant: Option<&str>,
+        name: &str,
+        key: &str,
+        suffix: &str,
+    ) -> Result<Mounted, EngineError> {
+        let rows = self.records.volumes(tenant).await?;
+        let row = rows.iter().find(|r| r.key == key).ok_or_else(|| {
+            EngineError::NotFound(format!("volume {name} no longer exists; nothing to copy"))
+        })?;
+        let base: String = row.name.chars().take(62 - suffix.len()).collect();
+        let copy = VolumeRow {
+            tenant: tenant.map(str::to_string),
+            name: format!("{base}-{suffix}"),
+            key: key_of(tenant, &format!("{base}-{suffix}")),
+            quota_bytes: row.quota_bytes,
+            created_at: sandbox_mcp_model::ids::now_ms(),
+        };
+        match self.records.insert_volume(&copy, MAX_VOLUMES).await? {
+            Some(true) => {}
+            Some(false) => {
+                return Err(EngineError::QuotaExceeded(format!(
+                    "copying volume {name} would make more than {MAX_VOLUMES} volumes; fork with volumes=share, or delete volumes"
+                )));
+            }
+            None => {
+                return Err(EngineError::Conflict(format!(
+                    "volume {} exists already; delete it or fork with volumes=share",
+                    copy.name
+                )));
+            }
+        }
+        if let Err(e) = self
+            .driver
+            .copy_volume(key, &copy.key, copy.quota_bytes)
+            .await
+        {
+            let _ = self.driver.remove_volume(&copy.key).await;
+            self.records.delete_volume(tenant, &copy.name).await?;
+            return Err(e.into());
+        }
+        Ok(Mounted {
+            name: copy.name,
+            path: String::new(),
+            read_only: false,
+            source: MountSource::Volume { key: copy.key },
+        })
+    }
+
+    /// Deletes the named volumes of `mounts` (copies made for a fork that failed).
+    pub(crate) async fn discard(&self, tenant: Option<&str>, mounts: &[Mounted]) {
+        for m in mounts {
+            if let MountSource::Volume { key } = &m.source {
+                let _ = self.driver.remove_volume(key).await;
+                let _ = self.records.delete_volume(tenant, &m.name).await;
+            }
+        }
+    }
+
     /// Checks what a create asks to mount and resolves each name to what it stands for.
     pub async fn resolve(
         &self,

@@ -19,7 +19,7 @@ async fn a_fork_s_children_start_from_their_parent_s_files() {
     let forked = engine
         .manager
         .snapshots
-        .fork(&parent, None, 2, labels, None)
+        .fork(&parent, None, 2, labels, None, false)
         .await
         .unwrap();
     assert_eq!(forked.ids.len(), 2);
@@ -55,7 +55,7 @@ async fn a_copy_failing_on_the_kth_child_leaves_no_child_behind() {
     let err = engine
         .manager
         .snapshots
-        .fork(&parent, None, 4, BTreeMap::new(), None)
+        .fork(&parent, None, 4, BTreeMap::new(), None, false)
         .await
         .err()
         .expect("the fork failed");
@@ -68,7 +68,7 @@ async fn a_copy_failing_on_the_kth_child_leaves_no_child_behind() {
     let forked = engine
         .manager
         .snapshots
-        .fork(&parent, None, 1, BTreeMap::new(), None)
+        .fork(&parent, None, 1, BTreeMap::new(), None, false)
         .await
         .unwrap();
     assert_eq!(engine.run(&forked.ids[0], "cat f").await, "mine\n");
@@ -82,7 +82,7 @@ async fn a_child_that_fails_to_start_takes_its_siblings_with_it() {
     let err = engine
         .manager
         .snapshots
-        .fork(&parent, None, 3, BTreeMap::new(), None)
+        .fork(&parent, None, 3, BTreeMap::new(), None, false)
         .await
         .err()
         .expect("the fork failed");

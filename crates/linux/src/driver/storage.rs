@@ -26,6 +26,31 @@ impl Storage for NamespacesDriver {
             .map_err(DriverError::io("set the volume's mode"))
     }
 
+    fn copy_volume(
+        &self,
+        from: &str,
+        to: &str,
+        quota_bytes: Option<u64>,
+    ) -> Result<(), DriverError> {
+        let parent = self.volumes_dir();
+        // A btrfs volume (a subvolume with its quota) is snapshotted, writable; a plain one
+        // copied, exactly. (Without a limit the store's snapshot would be read-only.)
+        let snapped = match quota_bytes {
+            Some(limit) => disk::snapshot(&self.store, &parent, from, to, Some(limit))
+                .map_err(DriverError::io("snapshot the volume"))?,
+            None => false,
+        };
+        if !snapped {
+            sandbox_mcp_sys::layers::copy_tree(
+                &self.volume_dir(from),
+                &self.volume_dir(to),
+                sandbox_mcp_sys::layers::Owners::Same,
+            )
+            .map_err(DriverError::io("copy the volume"))?;
+        }
+        Ok(())
+    }
+
     fn volume_bytes(&self, key: &str) -> u64 {
         sandbox_mcp_sys::fs_tree::disk_usage(&self.volume_dir(key), 1_000_000)
     }

@@ -11,6 +11,7 @@ use super::{FORKED_FROM, Forked, MAX_FORKS, MAX_LABELS, Snapshots};
 use crate::error::EngineError;
 use crate::services::registry::{Entry, Runtime};
 use crate::state::{Record, Status};
+use sandbox_mcp_model::record::Mounted;
 
 impl Snapshots {
     pub async fn fork(
@@ -20,6 +21,7 @@ impl Snapshots {
         count: u32,
         metadata: BTreeMap<String, String>,
         memory: Option<bool>,
+        copy_volumes: bool,
     ) -> Result<Forked, EngineError> {
         if !(1..=MAX_FORKS).contains(&count) {
             return Err(EngineError::InvalidArgument(format!(
@@ -52,7 +54,39 @@ impl Snapshots {
                 labels.len()
             )));
         }
-        let children = self.reserve_children(&record, count, labels).await?;
+        // Each child's mounts: the parent's, or (`copy`) its own copy of each named volume.
+        let child_ids: Vec<String> = (0..count).map(|_| ids::sandbox_id()).collect();
+        let mut mounts = Vec::new();
+        for child in &child_ids {
+            let own = if copy_volumes {
+                let suffix = &child[child.len() - 8..];
+                let made = self
+                    .making
+                    .volumes
+                    .copies(record.tenant.as_deref(), &record.volumes, suffix)
+                    .await;
+                match made {
+                    Ok(own) => own,
+                    Err(e) => {
+                        self.discard_copies(&record, &mounts).await;
+                        return Err(e);
+                    }
+                }
+            } else {
+                record.volumes.clone()
+            };
+            mounts.push(own);
+        }
+        let children = match self
+            .reserve_children(&record, child_ids, mounts.clone(), labels)
+            .await
+        {
+            Ok(children) => children,
+            Err(e) => {
+                self.discard_copies(&record, &mounts).await;
+                return Err(e);
+            }
+        };
         let made = self
             .make_children(id, &parent, *runtime, &children, memory)
             .await;
@@ -70,8 +104,20 @@ impl Snapshots {
                         .discard(&child.id, child.uid_slot)
                         .await;
                 }
+                self.discard_copies(&record, &mounts).await;
                 Err(e)
             }
+        }
+    }
+
+    /// Deletes the volumes copied for children that were not made (none unless the parent's
+    /// were copied: the children's mounts are then not the parent's).
+    async fn discard_copies(&self, parent: &Record, mounts: &[Vec<Mounted>]) {
+        for own in mounts.iter().filter(|m| **m != parent.volumes) {
+            self.making
+                .volumes
+                .discard(parent.tenant.as_deref(), own)
+                .await;
         }
     }
 
@@ -80,9 +126,11 @@ impl Snapshots {
     async fn reserve_children(
         &self,
         parent: &Record,
-        count: u32,
+        child_ids: Vec<String>,
+        mounts: Vec<Vec<Mounted>>,
         labels: BTreeMap<String, String>,
     ) -> Result<Vec<Record>, EngineError> {
+        let count = child_ids.len() as u32;
         let _guard = self.making.registry.adding().await;
         let (existing, used_slots) = self.making.registry.slots();
         let max = self.making.lifecycle.max_sandboxes();
@@ -108,7 +156,7 @@ impl Snapshots {
             }
         };
         let mut children = Vec::new();
-        for &slot in &slots {
+        for ((&slot, id), volumes) in slots.iter().zip(child_ids).zip(mounts) {
             let secrets = match self
                 .making
                 .secrets
@@ -121,7 +169,7 @@ impl Snapshots {
                 }
             };
             children.push(Record {
-                id: ids::sandbox_id(),
+                id,
                 name: None,
                 status: Status::Creating,
                 metadata: labels.clone(),
@@ -129,6 +177,7 @@ impl Snapshots {
                 created_at: now,
                 last_active_at: now,
                 secrets,
+                volumes,
                 ..parent.clone()
             });
         }
