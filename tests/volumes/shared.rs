@@ -278,3 +278,64 @@ async fn a_fork_asked_to_copy_gets_volumes_of_its_own() {
     let deleted = ok(&client, "volume_delete", json!({"name": copy})).await;
     assert_eq!(deleted["deleted"], true);
 }
+
+/// Without root: volumes are plain directories (no quota, said so), bind-mounted as they are;
+/// workspaces are overlays of the folder, which still never changes.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unprivileged_engine_mounts_volumes_and_workspaces() {
+    require_sandboxes!();
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: the suite already runs unprivileged");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("smcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let repo = dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    std::fs::write(repo.join("a.txt"), "host\n").unwrap();
+    std::os::unix::fs::chown(&repo, Some(65534), Some(65534)).unwrap();
+    std::os::unix::fs::chown(repo.join("a.txt"), Some(65534), Some(65534)).unwrap();
+    let workspace = format!("repo={}", repo.display());
+    let (mut engine, client) =
+        crate::common::unprivileged_engine(dir.path(), &["--workspace", &workspace]).await;
+    let quota = err(&client, "volume_create", json!({"name": "v", "size_mb": 8})).await;
+    assert!(quota.contains("cannot enforce volume quotas"), "{quota}");
+    ok(&client, "volume_create", json!({"name": "v"})).await;
+    let mounts = json!([
+        {"name": "v", "path": "/v"},
+        {"name": "repo", "path": "/root/repo"}
+    ]);
+    let a = create_with(&client, mounts.clone()).await;
+    let b = create_with(&client, mounts).await;
+    sh(
+        &client,
+        &a,
+        "echo shared > /v/f && echo sandbox >> /root/repo/a.txt",
+    )
+    .await;
+    assert_eq!(
+        sh(&client, &b, "cat /v/f /root/repo/a.txt").await,
+        "shared\nhost\n"
+    );
+    let changes = ok(
+        &client,
+        "sandbox_workspace_changes",
+        json!({"sandbox_id": a, "name": "repo"}),
+    )
+    .await;
+    assert!(
+        changes["patch"].as_str().unwrap().contains("+sandbox"),
+        "{changes}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("a.txt")).unwrap(),
+        "host\n"
+    );
+    for id in [&a, &b] {
+        ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
+    }
+    let _ = engine.kill();
+    let _ = engine.wait();
+}
