@@ -339,3 +339,69 @@ async fn an_unprivileged_engine_mounts_volumes_and_workspaces() {
     let _ = engine.kill();
     let _ = engine.wait();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_asked_to_keep_volumes_puts_them_back() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    ok(&client, "volume_create", json!({"name": "kept"})).await;
+    let mount = json!([{"name": "kept", "path": "/k"}]);
+    let id = create_with(&client, mount.clone()).await;
+    let other = create_with(&client, mount).await;
+    sh(
+        &client,
+        &id,
+        "mkdir -p /k/d && echo 1 > /k/d/v && echo 1 > /k/gone",
+    )
+    .await;
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id, "volumes": true}),
+    )
+    .await;
+    sh(
+        &client,
+        &id,
+        "echo 2 > /k/d/v && rm /k/gone && echo new > /k/new",
+    )
+    .await;
+    ok(
+        &client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+    )
+    .await;
+    // Back as they were, for every sandbox that mounts the volume.
+    assert_eq!(
+        sh(&client, &id, "cat /k/d/v /k/gone; ls /k").await,
+        "1\n1\nd\ngone\n"
+    );
+    assert_eq!(
+        sh(&client, &other, "cat /k/d/v; ls /k").await,
+        "1\nd\ngone\n"
+    );
+    // The kept copy goes with the snapshot.
+    let volumes = engine.data_dir().join("sandboxes/.volumes");
+    let kept = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with("snap_")
+            })
+            .count()
+    };
+    assert_eq!(kept(&volumes), 1);
+    ok(
+        &client,
+        "sandbox_snapshot_delete",
+        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
+    )
+    .await;
+    assert_eq!(kept(&volumes), 0);
+}

@@ -330,6 +330,11 @@ impl DriverHandle {
             .await
     }
 
+    pub(crate) async fn refill_volume(&self, key: &str, from: &str) -> Result<(), DriverError> {
+        let (key, from) = (key.to_string(), from.to_string());
+        self.stored(move |s| s.refill_volume(&key, &from)).await
+    }
+
     pub(crate) async fn volume_bytes(&self, key: &str) -> u64 {
         let key = key.to_string();
         self.stored(move |s| Ok(s.volume_bytes(&key)))

@@ -443,6 +443,13 @@ pub trait Storage: Send + Sync + 'static {
         )))
     }
 
+    /// Makes volume `key`'s files those of volume `from`, in place (its mounts stay); nothing
+    /// when there is no `from`.
+    fn refill_volume(&self, key: &str, from: &str) -> Result<(), DriverError> {
+        let _ = (key, from);
+        Ok(())
+    }
+
     /// Bytes volume `key` holds.
     fn volume_bytes(&self, key: &str) -> u64 {
         let _ = key;

@@ -30,7 +30,13 @@ pub(super) async fn create(
     let snap = state
         .manager
         .snapshots
-        .snapshot_create(&id, caller.tenant(), name, body.memory == Some(true))
+        .snapshot_create(
+            &id,
+            caller.tenant(),
+            name,
+            body.memory == Some(true),
+            body.volumes,
+        )
         .await?;
     snap.try_api()
 }

@@ -164,6 +164,7 @@ impl Snapshots {
         tenant: Option<&str>,
         name: Option<String>,
         memory: bool,
+        volumes: bool,
     ) -> Result<Snapshot, EngineError> {
         let entry = self.making.registry.entry(id, tenant)?;
         let live = &self.driver.capabilities().live_state;
@@ -240,6 +241,10 @@ impl Snapshots {
             }
         };
         if let Some(Live { report: Err(e), .. }) = live {
+            self.drop_snapshot(&snap.id).await;
+            return Err(e);
+        }
+        if volumes && let Err(e) = self.making.volumes.keep(&record, &snap.id).await {
             self.drop_snapshot(&snap.id).await;
             return Err(e);
         }
@@ -329,6 +334,9 @@ impl Snapshots {
         };
         let limit = Self::disk_limit(&lock(&entry.record));
         let method = self.driver.replace_fs(id, from, limit).await?;
+        // Volumes the snapshot kept get their files back (the sandbox is stopped meanwhile).
+        let record = lock(&entry.record).clone();
+        self.making.volumes.put_back(&record, snap).await?;
         drop(runtime);
         self.making.lifecycle.ensure_running(id, &entry).await?;
         let name = memory_of(&snapshot.id);

@@ -315,6 +315,44 @@ impl Volumes {
         })
     }
 
+    /// For a snapshot that keeps volumes: a copy of each named volume the sandbox mounts, under
+    /// the snapshot's name (`<snapshot>.<mount index>`, no row: it is the snapshot's, and the
+    /// driver deletes it with the snapshot's files).
+    pub(crate) async fn keep(&self, record: &Record, snapshot: &str) -> Result<(), EngineError> {
+        for (i, m) in record.volumes.iter().enumerate() {
+            if let MountSource::Volume { key } = &m.source {
+                let quota = self
+                    .records
+                    .volumes(record.tenant.as_deref())
+                    .await?
+                    .into_iter()
+                    .find(|r| r.key == *key)
+                    .and_then(|r| r.quota_bytes);
+                self.driver
+                    .copy_volume(key, &kept_key(snapshot, i), quota)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Restoring a snapshot that kept volumes: each volume's files become the kept copy's, in
+    /// place (every sandbox that mounts it sees them at once).
+    pub(crate) async fn put_back(
+        &self,
+        record: &Record,
+        snapshot: &str,
+    ) -> Result<(), EngineError> {
+        for (i, m) in record.volumes.iter().enumerate() {
+            if let MountSource::Volume { key } = &m.source {
+                self.driver
+                    .refill_volume(key, &kept_key(snapshot, i))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Deletes the named volumes of `mounts` (copies made for a fork that failed).
     pub(crate) async fn discard(&self, tenant: Option<&str>, mounts: &[Mounted]) {
         for m in mounts {
@@ -410,6 +448,12 @@ pub(crate) fn binds_of(record: &Record) -> Vec<VolumeBind> {
             MountSource::Workspace { .. } => None,
         })
         .collect()
+}
+
+/// The driver's key of the copy of the `index`th mount a snapshot keeps (never a volume's: a
+/// volume's key ends in 16 hex digits).
+fn kept_key(snapshot: &str, index: usize) -> String {
+    format!("{snapshot}.{index}")
 }
 
 /// The driver's key of `tenant`'s volume `name`: one path component, the name (for people

@@ -103,7 +103,7 @@ async fn a_restore_brings_back_a_snapshot_s_files_and_a_failed_snapshot_leaves_n
     let snap = engine
         .manager
         .snapshots
-        .snapshot_create(&id, None, Some("first".into()), false)
+        .snapshot_create(&id, None, Some("first".into()), false, false)
         .await
         .unwrap();
     assert_eq!(engine.fake.snapshot_dirs(), [snap.id.as_str()]);
@@ -127,7 +127,7 @@ async fn a_restore_brings_back_a_snapshot_s_files_and_a_failed_snapshot_leaves_n
     let err = engine
         .manager
         .snapshots
-        .snapshot_create(&id, None, None, false)
+        .snapshot_create(&id, None, None, false, false)
         .await
         .unwrap_err();
     assert!(matches!(err, EngineError::Host(_)), "{err:?}");

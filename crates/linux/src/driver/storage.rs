@@ -51,6 +51,22 @@ impl Storage for NamespacesDriver {
         Ok(())
     }
 
+    fn refill_volume(&self, key: &str, from: &str) -> Result<(), DriverError> {
+        let (dir, source) = (self.volume_dir(key), self.volume_dir(from));
+        if !source.is_dir() {
+            return Ok(());
+        }
+        let emptied = fs::read_dir(&dir).and_then(|entries| {
+            entries
+                .map(|e| sandbox_mcp_sys::fs_tree::remove_tree(&e?.path()))
+                .collect::<std::io::Result<()>>()
+        });
+        emptied.map_err(DriverError::io("empty the volume"))?;
+        sandbox_mcp_sys::layers::copy_tree(&source, &dir, sandbox_mcp_sys::layers::Owners::Same)
+            .map_err(DriverError::io("put the volume's files back"))?;
+        Ok(())
+    }
+
     fn volume_bytes(&self, key: &str) -> u64 {
         sandbox_mcp_sys::fs_tree::disk_usage(&self.volume_dir(key), 1_000_000)
     }
@@ -176,7 +192,19 @@ impl Storage for NamespacesDriver {
 
     fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
         disk::remove_dir(&self.store, &self.sandboxes_dir, name)
-            .map_err(DriverError::io("delete the snapshot's files"))
+            .map_err(DriverError::io("delete the snapshot's files"))?;
+        // The copies of volumes the snapshot kept (`<snapshot>.<index>`) go with it.
+        let prefix = format!("{name}.");
+        let kept = fs::read_dir(self.volumes_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix));
+        for e in kept {
+            let key = e.file_name().to_string_lossy().into_owned();
+            self.remove_volume(&key)?;
+        }
+        Ok(())
     }
 
     fn disk_charge(&self, id: &str) -> Option<u64> {
