@@ -58,8 +58,8 @@ impl Storage for NamespacesDriver {
         }
         let emptied = fs::read_dir(&dir).and_then(|entries| {
             entries
-                .map(|e| sandbox_mcp_sys::fs_tree::remove_tree(&e?.path()))
-                .collect::<std::io::Result<()>>()
+                .into_iter()
+                .try_for_each(|e| sandbox_mcp_sys::fs_tree::remove_tree(&e?.path()))
         });
         emptied.map_err(DriverError::io("empty the volume"))?;
         sandbox_mcp_sys::layers::copy_tree(&source, &dir, sandbox_mcp_sys::layers::Owners::Same)
