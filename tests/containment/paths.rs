@@ -209,7 +209,11 @@ async fn missing_cwd_and_bad_env_are_clear_errors() {
         json!({"sandbox_id": id, "command": "pwd", "cwd": "/nope"}),
     )
     .await;
-    assert!(m.contains("/nope does not exist"), "{m}");
+    // The reason first, then the path: a long path clipped never hides why.
+    assert!(
+        m.contains("cwd does not exist") && m.contains("/nope"),
+        "{m}"
+    );
     let m = err(
         &client,
         "sandbox_exec",
