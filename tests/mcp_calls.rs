@@ -78,6 +78,9 @@ async fn tools_list_carries_annotations_and_schemas() {
             "sandbox_template_create",
             "sandbox_template_delete",
             "computer_create",
+            "volume_create",
+            "volume_list",
+            "volume_delete",
         ]
         .contains(&tool.name.as_ref())
         {

@@ -223,7 +223,7 @@ pub fn build(
                 name: "agent".into(),
                 empty_dir: Some(EmptyDirVolumeSource {
                     medium: None,
-                    size_limit: Some(Quantity("64Mi".into())),
+                    size_limit: Some(Quantity("128Mi".into())),
                 }),
                 ..Default::default()
             }]),

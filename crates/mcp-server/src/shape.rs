@@ -199,7 +199,14 @@ pub fn failure_message(tool: &ToolDef, args: Option<&Args>, failure: &CallFailur
             }
         };
     if let CallFailure::InvalidArgs(m) = failure {
-        return format!("Invalid arguments for {}: {m}", tool.name);
+        // `sandbox_id` carries no description in the schema (every tool has it; its pattern
+        // says what it is): where to get one is said here, where it is needed.
+        let hint = if m.contains("argument `sandbox_id`") {
+            " (From sandbox_list, or the `id` sandbox_create returned.)"
+        } else {
+            ""
+        };
+        return format!("Invalid arguments for {}: {m}{hint}", tool.name);
     }
     let template = keys
         .iter()
