@@ -15,35 +15,48 @@ mod source;
 
 pub(super) async fn run(args: ServersArgs) -> anyhow::Result<()> {
     process::init_logging("warn");
-    let backend = args.control.backend(&args.engine)?;
-    let outcome = async {
-        let handle = backend
-            .client(None)
-            .await
-            .map_err(|e| anyhow::anyhow!(e.text()))?;
-        let client = handle.client.clone();
-        match args.command {
-            ServersCommand::Add(add) => self::add(&client, *add).await,
-            ServersCommand::List { json } => list(&client, json).await,
-            ServersCommand::Rm { name } => rm(&client, &name).await,
-            ServersCommand::Log { name } => log(&client, &name).await,
-        }
-    }
-    .await;
-    backend.shutdown().await;
-    outcome
+    let command = args.command;
+    args.control
+        .with_client(&args.engine, |client| async move {
+            match command {
+                ServersCommand::Add(add) => self::add(&client, *add).await,
+                ServersCommand::List { json } => list(&client, json).await,
+                ServersCommand::Rm { name } => rm(&client, &name).await,
+                ServersCommand::Log { name } => log(&client, &name).await,
+            }
+        })
+        .await
 }
 
 impl super::args::ControlPlane {
-    /// The engine at `--url`, or the one that serves the data dir (started if none does).
-    pub(super) fn backend(&self, engine: &super::args::EngineSettings) -> anyhow::Result<Backend> {
-        Ok(match &self.url {
+    /// Runs `work` with a client of the engine at `--url`, or of the one that serves the data
+    /// dir (started for the command if none does, and stopped after it).
+    pub(super) async fn with_client<F, Fut>(
+        &self,
+        engine: &super::args::EngineSettings,
+        work: F,
+    ) -> anyhow::Result<()>
+    where
+        F: FnOnce(std::sync::Arc<Client>) -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<()>>,
+    {
+        let backend = match &self.url {
             Some(url) => Backend::remote(url, self.api_key.clone().map(ApiKey::new))
                 .map_err(anyhow::Error::msg)?,
             None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
                 engine.config(),
             ))),
-        })
+        };
+        let outcome = async {
+            let handle = backend
+                .client(None)
+                .await
+                .map_err(|e| anyhow::anyhow!(e.text()))?;
+            work(handle.client.clone()).await
+        }
+        .await;
+        backend.shutdown().await;
+        outcome
     }
 }
 

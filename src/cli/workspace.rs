@@ -10,27 +10,21 @@ use super::servers::api_error;
 
 pub(super) async fn run(args: WorkspaceArgs) -> anyhow::Result<()> {
     process::init_logging("warn");
-    let backend = args.control.backend(&args.engine)?;
-    let outcome = async {
-        let handle = backend
-            .client(None)
-            .await
-            .map_err(|e| anyhow::anyhow!(e.text()))?;
-        let client = handle.client.clone();
-        match args.command {
-            WorkspaceCommand::Changes { sandbox_id, name } => {
-                changes(&client, &sandbox_id, &name, true).await.map(|_| ())
+    let command = args.command;
+    args.control
+        .with_client(&args.engine, |client| async move {
+            match command {
+                WorkspaceCommand::Changes { sandbox_id, name } => {
+                    changes(&client, &sandbox_id, &name, true).await.map(|_| ())
+                }
+                WorkspaceCommand::Apply {
+                    sandbox_id,
+                    name,
+                    dry_run,
+                } => apply(&client, &sandbox_id, &name, dry_run).await,
             }
-            WorkspaceCommand::Apply {
-                sandbox_id,
-                name,
-                dry_run,
-            } => apply(&client, &sandbox_id, &name, dry_run).await,
-        }
-    }
-    .await;
-    backend.shutdown().await;
-    outcome
+        })
+        .await
 }
 
 /// Prints the patch (`patch`) or the list of changed files; returns how many there are.
