@@ -14,6 +14,16 @@ async fn a_volume_is_shared_at_once_and_outlives_its_sandboxes() {
     let client = engine.mcp().await;
     let v = ok(&client, "volume_create", json!({"name": "data"})).await;
     assert_eq!(v["kind"], "volume");
+    // The default quota where the store keeps one; none where it cannot.
+    let quotas = engine.manager.driver().capabilities().volume_quotas;
+    assert_eq!(
+        v["quota_bytes"],
+        if quotas {
+            json!(1024 << 20)
+        } else {
+            json!(null)
+        }
+    );
     let mount = json!([{"name": "data", "path": "/data"}]);
     let (a, b) = (
         create_with(&client, mount.clone()).await,
@@ -221,6 +231,12 @@ async fn a_hibernated_sandbox_keeps_its_volume_and_its_writer() {
         json!({"sandbox_id": id, "hibernate": true}),
     )
     .await;
+    // Hibernated, it still holds the volume: not deleted from under it.
+    let refused = err(&client, "volume_delete", json!({"name": "log"})).await;
+    assert!(
+        refused.contains("is mounted by") && refused.contains(&id),
+        "{refused}"
+    );
     // Another sandbox watches the volume: nothing writes while the writer is hibernated.
     let watcher = create_with(&client, mount).await;
     let read = |s: String| s.trim().parse::<u64>().unwrap();

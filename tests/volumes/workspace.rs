@@ -122,6 +122,7 @@ rm old.txt && chmod +x script.sh && \
 printf '\000\001changed\377' > data.bin && \
 mkdir -p new/dir && echo new > new/dir/file.txt && \
 echo u > 'café.txt' && printf 'no newline' > nonl.txt && ln -s README.md link && \
+echo added > sub/added.txt && \
 git add -A && git -c user.name=s -c user.email=s@example.test commit -qm sandbox"#;
 
 async fn engine_with(repo: &Path, ro: &Path) -> TestEngine {
@@ -148,6 +149,10 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     let (repo, ro) = (host.path().join("repo"), host.path().join("ro"));
     make_repo(&repo);
     make_repo(&ro);
+    // Owners other than the engine's: a file the sandbox changes keeps its owner when applied,
+    // and a new file takes its directory's.
+    std::os::unix::fs::chown(repo.join("README.md"), Some(1234), Some(1234)).unwrap();
+    std::os::unix::fs::chown(repo.join("sub"), Some(4321), Some(4321)).unwrap();
     let before = tree(&repo, false);
     let engine = engine_with(&repo, &ro).await;
     let client = engine.mcp().await;
@@ -267,6 +272,17 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
         "{said}"
     );
     assert_eq!(host_view(&repo), wanted);
+    {
+        use std::os::unix::fs::MetadataExt;
+        let uid = |p: &str| std::fs::symlink_metadata(repo.join(p)).unwrap().uid();
+        assert_eq!(uid("README.md"), 1234, "a changed file keeps its owner");
+        assert_eq!(
+            uid("sub/added.txt"),
+            4321,
+            "a new file takes its directory's owner"
+        );
+        assert_eq!(uid("new/dir/file.txt"), uid("."));
+    }
     let after = tree(&repo, false);
     for (path, entry) in &before {
         if path.starts_with(".git") {

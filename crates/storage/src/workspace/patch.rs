@@ -41,17 +41,14 @@ pub fn changes(
         } else {
             new
         };
-        let binary = file_patch(&mut out.patch, &rel, &old, &new)?;
+        let Some(binary) = file_patch(&mut out.patch, &rel, &old, &new)? else {
+            continue;
+        };
         if out.patch.len() > max_patch {
             return Err(io::Error::other(format!(
                 "the patch is over {} MiB; apply the changes with `sandbox-mcp workspace apply`, or list them with sandbox_diff",
                 max_patch >> 20
             )));
-        }
-        let counted = matches!(new, Blob::File { .. } | Blob::Link(_))
-            || matches!(old, Blob::File { .. } | Blob::Link(_));
-        if !counted {
-            continue;
         }
         match e.change {
             Change::Added => out.added += 1,
@@ -102,28 +99,29 @@ fn is_text(data: &[u8]) -> bool {
     !data[..data.len().min(8000)].contains(&0) && std::str::from_utf8(data).is_ok()
 }
 
-/// Appends the patch of one path; returns whether it is a binary patch. A change of type (file
-/// to symlink, say) is a deletion then an addition, as git writes it.
-fn file_patch(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<bool> {
+/// Appends the patch of one path; returns whether it is a binary patch, or `None` when git
+/// carries nothing of the change (a directory, an owner, a time). A change of type (file to
+/// symlink, say) is a deletion then an addition, as git writes it.
+fn file_patch(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<Option<bool>> {
     let (om, nm) = (git_mode(old), git_mode(new));
     if let (Some(o), Some(n)) = (om, nm)
         && (o == "120000") != (n == "120000")
     {
         let a = one_side(out, rel, old, &Blob::None)?;
         let b = one_side(out, rel, &Blob::None, new)?;
-        return Ok(a || b);
+        return Ok(Some(a == Some(true) || b == Some(true)));
     }
     one_side(out, rel, old, new)
 }
 
-fn one_side(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<bool> {
+fn one_side(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<Option<bool>> {
     let (om, nm) = (git_mode(old), git_mode(new));
-    if om.is_none() && nm.is_none() {
-        return Ok(false);
+    let (od, nd) = (content(old), content(new));
+    if (om.is_none() && nm.is_none()) || (om == nm && od == nd) {
+        return Ok(None);
     }
     let (a, b) = (quote(b"a/", rel), quote(b"b/", rel));
     let _ = writeln!(out, "diff --git {a} {b}");
-    let (od, nd) = (content(old), content(new));
     let (oid, nid) = (
         om.map_or(ZERO.to_string(), |_| blob_id(od)),
         nm.map_or(ZERO.to_string(), |_| blob_id(nd)),
@@ -141,7 +139,7 @@ fn one_side(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<
         _ => {}
     }
     if oid == nid {
-        return Ok(false);
+        return Ok(Some(false));
     }
     match (om, nm) {
         (Some(o), Some(n)) if o == n => {
@@ -164,11 +162,11 @@ fn one_side(out: &mut String, rel: &[u8], old: &Blob, new: &Blob) -> io::Result<
         };
         let _ = writeln!(out, "--- {from}\n+++ {to}");
         unified(out, od, nd);
-        Ok(false)
+        Ok(Some(false))
     } else {
         out.push_str("GIT binary patch\n");
         literal(out, nd)?;
-        Ok(true)
+        Ok(Some(true))
     }
 }
 
@@ -276,6 +274,27 @@ mod tests {
             "ce013625030ba8dba906f756967f9e9ca394464a"
         );
         assert_eq!(blob_id(b""), "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391");
+    }
+
+    #[test]
+    fn a_change_git_does_not_carry_writes_nothing() {
+        let mut s = String::new();
+        let file = Blob::File {
+            data: b"x\n".to_vec(),
+            mode: 0o644,
+        };
+        // Same content and mode: an owner or a time changed, which a patch cannot say.
+        assert_eq!(
+            file_patch(&mut s, b"f", &file, &file.clone()).unwrap(),
+            None
+        );
+        assert!(s.is_empty(), "{s}");
+        let exec = Blob::File {
+            data: b"x\n".to_vec(),
+            mode: 0o755,
+        };
+        assert_eq!(file_patch(&mut s, b"f", &file, &exec).unwrap(), Some(false));
+        assert_eq!(s, "diff --git a/f b/f\nold mode 100644\nnew mode 100755\n");
     }
 
     #[test]
