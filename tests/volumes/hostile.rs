@@ -5,8 +5,8 @@
 use serde_json::json;
 
 use super::create_with;
-use super::workspace::{make_repo, tree};
-use crate::common::{KEY, TestEngine, err, exec, ok, sh};
+use super::workspace::{apply_cli, make_repo, tree};
+use crate::common::{TestEngine, err, exec, ok, sh};
 use crate::require_sandboxes;
 
 #[tokio::test(flavor = "multi_thread")]
@@ -225,11 +225,7 @@ async fn applying_never_writes_outside_the_folder() {
         outside.display()
     );
     sh(&client, &id, &attack).await;
-    let applied = std::process::Command::new(crate::common::BIN)
-        .args(["workspace", "apply", &id, "repo", "--url", &engine.url])
-        .env("SANDBOX_MCP_API_KEY", KEY)
-        .output()
-        .unwrap();
+    let applied = apply_cli(&engine, &id, "repo");
     assert!(
         applied.status.success(),
         "{}",

@@ -12,7 +12,8 @@ use super::create_with;
 use crate::common::{BIN, KEY, McpClient, TestEngine, err, ok, sh};
 use crate::require_sandboxes;
 
-fn run(dir: &Path, cmd: &str) {
+/// Runs `cmd` with `sh -c` in `dir`, which must succeed; returns its stdout.
+fn run(dir: &Path, cmd: &str) -> Vec<u8> {
     let out = Command::new("sh")
         .arg("-c")
         .arg(cmd)
@@ -24,6 +25,7 @@ fn run(dir: &Path, cmd: &str) {
         "`{cmd}`: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    out.stdout
 }
 
 /// A git repository with text, binary, executable-to-be and nested files, committed.
@@ -93,18 +95,7 @@ print(json.dumps(out, sort_keys=True))
 PY"#;
 
 fn host_view(dir: &Path) -> Value {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(VIEW)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&run(dir, VIEW)).unwrap()
 }
 
 async fn sandbox_view(client: &McpClient, id: &str) -> Value {
@@ -299,7 +290,7 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     assert_eq!(again["files"], json!([]), "{again}");
 }
 
-fn apply_cli(engine: &TestEngine, id: &str, name: &str) -> std::process::Output {
+pub fn apply_cli(engine: &TestEngine, id: &str, name: &str) -> std::process::Output {
     Command::new(BIN)
         .args(["workspace", "apply", id, name, "--url", &engine.url])
         .env("SANDBOX_MCP_API_KEY", KEY)
