@@ -3,6 +3,7 @@
 //! engine and the drivers that run sandboxes ([`driver`]). The engine's services and both drivers
 //! (namespaces, Kubernetes) build on these types; none of them is in here.
 
+pub mod addrs;
 pub mod config;
 pub mod driver;
 pub mod ids;

@@ -114,7 +114,7 @@ impl Hub {
         Arc::new(Hub {
             guard: Guard {
                 operator_allowed,
-                host_addrs: host_addresses(),
+                host_addrs: sandbox_mcp_model::addrs::host_addresses(),
             },
             upstreams,
             log,
@@ -332,19 +332,3 @@ impl Drop for SandboxNet {
 
 use sandbox_mcp_sys::lock;
 
-/// Every address of every interface of the host (the engine's namespace).
-fn host_addresses() -> Vec<IpAddr> {
-    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
-        return Vec::new();
-    };
-    addrs
-        .filter_map(|a| a.address)
-        .filter_map(|a| {
-            if let Some(v4) = a.as_sockaddr_in() {
-                Some(IpAddr::V4(v4.ip()))
-            } else {
-                a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
-            }
-        })
-        .collect()
-}
