@@ -74,6 +74,7 @@ impl Hosted {
             session_idle: Duration::from_secs(1800),
             session_sandbox: false,
             mount_servers: vec![],
+            oauth: None,
         };
         adjust(&mut opts);
         let server = HttpServer::start(

@@ -55,6 +55,7 @@ fn options() -> HttpOptions {
         session_idle: Duration::from_secs(1800),
         session_sandbox: false,
         mount_servers: vec![],
+        oauth: None,
     }
 }
 

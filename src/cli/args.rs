@@ -358,7 +358,46 @@ pub(crate) struct ServeArgs {
     )]
     pub(crate) mount_servers: Vec<String>,
     #[command(flatten)]
+    pub(crate) oauth: OAuthArgs,
+    #[command(flatten)]
     pub(crate) engine: EngineSettings,
+}
+
+/// OAuth 2.1 on the HTTP transport, beside the access keys.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct OAuthArgs {
+    /// HTTP: also accept OAuth 2.1 tokens from the built-in authorization server, where people
+    /// sign in with an access key (`keys create`): for clients that only speak OAuth (Claude.ai,
+    /// Claude Desktop's connectors, ChatGPT).
+    #[arg(long, env = "SANDBOX_MCP_OAUTH", requires = "http", conflicts_with_all = ["oauth_issuer", "dev"])]
+    pub(crate) oauth: bool,
+    /// HTTP: also accept JWT access tokens of this external identity provider (Keycloak, Auth0,
+    /// Entra, Google…), checked against its published keys.
+    #[arg(long, env = "SANDBOX_MCP_OAUTH_ISSUER", value_name = "URL", requires = "http", conflicts_with = "dev")]
+    pub(crate) oauth_issuer: Option<String>,
+    /// With --oauth-issuer: also accept these `aud` values (the endpoint's URL always is).
+    #[arg(long = "oauth-audience", env = "SANDBOX_MCP_OAUTH_AUDIENCES", value_delimiter = ',', requires = "oauth_issuer")]
+    pub(crate) oauth_audiences: Vec<String>,
+    /// With --oauth-issuer: the claim that names the token's tenant.
+    #[arg(long, env = "SANDBOX_MCP_OAUTH_TENANT_CLAIM", default_value = "sub")]
+    pub(crate) oauth_tenant_claim: String,
+    /// HTTP: the server's public URL (`https://mcp.example.com`) when clients reach it under
+    /// another name or through a proxy that ends TLS: OAuth's URLs are made from it, and its host
+    /// is accepted.
+    #[arg(long, env = "SANDBOX_MCP_PUBLIC_URL", value_name = "URL")]
+    pub(crate) public_url: Option<String>,
+    /// Extra trust roots (PEM) for what OAuth fetches: client metadata documents, the issuer's
+    /// keys.
+    #[arg(long, env = "SANDBOX_MCP_OAUTH_CA_FILE", value_name = "FILE")]
+    pub(crate) oauth_ca_file: Option<PathBuf>,
+    /// With --oauth: a range (CIDR) client metadata documents may come from although it is
+    /// private or special-purpose (they never may otherwise); repeatable.
+    #[arg(long = "oauth-allow-net", env = "SANDBOX_MCP_OAUTH_ALLOW_NETS", value_delimiter = ',', value_name = "CIDR")]
+    pub(crate) oauth_allow_nets: Vec<String>,
+    /// With --oauth: lifetime of access tokens in seconds (refresh tokens last 30 days and are
+    /// rotated at each use).
+    #[arg(long, env = "SANDBOX_MCP_OAUTH_TOKEN_TTL", default_value_t = 3600)]
+    pub(crate) oauth_token_ttl: u64,
 }
 
 /// The data dir, shared by the engine and the key store.

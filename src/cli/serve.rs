@@ -101,6 +101,7 @@ async fn serve_http(
             "no access keys yet: every request will get 401. Create one with `sandbox-mcp keys create --tenant NAME` (it works without a restart)"
         );
     }
+    let oauth = oauth_settings(&args.oauth, &config.data_dir, keys.clone())?;
     let opts = HttpOptions {
         listen,
         dev: args.dev,
@@ -110,11 +111,52 @@ async fn serve_http(
         session_idle: Duration::from_secs(args.session_idle_timeout.max(1)),
         session_sandbox: args.session_sandbox,
         mount_servers: args.mount_servers.clone(),
+        oauth,
     };
     let server = HttpServer::start(opts, backend, Some(keys), selection, settings).await?;
     eprintln!("sandbox-mcp: serving MCP on http://{}/mcp", server.addr);
+    if args.oauth.oauth {
+        eprintln!(
+            "sandbox-mcp: OAuth: clients sign in at {}/oauth/authorize with an access key (`sandbox-mcp keys create --tenant NAME`)",
+            args.oauth
+                .public_url
+                .as_deref()
+                .map_or_else(|| format!("http://{}", server.addr), |u| u.trim_end_matches('/').to_string())
+        );
+    }
     process::terminated().await;
     tracing::info!("shutting down: finishing in-flight calls");
     server.shutdown(Duration::from_secs(30)).await;
     Ok(())
+}
+
+/// The OAuth of `serve --http`: the built-in authorization server (`--oauth`), an external
+/// issuer's tokens (`--oauth-issuer`), or none.
+fn oauth_settings(
+    args: &super::args::OAuthArgs,
+    data_dir: &std::path::Path,
+    keys: std::sync::Arc<sandbox_mcp_server::keys::KeyStore>,
+) -> anyhow::Result<Option<std::sync::Arc<sandbox_mcp_oauth::OAuth>>> {
+    use sandbox_mcp_oauth::{Kind, OAuth, Settings};
+    let kind = match (&args.oauth_issuer, args.oauth) {
+        (Some(issuer), _) => Kind::External {
+            issuer: issuer.clone(),
+            audiences: args.oauth_audiences.clone(),
+            tenant_claim: args.oauth_tenant_claim.clone(),
+        },
+        (None, true) => Kind::BuiltIn {
+            data_dir: data_dir.to_path_buf(),
+            accounts: keys,
+        },
+        (None, false) => return Ok(None),
+    };
+    let oauth = OAuth::new(Settings {
+        kind,
+        public_url: args.public_url.clone(),
+        ca_file: args.oauth_ca_file.clone(),
+        allow_nets: args.oauth_allow_nets.clone(),
+        access_ttl: Duration::from_secs(args.oauth_token_ttl.max(1)),
+    })
+    .map_err(anyhow::Error::msg)?;
+    Ok(Some(oauth))
 }

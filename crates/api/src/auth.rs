@@ -127,6 +127,13 @@ impl<T: Clone> KeyFile<T> {
         find(cache.1.iter().map(|(d, v)| (d, v)), token).cloned()
     }
 
+    /// Whether any accepted key's value satisfies `f` (after re-reading the file if it changed).
+    pub fn any(&self, f: impl Fn(&T) -> bool) -> bool {
+        self.refresh();
+        let cache = self.cache.read().unwrap_or_else(|p| p.into_inner());
+        cache.1.iter().any(|(_, v)| f(v))
+    }
+
     fn refresh(&self) {
         let now = version(&self.path);
         {

@@ -29,6 +29,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use sandbox_mcp_oauth::{Denied, OAuth};
+
 use crate::backend::Backend;
 use crate::keys::KeyStore;
 use crate::server::{RequestTenant, SandboxMcp, ServerSettings};
@@ -56,6 +58,9 @@ pub struct HttpOptions {
     pub session_sandbox: bool,
     /// Hosted servers to mount into `/mcp` (`all`, or names).
     pub mount_servers: Vec<String>,
+    /// OAuth beside the access keys: the resource server's checks and metadata, and the built-in
+    /// authorization server's routes when it is built in.
+    pub oauth: Option<Arc<OAuth>>,
 }
 
 struct Bucket {
@@ -65,6 +70,7 @@ struct Bucket {
 
 struct Guard {
     keys: Option<Arc<KeyStore>>,
+    oauth: Option<Arc<OAuth>>,
     hosts: Vec<String>,
     origins: Vec<String>,
     /// Session id → the tenant that opened it, and when it was last used.
@@ -165,6 +171,16 @@ impl Drop for InFlight {
     }
 }
 
+/// A refusal by OAuth: the JSON-RPC error, with the challenge that tells a client where to sign in.
+fn denied(oauth: &OAuth, req: &Request, d: &Denied) -> Response {
+    let mut r = error(d.status, &d.description);
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        oauth.challenge(req.headers(), req.uri().path(), req.uri().query(), d),
+    );
+    r
+}
+
 async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Response {
     let headers = req.headers();
     let host = headers
@@ -176,6 +192,18 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
             StatusCode::FORBIDDEN,
             "Host not allowed; start the server with --allow-host for this name",
         );
+    }
+    // OAuth's own endpoints are for clients that hold no token yet, and for browsers (the
+    // sign-in page checks its own origin; the rest is CORS-open and cookie-free).
+    let path = req.uri().path();
+    if g.oauth.is_some() && (path.starts_with("/.well-known/") || path.starts_with("/oauth/")) {
+        if g.draining.load(Ordering::Acquire) {
+            return error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is shutting down; retry elsewhere",
+            );
+        }
+        return next.run(req).await;
     }
     if let Some(origin) = headers.get(header::ORIGIN)
         && !origin.to_str().is_ok_and(|o| g.origin_allowed(o))
@@ -191,20 +219,28 @@ async fn guard(State(g): State<Arc<Guard>>, mut req: Request, next: Next) -> Res
             "the server is shutting down; retry elsewhere",
         );
     }
+    let token = sandbox_mcp_api::auth::bearer(headers);
     let tenant: Option<String> = match &g.keys {
         None => None, // --dev
-        Some(keys) => {
-            match sandbox_mcp_api::auth::bearer(headers).and_then(|t| keys.tenant_of(t)) {
-                Some(t) => Some(t),
-                None => {
-                    return error(
-                        StatusCode::UNAUTHORIZED,
-                        "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
-                    );
+        Some(keys) => match (token.and_then(|t| keys.tenant_of(t)), &g.oauth, token) {
+            (Some(t), _, _) => Some(t),
+            (None, Some(oauth), Some(t)) => {
+                let (path, query) = (req.uri().path(), req.uri().query());
+                match oauth.authenticate(headers, t, path, query).await {
+                    Ok(p) => Some(p.tenant),
+                    Err(d) => return denied(oauth, &req, &d),
                 }
             }
-        }
+            (None, Some(oauth), None) => return denied(oauth, &req, &Denied::missing()),
+            (None, None, _) => {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "missing or invalid token; send `Authorization: Bearer <token>` (create one with `sandbox-mcp keys create --tenant NAME`)",
+                );
+            }
+        },
     };
+    let headers = req.headers();
     let session = headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
@@ -349,8 +385,13 @@ impl HttpServer {
                 .iter()
                 .map(|h| h.trim().to_ascii_lowercase()),
         );
+        let oauth = if opts.dev { None } else { opts.oauth.clone() };
+        if let Some(public) = oauth.as_ref().and_then(|o| o.public_host()) {
+            hosts.push(public);
+        }
         let guard = Arc::new(Guard {
             keys: if opts.dev { None } else { keys },
+            oauth: oauth.clone(),
             origins: opts
                 .allowed_origins
                 .iter()
@@ -395,7 +436,11 @@ impl HttpServer {
             .with_max_request_body_bytes(BODY_LIMIT);
         let service = StreamableHttpService::new(factory, Arc::new(sessions), config);
         warm_hosted(&hosted);
-        let app = Router::new()
+        let mut app = Router::new();
+        if let Some(oauth) = &oauth {
+            app = app.merge(sandbox_mcp_oauth::routes::router(oauth.clone()));
+        }
+        let app = app
             .nest_service("/mcp", service)
             .route(
                 "/servers/{name}/mcp",

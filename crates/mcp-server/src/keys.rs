@@ -48,17 +48,32 @@ fn parse(text: &str) -> Result<Vec<KeyRecord>, String> {
     serde_json::from_str(text).map_err(|e| e.to_string())
 }
 
-/// The active keys of a key file's text, as digests and the tenants they stand for.
-fn active_keys(text: &str) -> Result<Vec<(Digest, String)>, String> {
+/// An active key: its id and the tenant it stands for.
+#[derive(Debug, Clone)]
+struct Active {
+    id: String,
+    tenant: String,
+}
+
+/// The active keys of a key file's text, as digests and what they stand for.
+fn active_keys(text: &str) -> Result<Vec<(Digest, Active)>, String> {
     Ok(parse(text)?
         .into_iter()
         .filter(|r| r.revoked_at.is_none())
-        .filter_map(|r| Some((Digest::from_hex(&r.sha256)?, r.tenant)))
+        .filter_map(|r| {
+            Some((
+                Digest::from_hex(&r.sha256)?,
+                Active {
+                    id: r.id,
+                    tenant: r.tenant,
+                },
+            ))
+        })
         .collect())
 }
 
 pub struct KeyStore {
-    file: KeyFile<String>,
+    file: KeyFile<Active>,
 }
 
 impl KeyStore {
@@ -140,7 +155,25 @@ impl KeyStore {
 
     /// The tenant of a valid, unrevoked token (the file is re-read when it changed).
     pub(crate) fn tenant_of(&self, token: &str) -> Option<String> {
-        self.file.find(token)
+        self.file.find(token).map(|a| a.tenant)
+    }
+}
+
+/// The keys are who signs in on the OAuth sign-in page: a grant is the key's tenant's, and ends
+/// when the key is revoked.
+impl sandbox_mcp_oauth::Accounts for KeyStore {
+    fn sign_in(&self, key: &str) -> Option<sandbox_mcp_oauth::Account> {
+        if key.is_empty() {
+            return None;
+        }
+        self.file.find(key).map(|a| sandbox_mcp_oauth::Account {
+            key_id: a.id,
+            tenant: a.tenant,
+        })
+    }
+
+    fn active(&self, key_id: &str) -> bool {
+        self.file.any(|a| a.id == key_id)
     }
 }
 
