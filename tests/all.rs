@@ -33,6 +33,7 @@ mod kubernetes;
 mod live;
 mod mcp_calls;
 mod network;
+mod oauth;
 mod previews;
 mod secrets;
 mod secrets_hostile;

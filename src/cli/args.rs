@@ -373,10 +373,21 @@ pub(crate) struct OAuthArgs {
     pub(crate) oauth: bool,
     /// HTTP: also accept JWT access tokens of this external identity provider (Keycloak, Auth0,
     /// Entra, Google…), checked against its published keys.
-    #[arg(long, env = "SANDBOX_MCP_OAUTH_ISSUER", value_name = "URL", requires = "http", conflicts_with = "dev")]
+    #[arg(
+        long,
+        env = "SANDBOX_MCP_OAUTH_ISSUER",
+        value_name = "URL",
+        requires = "http",
+        conflicts_with = "dev"
+    )]
     pub(crate) oauth_issuer: Option<String>,
     /// With --oauth-issuer: also accept these `aud` values (the endpoint's URL always is).
-    #[arg(long = "oauth-audience", env = "SANDBOX_MCP_OAUTH_AUDIENCES", value_delimiter = ',', requires = "oauth_issuer")]
+    #[arg(
+        long = "oauth-audience",
+        env = "SANDBOX_MCP_OAUTH_AUDIENCES",
+        value_delimiter = ',',
+        requires = "oauth_issuer"
+    )]
     pub(crate) oauth_audiences: Vec<String>,
     /// With --oauth-issuer: the claim that names the token's tenant.
     #[arg(long, env = "SANDBOX_MCP_OAUTH_TENANT_CLAIM", default_value = "sub")]
@@ -392,7 +403,12 @@ pub(crate) struct OAuthArgs {
     pub(crate) oauth_ca_file: Option<PathBuf>,
     /// With --oauth: a range (CIDR) client metadata documents may come from although it is
     /// private or special-purpose (they never may otherwise); repeatable.
-    #[arg(long = "oauth-allow-net", env = "SANDBOX_MCP_OAUTH_ALLOW_NETS", value_delimiter = ',', value_name = "CIDR")]
+    #[arg(
+        long = "oauth-allow-net",
+        env = "SANDBOX_MCP_OAUTH_ALLOW_NETS",
+        value_delimiter = ',',
+        value_name = "CIDR"
+    )]
     pub(crate) oauth_allow_nets: Vec<String>,
     /// With --oauth: lifetime of access tokens in seconds (refresh tokens last 30 days and are
     /// rotated at each use).

@@ -118,10 +118,10 @@ async fn serve_http(
     if args.oauth.oauth {
         eprintln!(
             "sandbox-mcp: OAuth: clients sign in at {}/oauth/authorize with an access key (`sandbox-mcp keys create --tenant NAME`)",
-            args.oauth
-                .public_url
-                .as_deref()
-                .map_or_else(|| format!("http://{}", server.addr), |u| u.trim_end_matches('/').to_string())
+            args.oauth.public_url.as_deref().map_or_else(
+                || format!("http://{}", server.addr),
+                |u| u.trim_end_matches('/').to_string()
+            )
         );
     }
     process::terminated().await;

@@ -331,4 +331,3 @@ impl Drop for SandboxNet {
 }
 
 use sandbox_mcp_sys::lock;
-

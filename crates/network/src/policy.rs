@@ -12,8 +12,8 @@
 //! 3. an address inside a `deny_out` CIDR is blocked;
 //! 4. otherwise the engine-wide default decides (`--egress open|closed`).
 
-pub use sandbox_mcp_model::config::EgressDefault;
 pub use sandbox_mcp_model::addrs::{Cidr, Guard};
+pub use sandbox_mcp_model::config::EgressDefault;
 use std::net::IpAddr;
 
 /// Most rules in `allow_out` plus `deny_out`: enough for any real allowlist, and every
@@ -146,10 +146,7 @@ impl Policy {
     /// (a closed default, or a deny covering every IPv4 address). Then DNS cannot carry data out.
     pub fn is_allowlist(&self) -> bool {
         self.default == EgressDefault::Closed
-            || self
-                .deny_nets
-                .iter()
-                .any(|(c, _)| c.covers_all_ipv4())
+            || self.deny_nets.iter().any(|(c, _)| c.covers_all_ipv4())
     }
 
     /// Whether any rule names a domain (then a connection's name can change its verdict).

@@ -111,7 +111,7 @@ impl Fetcher {
         for ip in &addrs {
             if let Some(why) = self.guard.refuses(*ip) {
                 return Err(format!(
-                    "the client metadata document's host {host} resolves to {why}: refused"
+                    "the client metadata document's host {host} is refused: {why}"
                 ));
             }
         }

@@ -50,13 +50,12 @@ pub fn check_redirect_uri(uri: &str) -> Result<(), String> {
     }
     let scheme = url.scheme();
     if BAD_SCHEMES.contains(&scheme) {
-        return Err(format!("redirect URI {uri:?}: the scheme {scheme} is not allowed"));
+        return Err(format!(
+            "redirect URI {uri:?}: the scheme {scheme} is not allowed"
+        ));
     }
     if scheme == "http" {
-        let loopback = matches!(
-            url.host_str(),
-            Some("localhost" | "127.0.0.1" | "[::1]")
-        );
+        let loopback = matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
         if !loopback {
             return Err(format!(
                 "redirect URI {uri:?}: plain http is allowed only on a loopback host (localhost, 127.0.0.1, [::1]); use https"
@@ -111,7 +110,12 @@ pub fn check_registration(doc: &Value) -> Result<(String, Vec<String>, String), 
     let strings = |k: &str| -> Vec<String> {
         doc.get(k)
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(String::from).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     if let Some(g) = strings("grant_types")
@@ -122,8 +126,13 @@ pub fn check_registration(doc: &Value) -> Result<(String, Vec<String>, String), 
             "grant type {g:?} is not supported: authorization_code and refresh_token are"
         )));
     }
-    if let Some(r) = strings("response_types").iter().find(|r| r.as_str() != "code") {
-        return Err(invalid(format!("response type {r:?} is not supported: code is")));
+    if let Some(r) = strings("response_types")
+        .iter()
+        .find(|r| r.as_str() != "code")
+    {
+        return Err(invalid(format!(
+            "response type {r:?} is not supported: code is"
+        )));
     }
     let name = doc
         .get("client_name")
@@ -134,7 +143,11 @@ pub fn check_registration(doc: &Value) -> Result<(String, Vec<String>, String), 
 }
 
 /// The registration response (RFC 7591 §3.2.1).
-pub fn registration_response(c: &crate::store::Client, secret: Option<&str>, issued_at: i64) -> Value {
+pub fn registration_response(
+    c: &crate::store::Client,
+    secret: Option<&str>,
+    issued_at: i64,
+) -> Value {
     let mut v = json!({
         "client_id": c.client_id,
         "client_id_issued_at": issued_at / 1000,

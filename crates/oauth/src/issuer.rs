@@ -46,7 +46,8 @@ impl External {
         tenant_claim: String,
         extra_roots: Vec<reqwest::Certificate>,
     ) -> Result<External, String> {
-        let url = reqwest::Url::parse(issuer).map_err(|e| format!("--oauth-issuer {issuer:?}: {e}"))?;
+        let url =
+            reqwest::Url::parse(issuer).map_err(|e| format!("--oauth-issuer {issuer:?}: {e}"))?;
         let loopback = matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"));
         if url.scheme() != "https" && !(url.scheme() == "http" && loopback) {
             return Err(format!(
@@ -99,10 +100,7 @@ impl External {
             match self.get_json(&url).await {
                 Ok(doc) => {
                     if doc.get("issuer").and_then(Value::as_str) != Some(self.issuer.as_str()) {
-                        return Err(format!(
-                            "{url} names another issuer than {}",
-                            self.issuer
-                        ));
+                        return Err(format!("{url} names another issuer than {}", self.issuer));
                     }
                     return doc
                         .get("jwks_uri")
@@ -121,8 +119,8 @@ impl External {
     async fn keys_for(&self, token: &jwt::Unverified<'_>) -> Result<Vec<Jwk>, String> {
         let mut k = self.keys.lock().await;
         let stale = k.fetched.is_none_or(|t| t.elapsed() > MAX_AGE);
-        let unknown = !token.key_known(&k.keys)
-            && k.fetched.is_none_or(|t| t.elapsed() >= REFETCH_AFTER);
+        let unknown =
+            !token.key_known(&k.keys) && k.fetched.is_none_or(|t| t.elapsed() >= REFETCH_AFTER);
         if stale || unknown {
             let uri = match &k.jwks_uri {
                 Some(u) => u.clone(),
@@ -136,14 +134,21 @@ impl External {
         Ok(k.keys.clone())
     }
 
-    pub async fn check(&self, token: &str, resource: &str, scope: &str) -> Result<Principal, Denied> {
+    pub async fn check(
+        &self,
+        token: &str,
+        resource: &str,
+        scope: &str,
+    ) -> Result<Principal, Denied> {
         let t = jwt::split(token).map_err(Denied::invalid)?;
         let keys = self
             .keys_for(&t)
             .await
             .map_err(|e| Denied::invalid(format!("the issuer's keys cannot be read: {e}")))?;
         if !t.verified_by(&keys) {
-            return Err(Denied::invalid("the signature does not verify with the issuer's keys"));
+            return Err(Denied::invalid(
+                "the signature does not verify with the issuer's keys",
+            ));
         }
         let c = &t.claims;
         if c.get("iss").and_then(Value::as_str) != Some(self.issuer.as_str()) {
@@ -168,7 +173,10 @@ impl External {
         if now > exp + LEEWAY_S {
             return Err(Denied::invalid("the token has expired"));
         }
-        if c.get("nbf").and_then(Value::as_i64).is_some_and(|nbf| now + LEEWAY_S < nbf) {
+        if c.get("nbf")
+            .and_then(Value::as_i64)
+            .is_some_and(|nbf| now + LEEWAY_S < nbf)
+        {
             return Err(Denied::invalid("the token is not valid yet"));
         }
         let scopes: Vec<&str> = match (c.get("scope"), c.get("scp")) {

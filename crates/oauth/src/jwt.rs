@@ -36,9 +36,15 @@ pub struct Jwk {
 
 #[derive(Debug, Clone)]
 enum Key {
-    Rsa { n: Vec<u8>, e: Vec<u8> },
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
     /// The uncompressed point (0x04 ‖ x ‖ y) and the curve's name.
-    Ec { crv: &'static str, point: Vec<u8> },
+    Ec {
+        crv: &'static str,
+        point: Vec<u8>,
+    },
     Ed25519(Vec<u8>),
 }
 
@@ -85,7 +91,9 @@ impl Jwk {
         }
         match &self.key {
             Key::Rsa { .. } => alg.starts_with("RS") || alg.starts_with("PS"),
-            Key::Ec { crv, .. } => (alg, *crv) == ("ES256", "P-256") || (alg, *crv) == ("ES384", "P-384"),
+            Key::Ec { crv, .. } => {
+                (alg, *crv) == ("ES256", "P-256") || (alg, *crv) == ("ES384", "P-384")
+            }
             Key::Ed25519(_) => alg == EDDSA,
         }
     }
@@ -147,7 +155,8 @@ pub struct Unverified<'a> {
 /// algorithm that is not an allowed asymmetric one.
 pub fn split(token: &str) -> Result<Unverified<'_>, String> {
     let mut parts = token.split('.');
-    let (Some(h), Some(c), Some(s), None) = (parts.next(), parts.next(), parts.next(), parts.next())
+    let (Some(h), Some(c), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
     else {
         return Err("not a signed JWT (three base64url parts)".into());
     };

@@ -202,7 +202,12 @@ impl OAuth {
                 issuer,
                 audiences,
                 tenant_claim,
-            } => Mode::External(issuer::External::new(&issuer, audiences, tenant_claim, roots)?),
+            } => Mode::External(issuer::External::new(
+                &issuer,
+                audiences,
+                tenant_claim,
+                roots,
+            )?),
             Kind::BuiltIn { data_dir, accounts } => {
                 let mut guard = sandbox_mcp_model::addrs::Guard {
                     operator_allowed: Vec::new(),
@@ -228,7 +233,8 @@ impl OAuth {
     /// The host name the public URL names, to be accepted in `Host` and `Origin`.
     pub fn public_host(&self) -> Option<String> {
         let u = reqwest::Url::parse(self.public_url.as_deref()?).ok()?;
-        u.host_str().map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+        u.host_str()
+            .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
     }
 
     /// The server's base URL (no trailing slash): the public URL, or `http://` and the request's
@@ -270,10 +276,19 @@ impl OAuth {
     }
 
     /// The `WWW-Authenticate` value for a refusal at `path`.
-    pub fn challenge(&self, headers: &HeaderMap, path: &str, query: Option<&str>, denied: &Denied) -> HeaderValue {
+    pub fn challenge(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        query: Option<&str>,
+        denied: &Denied,
+    ) -> HeaderValue {
         let base = self.base(headers);
         let (rpath, scope) = endpoint(path, query);
-        let quote = |s: &str| s.replace(['"', '\\'], "'").replace(|c: char| c.is_control(), " ");
+        let quote = |s: &str| {
+            s.replace(['"', '\\'], "'")
+                .replace(|c: char| c.is_control(), " ")
+        };
         let mut v = format!(
             "Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource{rpath}\", scope=\"{}\"",
             denied.scope.unwrap_or(scope)
@@ -331,14 +346,20 @@ mod tests {
     #[test]
     fn endpoints_and_their_scopes() {
         assert_eq!(endpoint("/mcp", None), ("/mcp".into(), SANDBOXES));
-        assert_eq!(endpoint("/mcp", Some("name=time")), ("/mcp".into(), SERVERS));
+        assert_eq!(
+            endpoint("/mcp", Some("name=time")),
+            ("/mcp".into(), SERVERS)
+        );
         assert_eq!(
             endpoint("/servers/time/mcp", None),
             ("/servers/time/mcp".into(), SERVERS)
         );
         assert!(resource_path("/servers/time/mcp") && resource_path("/mcp"));
         assert!(!resource_path("/servers//mcp") && !resource_path("/other"));
-        assert_eq!(check_public_url("https://mcp.example.com/").unwrap(), "https://mcp.example.com");
+        assert_eq!(
+            check_public_url("https://mcp.example.com/").unwrap(),
+            "https://mcp.example.com"
+        );
         assert!(check_public_url("https://mcp.example.com/x").is_err());
         assert!(check_public_url("ftp://x").is_err());
     }

@@ -35,7 +35,9 @@ fn shell(title: &str, body: &str) -> String {
 
 fn scope_text(scope: &str) -> &'static str {
     match scope {
-        crate::SANDBOXES => "create sandboxes, run commands and code in them, read and write their files, and delete them, as your tenant",
+        crate::SANDBOXES => {
+            "create sandboxes, run commands and code in them, read and write their files, and delete them, as your tenant"
+        }
         crate::SERVERS => "use the hosted MCP servers of this server, as your tenant",
         "openid" => "learn which access key signed in (its id and tenant)",
         "offline_access" => "stay signed in until you revoke it (refresh tokens)",
@@ -58,7 +60,11 @@ pub(crate) struct Consent<'a> {
 pub(crate) fn consent(c: &Consent<'_>) -> String {
     let back_to = reqwest::Url::parse(c.redirect_uri)
         .ok()
-        .and_then(|u| u.host_str().map(String::from).or(Some(format!("{}:", u.scheme()))))
+        .and_then(|u| {
+            u.host_str()
+                .map(String::from)
+                .or(Some(format!("{}:", u.scheme())))
+        })
         .unwrap_or_default();
     let name = match c.client_name {
         Some(n) => format!("<b>{}</b> (the name the client gives itself)", esc(n)),
@@ -127,7 +133,7 @@ mod tests {
             csrf: "c",
             error: None,
         });
-        assert!(!page.contains("<img") && !page.contains("<script>") && !page.contains("<b>\"") );
+        assert!(!page.contains("<img") && !page.contains("<script>") && !page.contains("<b>\""));
         assert!(page.contains("&lt;img src=x"));
     }
 }

@@ -185,7 +185,10 @@ fn built_in(o: &OAuth) -> &BuiltIn {
 fn public_json(status: StatusCode, body: Value) -> Response {
     let mut r = (status, axum::Json(body)).into_response();
     let h = r.headers_mut();
-    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
@@ -193,7 +196,10 @@ fn public_json(status: StatusCode, body: Value) -> Response {
 async fn preflight() -> Response {
     let mut r = StatusCode::NO_CONTENT.into_response();
     let h = r.headers_mut();
-    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_static("GET, POST, OPTIONS"),
@@ -202,7 +208,10 @@ async fn preflight() -> Response {
         header::ACCESS_CONTROL_ALLOW_HEADERS,
         HeaderValue::from_static("authorization, content-type, mcp-protocol-version"),
     );
-    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    h.insert(
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("600"),
+    );
     r
 }
 
@@ -280,9 +289,17 @@ fn html(status: StatusCode, body: String) -> Response {
         ),
     );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    // Not `no-referrer`: browsers then send `Origin: null` with the form, and its origin check
+    // could not tell this page from any other. Nothing goes to another origin either way.
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
     r
 }
 
@@ -309,8 +326,10 @@ fn redirect_to(uri: &str, params: &[(&str, Option<&str>)]) -> Response {
     }
     r.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    r.headers_mut()
-        .insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    r.headers_mut().insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     r
 }
 
@@ -408,19 +427,52 @@ async fn authorize(
     };
     // 2. The rest goes back to the client as an error.
     if get("response_type") != Some("code") {
-        return redirect_error(&p, &base, "unsupported_response_type", "only response_type=code is supported");
+        return redirect_error(
+            &p,
+            &base,
+            "unsupported_response_type",
+            "only response_type=code is supported",
+        );
     }
     match (get("code_challenge"), get("code_challenge_method")) {
         (Some(c), Some("S256")) if pkce_ok(c) => p.challenge = c.to_string(),
-        (None, _) => return redirect_error(&p, &base, "invalid_request", "PKCE is required: send code_challenge with code_challenge_method=S256"),
-        (Some(_), Some("S256")) => return redirect_error(&p, &base, "invalid_request", "code_challenge must be 43-128 characters of A-Z a-z 0-9 - . _ ~"),
-        _ => return redirect_error(&p, &base, "invalid_request", "only code_challenge_method=S256 is supported (plain is not)"),
+        (None, _) => {
+            return redirect_error(
+                &p,
+                &base,
+                "invalid_request",
+                "PKCE is required: send code_challenge with code_challenge_method=S256",
+            );
+        }
+        (Some(_), Some("S256")) => {
+            return redirect_error(
+                &p,
+                &base,
+                "invalid_request",
+                "code_challenge must be 43-128 characters of A-Z a-z 0-9 - . _ ~",
+            );
+        }
+        _ => {
+            return redirect_error(
+                &p,
+                &base,
+                "invalid_request",
+                "only code_challenge_method=S256 is supported (plain is not)",
+            );
+        }
     }
     let resource = match get("resource") {
         None => format!("{base}/mcp"),
         Some(r) => match our_resource(&base, r) {
             Some(r) => r,
-            None => return redirect_error(&p, &base, "invalid_target", "resource must be this server's /mcp or /servers/NAME/mcp URL"),
+            None => {
+                return redirect_error(
+                    &p,
+                    &base,
+                    "invalid_target",
+                    "resource must be this server's /mcp or /servers/NAME/mcp URL",
+                );
+            }
         },
     };
     let default_scope = if resource.contains("/servers/") {
@@ -430,9 +482,17 @@ async fn authorize(
     };
     let mut scopes: Vec<&str> = get("scope").unwrap_or("").split_whitespace().collect();
     if let Some(bad) = scopes.iter().find(|s| !SCOPES.contains(s)) {
-        return redirect_error(&p, &base, "invalid_scope", &format!("unknown scope {bad:?}; known: {}", SCOPES.join(" ")));
+        return redirect_error(
+            &p,
+            &base,
+            "invalid_scope",
+            &format!("unknown scope {bad:?}; known: {}", SCOPES.join(" ")),
+        );
     }
-    if !scopes.iter().any(|s| *s == crate::SANDBOXES || *s == crate::SERVERS) {
+    if !scopes
+        .iter()
+        .any(|s| *s == crate::SANDBOXES || *s == crate::SERVERS)
+    {
         scopes.push(default_scope);
     }
     scopes.dedup();
@@ -455,7 +515,10 @@ async fn authorize(
         let mut pending = b.pending.lock().unwrap_or_else(|e| e.into_inner());
         pending.retain(|_, p| p.created.elapsed() < PENDING_TTL);
         if pending.len() >= MAX_PENDING
-            && let Some(oldest) = pending.iter().min_by_key(|(_, p)| p.created).map(|(k, _)| k.clone())
+            && let Some(oldest) = pending
+                .iter()
+                .min_by_key(|(_, p)| p.created)
+                .map(|(k, _)| k.clone())
         {
             pending.remove(&oldest);
         }
@@ -473,7 +536,11 @@ fn cookie_name(request: &str) -> String {
 }
 
 fn csrf_cookie(base: &str, request: &str, value: &str, max_age: u32) -> String {
-    let secure = if base.starts_with("https://") { "; Secure" } else { "" };
+    let secure = if base.starts_with("https://") {
+        "; Secure"
+    } else {
+        ""
+    };
     format!(
         "{}={value}; Max-Age={max_age}; Path=/oauth/authorize; HttpOnly; SameSite=Strict{secure}",
         cookie_name(request)
@@ -520,15 +587,24 @@ async fn consent(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -
     let request = field("request");
     let mut pending = b.pending.lock().unwrap_or_else(|e| e.into_inner());
     let Some(p) = pending.get_mut(request) else {
-        return error_page(StatusCode::BAD_REQUEST, "this sign-in request is unknown or has expired");
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "this sign-in request is unknown or has expired",
+        );
     };
     let from_cookie = cookie(&headers, &cookie_name(request)).unwrap_or_default();
     if !same(field("csrf"), &p.csrf) || !same(&from_cookie, &p.csrf) {
-        return error_page(StatusCode::FORBIDDEN, "the form's anti-forgery token does not match this browser's: start again from the client");
+        return error_page(
+            StatusCode::FORBIDDEN,
+            "the form's anti-forgery token does not match this browser's: start again from the client",
+        );
     }
     if p.created.elapsed() >= PENDING_TTL {
         pending.remove(request);
-        return error_page(StatusCode::BAD_REQUEST, "this sign-in request has expired; start again from the client");
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "this sign-in request has expired; start again from the client",
+        );
     }
     let clear = csrf_cookie(&base, request, "", 0);
     let with_clear = |mut r: Response| {
@@ -541,13 +617,21 @@ async fn consent(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -
         let Some(p) = pending.remove(request) else {
             return error_page(StatusCode::BAD_REQUEST, "this sign-in request is unknown");
         };
-        return with_clear(redirect_error(&p, &base, "access_denied", "the user denied the request"));
+        return with_clear(redirect_error(
+            &p,
+            &base,
+            "access_denied",
+            "the user denied the request",
+        ));
     }
     let Some(account) = b.accounts.sign_in(field("key").trim()) else {
         p.attempts += 1;
         if p.attempts >= MAX_ATTEMPTS {
             pending.remove(request);
-            return error_page(StatusCode::FORBIDDEN, "too many wrong keys; start again from the client");
+            return error_page(
+                StatusCode::FORBIDDEN,
+                "too many wrong keys; start again from the client",
+            );
         }
         let body = page::consent(&page::Consent {
             client_id: &p.client.client_id,
@@ -566,7 +650,11 @@ async fn consent(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -
         return error_page(StatusCode::BAD_REQUEST, "this sign-in request is unknown");
     };
     drop(pending);
-    let name = p.client.name.clone().unwrap_or_else(|| p.client.client_id.clone());
+    let name = p
+        .client
+        .name
+        .clone()
+        .unwrap_or_else(|| p.client.client_id.clone());
     let code = match b.store.grant_code(
         &p.client.client_id,
         &name,
@@ -593,7 +681,10 @@ async fn consent(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -
 }
 
 fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response {
-    let mut r = public_json(status, json!({"error": error, "error_description": description}));
+    let mut r = public_json(
+        status,
+        json!({"error": error, "error_description": description}),
+    );
     if status == StatusCode::UNAUTHORIZED {
         r.headers_mut().insert(
             header::WWW_AUTHENTICATE,
@@ -617,8 +708,13 @@ async fn token_client(
     let basic = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Basic ").or_else(|| v.strip_prefix("basic ")))
-        .and_then(|v| base64::Engine::decode(&base64::engine::general_purpose::STANDARD, v.trim()).ok())
+        .and_then(|v| {
+            v.strip_prefix("Basic ")
+                .or_else(|| v.strip_prefix("basic "))
+        })
+        .and_then(|v| {
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, v.trim()).ok()
+        })
         .and_then(|v| String::from_utf8(v).ok())
         .and_then(|v| {
             let (id, secret) = v.split_once(':')?;
@@ -633,29 +729,59 @@ async fn token_client(
     let (id, secret) = match (&basic, form.get("client_id")) {
         (Some((id, s)), form_id) => {
             if form_id.is_some_and(|f| f != id) {
-                return Err(oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "client_id differs from the authenticated client"));
+                return Err(oauth_error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_client",
+                    "client_id differs from the authenticated client",
+                ));
             }
             (id.clone(), Some(s.clone()))
         }
         (None, Some(id)) => (id.clone(), form.get("client_secret").cloned()),
-        (None, None) => return Err(oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "no client_id")),
+        (None, None) => {
+            return Err(oauth_error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                "no client_id",
+            ));
+        }
     };
     let client = if crate::cimd::is_document_url(&id) {
         // Codes and grants are bound to the URL; the document was checked when the user consented.
         if b.store.client_revoked(&id).unwrap_or(true) {
-            return Err(oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "this client was revoked"));
+            return Err(oauth_error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                "this client was revoked",
+            ));
         }
-        ClientInfo { client_id: id, name: None, redirect_uris: vec![], secret_sha256: None, kind: "metadata document" }
+        ClientInfo {
+            client_id: id,
+            name: None,
+            redirect_uris: vec![],
+            secret_sha256: None,
+            kind: "metadata document",
+        }
     } else {
         match clients::stored(&b.store, &id) {
             Ok(Some(c)) => c,
-            _ => return Err(oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "unknown or revoked client")),
+            _ => {
+                return Err(oauth_error(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid_client",
+                    "unknown or revoked client",
+                ));
+            }
         }
     };
     if let Some(expected) = &client.secret_sha256 {
         let given = secret.as_deref().map(digest).unwrap_or_default();
         if !same(&given, expected) {
-            return Err(oauth_error(StatusCode::UNAUTHORIZED, "invalid_client", "the client secret is wrong or missing"));
+            return Err(oauth_error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_client",
+                "the client secret is wrong or missing",
+            ));
         }
     }
     Ok(client)
@@ -679,12 +805,22 @@ async fn token(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -> 
     match field("grant_type") {
         Some("authorization_code") => code_grant(b, &base, &client, &form),
         Some("refresh_token") => refresh_grant(b, &base, &client, &form),
-        Some(other) => bad("unsupported_grant_type", &format!("grant_type {other:?} is not supported: authorization_code and refresh_token are")),
+        Some(other) => bad(
+            "unsupported_grant_type",
+            &format!(
+                "grant_type {other:?} is not supported: authorization_code and refresh_token are"
+            ),
+        ),
         None => bad("invalid_request", "grant_type is missing"),
     }
 }
 
-fn code_grant(b: &BuiltIn, base: &str, client: &ClientInfo, form: &HashMap<String, String>) -> Response {
+fn code_grant(
+    b: &BuiltIn,
+    base: &str,
+    client: &ClientInfo,
+    form: &HashMap<String, String>,
+) -> Response {
     let field = |k: &str| form.get(k).map(String::as_str);
     let Some(code) = field("code") else {
         return bad("invalid_request", "code is missing");
@@ -697,35 +833,61 @@ fn code_grant(b: &BuiltIn, base: &str, client: &ClientInfo, form: &HashMap<Strin
     if c.used {
         let _ = b.store.revoke_grant(&c.grant.id, "its code was used twice");
         tracing::warn!(grant = %c.grant.id, "an authorization code was used twice: its grant is revoked");
-        return bad("invalid_grant", "the code was already used; every token it gave is revoked");
+        return bad(
+            "invalid_grant",
+            "the code was already used; every token it gave is revoked",
+        );
     }
     if c.expired {
-        return bad("invalid_grant", "the code has expired (codes last a minute)");
+        return bad(
+            "invalid_grant",
+            "the code has expired (codes last a minute)",
+        );
     }
     if c.grant.client_id != client.client_id {
         return bad("invalid_grant", "the code was issued to another client");
     }
     if field("redirect_uri") != Some(c.redirect_uri.as_str()) {
-        return bad("invalid_grant", "redirect_uri differs from the authorization request's");
+        return bad(
+            "invalid_grant",
+            "redirect_uri differs from the authorization request's",
+        );
     }
     let Some(verifier) = field("code_verifier") else {
-        return bad("invalid_grant", "code_verifier is missing (PKCE is required)");
+        return bad(
+            "invalid_grant",
+            "code_verifier is missing (PKCE is required)",
+        );
     };
     if !pkce_ok(verifier) || !same(&b64(&sha2_256(verifier.as_bytes())), &c.challenge) {
-        return bad("invalid_grant", "code_verifier does not match the code_challenge");
+        return bad(
+            "invalid_grant",
+            "code_verifier does not match the code_challenge",
+        );
     }
     if let Some(r) = field("resource")
         && our_resource(base, r).as_deref() != Some(c.grant.resource.as_str())
     {
-        return bad("invalid_target", "resource differs from the authorization request's");
+        return bad(
+            "invalid_target",
+            "resource differs from the authorization request's",
+        );
     }
     if c.grant.revoked_at.is_some() || !b.accounts.active(&c.grant.key_id) {
-        return bad("invalid_grant", "the grant or the key that made it was revoked");
+        return bad(
+            "invalid_grant",
+            "the grant or the key that made it was revoked",
+        );
     }
     issue(b, base, &c.grant, &c.grant.scope, c.nonce.as_deref(), true)
 }
 
-fn refresh_grant(b: &BuiltIn, base: &str, client: &ClientInfo, form: &HashMap<String, String>) -> Response {
+fn refresh_grant(
+    b: &BuiltIn,
+    base: &str,
+    client: &ClientInfo,
+    form: &HashMap<String, String>,
+) -> Response {
     let field = |k: &str| form.get(k).map(String::as_str);
     let Some(rt) = field("refresh_token") else {
         return bad("invalid_request", "refresh_token is missing");
@@ -736,29 +898,50 @@ fn refresh_grant(b: &BuiltIn, base: &str, client: &ClientInfo, form: &HashMap<St
         Err(e) => return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e),
     };
     if t.grant.client_id != client.client_id {
-        return bad("invalid_grant", "the refresh token was issued to another client");
+        return bad(
+            "invalid_grant",
+            "the refresh token was issued to another client",
+        );
     }
     if t.used {
-        let _ = b.store.revoke_grant(&t.grant.id, "a rotated refresh token was used again");
+        let _ = b
+            .store
+            .revoke_grant(&t.grant.id, "a rotated refresh token was used again");
         tracing::warn!(grant = %t.grant.id, "a refresh token was reused: its grant is revoked");
-        return bad("invalid_grant", "the refresh token was already used; the whole grant is revoked, sign in again");
+        return bad(
+            "invalid_grant",
+            "the refresh token was already used; the whole grant is revoked, sign in again",
+        );
     }
     if t.expired || t.grant.revoked_at.is_some() {
-        return bad("invalid_grant", "the refresh token has expired or its grant was revoked");
+        return bad(
+            "invalid_grant",
+            "the refresh token has expired or its grant was revoked",
+        );
     }
     if !b.accounts.active(&t.grant.key_id) {
-        return bad("invalid_grant", "the access key that signed in was revoked; sign in again");
+        return bad(
+            "invalid_grant",
+            "the access key that signed in was revoked; sign in again",
+        );
     }
     if let Some(r) = field("resource")
-        && !our_resource(base, r).is_some_and(|r| audience_fits(&t.grant.resource, base, &r) || r == t.grant.resource)
+        && !our_resource(base, r)
+            .is_some_and(|r| audience_fits(&t.grant.resource, base, &r) || r == t.grant.resource)
     {
         return bad("invalid_target", "resource differs from the grant's");
     }
     let scope = match field("scope") {
         None => t.scope.clone(),
         Some(s) => {
-            if let Some(extra) = s.split_whitespace().find(|x| !t.grant.scope.split_whitespace().any(|g| g == *x)) {
-                return bad("invalid_scope", &format!("scope {extra:?} was not granted; sign in again to ask for it"));
+            if let Some(extra) = s
+                .split_whitespace()
+                .find(|x| !t.grant.scope.split_whitespace().any(|g| g == *x))
+            {
+                return bad(
+                    "invalid_scope",
+                    &format!("scope {extra:?} was not granted; sign in again to ask for it"),
+                );
             }
             s.split_whitespace().collect::<Vec<_>>().join(" ")
         }
@@ -766,12 +949,23 @@ fn refresh_grant(b: &BuiltIn, base: &str, client: &ClientInfo, form: &HashMap<St
     issue(b, base, &t.grant, &scope, None, false)
 }
 
-fn issue(b: &BuiltIn, base: &str, grant: &crate::store::Grant, scope: &str, nonce: Option<&str>, first: bool) -> Response {
+fn issue(
+    b: &BuiltIn,
+    base: &str,
+    grant: &crate::store::Grant,
+    scope: &str,
+    nonce: Option<&str>,
+    first: bool,
+) -> Response {
     let ttl = b.access_ttl.as_millis() as i64;
-    let (access, refresh) = match b.store.issue(&grant.id, scope, ttl, REFRESH_TTL.as_millis() as i64) {
-        Ok(t) => t,
-        Err(e) => return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e),
-    };
+    let (access, refresh) =
+        match b
+            .store
+            .issue(&grant.id, scope, ttl, REFRESH_TTL.as_millis() as i64)
+        {
+            Ok(t) => t,
+            Err(e) => return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e),
+        };
     let mut body = json!({
         "access_token": access,
         "token_type": "Bearer",
@@ -798,7 +992,10 @@ fn issue(b: &BuiltIn, base: &str, grant: &crate::store::Grant, scope: &str, nonc
 async fn register(State(o): State<Arc<OAuth>>, body: Bytes) -> Response {
     let b = built_in(&o);
     if body.len() > MAX_BODY {
-        return bad("invalid_client_metadata", "the registration is larger than 16 KiB");
+        return bad(
+            "invalid_client_metadata",
+            "the registration is larger than 16 KiB",
+        );
     }
     let doc: Value = match serde_json::from_slice(&body) {
         Ok(v @ Value::Object(_)) => v,
@@ -811,9 +1008,17 @@ async fn register(State(o): State<Arc<OAuth>>, body: Bytes) -> Response {
     match b.store.add_client("dynamic", &name, &uris, &method) {
         Ok((client, secret)) => public_json(
             StatusCode::CREATED,
-            clients::registration_response(&client, secret.as_deref(), sandbox_mcp_model::ids::now_ms()),
+            clients::registration_response(
+                &client,
+                secret.as_deref(),
+                sandbox_mcp_model::ids::now_ms(),
+            ),
         ),
-        Err(e) => oauth_error(StatusCode::SERVICE_UNAVAILABLE, "temporarily_unavailable", &e),
+        Err(e) => oauth_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "temporarily_unavailable",
+            &e,
+        ),
     }
 }
 

@@ -546,20 +546,57 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path()).unwrap();
         let (client, secret) = store
-            .add_client("dynamic", "App", &["https://app.example/cb".into()], "client_secret_basic")
+            .add_client(
+                "dynamic",
+                "App",
+                &["https://app.example/cb".into()],
+                "client_secret_basic",
+            )
             .unwrap();
         let secret = secret.unwrap();
         let code = store
-            .grant_code(&client.client_id, "App", "team", "key_1", "sandboxes", "http://h/mcp", "https://app.example/cb", "c", None)
+            .grant_code(
+                &client.client_id,
+                "App",
+                "team",
+                "key_1",
+                "sandboxes",
+                "http://h/mcp",
+                "https://app.example/cb",
+                "c",
+                None,
+            )
             .unwrap();
         let first = store.take_code(&code).unwrap().unwrap();
         assert!(!first.used && !first.expired);
         assert!(store.take_code(&code).unwrap().unwrap().used);
-        let (access, refresh) = store.issue(&first.grant.id, "sandboxes", 60_000, 60_000).unwrap();
-        assert_eq!(store.token(&access, "access", false).unwrap().unwrap().grant.tenant, "team");
+        let (access, refresh) = store
+            .issue(&first.grant.id, "sandboxes", 60_000, 60_000)
+            .unwrap();
+        assert_eq!(
+            store
+                .token(&access, "access", false)
+                .unwrap()
+                .unwrap()
+                .grant
+                .tenant,
+            "team"
+        );
         assert!(store.token(&access, "refresh", true).unwrap().is_none());
-        assert!(!store.token(&refresh, "refresh", true).unwrap().unwrap().used);
-        assert!(store.token(&refresh, "refresh", true).unwrap().unwrap().used);
+        assert!(
+            !store
+                .token(&refresh, "refresh", true)
+                .unwrap()
+                .unwrap()
+                .used
+        );
+        assert!(
+            store
+                .token(&refresh, "refresh", true)
+                .unwrap()
+                .unwrap()
+                .used
+        );
         let file = std::fs::read(dir.path().join("oauth.db")).unwrap();
         let text = String::from_utf8_lossy(&file);
         for s in [&secret, &code, &access, &refresh] {
