@@ -18,6 +18,7 @@ use args::{Cli, Command};
 mod args;
 mod engine;
 mod keys;
+mod oauth;
 mod process;
 mod run;
 mod secrets;
@@ -50,6 +51,7 @@ pub fn main() -> ExitCode {
         Some(Command::Template(args)) => runtime.block_on(template::run(&args.data, args.command)),
         Some(Command::Servers(args)) => runtime.block_on(servers::run(args)),
         Some(Command::Workspace(args)) => runtime.block_on(workspace::run(args)),
+        Some(Command::Oauth(args)) => oauth::run(&args.data, args.command),
         Some(Command::Run(args)) => match runtime.block_on(run::run(args)) {
             Ok(code) => {
                 runtime.shutdown_timeout(Duration::from_millis(100));

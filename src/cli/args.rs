@@ -56,6 +56,64 @@ pub(crate) enum Command {
     /// Review and apply what a sandbox changed in a workspace (a host folder exposed with
     /// --workspace).
     Workspace(WorkspaceArgs),
+    /// Manage the built-in OAuth server of `serve --http --oauth`: its clients and the grants
+    /// people made to them.
+    Oauth(OAuthCommandArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct OAuthCommandArgs {
+    #[command(flatten)]
+    pub(crate) data: DataDirArg,
+    #[command(subcommand)]
+    pub(crate) command: OAuthCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum OAuthCommand {
+    /// Clients: those the operator added, and those that registered themselves.
+    #[command(subcommand)]
+    Clients(OAuthClients),
+    /// Grants: a tenant's consent to a client, with the tokens it issued.
+    #[command(subcommand)]
+    Grants(OAuthGrants),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum OAuthClients {
+    /// List the clients.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Register a client for people to sign in with (prints its client_id, and its secret once).
+    Add {
+        /// The name the sign-in page shows.
+        #[arg(long)]
+        name: String,
+        /// A redirect URI, matched exactly; repeatable.
+        #[arg(long = "redirect-uri", required = true)]
+        redirect_uris: Vec<String>,
+        /// Give the client a secret (for a client that runs on a server, such as a web app's
+        /// backend); without it the client is public and relies on PKCE alone.
+        #[arg(long)]
+        confidential: bool,
+    },
+    /// Revoke a client (by its client_id, or a metadata document's URL) and every grant it holds.
+    Revoke { client_id: String },
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum OAuthGrants {
+    /// List the grants.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a grant: its tokens stop working at once.
+    Revoke { id: String },
 }
 
 #[derive(Args, Debug)]

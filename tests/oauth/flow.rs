@@ -373,3 +373,129 @@ async fn a_tenant_signed_in_through_oauth_sees_only_its_own_sandboxes() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"], "invalid_grant");
 }
+
+/// `sandbox-mcp oauth …` on the data dir of a running server.
+fn operator(s: &OAuthServer, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(crate::common::BIN)
+        .arg("oauth")
+        .args(args)
+        .env("SANDBOX_MCP_DATA_DIR", s.dir.path())
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn operators_add_clients_and_revoke_grants_and_clients() {
+    let s = OAuthServer::start().await;
+    let key = s.key("alpha");
+    // A pre-registered confidential client.
+    let (ok, out, err) = operator(
+        &s,
+        &[
+            "clients",
+            "add",
+            "--name",
+            "Team dashboard",
+            "--redirect-uri",
+            REDIRECT,
+            "--confidential",
+        ],
+    );
+    assert!(ok, "{err}");
+    let value = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap()
+            .to_string()
+    };
+    let (client_id, secret) = (value("client_id"), value("client_secret"));
+    let (bad, _, err) = operator(
+        &s,
+        &[
+            "clients",
+            "add",
+            "--name",
+            "x",
+            "--redirect-uri",
+            "http://evil.example/cb",
+        ],
+    );
+    assert!(!bad && err.contains("loopback"), "{err}");
+    let (code, verifier) = code_for(&s.base, &client_id, &key, &[]).await;
+    let r = http()
+        .post(format!("{}/oauth/token", s.base))
+        .basic_auth(&client_id, Some(&secret))
+        .form(&[
+            ("grant_type", "authorization_code"),
+            ("code", &code),
+            ("redirect_uri", REDIRECT),
+            ("code_verifier", &verifier),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let tokens: Value = r.json().await.unwrap();
+    let access = tokens["access_token"].as_str().unwrap();
+    assert_eq!(probe(&s.mcp(), Some(access)).await.0, StatusCode::OK);
+
+    let (ok, listed, _) = operator(&s, &["clients", "list"]);
+    assert!(
+        ok && listed.contains("Team dashboard") && listed.contains("registered"),
+        "{listed}"
+    );
+    let (ok, grants, _) = operator(&s, &["grants", "list", "--json"]);
+    assert!(ok);
+    let grants: Value = serde_json::from_str(&grants).unwrap();
+    let grant = grants
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["client_id"] == client_id.as_str())
+        .unwrap();
+    assert_eq!(grant["tenant"], "alpha");
+    assert!(!grants.to_string().contains(access) && !grants.to_string().contains(&secret));
+
+    // Revoking the grant ends its tokens at once.
+    let (ok, _, err) = operator(&s, &["grants", "revoke", grant["id"].as_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        probe(&s.mcp(), Some(access)).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (ok, _, err) = operator(&s, &["grants", "revoke", "grant_nope"]);
+    assert!(!ok && err.contains("no grant"), "{err}");
+
+    // Revoking the client ends its sign-ins and grants.
+    let t = {
+        let (code, verifier) = code_for(&s.base, &client_id, &key, &[]).await;
+        let r = http()
+            .post(format!("{}/oauth/token", s.base))
+            .basic_auth(&client_id, Some(&secret))
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("code", &code),
+                ("redirect_uri", REDIRECT),
+                ("code_verifier", &verifier),
+            ])
+            .send()
+            .await
+            .unwrap();
+        r.json::<Value>().await.unwrap()["access_token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (ok, _, err) = operator(&s, &["clients", "revoke", &client_id]);
+    assert!(ok, "{err}");
+    assert_eq!(probe(&s.mcp(), Some(&t)).await.0, StatusCode::UNAUTHORIZED);
+    let (_, challenge) = super::pkce();
+    let page = open_page(&super::authorize_url(&s.base, &client_id, &challenge, &[])).await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST);
+    assert!(page.html.contains("revoked"), "{}", page.html);
+}
