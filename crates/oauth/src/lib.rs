@@ -159,7 +159,7 @@ fn resource_path(path: &str) -> bool {
 }
 
 enum Mode {
-    BuiltIn(routes::BuiltIn),
+    BuiltIn(Box<routes::BuiltIn>),
     External(issuer::External),
 }
 
@@ -219,12 +219,12 @@ impl OAuth {
                             .ok_or_else(|| format!("--oauth-allow-net {n:?} is not a CIDR"))?,
                     );
                 }
-                Mode::BuiltIn(routes::BuiltIn::open(
+                Mode::BuiltIn(Box::new(routes::BuiltIn::open(
                     &data_dir,
                     accounts,
                     cimd::Fetcher::new(guard, roots),
                     settings.access_ttl,
-                )?)
+                )?))
             }
         };
         Ok(Arc::new(OAuth { public_url, mode }))
@@ -340,6 +340,7 @@ fn check_public_url(url: &str) -> Result<String, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -566,10 +566,10 @@ async fn consent(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -
     let b = built_in(&o);
     let base = o.base(&headers);
     // A form posted from another site is refused before its fields are read.
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        if origin.to_str().ok().map(|s| s.trim_end_matches('/')) != Some(base.as_str()) {
-            return error_page(StatusCode::FORBIDDEN, "the form was sent from another site");
-        }
+    if let Some(origin) = headers.get(header::ORIGIN)
+        && origin.to_str().ok().map(|s| s.trim_end_matches('/')) != Some(base.as_str())
+    {
+        return error_page(StatusCode::FORBIDDEN, "the form was sent from another site");
     }
     if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok())
         && !matches!(site, "same-origin" | "none")
