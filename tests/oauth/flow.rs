@@ -499,3 +499,69 @@ async fn operators_add_clients_and_revoke_grants_and_clients() {
     assert_eq!(page.status, StatusCode::BAD_REQUEST);
     assert!(page.html.contains("revoked"), "{}", page.html);
 }
+
+#[test]
+fn oauth_flags_are_checked_at_start() {
+    for (args, want) in [
+        (vec!["serve", "--oauth"], "--http"),
+        (
+            vec!["serve", "--http", "127.0.0.1:0", "--oauth", "--dev"],
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--oauth",
+                "--oauth-issuer",
+                "https://idp.example",
+            ],
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--oauth",
+                "--public-url",
+                "https://mcp.example.com/mcp",
+            ],
+            "no path",
+        ),
+        (
+            vec![
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--oauth-issuer",
+                "http://idp.example",
+            ],
+            "https",
+        ),
+        (
+            vec![
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--oauth",
+                "--oauth-allow-net",
+                "10.0.0.0/99",
+            ],
+            "not a CIDR",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(crate::common::BIN)
+            .args(&args)
+            .env("SANDBOX_MCP_DATA_DIR", dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+}
