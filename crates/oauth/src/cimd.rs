@@ -9,7 +9,9 @@
 //!   address, so a second DNS answer cannot move it (rebinding);
 //! - no redirects, no proxy, 5 s in all, at most [`MAX_DOCUMENT`] bytes;
 //! - the document must name itself as `client_id` and list its redirect URIs;
-//! - good documents are cached for ten minutes, at most [`MAX_CACHED`] of them.
+//! - good documents are cached for ten minutes, at most [`MAX_CACHED`] of them;
+//! - at most [`MAX_FETCHES`] fetches at once: anyone may ask for one, so the server must not become
+//!   a way to flood other hosts.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -25,6 +27,8 @@ use crate::clients::{ClientInfo, check_redirect_uri, clean_name};
 /// Largest document read.
 pub const MAX_DOCUMENT: usize = 16 * 1024;
 const MAX_CACHED: usize = 256;
+/// Fetches in flight at most.
+pub const MAX_FETCHES: usize = 8;
 const CACHE_FOR: Duration = Duration::from_secs(600);
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -32,6 +36,7 @@ pub struct Fetcher {
     guard: Guard,
     extra_roots: Vec<reqwest::Certificate>,
     cache: Mutex<HashMap<String, (Instant, ClientInfo)>>,
+    in_flight: tokio::sync::Semaphore,
 }
 
 /// Whether `client_id` asks to be resolved as a metadata document.
@@ -45,6 +50,7 @@ impl Fetcher {
             guard,
             extra_roots,
             cache: Mutex::new(HashMap::new()),
+            in_flight: tokio::sync::Semaphore::new(MAX_FETCHES),
         }
     }
 
@@ -58,6 +64,12 @@ impl Fetcher {
         {
             return Ok(info.clone());
         }
+        let Ok(_permit) = self.in_flight.try_acquire() else {
+            return Err(
+                "too many client metadata documents are being fetched right now; try again in a few seconds"
+                    .into(),
+            );
+        };
         let info = self.fetch(client_id).await?;
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         cache.retain(|_, (at, _)| at.elapsed() < CACHE_FOR);
@@ -216,4 +228,24 @@ pub fn parse_document(client_id: &str, doc: &Value) -> Result<ClientInfo, String
         secret_sha256: None,
         kind: "metadata document",
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn fetches_in_flight_are_bounded_and_private_hosts_refused() {
+        let f = Fetcher::new(Guard::default(), vec![]);
+        let e = f.client("https://127.0.0.1/client.json").await.unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
+        let held = f.in_flight.try_acquire_many(MAX_FETCHES as u32).unwrap();
+        let e = f.client("https://127.0.0.1/client.json").await.unwrap_err();
+        assert!(e.contains("too many"), "{e}");
+        drop(held);
+        let doc = serde_json::json!({"client_id": "https://a.example/c", "redirect_uris": ["https://a.example/cb"]});
+        assert!(parse_document("https://a.example/c", &doc).is_ok());
+        assert!(parse_document("https://b.example/c", &doc).is_err());
+    }
 }
