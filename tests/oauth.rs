@@ -335,6 +335,28 @@ pub async fn exchange(
     .await
 }
 
+/// Exchanges a code as a confidential client (HTTP Basic): the answer, unread.
+pub async fn exchange_basic(
+    base: &str,
+    id: &str,
+    secret: &str,
+    code: &str,
+    verifier: &str,
+) -> reqwest::Response {
+    http()
+        .post(format!("{base}/oauth/token"))
+        .basic_auth(id, Some(secret))
+        .form(&[
+            ("grant_type", "authorization_code"),
+            ("code", code),
+            ("redirect_uri", REDIRECT),
+            ("code_verifier", verifier),
+        ])
+        .send()
+        .await
+        .unwrap()
+}
+
 /// Signs in and exchanges the code: the token response.
 pub async fn tokens_for(
     base: &str,

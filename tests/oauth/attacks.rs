@@ -10,7 +10,6 @@ use super::{
     OAuthServer, REDIRECT, Setup, authorize_url, code_for, exchange, http, open_page, pkce, probe,
     query_of, register,
 };
-use crate::testnet::TestNet;
 
 #[tokio::test]
 async fn redirects_go_only_to_registered_uris_and_never_for_unknown_clients() {
@@ -299,33 +298,13 @@ async fn registration_refuses_dangerous_redirect_uris() {
     assert_eq!(status, StatusCode::UNAUTHORIZED, "no secret: {body}");
     assert_eq!(body["error"], "invalid_client");
     let (code, verifier) = code_for(&s.base, id, &s.key("alpha"), &[]).await;
-    let r = http()
-        .post(format!("{}/oauth/token", s.base))
-        .basic_auth(id, Some(secret))
-        .form(&[
-            ("grant_type", "authorization_code"),
-            ("code", &code),
-            ("redirect_uri", REDIRECT),
-            ("code_verifier", &verifier),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let r = super::exchange_basic(&s.base, id, secret, &code, &verifier).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
 
 #[tokio::test]
 async fn client_metadata_documents_are_fetched_only_from_the_public_internet_and_small() {
-    let net = match TestNet::start() {
-        Ok(n) => n,
-        Err(reason) => {
-            if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
-                panic!("the test internet is required here: {reason}");
-            }
-            eprintln!("SKIPPED {}: {reason}", module_path!());
-            return;
-        }
-    };
+    let net = crate::require_testnet!();
     // The test internet is documentation space: forbidden unless the operator opens it, as an
     // internal network would be.
     let closed = OAuthServer::start_with(Setup {

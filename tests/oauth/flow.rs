@@ -9,7 +9,6 @@ use super::{
     OAuthServer, REDIRECT, call, client, code_for, exchange, http, open_page, probe, register,
     token, tokens_for,
 };
-use crate::common::sandbox_support;
 
 #[tokio::test]
 async fn discovery_registration_sign_in_tokens_and_tools() {
@@ -316,13 +315,7 @@ async fn scopes_and_audiences_are_checked_on_every_request() {
 
 #[tokio::test]
 async fn a_tenant_signed_in_through_oauth_sees_only_its_own_sandboxes() {
-    if let Err(reason) = sandbox_support() {
-        if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() {
-            panic!("sandboxes are required here but unavailable: {reason}");
-        }
-        eprintln!("SKIPPED {}: {reason}", module_path!());
-        return;
-    }
+    crate::require_sandboxes!();
     let s = OAuthServer::start().await;
     let client_id = register(&s.base, &[REDIRECT]).await;
     let alpha = tokens_for(&s.base, &client_id, &s.key("alpha"), &[]).await;
@@ -427,18 +420,7 @@ async fn operators_add_clients_and_revoke_grants_and_clients() {
     );
     assert!(!bad && err.contains("loopback"), "{err}");
     let (code, verifier) = code_for(&s.base, &client_id, &key, &[]).await;
-    let r = http()
-        .post(format!("{}/oauth/token", s.base))
-        .basic_auth(&client_id, Some(&secret))
-        .form(&[
-            ("grant_type", "authorization_code"),
-            ("code", &code),
-            ("redirect_uri", REDIRECT),
-            ("code_verifier", &verifier),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let r = super::exchange_basic(&s.base, &client_id, &secret, &code, &verifier).await;
     assert_eq!(r.status(), StatusCode::OK);
     let tokens: Value = r.json().await.unwrap();
     let access = tokens["access_token"].as_str().unwrap();
@@ -474,18 +456,7 @@ async fn operators_add_clients_and_revoke_grants_and_clients() {
     // Revoking the client ends its sign-ins and grants.
     let t = {
         let (code, verifier) = code_for(&s.base, &client_id, &key, &[]).await;
-        let r = http()
-            .post(format!("{}/oauth/token", s.base))
-            .basic_auth(&client_id, Some(&secret))
-            .form(&[
-                ("grant_type", "authorization_code"),
-                ("code", &code),
-                ("redirect_uri", REDIRECT),
-                ("code_verifier", &verifier),
-            ])
-            .send()
-            .await
-            .unwrap();
+        let r = super::exchange_basic(&s.base, &client_id, &secret, &code, &verifier).await;
         r.json::<Value>().await.unwrap()["access_token"]
             .as_str()
             .unwrap()

@@ -150,32 +150,65 @@ async fn client_run(program: &str, script: &str, env: &[(&str, String)]) -> Valu
         .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}):\n{stdout}\n{stderr}"))
 }
 
-/// A server whose tokens expire in [`TTL`], and the test internet serving a client metadata
-/// document (when this machine can make one).
-async fn setup() -> (OAuthServer, Option<(TestNet, String)>) {
-    let net = match TestNet::start() {
-        Ok(n) => Some(n),
-        Err(reason) => {
-            skip_or_fail("client metadata documents (the test internet)", &reason);
-            None
-        }
-    };
+/// A server whose tokens expire in [`TTL`], trusting and allowed to fetch from the test internet,
+/// which serves a client metadata document; the document's URL.
+async fn setup(net: &TestNet) -> (OAuthServer, String) {
     let s = OAuthServer::start_with(Setup {
         ttl: TTL,
-        ca_file: net.as_ref().map(|n| n.ca_pem()),
-        allow_nets: net.iter().map(|n| n.subnet.clone()).collect(),
+        ca_file: Some(net.ca_pem()),
+        allow_nets: vec![net.subnet.clone()],
         ..Setup::default()
     })
     .await;
-    let net = net.map(|n| {
-        let url = format!("https://{}/static/sdk-client.json", n.net_ip);
-        let doc = json!({"client_id": url, "client_name": "SDK via metadata document",
-            "redirect_uris": [REDIRECT], "grant_types": ["authorization_code", "refresh_token"],
-            "response_types": ["code"], "token_endpoint_auth_method": "none"});
-        std::fs::write(n.dir.path().join("static/sdk-client.json"), doc.to_string()).unwrap();
-        (n, url)
-    });
-    (s, net)
+    let url = format!("https://{}/static/sdk-client.json", net.net_ip);
+    let doc = json!({"client_id": url, "client_name": "SDK via metadata document",
+        "redirect_uris": [REDIRECT], "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"], "token_endpoint_auth_method": "none"});
+    std::fs::write(
+        net.dir.path().join("static/sdk-client.json"),
+        doc.to_string(),
+    )
+    .unwrap();
+    (s, url)
+}
+
+/// Runs a client twice: registering itself (with `registered` added to `env`), and with the
+/// metadata document at `document` as its client_id. Each run must sign in once, use the tools
+/// and refresh; every grant is `tenant`'s.
+async fn both_ways(
+    s: &OAuthServer,
+    (program, script): (&str, &str),
+    env: Vec<(&str, String)>,
+    registered: Vec<(&str, String)>,
+    document: &str,
+    tenant: &str,
+) -> Value {
+    let mut first = env.clone();
+    first.extend(registered);
+    let out = client_run(program, script, &first).await;
+    check_run(&out, &format!("{script}, registered"));
+    assert!(
+        out["client_id"]
+            .as_str()
+            .unwrap()
+            .starts_with("smcp_client_"),
+        "{out}"
+    );
+    let mut second = env;
+    second.push(("REDIRECT_URL", REDIRECT.to_string()));
+    second.push(("CIMD_URL", document.to_string()));
+    let by_document = client_run(program, script, &second).await;
+    check_run(&by_document, &format!("{script}, metadata document"));
+    assert_eq!(by_document["client_id"], document);
+    let grants = sandbox_mcp_oauth::Store::open(s.dir.path())
+        .unwrap()
+        .grants()
+        .unwrap();
+    assert!(
+        grants.len() >= 2 && grants.iter().all(|g| g.tenant == tenant),
+        "{grants:?}"
+    );
+    out
 }
 
 fn check_run(out: &Value, how: &str) {
@@ -198,29 +231,30 @@ async fn the_typescript_sdk_signs_in_uses_the_tools_and_refreshes() {
     if let Err(reason) = clients() {
         return skip_or_fail("the TypeScript SDK", &reason);
     }
-    let (s, net) = setup().await;
-    let key = s.key("alpha");
+    let net = crate::require_testnet!();
+    let (s, document) = setup(&net).await;
     let wait = (TTL + Duration::from_millis(1500)).as_millis().to_string();
-    let mut env = vec![
+    let env = vec![
         ("SERVER_URL", s.mcp()),
-        ("ACCESS_KEY", key.clone()),
-        ("REDIRECT_URL", REDIRECT.to_string()),
-        ("WAIT_EXPIRY_MS", wait.clone()),
+        ("ACCESS_KEY", s.key("alpha")),
+        ("WAIT_EXPIRY_MS", wait),
     ];
-    if sandbox_support().is_ok() {
-        env.push(("DO_SANDBOX", "1".into()));
+    // Registered, it also creates a sandbox, runs a command in it and kills it.
+    let mut registered = vec![("REDIRECT_URL", REDIRECT.to_string())];
+    let sandboxes = sandbox_support().is_ok();
+    if sandboxes {
+        registered.push(("DO_SANDBOX", "1".into()));
     }
-    // Dynamic client registration.
-    let out = client_run("node", "ts_client.cjs", &env).await;
-    check_run(&out, "TypeScript, registered");
-    assert!(
-        out["client_id"]
-            .as_str()
-            .unwrap()
-            .starts_with("smcp_client_"),
-        "{out}"
-    );
-    if sandbox_support().is_ok() {
+    let out = both_ways(
+        &s,
+        ("node", "ts_client.cjs"),
+        env,
+        registered,
+        &document,
+        "alpha",
+    )
+    .await;
+    if sandboxes {
         assert!(
             out["exec"]
                 .as_str()
@@ -229,21 +263,6 @@ async fn the_typescript_sdk_signs_in_uses_the_tools_and_refreshes() {
             "{out}"
         );
     }
-    // A client metadata document instead.
-    if let Some((_net, url)) = &net {
-        let mut env = env.clone();
-        env.retain(|(k, _)| *k != "DO_SANDBOX");
-        env.push(("CIMD_URL", url.clone()));
-        let out = client_run("node", "ts_client.cjs", &env).await;
-        check_run(&out, "TypeScript, metadata document");
-        assert_eq!(out["client_id"], url.as_str());
-    }
-    // What the runs left: grants for tenant alpha and the clients that made them.
-    let grants = sandbox_mcp_oauth::Store::open(s.dir.path())
-        .unwrap()
-        .grants()
-        .unwrap();
-    assert!(grants.iter().all(|g| g.tenant == "alpha"), "{grants:?}");
 }
 
 #[tokio::test]
@@ -251,43 +270,25 @@ async fn the_python_sdk_signs_in_in_a_real_browser_uses_the_tools_and_refreshes(
     if let Err(reason) = clients() {
         return skip_or_fail("the Python SDK and a browser", &reason);
     }
-    let (s, net) = setup().await;
-    let key = s.key("beta");
+    let net = crate::require_testnet!();
+    let (s, document) = setup(&net).await;
     let wait = (TTL + Duration::from_millis(1500))
         .as_secs_f64()
         .to_string();
     let env = vec![
         ("SERVER_URL", s.mcp()),
-        ("ACCESS_KEY", key.clone()),
-        ("WAIT_EXPIRY_S", wait.clone()),
+        ("ACCESS_KEY", s.key("beta")),
+        ("WAIT_EXPIRY_S", wait),
     ];
-    // Dynamic registration, the page in Chromium.
-    let mut browser = env.clone();
-    browser.push(("BROWSER", "1".into()));
-    let out = client_run("/usr/bin/python3", "py_client.py", &browser).await;
-    check_run(&out, "Python in a browser, registered");
-    assert!(
-        out["client_id"]
-            .as_str()
-            .unwrap()
-            .starts_with("smcp_client_"),
-        "{out}"
-    );
-    // A client metadata document.
-    if let Some((_net, url)) = &net {
-        let mut env = env.clone();
-        env.push(("REDIRECT_URL", REDIRECT.to_string()));
-        env.push(("CIMD_URL", url.clone()));
-        let out = client_run("/usr/bin/python3", "py_client.py", &env).await;
-        check_run(&out, "Python, metadata document");
-        assert_eq!(out["client_id"], url.as_str());
-    }
-    let grants = sandbox_mcp_oauth::Store::open(s.dir.path())
-        .unwrap()
-        .grants()
-        .unwrap();
-    assert!(
-        !grants.is_empty() && grants.iter().all(|g| g.tenant == "beta"),
-        "{grants:?}"
-    );
+    // Registered, the page in Chromium (the script serves its own callback).
+    let registered = vec![("BROWSER", "1".to_string())];
+    both_ways(
+        &s,
+        ("/usr/bin/python3", "py_client.py"),
+        env,
+        registered,
+        &document,
+        "beta",
+    )
+    .await;
 }

@@ -787,18 +787,25 @@ async fn token_client(
     Ok(client)
 }
 
+/// A token or revocation request's form, and the client it authenticates as.
+async fn client_form(
+    b: &BuiltIn,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(HashMap<String, String>, ClientInfo), Response> {
+    if body.len() > MAX_BODY {
+        return Err(bad("invalid_request", "the request is too large"));
+    }
+    let form = params(&String::from_utf8_lossy(body)).map_err(|e| bad("invalid_request", &e))?;
+    let client = token_client(b, headers, &form).await?;
+    Ok((form, client))
+}
+
 async fn token(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -> Response {
     let b = built_in(&o);
     let base = o.base(&headers);
-    if body.len() > MAX_BODY {
-        return bad("invalid_request", "the request is too large");
-    }
-    let form = match params(&String::from_utf8_lossy(&body)) {
-        Ok(f) => f,
-        Err(e) => return bad("invalid_request", &e),
-    };
-    let client = match token_client(b, &headers, &form).await {
-        Ok(c) => c,
+    let (form, client) = match client_form(b, &headers, &body).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
     let field = |k: &str| form.get(k).map(String::as_str);
@@ -1024,15 +1031,8 @@ async fn register(State(o): State<Arc<OAuth>>, body: Bytes) -> Response {
 
 async fn revoke(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) -> Response {
     let b = built_in(&o);
-    if body.len() > MAX_BODY {
-        return bad("invalid_request", "the request is too large");
-    }
-    let form = match params(&String::from_utf8_lossy(&body)) {
-        Ok(f) => f,
-        Err(e) => return bad("invalid_request", &e),
-    };
-    let client = match token_client(b, &headers, &form).await {
-        Ok(c) => c,
+    let (form, client) = match client_form(b, &headers, &body).await {
+        Ok(x) => x,
         Err(r) => return r,
     };
     let Some(t) = form.get("token") else {
