@@ -297,7 +297,7 @@ pub(crate) fn ws_read(stream: &mut TcpStream) -> (u8, Vec<u8>) {
     (head[0] & 0x0F, payload)
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

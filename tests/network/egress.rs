@@ -220,3 +220,79 @@ async fn pip_installs_a_package_by_name_from_the_test_index() {
     assert_eq!(r["exit_code"], 0, "{r}");
     assert!(r["stdout"].as_str().unwrap().ends_with("42\n"), "{r}");
 }
+
+/// Large transfers leave the relay's copy buffers for a spliced pipe (zero-copy) both ways: the
+/// bytes must still arrive whole, and the log must count exactly what crossed, as curl measured
+/// it on the sandbox's side (headers included).
+#[tokio::test]
+async fn large_transfers_both_ways_are_counted_exactly() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net, |_| {}).await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let format = "%{size_request} %{size_upload} %{size_header} %{size_download}";
+    let measured = sh(
+        &client,
+        &id,
+        &format!(
+            "head -c 30000000 /dev/zero > /tmp/up && curl -sS -o /tmp/down -w '{format}' \
+             --data-binary @/tmp/up -H 'content-type: application/octet-stream' \
+             http://api.example.test/upload && echo && \
+             curl -sS -o /tmp/down2 -w '{format}' http://other.test/bytes/40000000 && echo && \
+             wc -c < /tmp/down2 && sha256sum < /tmp/down2"
+        ),
+    )
+    .await;
+    let lines: Vec<&str> = measured.lines().collect();
+    assert!(lines.len() >= 4, "{measured}");
+    let numbers =
+        |l: &str| -> Vec<u64> { l.split_whitespace().map(|n| n.parse().unwrap()).collect() };
+    let (up, down) = (numbers(lines[0]), numbers(lines[1]));
+    assert_eq!(up[1], 30_000_000, "{measured}");
+    assert_eq!(down[3], 40_000_000, "{measured}");
+    assert_eq!(lines[2].trim(), "40000000");
+    // 40 MB of zeros, whole and in order.
+    let zeros = <sha2::Sha256 as sha2::Digest>::digest(vec![0u8; 40_000_000]);
+    assert!(
+        lines[3].starts_with(&crate::testnet::hex(&zeros)),
+        "{measured}"
+    );
+    let mut entries = log(&client, &id, json!({})).await;
+    let begun = std::time::Instant::now();
+    while entries.iter().filter(|e| e["protocol"] == "http").count() < 2
+        && begun.elapsed() < std::time::Duration::from_secs(10)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        entries = log(&client, &id, json!({})).await;
+    }
+    let row = |host: &str| {
+        entries
+            .iter()
+            .find(|e| e["host"] == host && e["protocol"] == "http")
+            .unwrap_or_else(|| panic!("no entry for {host}: {entries:#?}"))
+            .clone()
+    };
+    let upload = row("api.example.test");
+    assert_eq!(
+        upload["bytes_sent"],
+        up[0] + up[1],
+        "{upload} vs curl {up:?}"
+    );
+    assert_eq!(
+        upload["bytes_received"],
+        up[2] + up[3],
+        "{upload} vs curl {up:?}"
+    );
+    let download = row("other.test");
+    assert_eq!(
+        download["bytes_sent"],
+        down[0] + down[1],
+        "{download} vs curl {down:?}"
+    );
+    assert_eq!(
+        download["bytes_received"],
+        down[2] + down[3],
+        "{download} vs curl {down:?}"
+    );
+}

@@ -15,6 +15,7 @@ pub mod policy;
 pub mod proxy;
 pub mod relay;
 pub mod secrets;
+mod splice;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
