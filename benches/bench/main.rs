@@ -97,6 +97,23 @@ fn suite(with_peer: bool) -> (Vec<Figure>, String) {
             + &kubernetes_section,
     )
 }
+/// One section's figures (`SANDBOX_MCP_BENCH_ONLY`), or None for a name that is no section.
+fn section_figures(only: &str) -> Option<Vec<Figure>> {
+    let mut figures = Vec::new();
+    match only {
+        "network" => drop(network_figures(&mut figures)),
+        "templates" => drop(template_figures(&mut figures)),
+        "forks" => drop(fork_figures(&mut figures)),
+        "desktop" => drop(desktop_figures(&mut figures)),
+        "kubernetes" => drop(kubernetes_figures(&mut figures)),
+        "live" => drop(live_figures(&mut figures)),
+        "volumes" => drop(volume_figures(&mut figures)),
+        "hosted" => drop(hosted_figures(&Engine::start(), &mut figures)),
+        _ => return None,
+    }
+    Some(figures)
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` would pass nothing useful: skip then.
     if !std::env::args().any(|a| a == "--bench") {
@@ -104,6 +121,15 @@ fn main() {
         return;
     }
     let only = std::env::var("SANDBOX_MCP_BENCH_ONLY").unwrap_or_default();
+    let baseline = std::env::var("SANDBOX_MCP_BENCH_BASELINE").unwrap_or_default();
+    // A/B of one section: written beside the full A/B file.
+    if !baseline.is_empty() && !only.is_empty() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/benchmarks-ab-{only}.md"));
+        std::fs::write(&path, ab(&baseline, Some(&only))).unwrap();
+        eprintln!("wrote {}", path.display());
+        return;
+    }
     // Sections kept beside the full run's file: each alone takes minutes, the suite an hour.
     if only == "live" || only == "hosted" || only == "volumes" {
         let mut figures = Vec::new();
@@ -142,7 +168,7 @@ fn main() {
         return;
     }
     let (doc, file) = match std::env::var("SANDBOX_MCP_BENCH_BASELINE") {
-        Ok(baseline) if !baseline.is_empty() => (ab(&baseline), "docs/benchmarks-ab.md"),
+        Ok(baseline) if !baseline.is_empty() => (ab(&baseline, None), "docs/benchmarks-ab.md"),
         _ => {
             let (figures, side_by_side) = suite(true);
             (render(&figures, &side_by_side), "docs/benchmarks.md")
