@@ -15,7 +15,6 @@ pub mod policy;
 pub mod proxy;
 pub mod relay;
 pub mod secrets;
-mod splice;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

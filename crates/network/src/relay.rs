@@ -28,9 +28,8 @@ const SNIFF_MAX: usize = 16 * 1024;
 /// (a sandbox holding all its connections with full buffers both ways costs it
 /// `--max-connections` × 32 KiB, plus its fast lanes).
 const SMALL_BUFFER: usize = 16 * 1024;
-/// What a direction that keeps its small buffer full gets while one of its sandbox's fast lanes
-/// ([`super::FAST_LANES`]) is free: a pipe of this size to splice through (zero-copy, when
-/// nothing needs to read the bytes), else a copy buffer of this size.
+/// Copy buffer of a direction that keeps its small one full, while one of its sandbox's fast
+/// lanes ([`super::FAST_LANES`]) is free: large enough for ≥ 1 GB/s through the relay.
 const LARGE_BUFFER: usize = 256 * 1024;
 /// Reads that fill the small buffer before a direction asks for a fast lane.
 const FULL_READS: u32 = 4;
@@ -292,7 +291,7 @@ async fn handle(hub: &Arc<Hub>, net: &Arc<SandboxNet>, mut client: TcpStream) {
     let _ = upstream.set_nodelay(true);
     let _ = client.set_nodelay(true);
     let (sent, received, first, leaked) =
-        pipe(client, upstream, first, guarded, &net.fast_lanes, hub.fds()).await;
+        pipe(client, upstream, first, guarded, &net.fast_lanes).await;
     // When the relay started at once, the first bytes name the protocol and host only now.
     let hello = sniff::parse(&first);
     log.protocol = hello.protocol();
@@ -351,31 +350,22 @@ async fn lookup(hub: &Hub, name: &str) -> Result<IpAddr, String> {
         .ok_or_else(|| format!("{name} has no IPv4 address"))
 }
 
-/// A copy buffer that starts small and, while the connection keeps it full and one of its
-/// sandbox's fast lanes is free, is replaced by a pipe to splice through (when `fds` is given:
-/// nothing needs to read this direction) or a larger buffer; the lane is given back with them.
+/// A copy buffer that starts small and grows while the connection keeps it full and one of
+/// its sandbox's fast lanes is free; the lane is given back with the buffer.
 struct Copier {
     buf: Vec<u8>,
     full: u32,
     lanes: Arc<Semaphore>,
     lane: Option<OwnedSemaphorePermit>,
-    fds: Option<Arc<sandbox_mcp_sys::budget::Descriptors>>,
-    /// The pipe, once granted: the direction splices from then on.
-    pipe: Option<super::splice::Pipe>,
 }
 
 impl Copier {
-    fn new(
-        lanes: &Arc<Semaphore>,
-        fds: Option<&Arc<sandbox_mcp_sys::budget::Descriptors>>,
-    ) -> Copier {
+    fn new(lanes: &Arc<Semaphore>) -> Copier {
         Copier {
             buf: vec![0; SMALL_BUFFER],
             full: 0,
             lanes: lanes.clone(),
             lane: None,
-            fds: fds.cloned(),
-            pipe: None,
         }
     }
 
@@ -388,15 +378,9 @@ impl Copier {
                 && let Ok(lane) = self.lanes.clone().try_acquire_owned()
             {
                 self.lane = Some(lane);
-                self.pipe = self
-                    .fds
-                    .as_ref()
-                    .and_then(|fds| super::splice::Pipe::new(fds, LARGE_BUFFER));
-                if self.pipe.is_none() {
-                    let mut larger = vec![0; LARGE_BUFFER];
-                    larger[..n].copy_from_slice(&self.buf[..n]);
-                    self.buf = larger;
-                }
+                let mut larger = vec![0; LARGE_BUFFER];
+                larger[..n].copy_from_slice(&self.buf[..n]);
+                self.buf = larger;
             }
         }
         &self.buf[..n]
@@ -408,23 +392,20 @@ impl Copier {
 /// or else its first chunk, kept for the log: they name the host on TLS and HTTP), and — when
 /// `scan` is set (the sandbox binds secrets) — a stand-in found in what the client sent, at
 /// which point the connection was cut before those bytes went out. Each direction starts with a
-/// small buffer and takes a fast lane from `lanes` only while it keeps the small one full: a pipe
-/// to splice through (descriptors from `fds`) unless its bytes are scanned, else a large buffer.
+/// small buffer and takes a large one from `lanes` only while it keeps the small one full.
 async fn pipe(
     client: TcpStream,
     upstream: TcpStream,
     first: Vec<u8>,
     scan: bool,
     lanes: &Arc<Semaphore>,
-    fds: &Arc<sandbox_mcp_sys::budget::Descriptors>,
 ) -> (u64, u64, Vec<u8>, Option<String>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut ur, mut uw) = upstream.into_split();
     // A leak cuts the connection both ways, not only the side it was seen on.
     let cut = Arc::new(tokio::sync::Notify::new());
     let cut_down = cut.clone();
-    let mut up_copier = Copier::new(lanes, (!scan).then_some(fds));
-    let mut down_copier = Copier::new(lanes, Some(fds));
+    let (mut up_copier, mut down_copier) = (Copier::new(lanes), Copier::new(lanes));
     let up = async move {
         let mut first = first;
         let mut sent = 0u64;
@@ -462,10 +443,6 @@ async fn pipe(
                     break;
                 }
                 sent += data.len() as u64;
-                if let Some(pipe) = up_copier.pipe.take() {
-                    sent += super::splice::splice_all(cr.as_ref(), uw.as_ref(), &pipe).await;
-                    break;
-                }
             }
         }
         let _ = uw.shutdown().await;
@@ -480,10 +457,6 @@ async fn pipe(
                     break;
                 }
                 n += data.len() as u64;
-                if let Some(pipe) = down_copier.pipe.take() {
-                    n += super::splice::splice_all(ur.as_ref(), cw.as_ref(), &pipe).await;
-                    break;
-                }
             }
             n
         };
