@@ -5,20 +5,22 @@ use std::time::Duration;
 
 use sandbox_mcp_api::ApiKey;
 use sandbox_mcp_server::backend::Backend;
-use sandbox_mcp_server::server::{SandboxMcp, ServerSettings};
+use sandbox_mcp_server::server::{SandboxMcp, Selection, ServerSettings};
 use sandbox_mcp_server::tooldefs::registry;
 
 use super::args::ServeArgs;
 use super::process;
 
 pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    process::init_logging("warn,rmcp::service=error");
+    // The registry is parsed and the tools built on a thread of their own while the rest starts:
+    // an `initialize` needs none of it, and a client's first `tools/list` waits for it if it
+    // comes first.
     let profile = args
         .session_sandbox
         .then_some(sandbox_mcp_server::server::SESSION_PROFILE);
-    let selection = registry()
-        .select_in(profile, &args.tools)
-        .map_err(anyhow::Error::msg)?;
+    let spec = args.tools.clone();
+    let selection = Selection::in_background(move || registry().select_in(profile, &spec));
+    process::init_logging("warn,rmcp::service=error");
     let backend = match &args.url {
         Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
             .map_err(anyhow::Error::msg)?,
@@ -28,9 +30,17 @@ pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     tracing::debug!(
         control_plane = args.url.as_deref().unwrap_or("the local engine"),
-        tools = selection.len(),
         "serving MCP"
     );
+    // A `--tools` that names nothing is still a bad start: it ends the server as soon as it is
+    // known (within milliseconds), with the reason, whatever the client has sent meanwhile.
+    let checked = selection.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = checked.get() {
+            eprintln!("sandbox-mcp: {e}");
+            std::process::exit(1);
+        }
+    });
     let settings = ServerSettings {
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
         ..ServerSettings::default()
@@ -46,10 +56,10 @@ pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
 async fn serve_stdio(
     args: &ServeArgs,
     backend: Backend,
-    selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
+    selection: Selection,
     settings: ServerSettings,
 ) -> anyhow::Result<()> {
-    let mut server = SandboxMcp::new(backend.clone(), selection, settings);
+    let mut server = SandboxMcp::with_selection(backend.clone(), selection, settings);
     if args.session_sandbox {
         server = server.with_session(sandbox_mcp_server::session::SessionSandboxes::default());
     }
@@ -85,7 +95,7 @@ async fn serve_http(
     args: &ServeArgs,
     listen: std::net::SocketAddr,
     backend: Backend,
-    selection: Vec<&'static sandbox_mcp_server::tooldefs::ToolDef>,
+    selection: Selection,
     settings: ServerSettings,
 ) -> anyhow::Result<()> {
     use sandbox_mcp_server::http::{HttpOptions, HttpServer};

@@ -128,3 +128,43 @@ fn subcommands_refuse_flags_that_are_not_theirs() {
     );
     assert!(ok, "{stderr}");
 }
+
+/// The tools are resolved beside the server's start, not before it: a `--tools` that names
+/// nothing still ends the server at once with the reason, though stdin stays open and a client
+/// has sent `initialize`.
+#[test]
+fn an_unknown_toolset_ends_the_server_at_start_with_the_choices() {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["--tools", "sandbox_exec,nope"])
+        .env("SANDBOX_MCP_URL", "http://127.0.0.1:9")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let _ = writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "the server kept running with an unknown toolset"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(stdin);
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("nope") && err.contains("toolsets: all"),
+        "{err}"
+    );
+}

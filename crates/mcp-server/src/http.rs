@@ -33,9 +33,8 @@ use sandbox_mcp_oauth::{Denied, OAuth};
 
 use crate::backend::Backend;
 use crate::keys::KeyStore;
-use crate::server::{RequestTenant, SandboxMcp, ServerSettings};
+use crate::server::{RequestTenant, SandboxMcp, Selection, ServerSettings};
 use crate::session::SessionSandboxes;
-use crate::tooldefs::ToolDef;
 
 pub(crate) use crate::jsonrpc::BODY_LIMIT;
 /// Hosts always allowed in `Host` and `Origin`.
@@ -370,7 +369,7 @@ impl HttpServer {
         opts: HttpOptions,
         backend: Backend,
         keys: Option<Arc<KeyStore>>,
-        tools: Vec<&'static ToolDef>,
+        tools: impl Into<Selection>,
         settings: ServerSettings,
     ) -> anyhow::Result<Self> {
         if opts.dev && !opts.listen.ip().is_loopback() {
@@ -409,13 +408,15 @@ impl HttpServer {
         let sandboxes = SessionSandboxes::default();
         let hosted = crate::hosted::sessions::Sessions::new(backend.clone());
         let factory = {
-            let backend = backend.clone();
+            // One server, cloned per session: its tools (schemas and all) are shared, not built
+            // again for each session.
+            let proto = SandboxMcp::with_selection(backend.clone(), tools.into(), settings);
             let sandboxes = sandboxes.clone();
             let session = opts.session_sandbox;
             let mounts = crate::hosted::mount::MountSet::parse(&opts.mount_servers);
             let hosted = hosted.clone();
             move || {
-                let mut server = SandboxMcp::new(backend.clone(), tools.clone(), settings.clone());
+                let mut server = proto.clone();
                 if session {
                     server = server.with_session(sandboxes.clone());
                 }

@@ -2,7 +2,7 @@
 //! generated dispatch and result shaping.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use rmcp::model::{
@@ -54,11 +54,64 @@ impl Default for ServerSettings {
     }
 }
 
+/// The tools a server offers: their definitions and the MCP tools the model sees.
+pub struct Selected {
+    pub defs: Vec<&'static ToolDef>,
+    pub tools: Vec<Tool>,
+}
+
+/// The tools a server offers, possibly still being resolved: parsing the registry and building
+/// the tools' schemas takes milliseconds that a server's start need not wait for (an `initialize`
+/// needs none of it). Clones share the result, so every session of an HTTP server uses one copy.
+#[derive(Clone)]
+pub struct Selection(Arc<OnceLock<Result<Selected, String>>>);
+
+impl Selection {
+    /// Tools known now.
+    pub fn ready(defs: Vec<&'static ToolDef>) -> Selection {
+        let cell = OnceLock::new();
+        let _ = cell.set(Ok(Self::build(defs)));
+        Selection(Arc::new(cell))
+    }
+
+    /// Tools resolved by `resolve` on a thread of their own, from now on.
+    pub fn in_background(
+        resolve: impl FnOnce() -> Result<Vec<&'static ToolDef>, String> + Send + 'static,
+    ) -> Selection {
+        let cell = Arc::new(OnceLock::new());
+        let filled = cell.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tools".into())
+            .spawn(move || {
+                let _ = filled.set(resolve().map(Self::build));
+            });
+        if let Err(e) = spawned {
+            let _ = cell.set(Err(format!("cannot start a thread: {e}")));
+        }
+        Selection(cell)
+    }
+
+    fn build(defs: Vec<&'static ToolDef>) -> Selected {
+        let tools = defs.iter().map(|d| to_mcp_tool(d)).collect();
+        Selected { defs, tools }
+    }
+
+    /// The tools, once resolved (waits for them the first time), or why they cannot be.
+    pub fn get(&self) -> Result<&Selected, &str> {
+        self.0.wait().as_ref().map_err(String::as_str)
+    }
+}
+
+impl From<Vec<&'static ToolDef>> for Selection {
+    fn from(defs: Vec<&'static ToolDef>) -> Selection {
+        Selection::ready(defs)
+    }
+}
+
 #[derive(Clone)]
 pub struct SandboxMcp {
     backend: Backend,
-    defs: Arc<Vec<&'static ToolDef>>,
-    tools: Arc<Vec<Tool>>,
+    selection: Selection,
     settings: ServerSettings,
     /// The session's sandbox, with the `session` profile.
     session: Option<Arc<SessionSandbox>>,
@@ -115,11 +168,18 @@ pub fn to_mcp_tool(def: &ToolDef) -> Tool {
 
 impl SandboxMcp {
     pub fn new(backend: Backend, defs: Vec<&'static ToolDef>, settings: ServerSettings) -> Self {
-        let tools = defs.iter().map(|d| to_mcp_tool(d)).collect();
+        Self::with_selection(backend, Selection::ready(defs), settings)
+    }
+
+    /// A server whose tools may still be resolving (see [`Selection`]).
+    pub fn with_selection(
+        backend: Backend,
+        selection: Selection,
+        settings: ServerSettings,
+    ) -> Self {
         Self {
             backend,
-            defs: Arc::new(defs),
-            tools: Arc::new(tools),
+            selection,
             settings,
             session: None,
             mounts: None,
@@ -152,8 +212,12 @@ impl SandboxMcp {
         }
     }
 
+    /// The tools the model sees (none when they could not be resolved).
     pub fn tools(&self) -> &[Tool] {
-        &self.tools
+        self.selection
+            .get()
+            .map(|s| s.tools.as_slice())
+            .unwrap_or(&[])
     }
 
     pub fn backend(&self) -> &Backend {
@@ -168,7 +232,12 @@ impl SandboxMcp {
         arguments: Option<JsonObject>,
         cx: CallContext,
     ) -> Result<CallToolResult, McpError> {
-        let Some(def) = self.defs.iter().find(|d| d.name == name).copied() else {
+        let defs = self
+            .selection
+            .get()
+            .map(|s| s.defs.as_slice())
+            .unwrap_or(&[]);
+        let Some(def) = defs.iter().find(|d| d.name == name).copied() else {
             return Err(shape::protocol_error(&CallFailure::unknown_tool(name)));
         };
         let mut args = match Args::prepare(def, arguments) {
@@ -306,7 +375,7 @@ impl ServerHandler for SandboxMcp {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let mut tools = self.tools.to_vec();
+        let mut tools = self.tools().to_vec();
         if let Some(mounts) = &self.mounts {
             mounts.seen(&context.peer);
             tools.extend(mounts.tools(tenant_of(&context).as_deref()).await);
@@ -413,7 +482,7 @@ impl ServerHandler for SandboxMcp {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.tools.iter().find(|t| t.name == name).cloned()
+        self.tools().iter().find(|t| t.name == name).cloned()
     }
 }
 
