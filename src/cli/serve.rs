@@ -18,6 +18,7 @@ pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let profile = args
         .session_sandbox
         .then_some(sandbox_mcp_server::server::SESSION_PROFILE);
+    sandbox_mcp_server::tooldefs::check_tools(profile, &args.tools).map_err(anyhow::Error::msg)?;
     let spec = args.tools.clone();
     let selection = Selection::in_background(move || registry().select_in(profile, &spec));
     process::init_logging("warn,rmcp::service=error");
@@ -32,15 +33,7 @@ pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         control_plane = args.url.as_deref().unwrap_or("the local engine"),
         "serving MCP"
     );
-    // A `--tools` that names nothing is still a bad start: it ends the server as soon as it is
-    // known (within milliseconds), with the reason, whatever the client has sent meanwhile.
-    let checked = selection.clone();
-    tokio::task::spawn_blocking(move || {
-        if let Err(e) = checked.get() {
-            eprintln!("sandbox-mcp: {e}");
-            std::process::exit(1);
-        }
-    });
+
     let settings = ServerSettings {
         request_timeout: Duration::from_secs(args.request_timeout.max(1)),
         ..ServerSettings::default()

@@ -129,9 +129,9 @@ fn subcommands_refuse_flags_that_are_not_theirs() {
     assert!(ok, "{stderr}");
 }
 
-/// The tools are resolved beside the server's start, not before it: a `--tools` that names
-/// nothing still ends the server at once with the reason, though stdin stays open and a client
-/// has sent `initialize`.
+/// The tools are resolved beside the server's start, not before it; a `--tools` that names
+/// nothing is still checked at once (against the names alone) and ends the server with the
+/// choices, though stdin stays open and a client has sent `initialize`.
 #[test]
 fn an_unknown_toolset_ends_the_server_at_start_with_the_choices() {
     use std::io::Write;

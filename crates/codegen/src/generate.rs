@@ -107,10 +107,13 @@ pub fn generate_tools(
     let spec_text = std::fs::read_to_string(spec_path).map_err(|e| one(&spec_file, e))?;
     let files = read_tool_defs(tool_defs)?;
     let (spec, registry) = build_registry(&spec_file, &spec_text, &files)?;
-    let registry_json =
-        serde_json::to_string_pretty(&registry).map_err(|e| one("tools.json", e))?;
+    // Compact: the binary parses it at every start (off the start's critical path, but still).
+    let registry_json = serde_json::to_string(&registry).map_err(|e| one("tools.json", e))?;
+    let names_json =
+        serde_json::to_string(&registry.names()).map_err(|e| one("tool-names.json", e))?;
     let writes = [
         ("tools.json", registry_json),
+        ("tool-names.json", names_json),
         ("dispatch.rs", render(dispatch::generate(&spec, &registry))?),
     ];
     for (name, content) in writes {

@@ -202,6 +202,16 @@ impl Registry {
             .collect())
     }
 
+    /// The names `--tools` may use, without the rest (a few hundred bytes to parse, where the
+    /// registry is hundreds of kilobytes).
+    pub fn names(&self) -> Names {
+        Names {
+            tools: self.tools.iter().map(|t| t.name.clone()).collect(),
+            toolsets: self.toolsets.keys().cloned().collect(),
+            profiles: self.profiles.keys().cloned().collect(),
+        }
+    }
+
     /// Resolves `--tools`: `all`, a toolset name, or a comma-separated list of tool names.
     pub fn select(&self, spec: &str) -> Result<Vec<&ToolDef>, String> {
         let spec = spec.trim();
@@ -221,25 +231,49 @@ impl Registry {
                 })
                 .collect());
         }
-        let mut wanted = Vec::new();
-        for name in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            if self.tool(name).is_none() {
-                return Err(format!(
-                    "unknown tool or toolset `{name}`; toolsets: all, {}; tools: {}",
-                    self.toolsets.keys().cloned().collect::<Vec<_>>().join(", "),
-                    self.tools
-                        .iter()
-                        .map(|t| t.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ));
-            }
-            wanted.push(name.to_string());
-        }
+        self.names().check(None, spec)?;
+        let wanted: Vec<&str> = spec
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
         Ok(self
             .tools
             .iter()
-            .filter(|t| wanted.contains(&t.name))
+            .filter(|t| wanted.contains(&t.name.as_str()))
             .collect())
+    }
+}
+
+/// The names of a registry's tools, toolsets and profiles: enough to check a `--tools` spec.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Names {
+    pub tools: Vec<String>,
+    pub toolsets: Vec<String>,
+    pub profiles: Vec<String>,
+}
+
+impl Names {
+    /// Whether `--tools` (within `profile`, when given) names only what exists; else why not.
+    pub fn check(&self, profile: Option<&str>, spec: &str) -> Result<(), String> {
+        if let Some(p) = profile
+            && !self.profiles.iter().any(|x| x == p)
+        {
+            return Err(format!("no tool profile `{p}`"));
+        }
+        let spec = spec.trim();
+        if spec.is_empty() || spec == "all" || self.toolsets.iter().any(|t| t == spec) {
+            return Ok(());
+        }
+        for name in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            if !self.tools.iter().any(|t| t == name) {
+                return Err(format!(
+                    "unknown tool or toolset `{name}`; toolsets: all, {}; tools: {}",
+                    self.toolsets.join(", "),
+                    self.tools.join(", ")
+                ));
+            }
+        }
+        Ok(())
     }
 }

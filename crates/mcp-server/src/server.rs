@@ -74,7 +74,9 @@ impl Selection {
         Selection(Arc::new(cell))
     }
 
-    /// Tools resolved by `resolve` on a thread of their own, from now on.
+    /// Tools resolved by `resolve` on a thread of their own, from now on, at the lowest CPU
+    /// priority: on a busy or small machine the server's start goes first, and whoever needs
+    /// the tools (a `tools/list`) waits for them then.
     pub fn in_background(
         resolve: impl FnOnce() -> Result<Vec<&'static ToolDef>, String> + Send + 'static,
     ) -> Selection {
@@ -83,6 +85,11 @@ impl Selection {
         let spawned = std::thread::Builder::new()
             .name("tools".into())
             .spawn(move || {
+                // This thread only (a thread's nice value is its own on Linux).
+                // SAFETY: setpriority with who=0 changes the calling thread and reads no memory.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+                }
                 let _ = filled.set(resolve().map(Self::build));
             });
         if let Err(e) = spawned {

@@ -6,10 +6,19 @@
 use std::sync::LazyLock;
 
 pub use sandbox_mcp_codegen::model::{
-    Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Profile, Registry, ToolDef,
+    Annotations, ArgDef, ArgLocation, Cap, InventoryEntry, Names, Profile, Registry, ToolDef,
 };
 
 const REGISTRY_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/tools.json"));
+const NAMES_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/tool-names.json"));
+
+/// Checks a `--tools` spec against the names alone (microseconds), so that a bad one fails at
+/// start without waiting for the registry.
+pub fn check_tools(profile: Option<&str>, spec: &str) -> Result<(), String> {
+    let names: Names = serde_json::from_str(NAMES_JSON)
+        .map_err(|e| format!("embedded tool names are corrupt: {e}"))?;
+    names.check(profile, spec)
+}
 
 static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
     // The JSON was produced by serializing this very type in build.rs, so it always parses;
