@@ -10,6 +10,10 @@
 //! run, and writes docs/benchmarks-ab.md: per figure, each build's median over its rounds and the
 //! ratio. That is how a change shows it costs nothing, on a machine whose speed drifts by the hour.
 //!
+//! With `SANDBOX_MCP_BENCH_ONLY=SECTION` as well, A/B mode measures that section alone (`mcp`
+//! too: the MCP server's start, tools/list and call overhead) and writes
+//! docs/benchmarks-ab-SECTION.md.
+//!
 //! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
 //! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
 //! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section, and
@@ -109,6 +113,7 @@ fn section_figures(only: &str) -> Option<Vec<Figure>> {
         "live" => drop(live_figures(&mut figures)),
         "volumes" => drop(volume_figures(&mut figures)),
         "hosted" => drop(hosted_figures(&Engine::start(), &mut figures)),
+        "mcp" => drop(mcp_figures(&Engine::start(), &mut figures, false)),
         _ => return None,
     }
     Some(figures)

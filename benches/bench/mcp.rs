@@ -46,13 +46,18 @@ pub(crate) struct Side {
     pub(crate) tools: usize,
 }
 
+/// Spawn → the `initialize` response read. The server is stopped after the clock stops: killing
+/// a process and waiting for it is not part of its start (it was, before 2026-11-27, which added
+/// its teardown, about a millisecond, to this figure).
 fn start_samples(runs: usize, spawn: impl Fn() -> Mcp) -> Vec<f64> {
     (0..runs)
         .map(|_| {
-            let (d, r) = time(|| {
+            let (d, (mcp, r)) = time(|| {
                 let mut mcp = spawn();
-                mcp.initialize()
+                let r = mcp.initialize();
+                (mcp, r)
             });
+            drop(mcp);
             assert!(r["result"]["serverInfo"].is_object(), "{r}");
             ms(d)
         })
