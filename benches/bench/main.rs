@@ -114,6 +114,7 @@ fn section_figures(only: &str) -> Option<Vec<Figure>> {
         "volumes" => drop(volume_figures(&mut figures)),
         "hosted" => drop(hosted_figures(&Engine::start(), &mut figures)),
         "mcp" => drop(mcp_figures(&Engine::start(), &mut figures, false)),
+        "http" => http_figures(&Engine::start(), &mut figures),
         _ => return None,
     }
     Some(figures)

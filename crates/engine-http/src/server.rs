@@ -45,6 +45,12 @@ impl EngineServer {
         let app = api::router(state);
         let shutdown = stop.clone();
         let server = tokio::spawn(async move {
+            // Answers that stream (exec output, NDJSON) are several writes: without TCP_NODELAY
+            // each after the first waits for the client's delayed ACK (40 ms).
+            use axum::serve::ListenerExt as _;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await });
             if let Err(e) = serve.await {

@@ -459,6 +459,13 @@ impl HttpServer {
         let addr = listener.local_addr()?;
         let stop = cancel.clone();
         let task = tokio::spawn(async move {
+            // Without TCP_NODELAY, a streamed (SSE) answer's second write waits for the
+            // client's delayed ACK of the first: 40 ms a call (measured: 44 ms per call at any
+            // concurrency before 2026-11-27).
+            use axum::serve::ListenerExt as _;
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let serve = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { stop.cancelled().await });
             if let Err(e) = serve.await {
