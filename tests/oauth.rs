@@ -315,6 +315,31 @@ pub async fn token(base: &str, form: &[(&str, &str)]) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Presents a refresh token as `client_id`: the status and JSON.
+pub async fn refresh(base: &str, client_id: &str, refresh_token: &str) -> (StatusCode, Value) {
+    token(
+        base,
+        &[
+            ("grant_type", "refresh_token"),
+            ("refresh_token", refresh_token),
+            ("client_id", client_id),
+        ],
+    )
+    .await
+}
+
+/// A GET's JSON body.
+pub async fn get_json(url: impl AsRef<str>) -> Value {
+    http()
+        .get(url.as_ref())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// Exchanges a code for tokens.
 pub async fn exchange(
     base: &str,

@@ -121,17 +121,11 @@ async fn an_external_issuers_tokens_are_checked_against_its_keys() {
     };
 
     // The resource metadata names the issuer; a missing token gets the challenge.
-    let prm: Value = http()
-        .get(format!(
-            "{}/.well-known/oauth-protected-resource/mcp",
-            s.base
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let prm = super::get_json(format!(
+        "{}/.well-known/oauth-protected-resource/mcp",
+        s.base
+    ))
+    .await;
     assert_eq!(prm["authorization_servers"], json!([idp.issuer]));
     let (status, challenge) = probe(&mcp, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);

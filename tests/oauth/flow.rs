@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::{
     OAuthServer, REDIRECT, call, client, code_for, exchange, http, open_page, probe, register,
-    token, tokens_for,
+    tokens_for,
 };
 
 #[tokio::test]
@@ -29,14 +29,7 @@ async fn discovery_registration_sign_in_tokens_and_tools() {
     assert_eq!(probe(&s.mcp(), Some(&key)).await.0, StatusCode::OK);
 
     // 2. Protected resource metadata names this server as the authorization server.
-    let prm: Value = http()
-        .get(&prm_url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let prm: Value = super::get_json(&prm_url).await;
     assert_eq!(prm["resource"], s.mcp());
     assert_eq!(prm["authorization_servers"], json!([s.base]));
     assert_eq!(prm["scopes_supported"], json!(["sandboxes"]));
@@ -65,14 +58,7 @@ async fn discovery_registration_sign_in_tokens_and_tools() {
 
     // 3. Authorization server metadata, and OpenID discovery.
     for path in ["oauth-authorization-server", "openid-configuration"] {
-        let meta: Value = http()
-            .get(format!("{}/.well-known/{path}", s.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let meta: Value = super::get_json(format!("{}/.well-known/{path}", s.base)).await;
         assert_eq!(meta["issuer"], s.base);
         assert_eq!(meta["code_challenge_methods_supported"], json!(["S256"]));
         assert_eq!(meta["client_id_metadata_document_supported"], true);
@@ -138,14 +124,7 @@ async fn discovery_registration_sign_in_tokens_and_tools() {
     assert_eq!(claims["nonce"], "n0nce");
     assert_eq!(claims["aud"], client_id);
     assert_eq!(claims["tenant"], "alpha");
-    let jwks: Value = http()
-        .get(format!("{}/oauth/jwks", s.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let jwks: Value = super::get_json(format!("{}/oauth/jwks", s.base)).await;
     let keys = sandbox_mcp_oauth::jwt::parse_jwks(&jwks);
     assert!(
         sandbox_mcp_oauth::jwt::split(id_token)
@@ -162,41 +141,22 @@ async fn discovery_registration_sign_in_tokens_and_tools() {
 
     // 7. Refresh rotates: the new pair works, the old refresh token is spent, and presenting it
     // again revokes the whole grant (the new tokens too).
-    let (status, fresh) = token(
-        &s.base,
-        &[
-            ("grant_type", "refresh_token"),
-            ("refresh_token", refresh),
-            ("client_id", &client_id),
-        ],
-    )
-    .await;
+    let (status, fresh) = super::refresh(&s.base, &client_id, refresh).await;
     assert_eq!(status, StatusCode::OK, "{fresh}");
     let access2 = fresh["access_token"].as_str().unwrap().to_string();
     assert_ne!(access2, access);
     assert_ne!(fresh["refresh_token"], tokens["refresh_token"]);
     assert_eq!(probe(&s.mcp(), Some(&access2)).await.0, StatusCode::OK);
-    let (status, reused) = token(
-        &s.base,
-        &[
-            ("grant_type", "refresh_token"),
-            ("refresh_token", refresh),
-            ("client_id", &client_id),
-        ],
-    )
-    .await;
+    let (status, reused) = super::refresh(&s.base, &client_id, refresh).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(reused["error"], "invalid_grant");
     let (status, challenge) = probe(&s.mcp(), Some(&access2)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "the grant is revoked");
     assert!(challenge.contains("error=\"invalid_token\""), "{challenge}");
-    let (status, _) = token(
+    let (status, _) = super::refresh(
         &s.base,
-        &[
-            ("grant_type", "refresh_token"),
-            ("refresh_token", fresh["refresh_token"].as_str().unwrap()),
-            ("client_id", &client_id),
-        ],
+        &client_id,
+        fresh["refresh_token"].as_str().unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -232,15 +192,8 @@ async fn discovery_registration_sign_in_tokens_and_tools() {
     let (status, challenge) = probe(&s.mcp(), Some(at)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(challenge.contains("revoked"), "{challenge}");
-    let (status, body) = token(
-        &s.base,
-        &[
-            ("grant_type", "refresh_token"),
-            ("refresh_token", t["refresh_token"].as_str().unwrap()),
-            ("client_id", &client_id),
-        ],
-    )
-    .await;
+    let (status, body) =
+        super::refresh(&s.base, &client_id, t["refresh_token"].as_str().unwrap()).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 }
 
