@@ -698,6 +698,16 @@ fn bad(error: &str, description: &str) -> Response {
     oauth_error(StatusCode::BAD_REQUEST, error, description)
 }
 
+/// One half of HTTP Basic client credentials, form-decoded (RFC 6749 §2.3.1). A half holding a
+/// raw `&` or `=` is refused: decoding it as a form would read another field.
+fn basic_part(s: &str) -> Option<String> {
+    if s.contains(['&', '=']) {
+        return None;
+    }
+    let mut pairs = serde_urlencoded::from_str::<Vec<(String, String)>>(&format!("x={s}")).ok()?;
+    (pairs.len() == 1).then(|| pairs.remove(0).1)
+}
+
 /// The client a token request authenticates as (RFC 6749 §2.3): a secret in Basic or the form,
 /// or a public client's bare `client_id`.
 async fn token_client(
@@ -718,12 +728,7 @@ async fn token_client(
         .and_then(|v| String::from_utf8(v).ok())
         .and_then(|v| {
             let (id, secret) = v.split_once(':')?;
-            let dec = |s: &str| -> Option<String> {
-                serde_urlencoded::from_str::<Vec<(String, String)>>(&format!("x={s}"))
-                    .ok()?
-                    .pop()
-                    .map(|(_, v)| v)
-            };
+            let dec = basic_part;
             Some((dec(id)?, dec(secret)?))
         });
     let (id, secret) = match (&basic, form.get("client_id")) {
@@ -1050,4 +1055,18 @@ async fn revoke(State(o): State<Arc<OAuth>>, headers: HeaderMap, body: Bytes) ->
         let _ = b.store.delete_token(t);
     }
     public_json(StatusCode::OK, json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn basic_credentials_decode_one_field_each() {
+        assert_eq!(super::basic_part("a%2Bb").as_deref(), Some("a+b"));
+        assert_eq!(
+            super::basic_part("smcp_client_x").as_deref(),
+            Some("smcp_client_x")
+        );
+        assert_eq!(super::basic_part("a&x=other"), None);
+        assert_eq!(super::basic_part("a=b"), None);
+    }
 }
