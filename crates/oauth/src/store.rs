@@ -605,4 +605,45 @@ mod tests {
         assert!(store.revoke_grant(&first.grant.id, "test").unwrap());
         assert!(store.token(&access, "access", false).unwrap().is_none());
     }
+
+    #[test]
+    fn self_registration_and_grants_per_key_are_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let uris = ["https://app.example/cb".to_string()];
+        for _ in 0..MAX_DYNAMIC_CLIENTS {
+            store.add_client("dynamic", "c", &uris, "none").unwrap();
+        }
+        let e = store.add_client("dynamic", "c", &uris, "none").unwrap_err();
+        assert!(e.contains("too many registered clients"), "{e}");
+        // The operator's own registrations are not counted against strangers'.
+        let (client, _) = store
+            .add_client("registered", "ops", &uris, "none")
+            .unwrap();
+        for _ in 0..MAX_GRANTS_PER_KEY + 5 {
+            store
+                .grant_code(
+                    &client.client_id,
+                    "ops",
+                    "t",
+                    "key_1",
+                    "sandboxes",
+                    "r",
+                    &uris[0],
+                    "c",
+                    None,
+                )
+                .unwrap();
+        }
+        let active = store
+            .grants()
+            .unwrap()
+            .into_iter()
+            .filter(|g| g.key_id == "key_1" && g.revoked_at.is_none())
+            .count();
+        assert_eq!(
+            active as i64, MAX_GRANTS_PER_KEY,
+            "the oldest grants made room"
+        );
+    }
 }
