@@ -6,7 +6,8 @@
 //! This file holds the rig and the engine fixture; the tests are by theme: [`starts`] (the
 //! static agent build, and agents that cannot start), [`tools`] (the tools on pods the cluster
 //! schedules and limits), [`replicas`] (replicas, pods deleted behind the engine's back, expiry
-//! with no engine) and [`rbac`] (the documented RBAC is enough).
+//! with no engine), [`pools`] (warm pools of pods across replicas and restarts) and [`rbac`]
+//! (the documented RBAC is enough).
 
 use std::path::{Path, PathBuf};
 use std::process::Child;
@@ -80,6 +81,22 @@ impl KubeEngine {
             log,
             _data: data,
         }
+    }
+
+    /// Stops this engine as a rolling restart does (`SIGTERM`, waiting for it to end) and
+    /// starts another on the same data dir, with `extra` in its environment.
+    async fn restart(&mut self, rig: &Rig, ns: &Namespace, extra: &[(&str, &str)]) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        self.child.wait().unwrap();
+        let env = rig.engine_env(&ns.name);
+        let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
+        env.extend_from_slice(extra);
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        (self.child, self.url) = spawn_engine_logged(self._data.path(), &env, file.into()).await;
     }
 
     async fn mcp(&self) -> McpClient {
@@ -156,6 +173,7 @@ async fn eventually(what: &str, secs: u64, mut done: impl FnMut() -> bool) {
 }
 
 // After the macro, which they use.
+mod pools;
 mod rbac;
 mod replicas;
 mod starts;

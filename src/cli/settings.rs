@@ -50,6 +50,7 @@ impl EngineSettings {
         };
         config.default_template = self.default_template.clone();
         config.workspaces = self.workspaces.clone();
+        config.warm = self.warm.iter().cloned().collect();
         config
     }
 }

@@ -86,6 +86,24 @@ impl Manager {
                     .map_err(EngineError::Templates)?
             }
         };
+        let mut templates = templates;
+        for (name, n) in &config.warm {
+            let Some(t) = templates
+                .iter_mut()
+                .find(|t| &t.name == name && t.file.owner.is_none())
+            else {
+                return Err(EngineError::InvalidArgument(format!(
+                    "--warm names template {name}, which does not exist; templates: {}",
+                    templates
+                        .iter()
+                        .filter(|t| t.file.owner.is_none())
+                        .map(|t| t.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            };
+            t.file.warm = *n;
+        }
         if let Some(name) = &config.default_template {
             match templates.iter().find(|t| &t.name == name) {
                 Some(t) if t.status() == sandbox_mcp_storage::templates::TemplateStatus::Ready => {}
@@ -232,7 +250,7 @@ impl Manager {
         lifecycle.recover().await?;
         snapshots.recover().await?;
         previews.recover().await?;
-        pools.restart_internal().await;
+        pools.restart_internal();
         Ok(Arc::new(Self {
             config,
             driver,

@@ -85,7 +85,13 @@ pub struct EngineConfig {
     /// Host folders the operator exposes by name (`--workspace NAME=PATH[:ro]`), which
     /// sandboxes mount copy-on-write.
     pub workspaces: Vec<Workspace>,
+    /// Pool sizes the operator sets for shared templates by name (`--warm TEMPLATE=N`), over
+    /// the templates' own `warm`.
+    pub warm: BTreeMap<String, u32>,
 }
+
+/// The most sandboxes one template's pool keeps.
+pub const MAX_WARM: u32 = 16;
 
 /// A host folder sandboxes may mount copy-on-write, by name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,6 +175,7 @@ impl EngineConfig {
             favordynmods: true,
             criu: CriuSetting::Auto,
             workspaces: Vec::new(),
+            warm: BTreeMap::new(),
         }
     }
 

@@ -128,6 +128,37 @@ pub(crate) struct EngineSettings {
         value_parser = sandbox_mcp_model::config::Workspace::parse
     )]
     pub(crate) workspaces: Vec<sandbox_mcp_model::config::Workspace>,
+    /// Keep N sandboxes of a shared template started, handed out by create at once, as
+    /// TEMPLATE=N (repeat, or comma-separate; at most 16 each). Overrides the template's own
+    /// `warm`; the only way to pool the built-in `base` and, on the kubernetes driver, the image
+    /// templates. Pooled sandboxes outlive a restart of the engine.
+    #[arg(
+        long = "warm",
+        env = "SANDBOX_MCP_WARM",
+        value_name = "TEMPLATE=N",
+        value_delimiter = ',',
+        value_parser = parse_warm
+    )]
+    pub(crate) warm: Vec<(String, u32)>,
+}
+
+/// `--warm TEMPLATE=N`.
+fn parse_warm(arg: &str) -> Result<(String, u32), String> {
+    let (name, n) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("--warm {arg:?}: expected TEMPLATE=N, e.g. base=2"))?;
+    sandbox_mcp_storage::templates::check_name(name.trim())?;
+    let n: u32 = n
+        .trim()
+        .parse()
+        .map_err(|_| format!("--warm {arg:?}: N is a number of sandboxes, 0 to 16"))?;
+    if n > sandbox_mcp_model::config::MAX_WARM {
+        return Err(format!(
+            "--warm {arg:?}: at most {} sandboxes per template",
+            sandbox_mcp_model::config::MAX_WARM
+        ));
+    }
+    Ok((name.trim().to_string(), n))
 }
 
 /// `--preview-listen`: an address, or `None` for `off`.
@@ -214,4 +245,25 @@ pub(crate) struct KubeArgs {
     /// size; without it, volumes are refused on this driver.
     #[arg(long, env = "SANDBOX_MCP_K8S_STORAGE_CLASS", value_name = "CLASS")]
     pub(crate) storage_class: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_warm;
+
+    #[test]
+    fn warm_takes_a_template_and_a_count_up_to_sixteen() {
+        assert_eq!(parse_warm(" base = 4 "), Ok(("base".into(), 4)));
+        assert_eq!(parse_warm("py=0"), Ok(("py".into(), 0)));
+        for (bad, says) in [
+            ("base", "expected TEMPLATE=N"),
+            ("base=17", "at most 16"),
+            ("base=-1", "0 to 16"),
+            ("base=many", "0 to 16"),
+            ("../x=1", ""),
+        ] {
+            let e = parse_warm(bad).expect_err(bad);
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 }

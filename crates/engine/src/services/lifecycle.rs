@@ -509,9 +509,10 @@ impl Lifecycle {
     /// is used) and marked paused; the next engine resumes them on first use.
     pub(crate) async fn shutdown(&self) {
         for (id, entry) in self.registry.entries() {
-            // The engine's own sandboxes (pools, builds) would be killed at the next start
-            // anyway: killed now, they leave no frozen processes behind meanwhile.
-            if entry.internal() {
+            // The engine's builds would be killed at the next start anyway: killed now, they
+            // leave no frozen processes behind meanwhile. Pooled sandboxes are paused like the
+            // rest (a pod runs on): the next start hands them out again (`Pools::restart_internal`).
+            if entry.internal() && entry.tenant().as_deref() != Some(super::pool::POOL_TENANT) {
                 if let Err(e) = self.kill(&id, entry.tenant().as_deref()).await {
                     tracing::debug!(sandbox = %id, "not killed at shutdown: {e}");
                 }

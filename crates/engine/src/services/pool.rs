@@ -4,8 +4,9 @@
 //! and has its own id;
 //! `create` gives it the request's name, labels, environment,
 //! network rules, secrets and expiry, and it is then like any other. Pooled sandboxes belong to
-//! an internal tenant no API key can name, so no listing shows them. They are killed when the
-//! engine stops (and any a crash left are killed at the next start), and the pools refilled.
+//! an internal tenant no API key can name, so no listing shows them. They outlive the engine:
+//! paused when it stops (a pod runs on), and handed out again by the next start when they are
+//! still what their template's pool would start and their agents answer; the rest are killed.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -27,6 +28,22 @@ const REFILL_DELAY: Duration = Duration::from_millis(200);
 
 /// The tenant of pooled sandboxes.
 pub(crate) const POOL_TENANT: &str = "\u{1}warm-pool";
+
+/// The metadata key of a pooled sandbox naming the template it was made from, by
+/// [`fingerprint`] (a create that takes it gives it the request's metadata instead).
+const MADE_FROM: &str = "sandbox-mcp.pool.template";
+
+/// What a pooled sandbox was made from: every field of its template but the pool's size (an
+/// image template's description names its image), as a SHA-256 digest.
+fn fingerprint(template: &Template) -> String {
+    let file = sandbox_mcp_storage::templates::TemplateFile {
+        warm: 0,
+        ..template.file.clone()
+    };
+    let json = serde_json::to_vec(&file).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &json);
+    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
 
 /// Whether a tenant is one of the engine's own (builds, pools), never a caller's.
 pub(crate) fn internal(tenant: &str) -> bool {
@@ -118,7 +135,13 @@ impl Pools {
             now,
             secrets,
         );
-        if let Err(e) = self.making.records.adopt(&record).await {
+        // Adopted here, then where other replicas see it (the kubernetes driver's pod: until
+        // then it is the pool's there, which no replica lists or adopts).
+        let adopted = match self.making.records.adopt(&record).await {
+            Ok(()) => (self.making.records.acknowledge(&record).await).map_err(EngineError::from),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = adopted {
             // Not adopted: the sandbox is the pool's no more; it goes, and the request fails.
             let _ = self.making.lifecycle.kill(&id, Some(POOL_TENANT)).await;
             self.refill(template);
@@ -177,6 +200,7 @@ impl Pools {
                 let start = this.making.lifecycle.create_from(
                     CreateRequest {
                         tenant: Some(POOL_TENANT.to_string()),
+                        metadata: [(MADE_FROM.to_string(), fingerprint(&template))].into(),
                         ..Default::default()
                     },
                     &template,
@@ -215,20 +239,110 @@ impl Pools {
         }
     }
 
-    /// After a restart: the engine's own sandboxes of before (pooled ones, which may be stale,
-    /// and those of interrupted builds) are killed, and every template's pool is refilled.
-    pub(crate) async fn restart_internal(self: &Arc<Self>) {
+    /// After a restart: the engine's pooled sandboxes of before are handed out again when they
+    /// are still what the pool would start (see [`Self::still_fresh`]) and answer; the rest of
+    /// its own (stale pooled ones, those of interrupted builds) are killed; every template's
+    /// pool is then refilled. So a restart of the engine, or of a replica on the kubernetes
+    /// driver, costs no pooled pod that still runs.
+    /// Runs in the background: the engine serves meanwhile (creates start new sandboxes until
+    /// the kept ones are back in their pools).
+    pub(crate) fn restart_internal(self: &Arc<Self>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = this.stopping.cancelled() => {}
+                () = this.take_back() => {}
+            }
+        });
+    }
+
+    async fn take_back(self: &Arc<Self>) {
+        let templates: HashMap<String, Arc<Template>> = self
+            .making
+            .catalog
+            .templates()
+            .into_iter()
+            .map(|t| (t.key.clone(), t))
+            .collect();
+        let mut kept: HashMap<String, Vec<String>> = HashMap::new();
+        let mut checks = Vec::new();
         for (id, entry) in self.making.registry.entries() {
-            if entry.internal() {
-                let _ = self
+            if !entry.internal() {
+                continue;
+            }
+            let record = entry.record();
+            let template = (record.tenant.as_deref() == Some(POOL_TENANT))
+                .then(|| templates.get(&record.template))
+                .flatten()
+                .filter(|t| still_fresh(&record, t));
+            let room = template.is_some_and(|t| {
+                let n = kept.entry(t.key.clone()).or_default();
+                let room = n.len() < t.file.warm as usize;
+                if room {
+                    n.push(id.clone());
+                }
+                room
+            });
+            let this = self.clone();
+            checks.push(async move {
+                if room && this.answers(&id).await {
+                    return None;
+                }
+                let _ = this
                     .making
                     .lifecycle
                     .kill(&id, entry.tenant().as_deref())
                     .await;
+                Some(id)
+            });
+        }
+        // Checked side by side: a pod's answer takes a round trip through the API server.
+        let dropped: Vec<String> = futures::future::join_all(checks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        {
+            let mut pools = lock(&self.pools);
+            for (key, ids) in kept {
+                let idle: Vec<String> =
+                    ids.into_iter().filter(|id| !dropped.contains(id)).collect();
+                tracing::info!(template = %key, kept = idle.len(), "warm pool kept across the restart");
+                pools.entry(key).or_default().idle.extend(idle);
             }
         }
-        for t in self.making.catalog.templates() {
-            self.refill(&t);
+        for t in templates.values() {
+            self.refill(t);
         }
     }
+
+    /// Whether a pooled sandbox of before the restart runs (resumed, or started again if its
+    /// agent died) and its agent answers.
+    async fn answers(&self, id: &str) -> bool {
+        let deadline = Duration::from_secs(10);
+        let ping = self.making.agent.call(
+            id,
+            Some(POOL_TENANT),
+            sandbox_mcp_protocol::Ping {},
+            deadline,
+        );
+        match ping.await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(sandbox = %id, "a pooled sandbox of before does not answer: {e}");
+                false
+            }
+        }
+    }
+}
+
+/// Whether a pooled sandbox is what its template's pool would start now: made from the
+/// template as it is (not an earlier one of the same name), in its shape, mounting nothing.
+fn still_fresh(record: &sandbox_mcp_model::Record, template: &Template) -> bool {
+    template.status() == TemplateStatus::Ready
+        && record.metadata.get(MADE_FROM) == Some(&fingerprint(template))
+        && record.shape == template.shape
+        && record.volumes.is_empty()
+        && record.env.is_empty()
+        && record.secrets.is_empty()
 }

@@ -31,12 +31,17 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub(crate) async fn open() -> Self {
+        Self::open_with(|_| {}).await
+    }
+
+    /// [`Self::open`], with `change` made to the test's settings.
+    pub(crate) async fn open_with(change: impl FnOnce(&mut EngineConfig)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let fake = FakeDriver::new(&dir.path().join("fake")).unwrap();
         std::fs::create_dir(dir.path().join("data")).unwrap();
-        let manager = Manager::open(config(dir.path()), fake.driver())
-            .await
-            .unwrap();
+        let mut config = config(dir.path());
+        change(&mut config);
+        let manager = Manager::open(config, fake.driver()).await.unwrap();
         Self { dir, fake, manager }
     }
 
@@ -44,11 +49,16 @@ impl Engine {
     /// (not of the host: the fake's agents live on). This one is dropped as a crash would
     /// leave it, without its shutdown: call [`Manager::shutdown`] first for a clean stop.
     pub(crate) async fn reopen(self) -> Self {
+        self.reopen_with(|_| {}).await
+    }
+
+    /// [`Self::reopen`], with `change` made to the test's settings.
+    pub(crate) async fn reopen_with(self, change: impl FnOnce(&mut EngineConfig)) -> Self {
         let Self { dir, fake, manager } = self;
         drop(manager);
-        let manager = Manager::open(config(dir.path()), fake.driver())
-            .await
-            .unwrap();
+        let mut config = config(dir.path());
+        change(&mut config);
+        let manager = Manager::open(config, fake.driver()).await.unwrap();
         Self { dir, fake, manager }
     }
 

@@ -27,5 +27,6 @@ mod crashes;
 mod faults;
 mod forks;
 mod lifecycle;
+mod pools;
 mod recovery;
 mod timeouts;
