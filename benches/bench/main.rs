@@ -16,7 +16,7 @@
 //!
 //! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
 //! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
-//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section, and
+//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section, `…=http` and `…=mcp` the MCP layer's, and
 //! prints its table and text instead of writing any file: for working on it. The kubernetes
 //! section needs `SANDBOX_MCP_TEST_K8S_RIG` (as its tests do); without it, it says so.
 //!
@@ -159,6 +159,12 @@ fn main() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("docs/benchmarks-{only}.md"));
         std::fs::write(&path, doc).unwrap();
         eprintln!("wrote {}", path.display());
+        return;
+    }
+    // The MCP layer's sections have no text of their own: their table.
+    if only == "http" || only == "mcp" {
+        let figures = section_figures(&only).unwrap_or_default();
+        eprintln!("{}", render(&figures, ""));
         return;
     }
     if ["network", "templates", "forks", "desktop", "kubernetes"].contains(&only.as_str()) {

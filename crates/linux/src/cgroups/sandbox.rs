@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_mcp_model::driver::Usage;
 
-use super::{Cgroups, FreezeMethod, Layout, Limits, PARENT, read_keyed, read_u64, write};
+use super::{Cgroups, FreezeMethod, Layout, Limits, OpenDir, PARENT, read_keyed, read_u64, write};
 
 impl Cgroups {
     fn dir(&self, base: &Option<PathBuf>) -> Option<PathBuf> {
@@ -231,16 +231,14 @@ impl Cgroups {
         match &self.layout {
             Layout::None => {}
             Layout::V2 { .. } => {
-                if let Some(d) = self.v2_dir() {
-                    s.cpu_seconds =
-                        read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
-                    s.memory_bytes = read_u64(&d.join("memory.current")).unwrap_or(0);
-                    s.memory_peak_bytes =
-                        read_u64(&d.join("memory.peak")).unwrap_or(s.memory_bytes);
-                    s.memory_limit_bytes = read_u64(&d.join("memory.max")).unwrap_or(0);
-                    s.pids = read_u64(&d.join("pids.current")).unwrap_or(0);
-                    s.pids_limit = read_u64(&d.join("pids.max")).unwrap_or(0);
-                    s.oom_kills = read_keyed(&d.join("memory.events"), "oom_kill").unwrap_or(0);
+                if let Some(d) = self.v2_dir().and_then(|d| OpenDir::open(&d)) {
+                    s.cpu_seconds = d.keyed("cpu.stat", "usage_usec").unwrap_or(0) as f64 / 1e6;
+                    s.memory_bytes = d.u64("memory.current").unwrap_or(0);
+                    s.memory_peak_bytes = d.u64("memory.peak").unwrap_or(s.memory_bytes);
+                    s.memory_limit_bytes = d.u64("memory.max").unwrap_or(0);
+                    s.pids = d.u64("pids.current").unwrap_or(0);
+                    s.pids_limit = d.u64("pids.max").unwrap_or(0);
+                    s.oom_kills = d.keyed("memory.events", "oom_kill").unwrap_or(0);
                 }
             }
             Layout::Hybrid {
@@ -255,17 +253,15 @@ impl Cgroups {
                     s.cpu_seconds =
                         read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
                 }
-                if let Some(d) = self.dir(memory) {
-                    s.memory_bytes = read_u64(&d.join("memory.usage_in_bytes")).unwrap_or(0);
-                    s.memory_peak_bytes =
-                        read_u64(&d.join("memory.max_usage_in_bytes")).unwrap_or(0);
-                    s.memory_limit_bytes = read_u64(&d.join("memory.limit_in_bytes")).unwrap_or(0);
-                    s.oom_kills =
-                        read_keyed(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0);
+                if let Some(d) = self.dir(memory).and_then(|d| OpenDir::open(&d)) {
+                    s.memory_bytes = d.u64("memory.usage_in_bytes").unwrap_or(0);
+                    s.memory_peak_bytes = d.u64("memory.max_usage_in_bytes").unwrap_or(0);
+                    s.memory_limit_bytes = d.u64("memory.limit_in_bytes").unwrap_or(0);
+                    s.oom_kills = d.keyed("memory.oom_control", "oom_kill").unwrap_or(0);
                 }
-                if let Some(d) = self.dir(pids) {
-                    s.pids = read_u64(&d.join("pids.current")).unwrap_or(0);
-                    s.pids_limit = read_u64(&d.join("pids.max")).unwrap_or(0);
+                if let Some(d) = self.dir(pids).and_then(|d| OpenDir::open(&d)) {
+                    s.pids = d.u64("pids.current").unwrap_or(0);
+                    s.pids_limit = d.u64("pids.max").unwrap_or(0);
                 }
             }
         }
