@@ -248,6 +248,7 @@ pub(crate) struct KubeArgs {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::parse_warm;
 
