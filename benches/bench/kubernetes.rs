@@ -38,18 +38,7 @@ fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<St
     let first_exec = |engine: &Engine, runs: usize| -> Result<Vec<f64>, String> {
         let mut samples = Vec::new();
         for _ in 0..runs {
-            let (d, id) = time(|| -> Result<String, String> {
-                let id = create(engine)?;
-                let r = engine.call(
-                    "POST",
-                    &format!("/v1/sandboxes/{id}/exec"),
-                    Some(json!({"command": "true"})),
-                )?;
-                if r["exit_code"] != 0 {
-                    return Err(format!("`true` failed: {r}"));
-                }
-                Ok(id)
-            });
+            let (d, id) = time(|| create_and_run(engine, shape.clone()));
             let id = id?;
             samples.push(ms(d));
             engine.call("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
@@ -161,21 +150,8 @@ fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<St
         let (mut samples, mut ids) = (Vec::new(), Vec::new());
         for made in 0..10 {
             full(made)?;
-            let (d, r) = time(|| -> Result<(), String> {
-                let made = pooling.call("POST", "/v1/sandboxes", Some(json!({})))?;
-                let id = made["id"].as_str().unwrap_or_default().to_string();
-                ids.push(id.clone());
-                let r = pooling.call(
-                    "POST",
-                    &format!("/v1/sandboxes/{id}/exec"),
-                    Some(json!({"command": "true"})),
-                )?;
-                if r["exit_code"] != 0 {
-                    return Err(format!("`true` failed: {r}"));
-                }
-                Ok(())
-            });
-            r?;
+            let (d, id) = time(|| create_and_run(&pooling, json!({})));
+            ids.push(id?);
             samples.push(ms(d));
         }
         for id in ids {
@@ -225,4 +201,19 @@ fn running_pods(rig: &kubernetes::Rig, ns: &kubernetes::Namespace) -> usize {
             })
             .count()
     })
+}
+
+/// Creates a sandbox (`body`) and runs `true` in it: its id.
+fn create_and_run(engine: &Engine, body: serde_json::Value) -> Result<String, String> {
+    let made = engine.call("POST", "/v1/sandboxes", Some(body))?;
+    let id = made["id"].as_str().unwrap_or_default().to_string();
+    let r = engine.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"command": "true"})),
+    )?;
+    if r["exit_code"] != 0 {
+        return Err(format!("`true` failed: {r}"));
+    }
+    Ok(id)
 }

@@ -35,16 +35,17 @@ async fn create_and_run(url: &str) -> (String, u128) {
     let (status, made) = api(url, "POST", "/v1/sandboxes", Some(json!({}))).await;
     assert_eq!(status, 201, "{made}");
     let id = made["id"].as_str().unwrap().to_string();
-    let (status, ran) = api(
-        url,
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"command": "true"})),
-    )
-    .await;
+    assert_eq!(run(url, &id, "true").await, "");
+    (id, started.elapsed().as_millis())
+}
+
+/// Runs `command` in sandbox `id` through `url`, which must succeed: its stdout.
+async fn run(url: &str, id: &str, command: &str) -> String {
+    let path = format!("/v1/sandboxes/{id}/exec");
+    let (status, ran) = api(url, "POST", &path, Some(json!({"command": command}))).await;
     assert_eq!(status, 200, "{ran}");
     assert_eq!(ran["exit_code"], 0, "{ran}");
-    (id, started.elapsed().as_millis())
+    ran["stdout"].as_str().unwrap().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -70,15 +71,7 @@ async fn a_warm_pool_of_pods_serves_creates_at_once_and_survives_a_rolling_resta
     );
     eprintln!("create → first exec from the pod pool: {ms} ms");
     // The other replica sees it as the caller's sandbox at once, and uses it.
-    let (status, ran) = api(
-        &b.url,
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"command": "echo via-b"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{ran}");
-    assert_eq!(ran["stdout"], "via-b\n");
+    assert_eq!(run(&b.url, &id, "echo via-b").await, "via-b\n");
     let (_, listed) = api(&b.url, "GET", "/v1/sandboxes", None).await;
     assert_eq!(listed["sandboxes"][0]["id"], id.as_str(), "{listed}");
     eventually("the pool is refilled", 120, || running(rig, &ns).len() == 3).await;
@@ -110,15 +103,7 @@ async fn a_warm_pool_of_pods_serves_creates_at_once_and_survives_a_rolling_resta
     let handed = handed.expect("a create after the restart took a kept pod");
     // Still the caller's, through either replica; the first sandbox is untouched.
     for (url, sandbox) in [(&a.url, &handed), (&b.url, &handed), (&a.url, &id)] {
-        let (status, ran) = api(
-            url,
-            "POST",
-            &format!("/v1/sandboxes/{sandbox}/exec"),
-            Some(json!({"command": "echo ok"})),
-        )
-        .await;
-        assert_eq!(status, 200, "{ran}");
-        assert_eq!(ran["stdout"], "ok\n");
+        assert_eq!(run(url, sandbox, "echo ok").await, "ok\n");
     }
     assert!(!a.log().contains("panicked"), "{}", a.log());
 }
