@@ -16,7 +16,7 @@
 //!
 //! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
 //! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
-//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section, `…=http` and `…=mcp` the MCP layer's, and
+//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section (docs/benchmarks-kubernetes.md), `…=http` and `…=mcp` the MCP layer's, and
 //! prints its table and text instead of writing any file: for working on it. The kubernetes
 //! section needs `SANDBOX_MCP_TEST_K8S_RIG` (as its tests do); without it, it says so.
 //!
@@ -137,12 +137,14 @@ fn main() {
         return;
     }
     // Sections kept beside the full run's file: each alone takes minutes, the suite an hour.
-    if only == "live" || only == "hosted" || only == "volumes" {
+    if only == "live" || only == "hosted" || only == "volumes" || only == "kubernetes" {
         let mut figures = Vec::new();
         let section = if only == "live" {
             live_figures(&mut figures)
         } else if only == "volumes" {
             volume_figures(&mut figures)
+        } else if only == "kubernetes" {
+            kubernetes_figures(&mut figures)
         } else {
             let engine = Engine::start();
             hosted_figures(&engine, &mut figures)
@@ -167,13 +169,12 @@ fn main() {
         eprintln!("{}", render(&figures, ""));
         return;
     }
-    if ["network", "templates", "forks", "desktop", "kubernetes"].contains(&only.as_str()) {
+    if ["network", "templates", "forks", "desktop"].contains(&only.as_str()) {
         let mut figures = Vec::new();
         let section = match only.as_str() {
             "network" => network_figures(&mut figures),
             "templates" => template_figures(&mut figures),
             "desktop" => desktop_figures(&mut figures),
-            "kubernetes" => kubernetes_figures(&mut figures),
             _ => fork_figures(&mut figures),
         };
         eprintln!("{}", render(&figures, &section));
