@@ -346,3 +346,23 @@ fn still_fresh(record: &sandbox_mcp_model::Record, template: &Template) -> bool 
         && record.env.is_empty()
         && record.secrets.is_empty()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use sandbox_mcp_storage::templates::image_template;
+
+    use super::fingerprint;
+
+    #[test]
+    fn a_pooled_sandbox_of_another_image_is_stale_but_not_one_of_another_pool_size() {
+        let dir = Path::new("/nonexistent");
+        let made_from = image_template(dir, dir, "base", "example/base:1");
+        let mut resized = image_template(dir, dir, "base", "example/base:1");
+        resized.file.warm = 4;
+        let new_image = image_template(dir, dir, "base", "example/base:2");
+        assert_eq!(fingerprint(&made_from), fingerprint(&resized));
+        assert_ne!(fingerprint(&made_from), fingerprint(&new_image));
+    }
+}
