@@ -24,6 +24,24 @@ pub(super) struct Pending {
     attempts: u32,
 }
 
+impl Pending {
+    /// The sign-in and consent page of this request (`request`: its id), with `error` above the
+    /// form when the last try failed.
+    fn page(&self, request: &str, error: Option<&str>) -> String {
+        page::consent(&page::Consent {
+            client_id: &self.client.client_id,
+            client_name: self.client.name.as_deref(),
+            client_kind: self.client.kind,
+            redirect_uri: &self.redirect_uri,
+            scope: &self.scope,
+            resource: &self.resource,
+            request,
+            csrf: &self.csrf,
+            error,
+        })
+    }
+}
+
 /// An error sent back to a client whose redirect URI was checked.
 fn redirect_error(p: &Pending, issuer: &str, error: &str, description: &str) -> Response {
     redirect_to(
@@ -156,17 +174,7 @@ pub(super) async fn authorize(
     p.scope = scopes.join(" ");
     p.resource = resource;
     let request = crate::store::secret("");
-    let body = page::consent(&page::Consent {
-        client_id: &p.client.client_id,
-        client_name: p.client.name.as_deref(),
-        client_kind: p.client.kind,
-        redirect_uri: &p.redirect_uri,
-        scope: &p.scope,
-        resource: &p.resource,
-        request: &request,
-        csrf: &p.csrf,
-        error: None,
-    });
+    let body = p.page(&request, None);
     let cookie = csrf_cookie(&base, &request, &p.csrf, 600);
     {
         let mut pending = b.pending.lock().unwrap_or_else(|e| e.into_inner());
@@ -290,17 +298,7 @@ pub(super) async fn consent(
                 "too many wrong keys; start again from the client",
             );
         }
-        let body = page::consent(&page::Consent {
-            client_id: &p.client.client_id,
-            client_name: p.client.name.as_deref(),
-            client_kind: p.client.kind,
-            redirect_uri: &p.redirect_uri,
-            scope: &p.scope,
-            resource: &p.resource,
-            request,
-            csrf: &p.csrf,
-            error: Some("That is not an active access key."),
-        });
+        let body = p.page(request, Some("That is not an active access key."));
         return html(StatusCode::UNAUTHORIZED, body);
     };
     let Some(p) = pending.remove(request) else {
