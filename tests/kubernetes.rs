@@ -59,7 +59,7 @@ struct KubeEngine {
     child: Child,
     url: String,
     log: PathBuf,
-    _data: tempfile::TempDir,
+    data: tempfile::TempDir,
 }
 
 impl KubeEngine {
@@ -79,7 +79,7 @@ impl KubeEngine {
             child,
             url,
             log,
-            _data: data,
+            data,
         }
     }
 
@@ -96,7 +96,7 @@ impl KubeEngine {
             .append(true)
             .open(&self.log)
             .unwrap();
-        (self.child, self.url) = spawn_engine_logged(self._data.path(), &env, file.into()).await;
+        (self.child, self.url) = spawn_engine_logged(self.data.path(), &env, file.into()).await;
     }
 
     async fn mcp(&self) -> McpClient {
