@@ -20,10 +20,20 @@ mod families;
 mod refusals;
 mod rollback;
 
-/// The store each test runs on, and the method its copies must report.
+/// The store each test runs on, and the method its copies must report: restores and merges
+/// (which copy another sandbox's or snapshot's files onto this one).
 fn method_of(disk: DiskLimits) -> &'static str {
     match disk {
         DiskLimits::Off => "copy",
+        _ => "btrfs",
+    }
+}
+
+/// The method a fork or snapshot of a sandbox running nothing but its agent reports: on the
+/// plain store its files become a layer the copies share.
+fn stacked_method_of(disk: DiskLimits) -> &'static str {
+    match disk {
+        DiskLimits::Off => "layers",
         _ => "btrfs",
     }
 }

@@ -105,7 +105,7 @@ async fn snapshots_and_forks_are_held_to_the_disk_and_the_cap() {
     assert!(r["stderr"].as_str().unwrap().contains("quota"), "{r}");
 }
 
-/// On the copy path each snapshot counts at its size when taken.
+/// On the plain store each snapshot counts at its size when taken, stacked or copied.
 #[tokio::test]
 async fn copied_snapshots_count_their_size_against_the_disk() {
     require_sandboxes!();
@@ -127,7 +127,7 @@ async fn copied_snapshots_count_their_size_against_the_disk() {
         json!({"sandbox_id": id}),
     )
     .await;
-    assert_eq!(s1["method"], "copy");
+    assert_eq!(s1["method"], "layers");
     assert!(s1["size_bytes"].as_u64().unwrap() >= 40 << 20, "{s1}");
     // 40 MiB of files and 40 MiB held by the first snapshot: past 64 MiB.
     let e = err(

@@ -7,7 +7,7 @@ use crate::common::{create, err, ok, sh};
 use crate::require_sandboxes;
 use sandbox_mcp_model::config::DiskLimits;
 
-use super::{changes, engine_on, ids, method_of};
+use super::{changes, engine_on, ids, method_of, stacked_method_of};
 
 async fn fork_family(disk: DiskLimits) {
     let Some(engine) = engine_on(disk).await else {
@@ -29,7 +29,7 @@ async fn fork_family(disk: DiskLimits) {
         json!({"sandbox_id": parent, "count": 3}),
     )
     .await;
-    assert_eq!(forked["method"], method_of(disk), "{forked}");
+    assert_eq!(forked["method"], stacked_method_of(disk), "{forked}");
     let kids = ids(&forked);
     assert_eq!(kids.len(), 3);
     for kid in &kids {
@@ -217,9 +217,10 @@ async fn a_fork_family_diverges_diffs_and_merges_on_the_copy_path() {
     fork_family(DiskLimits::Off).await;
 }
 
-/// Unprivileged (every file the engine user's, a plain store), the same tools work by copying.
+/// Unprivileged (every file the engine user's, a plain store, no cgroups to count processes
+/// by), the same tools work: a snapshot and a fork stack layers, a merge and a restore copy.
 #[tokio::test]
-async fn an_unprivileged_engine_forks_snapshots_and_merges_by_copying() {
+async fn an_unprivileged_engine_forks_snapshots_and_merges_by_stacking_and_copying() {
     require_sandboxes!();
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIPPED: the suite already runs unprivileged (the other fork tests cover it)");
@@ -273,7 +274,10 @@ async fn an_unprivileged_engine_forks_snapshots_and_merges_by_copying() {
     let after_restore = sh(&client, &id, "cat /root/p/f; stat -c %a /root/p/f").await;
     let _ = engine.kill();
     let _ = engine.wait();
-    for v in [&snap, &forked, &merged, &restored] {
+    for v in [&snap, &forked] {
+        assert_eq!(v["method"], "layers", "{v}");
+    }
+    for v in [&merged, &restored] {
         assert_eq!(v["method"], "copy", "{v}");
     }
     // Writing to a setuid file clears the bit: the mode differs too.

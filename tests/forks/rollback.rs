@@ -7,7 +7,7 @@ use crate::common::{TestEngine, create, err, ok, sh};
 use crate::require_sandboxes;
 use sandbox_mcp_model::config::DiskLimits;
 
-use super::{changes, engine_on, method_of};
+use super::{changes, engine_on, stacked_method_of};
 
 async fn roll_back(disk: DiskLimits) {
     let Some(engine) = engine_on(disk).await else {
@@ -22,7 +22,7 @@ async fn roll_back(disk: DiskLimits) {
         json!({"sandbox_id": id, "name": "good"}),
     )
     .await;
-    assert_eq!(snap["method"], method_of(disk), "{snap}");
+    assert_eq!(snap["method"], stacked_method_of(disk), "{snap}");
     assert!(snap["size_bytes"].as_u64().unwrap() >= 588_895, "{snap}");
     let snap_id = snap["id"].as_str().unwrap().to_string();
     // A mistake, with processes running on top of it.

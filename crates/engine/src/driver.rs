@@ -285,6 +285,20 @@ impl DriverHandle {
         self.stored(move |s| s.clone_many(&from, &to)).await
     }
 
+    pub(crate) async fn can_stack(&self, from: FsRef) -> bool {
+        self.stored(move |s| Ok(s.can_stack(&from)))
+            .await
+            .unwrap_or(false)
+    }
+
+    pub(crate) async fn stack_fs(
+        &self,
+        from: FsRef,
+        to: Vec<(String, CloneKind)>,
+    ) -> Result<Option<CloneMethod>, DriverError> {
+        self.stored(move |s| s.stack_fs(&from, &to)).await
+    }
+
     pub(crate) async fn replace_fs(
         &self,
         id: &str,

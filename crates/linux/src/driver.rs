@@ -64,6 +64,9 @@ pub struct NamespacesDriver {
     pty_pool: u32,
     /// CRIU, checked at start, or why processes cannot be carried.
     criu: Result<crate::criu::Criu, String>,
+    /// Held while layers are stacked or collected: a collection must never see a stack file
+    /// before its layer, nor a layer before its stack file.
+    stacking: std::sync::Mutex<()>,
 }
 
 impl NamespacesDriver {
@@ -155,7 +158,7 @@ impl NamespacesDriver {
         }
         let pty_pool = plan::pty_pool();
         let pty_max = plan::pty_share(pty_pool, max_sandboxes);
-        Ok(Self {
+        let driver = Self {
             sandboxes_dir,
             layout,
             store,
@@ -166,7 +169,10 @@ impl NamespacesDriver {
             pty_max,
             pty_pool,
             criu,
-        })
+            stacking: std::sync::Mutex::new(()),
+        };
+        driver.finish_stacking();
+        Ok(driver)
     }
 
     /// The ptys a sandbox's devpts may hand out: as root, what the registry granted its slot.
@@ -274,8 +280,11 @@ impl NamespacesDriver {
                     },
                 )?;
         }
-        if src.join(IDS_FILE).exists() {
-            fs::copy(src.join(IDS_FILE), dst.join(IDS_FILE))?;
+        // The layers beneath are shared, never copied: the copy stacks on them too.
+        for file in [IDS_FILE, stack::STACK_FILE] {
+            if src.join(file).exists() {
+                fs::copy(src.join(file), dst.join(file))?;
+            }
         }
         // Acknowledged means on disk: a snapshot of the store commits itself, a copy does not.
         let dir = fs::File::open(&dst)?;
@@ -306,7 +315,10 @@ fn put_back_aside_trees(sandboxes_dir: &Path) {
 mod isolation;
 mod launch;
 mod live;
+mod stack;
 mod storage;
+
+pub use stack::MAX_STACK;
 
 impl NamespacesDriver {
     /// The driver as the engine holds it: its capabilities, decided once, and this driver as both

@@ -271,17 +271,42 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
             }
             None => None,
         };
-        let lowers: Vec<(&PathBuf, &PathBuf)> = plan
+        // Each lower with whether it is one of the sandbox's own earlier layers.
+        let lowers: Vec<(&PathBuf, &PathBuf, bool)> = plan
             .layers
             .iter()
-            .flat_map(|layer| layer.lowers.iter().zip(&layer.staging))
+            .flat_map(|layer| {
+                layer
+                    .lowers
+                    .iter()
+                    .zip(&layer.staging)
+                    .enumerate()
+                    .map(|(i, (lower, staging))| (lower, staging, i < layer.stacked))
+            })
             .collect();
+        // Those are stored as its directory is, under its files' range (its own, or the one a
+        // fork's files came from): mapped from that range onto this one's, every id of it.
+        let stored = match lowers.iter().any(|l| l.2) {
+            true => {
+                let from = plan.disk_ids.unwrap_or(plan.uid_map.outside);
+                let map = format!("{from} {} {}", plan.uid_map.outside, super::plan::UID_RANGE);
+                Some(ctx(
+                    sys::userns_with_map(&map),
+                    "make the id map of the sandbox's layers",
+                )?)
+            }
+            false => None,
+        };
         let trees = lowers
             .iter()
-            .map(|(lower, _)| {
+            .map(|(lower, _, own)| {
+                let ns = match (own, &stored) {
+                    (true, Some(ns)) => ns.as_raw_fd(),
+                    _ => userns.as_raw_fd(),
+                };
                 let lower = lower.to_string_lossy();
                 ctx(
-                    sys::idmapped_tree(&lower, userns.as_raw_fd()),
+                    sys::idmapped_tree(&lower, ns),
                     &format!("id-map {lower}"),
                 )
             })
@@ -316,7 +341,7 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
                 "attach the id-mapped sandbox directory",
             )?;
         }
-        for (tree, (lower, staging)) in trees.iter().zip(&lowers) {
+        for (tree, (lower, staging, _)) in trees.iter().zip(&lowers) {
             ctx(
                 sys::move_mount_to(tree, &staging.to_string_lossy()),
                 &format!("attach id-mapped {}", lower.display()),

@@ -35,6 +35,11 @@ pub struct Layer {
     /// Empty host directories where, as root, the id-mapped copy of each of `lowers` is
     /// attached inside the sandbox's mount namespace (the overlay then uses those paths).
     pub staging: Vec<PathBuf>,
+    /// How many of `lowers`, the first ones, are the sandbox's own earlier files (layers a fork
+    /// or snapshot froze): stored as its upper is, so id-mapped as its directory is, not as the
+    /// template's layers are.
+    #[serde(default)]
+    pub stacked: usize,
 }
 
 /// A named volume bind-mounted into the sandbox.
@@ -124,6 +129,9 @@ pub struct PlanInput<'a> {
     pub disk_ids: Option<u32>,
     /// Named volumes: the host directory, the mount point, read-only.
     pub volumes: &'a [(PathBuf, String, bool)],
+    /// The layers the sandbox's own files stack on (see `driver::stack`), top first: each holds
+    /// a directory per overlay, as the upper does.
+    pub stacked: &'a [PathBuf],
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
@@ -213,14 +221,23 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
     let layers = input
         .mounts
         .iter()
-        .map(|m| Layer {
-            target: m.target.clone(),
-            lowers: m.lowers.clone(),
-            upper: upper_dir(input.sandbox_dir, &m.target),
-            work: work_dir(input.sandbox_dir, &m.target),
-            staging: (0..m.lowers.len())
-                .map(|i| staging_dir(input.sandbox_dir, &m.target, i))
-                .collect(),
+        .map(|m| {
+            let lowers: Vec<PathBuf> = input
+                .stacked
+                .iter()
+                .map(|layer| layer.join(layer_name(&m.target)))
+                .chain(m.lowers.iter().cloned())
+                .collect();
+            Layer {
+                target: m.target.clone(),
+                upper: upper_dir(input.sandbox_dir, &m.target),
+                work: work_dir(input.sandbox_dir, &m.target),
+                staging: (0..lowers.len())
+                    .map(|i| staging_dir(input.sandbox_dir, &m.target, i))
+                    .collect(),
+                lowers,
+                stacked: input.stacked.len(),
+            }
         })
         .collect();
     LaunchPlan {
@@ -300,6 +317,7 @@ mod tests {
             user: None,
             disk_ids: None,
             volumes: &[],
+            stacked: &[],
         }
     }
 
@@ -337,6 +355,42 @@ mod tests {
             PathBuf::from("/data/sandboxes/sbx_a/work/usr")
         );
         assert_eq!(plan.shm_bytes, 128 << 20);
+    }
+
+    #[test]
+    fn stacked_layers_go_between_the_upper_and_the_templates_layers_in_every_overlay() {
+        let dirs = mounts(&["/usr"]);
+        let stacked = [
+            PathBuf::from("/data/sandboxes/.layers/b"),
+            PathBuf::from("/data/sandboxes/.layers/a"),
+        ];
+        let plan = build(&PlanInput {
+            stacked: &stacked,
+            ..input(0, &dirs, &[])
+        });
+        assert_eq!(
+            plan.layers[0].lowers,
+            [
+                PathBuf::from("/data/sandboxes/.layers/b/root"),
+                PathBuf::from("/data/sandboxes/.layers/a/root"),
+                PathBuf::from("/data/layers/ab/root"),
+                PathBuf::from("/data/templates/base/rootfs"),
+            ]
+        );
+        assert_eq!(
+            plan.layers[1].lowers,
+            [
+                PathBuf::from("/data/sandboxes/.layers/b/usr"),
+                PathBuf::from("/data/sandboxes/.layers/a/usr"),
+                PathBuf::from("/usr"),
+            ]
+        );
+        assert!(plan.layers.iter().all(|l| l.stacked == 2));
+        assert!(
+            plan.layers
+                .iter()
+                .all(|l| l.staging.len() == l.lowers.len())
+        );
     }
 
     #[test]

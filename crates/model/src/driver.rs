@@ -109,6 +109,10 @@ pub struct FsLayers {
     pub mounts: Vec<(String, PathBuf, Vec<PathBuf>)>,
     /// As root, the first host id the uppers' files are stored under; `None`: ids as they are.
     pub id_base: Option<u32>,
+    /// How many of each mount's lowers, the first ones, are the sandbox's own earlier files:
+    /// layers a fork or snapshot froze (stored as its upper is, under `id_base`), not the
+    /// template's.
+    pub stacked: usize,
 }
 
 /// What [`Storage::clone_fs`] makes.
@@ -127,6 +131,9 @@ pub enum CloneMethod {
     Snapshot,
     /// A file-by-file copy of the sandbox's own changes (no btrfs store).
     Copy,
+    /// No copy: the sandbox's own files became a read-only layer shared by it and its copies,
+    /// each writing on a new empty layer above it (no btrfs store).
+    Layers,
 }
 
 impl CloneMethod {
@@ -134,6 +141,7 @@ impl CloneMethod {
         match self {
             CloneMethod::Snapshot => "btrfs",
             CloneMethod::Copy => "copy",
+            CloneMethod::Layers => "layers",
         }
     }
 }
@@ -397,6 +405,26 @@ pub trait Storage: Send + Sync + 'static {
             )?;
         }
         Ok(method)
+    }
+
+    /// Whether [`Self::stack_fs`] would stack `from`'s files rather than decline, and nothing
+    /// but its agent runs in it (so stopping it for that ends nothing).
+    fn can_stack(&self, from: &FsRef) -> bool {
+        let _ = from;
+        false
+    }
+
+    /// Without copying a file: makes the stopped sandbox `from`'s own files a read-only layer,
+    /// which it and each of `to` (new sandboxes' directories, or one snapshot's) then share
+    /// beneath a new empty writable layer of their own. `None`: the store does better by
+    /// cloning (btrfs), or `from` already sits on as many layers as an overlay should stack.
+    fn stack_fs(
+        &self,
+        from: &FsRef,
+        to: &[(String, CloneKind)],
+    ) -> Result<Option<CloneMethod>, DriverError> {
+        let _ = (from, to);
+        Ok(None)
     }
 
     /// Makes the stopped sandbox `id`'s filesystem a copy of `from` in one step: its old files

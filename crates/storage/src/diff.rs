@@ -59,6 +59,9 @@ pub struct Side {
     pub mounts: Vec<Mount>,
     /// Host id base of the uppers' owners (see above); None: ids as they are.
     pub id_base: Option<u32>,
+    /// How many of each mount's lowers, the first ones, hold the sandbox's own files as its
+    /// upper does (layers a fork or snapshot froze), so with its owners.
+    pub stacked: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

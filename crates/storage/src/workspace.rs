@@ -59,6 +59,7 @@ fn entries(host: &Path, upper: &Path, id_base: Option<u32>) -> io::Result<Vec<En
             lowers: vec![host.to_path_buf()],
         }],
         id_base,
+        stacked: 0,
     };
     // The folder alone: an upper that does not exist (beside the real one, where the sandbox
     // writes nothing).

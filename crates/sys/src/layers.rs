@@ -80,21 +80,40 @@ impl Owners {
     }
 }
 
-/// Copies `uppers` (layer subdirectory name → a sandbox's upper directory) into `dest`, a new
-/// directory, and returns the bytes of file content copied. The sandbox must be stopped or
-/// frozen. Missing or empty uppers are skipped.
-pub fn capture(uppers: &[(String, PathBuf)], dest: &Path, owners: Owners) -> io::Result<u64> {
+/// Copies `uppers` (layer subdirectory name → a sandbox's own trees for that overlay, bottom
+/// first: the layers its earlier files were frozen into, then its upper directory) into `dest`,
+/// a new directory, as one layer, and returns the bytes of file content copied. A tree above
+/// replaces what the ones below have at a name, as the overlay shows it: its whiteouts and
+/// opaque directories are kept (they hide the template's files too), and directories merge.
+/// The sandbox must be stopped or frozen. Missing or empty trees are skipped.
+pub fn capture(uppers: &[(String, Vec<PathBuf>)], dest: &Path, owners: Owners) -> io::Result<u64> {
     fs::DirBuilder::new().mode(0o755).create(dest)?;
     let mut copier = Copier::new(owners, false);
-    for (name, upper) in uppers {
-        match fs::symlink_metadata(upper) {
-            Ok(m) if m.is_dir() => copier.tree(upper, &dest.join(name))?,
-            _ => continue,
+    for (name, trees) in uppers {
+        for (i, tree) in trees.iter().enumerate() {
+            match fs::symlink_metadata(tree) {
+                Ok(m) if m.is_dir() => {
+                    copier.over = i > 0;
+                    copier.tree(tree, &dest.join(name))?
+                }
+                _ => continue,
+            }
         }
     }
-    // Directory modes last: a read-only directory must not stop its own copy.
-    for (path, mode) in copier.modes.iter().rev() {
-        fs::set_permissions(path, fs::Permissions::from_mode(*mode))?;
+    // Directory modes last (a read-only directory must not stop its own copy), each the one of
+    // the topmost tree that has it.
+    let mut last = HashMap::new();
+    for (path, mode) in &copier.modes {
+        last.insert(path.clone(), *mode);
+    }
+    for (path, _) in copier.modes.iter().rev() {
+        if let Some(mode) = last.remove(path) {
+            match fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
+                // Replaced by a tree above, which did not have it.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                r => r?,
+            }
+        }
     }
     Ok(copier.bytes)
 }
@@ -153,6 +172,8 @@ struct Copier {
     modes: Vec<(PathBuf, u32)>,
     /// Directories whose times are set once everything in them is written (exact copies).
     dir_times: Vec<(PathBuf, fs::Metadata)>,
+    /// Copying a tree over the trees below it: what they left at a name is replaced.
+    over: bool,
 }
 
 impl Copier {
@@ -164,7 +185,20 @@ impl Copier {
             links: HashMap::new(),
             modes: Vec::new(),
             dir_times: Vec::new(),
+            over: false,
         }
+    }
+
+    /// Copying over lower trees: what they left at `dst` goes, unless both are directories and
+    /// `src`'s is not opaque (then their entries merge).
+    fn replace(&self, src: &Path, meta: &fs::Metadata, dst: &Path) -> io::Result<()> {
+        let Ok(below) = fs::symlink_metadata(dst) else {
+            return Ok(());
+        };
+        if below.is_dir() && meta.is_dir() && !is_opaque(src) {
+            return Ok(());
+        }
+        crate::fs_tree::remove_tree(dst)
     }
 
     /// Copies the tree at `from` iteratively (a sandbox can make trees deep enough to overflow a
@@ -176,12 +210,19 @@ impl Copier {
                 return Err(io::Error::other(TooDeep::at(&src, from)));
             }
             let meta = fs::symlink_metadata(&src)?;
+            if self.over {
+                self.replace(&src, &meta, &dst)?;
+            }
             self.dir(&src, &dst, &meta)?;
             for entry in fs::read_dir(&src)? {
                 let entry = entry?;
                 let (s, d) = (entry.path(), dst.join(entry.file_name()));
                 let meta = fs::symlink_metadata(&s)?;
                 let ft = meta.file_type();
+                // A directory is looked at when it is taken off the stack.
+                if self.over && !ft.is_dir() {
+                    self.replace(&s, &meta, &d)?;
+                }
                 if ft.is_dir() {
                     stack.push((s, d));
                 } else if ft.is_file() {
@@ -415,7 +456,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", upper.join("a/link")).unwrap();
         fs::set_permissions(upper.join("a"), fs::Permissions::from_mode(0o555)).unwrap();
         let dest = tmp.path().join("layer");
-        let bytes = capture(&[("root".into(), upper)], &dest, Owners::Keep).unwrap();
+        let bytes = capture(&[("root".into(), vec![upper])], &dest, Owners::Keep).unwrap();
         assert_eq!(bytes, 5);
         let f = dest.join("root/a/b/f");
         assert_eq!(fs::read_to_string(&f).unwrap(), "hello");
@@ -434,6 +475,49 @@ mod tests {
         );
         let gone = fs::symlink_metadata(dest.join("root/gone")).unwrap();
         assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+    }
+
+    #[test]
+    fn a_capture_of_stacked_trees_is_what_the_overlay_shows() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (below, above) = (tmp.path().join("below"), tmp.path().join("above"));
+        for d in ["keep", "merged", "hidden/deep", "replaced"] {
+            fs::create_dir_all(below.join(d)).unwrap();
+        }
+        fs::write(below.join("keep/f"), "old").unwrap();
+        fs::write(below.join("merged/a"), "a").unwrap();
+        fs::write(below.join("hidden/deep/x"), "x").unwrap();
+        fs::write(below.join("deleted"), "d").unwrap();
+        fs::write(below.join("changed"), "1").unwrap();
+        fs::set_permissions(below.join("hidden/deep"), fs::Permissions::from_mode(0o555)).unwrap();
+        fs::create_dir_all(above.join("merged")).unwrap();
+        fs::write(above.join("merged/b"), "b").unwrap();
+        fs::set_permissions(above.join("merged"), fs::Permissions::from_mode(0o750)).unwrap();
+        fs::create_dir_all(above.join("hidden")).unwrap();
+        mark_opaque(&above.join("hidden")).unwrap();
+        fs::write(above.join("hidden/new"), "n").unwrap();
+        whiteout(&above.join("deleted")).unwrap();
+        fs::write(above.join("changed"), "22").unwrap();
+        fs::write(above.join("replaced"), "a file now").unwrap();
+        let dest = tmp.path().join("layer");
+        let trees = vec![below.clone(), tmp.path().join("missing"), above];
+        capture(&[("root".into(), trees)], &dest, Owners::Keep).unwrap();
+        let root = dest.join("root");
+        let read = |p: &str| fs::read_to_string(root.join(p)).unwrap();
+        assert_eq!(read("keep/f"), "old");
+        assert_eq!((read("merged/a"), read("merged/b")), ("a".into(), "b".into()));
+        assert_eq!(
+            fs::metadata(root.join("merged")).unwrap().mode() & 0o777,
+            0o750
+        );
+        // The opaque directory replaced the one below, and stays opaque over the template.
+        assert!(is_opaque(&root.join("hidden")));
+        assert_eq!(read("hidden/new"), "n");
+        assert!(!root.join("hidden/deep").exists());
+        let gone = fs::symlink_metadata(root.join("deleted")).unwrap();
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+        assert_eq!(read("changed"), "22");
+        assert_eq!(read("replaced"), "a file now");
     }
 
     #[test]

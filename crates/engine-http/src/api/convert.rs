@@ -463,6 +463,7 @@ impl Api<types::CopyMethod> for CloneMethod {
         match self {
             CloneMethod::Snapshot => types::CopyMethod::Btrfs,
             CloneMethod::Copy => types::CopyMethod::Copy,
+            CloneMethod::Layers => types::CopyMethod::Layers,
         }
     }
 }

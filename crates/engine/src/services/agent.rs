@@ -219,6 +219,14 @@ impl AgentClient {
             .map_or(0, |list| list.contexts.len() as u64)
     }
 
+    /// Whether a running sandbox's agent keeps nothing a restart would lose: no job (running
+    /// or finished, whose output it holds) and no REPL context. `false` when it does not answer.
+    pub(crate) async fn keeps_nothing(&self, id: &str, entry: &Entry) -> bool {
+        let jobs = self.ask_running(id, entry, ListJobs {}).await;
+        let contexts = self.ask_running(id, entry, ListContexts {}).await;
+        matches!((jobs, contexts), (Some(j), Some(c)) if j.jobs.is_empty() && c.contexts.is_empty())
+    }
+
     /// `call`'s answer from a running sandbox's agent, asked directly and briefly (not resumed,
     /// not counted as activity); `None` when it is not running or does not answer.
     async fn ask_running<C: Call>(&self, id: &str, entry: &Entry, call: C) -> Option<C::Reply> {

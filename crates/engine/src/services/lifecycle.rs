@@ -9,6 +9,8 @@
 
 mod hibernate;
 
+pub(crate) use hibernate::checkpoint_of;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -394,16 +396,29 @@ impl Lifecycle {
                 self.registry.forget(id, Some(why.clone())).await;
                 return Err(EngineError::Gone(why));
             }
-            Runtime::Stopped => {
-                let spec = self.start_spec(&lock(&entry.record))?;
-                self.driver.start(&spec).await?;
-                // A new agent has a new network namespace.
-                self.networks.reattach(id, entry).await;
-                self.wake(id).await;
-            }
+            Runtime::Stopped => return self.restart_stopped(id, entry, &mut rt).await,
         }
         self.set_status(id, Status::Running).await?;
         *rt = Runtime::Running;
+        entry.set_visible(Runtime::Running);
+        Ok(())
+    }
+
+    /// Starts a stopped sandbox's agent again. The caller holds the sandbox's `lifecycle`
+    /// lock: `runtime` is what it guards.
+    pub(crate) async fn restart_stopped(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+        runtime: &mut Runtime,
+    ) -> Result<(), EngineError> {
+        let spec = self.start_spec(&lock(&entry.record))?;
+        self.driver.start(&spec).await?;
+        // A new agent has a new network namespace.
+        self.networks.reattach(id, entry).await;
+        self.wake(id).await;
+        self.set_status(id, Status::Running).await?;
+        *runtime = Runtime::Running;
         entry.set_visible(Runtime::Running);
         Ok(())
     }

@@ -17,7 +17,12 @@ use sandbox_mcp_protocol::JobState;
 use sandbox_mcp_storage::diff::Diff;
 use sandbox_mcp_sys::lock;
 
+use std::sync::Arc;
+
+use sandbox_mcp_model::record::MountSource;
+
 use super::Making;
+use super::lifecycle::checkpoint_of;
 use super::registry::{Entry, Runtime};
 use crate::driver::DriverHandle;
 use crate::error::EngineError;
@@ -101,6 +106,58 @@ impl Snapshots {
         Ok(out)
     }
 
+    /// Stacks sandbox `id`'s files instead of copying them, where the store can and it loses
+    /// nothing (see [`sandbox_mcp_model::driver::Storage::stack_fs`]): the files become a layer
+    /// it and `to` share, each with a new empty layer above. A running sandbox is stopped for
+    /// it and started again, so only when nothing but its agent runs (the driver checks) and the
+    /// agent keeps no job or REPL context; a stopped one must keep no processes to bring back. A sandbox mounting
+    /// a host folder keeps its files in its upper (a workspace's changes are read from there).
+    /// `None`: not here; clone instead. The caller holds the lifecycle lock (`runtime`).
+    async fn stacked(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+        runtime: &mut Runtime,
+        to: Vec<(String, CloneKind)>,
+    ) -> Result<Option<CloneMethod>, EngineError> {
+        let from = Self::fs_of(entry, id);
+        let workspace = lock(&entry.record)
+            .volumes
+            .iter()
+            .any(|m| matches!(m.source, MountSource::Workspace { .. }));
+        if workspace || !self.driver.can_stack(from.clone()).await {
+            return Ok(None);
+        }
+        let restart = match *runtime {
+            Runtime::Running => {
+                // The driver saw nothing but the agent run; asked again after the agent, so a
+                // command that started meanwhile is seen.
+                let alone = self.making.agent.keeps_nothing(id, entry).await
+                    && self.driver.can_stack(from.clone()).await;
+                if !alone {
+                    return Ok(None);
+                }
+                true
+            }
+            Runtime::Stopped if !self.driver.has_checkpoint(&checkpoint_of(id)).await => false,
+            _ => return Ok(None),
+        };
+        if restart {
+            self.making
+                .lifecycle
+                .stop_for_files(id, entry, runtime)
+                .await?;
+        }
+        let stacked = self.driver.stack_fs(from, to).await;
+        if restart {
+            self.making
+                .lifecycle
+                .restart_stopped(id, entry, runtime)
+                .await?;
+        }
+        Ok(stacked?)
+    }
+
     fn fs_of(entry: &Entry, id: &str) -> FsRef {
         FsRef {
             name: id.to_string(),
@@ -174,7 +231,7 @@ impl Snapshots {
                 live.detail
             ))));
         }
-        let runtime = entry.lifecycle.lock().await;
+        let mut runtime = entry.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
         }
@@ -208,21 +265,33 @@ impl Snapshots {
         };
         self.making.records.put_snapshot(&snap).await?;
         let from = Self::fs_of(&entry, id);
-        let live = if memory {
-            Some(
+        let to = vec![(snap.id.clone(), CloneKind::Snapshot)];
+        let stacked = match self.stacked(id, &entry, &mut runtime, to).await {
+            Ok(stacked) => stacked,
+            Err(e) => {
+                self.drop_snapshot(&snap.id).await;
+                return Err(e);
+            }
+        };
+        // Stacked: nothing ran but the agent, so there were no processes to keep.
+        let live = match (stacked, memory) {
+            (None, true) => Some(
                 self.checkpoint_for(id, *runtime, &memory_of(&snap.id))
                     .await,
-            )
-        } else {
-            None
+            ),
+            _ => None,
         };
-        let made = self
-            .frozen(
-                id,
-                live.as_ref().map_or(*runtime, |l| l.runtime),
-                self.driver.clone_fs(from, &snap.id, CloneKind::Snapshot),
-            )
-            .await;
+        let made = match stacked {
+            Some(method) => Ok(Ok(method)),
+            None => {
+                self.frozen(
+                    id,
+                    live.as_ref().map_or(*runtime, |l| l.runtime),
+                    self.driver.clone_fs(from, &snap.id, CloneKind::Snapshot),
+                )
+                .await
+            }
+        };
         if let Some(l) = &live {
             self.after_checkpoint(id, l).await?;
         }

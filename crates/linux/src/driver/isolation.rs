@@ -257,7 +257,9 @@ impl Isolation for NamespacesDriver {
             &format!("{id}{NEW_SUFFIX}"),
         );
         disk::remove_dir(&self.store, &self.sandboxes_dir, id)
-            .map_err(DriverError::io("delete the sandbox's files"))
+            .map_err(DriverError::io("delete the sandbox's files"))?;
+        self.collect_layers();
+        Ok(())
     }
 
     fn usage(&self, id: &str) -> Usage {

@@ -34,9 +34,18 @@ impl NamespacesDriver {
             name: spec.id.clone(),
             slot: Some(spec.uid_slot),
         });
+        let stacked = self.stack_of(&spec.id)?;
         for mount in &spec.template.mounts {
             let target = &mount.target;
-            for index in 0..mount.lowers.len() {
+            for layer in &stacked {
+                // A layer holds a tree for each overlay its sandbox had; one added to the
+                // template since is empty in it.
+                let tree = self.layer_dir(layer).join(plan::layer_name(target));
+                if !tree.exists() {
+                    fs::DirBuilder::new().mode(0o755).create(&tree)?;
+                }
+            }
+            for index in 0..stacked.len() + mount.lowers.len() {
                 let staging = plan::staging_dir(&dir, target, index);
                 if !staging.exists() {
                     fs::DirBuilder::new()
@@ -108,6 +117,12 @@ impl NamespacesDriver {
                 }
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let stacked: Vec<std::path::PathBuf> = self
+            .stack_of(&spec.id)
+            .map_err(DriverError::io("read the sandbox's layers"))?
+            .iter()
+            .map(|l| self.layer_dir(l))
+            .collect();
         let plan = plan::build(&PlanInput {
             sandbox_id: &spec.id,
             sandbox_dir: &dir,
@@ -130,6 +145,7 @@ impl NamespacesDriver {
                 slot: Some(spec.uid_slot),
             }),
             volumes: &volumes,
+            stacked: &stacked,
         });
         let input = serde_json::to_vec(&plan)
             .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;

@@ -87,10 +87,17 @@ impl Storage for NamespacesDriver {
         dest: &std::path::Path,
     ) -> Result<u64, DriverError> {
         let dir = self.dir(id);
-        let uppers: Vec<(String, PathBuf)> = targets
+        // Each overlay's own files: its stacked layers, bottom first, then its upper.
+        let uppers = targets
             .iter()
-            .map(|t| (plan::layer_name(t), plan::upper_dir(&dir, t)))
-            .collect();
+            .map(|t| {
+                let mut trees = self.stacked_dirs(id, t)?;
+                trees.reverse();
+                trees.push(plan::upper_dir(&dir, t));
+                Ok((plan::layer_name(t), trees))
+            })
+            .collect::<io::Result<Vec<(String, Vec<PathBuf>)>>>()
+            .map_err(DriverError::io("read the sandbox's layers"))?;
         // As root the upper holds the sandbox's host ids; a layer holds the ids it saw.
         let owners = match self.disk_ids(&FsRef {
             name: id.to_string(),
@@ -187,12 +194,26 @@ impl Storage for NamespacesDriver {
         if let Err(e) = disk::remove_dir(&self.store, parent, &new) {
             tracing::warn!(sandbox = %id, "cannot delete the replaced files: {e}");
         }
+        self.collect_layers();
         Ok(method)
+    }
+
+    fn can_stack(&self, from: &FsRef) -> bool {
+        self.stackable(from)
+    }
+
+    fn stack_fs(
+        &self,
+        from: &FsRef,
+        to: &[(String, CloneKind)],
+    ) -> Result<Option<CloneMethod>, DriverError> {
+        self.stack(from, to)
     }
 
     fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
         disk::remove_dir(&self.store, &self.sandboxes_dir, name)
             .map_err(DriverError::io("delete the snapshot's files"))?;
+        self.collect_layers();
         // The copies of volumes the snapshot kept (`<snapshot>.<index>`) go with it.
         let prefix = format!("{name}.");
         let kept = fs::read_dir(self.volumes_dir())
@@ -216,24 +237,31 @@ impl Storage for NamespacesDriver {
 
     fn fs_layers(&self, fs: &FsRef, template: &TemplateLayout) -> Result<FsLayers, DriverError> {
         let dir = self.dir(&fs.name);
+        let stacked = self
+            .stack_of(&fs.name)
+            .map_err(DriverError::io("read the sandbox's layers"))?;
+        let mounts = template
+            .mounts
+            .iter()
+            .map(|m| {
+                let mut lowers = self.stacked_dirs(&fs.name, &m.target)?;
+                lowers.extend(m.lowers.iter().cloned());
+                Ok((m.target.clone(), plan::upper_dir(&dir, &m.target), lowers))
+            })
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(DriverError::io("read the sandbox's layers"))?;
         Ok(FsLayers {
-            mounts: template
-                .mounts
-                .iter()
-                .map(|m| {
-                    (
-                        m.target.clone(),
-                        plan::upper_dir(&dir, &m.target),
-                        m.lowers.clone(),
-                    )
-                })
-                .collect(),
+            mounts,
             id_base: self.disk_ids(fs),
+            stacked: stacked.len(),
         })
     }
 
     fn disk_bytes(&self, id: &str) -> u64 {
+        // Its layers count in full for each sandbox that stacks on them: what it would take
+        // alone, as its copies would have.
         sandbox_mcp_sys::fs_tree::disk_usage(&self.dir(id).join("upper"), 1_000_000)
+            .saturating_add(self.stacked_bytes(id))
     }
 
     /// The first alone (it writes down the ids of the parent's files once), the rest side by

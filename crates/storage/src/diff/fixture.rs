@@ -29,6 +29,7 @@ pub(crate) fn side(upper: &Path, lowers: &[&Path]) -> Side {
     Side {
         mounts: vec![mount("/", upper, lowers)],
         id_base: None,
+        stacked: 0,
     }
 }
 

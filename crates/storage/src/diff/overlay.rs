@@ -190,7 +190,7 @@ impl<'l> OpenDir<'l> {
             if self.is_whiteout(k, name, &st) {
                 return Ok(None);
             }
-            let st = Stat::new(&st, layers, self.chain[k] == 0);
+            let st = Stat::new(&st, layers, layers.is_own(self.chain[k]));
             let child = match st.format() {
                 libc::S_IFDIR => Some(self.child_chain(k, name)?),
                 _ => None,

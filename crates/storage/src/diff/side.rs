@@ -23,6 +23,8 @@ const NOBODY: u32 = 65534;
 pub(crate) struct Layers {
     pub(crate) mounts: Vec<Layered>,
     id_base: Option<u32>,
+    /// Layers of each mount, from the upper down, stored with the sandbox's host ids.
+    own: usize,
 }
 
 pub(crate) struct Layered {
@@ -71,6 +73,7 @@ impl Layers {
         Ok(Self {
             mounts,
             id_base: side.id_base,
+            own: 1 + side.stacked,
         })
     }
 
@@ -92,7 +95,7 @@ impl Layers {
         };
         let st = fstat(fd)?;
         Ok(Some(Found {
-            st: Stat::new(&st, self, chain[0] == 0),
+            st: Stat::new(&st, self, self.is_own(chain[0])),
             pos: None,
             child: Some(View { mount: j, chain }),
             mount_root: true,
@@ -115,6 +118,11 @@ impl Layers {
                 }
             }
         }
+    }
+
+    /// Whether layer `index` of a mount (0: the upper) holds host ids.
+    pub(crate) fn is_own(&self, index: usize) -> bool {
+        index < self.own
     }
 
     /// An upper's host id as the sandbox sees it.

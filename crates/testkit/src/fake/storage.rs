@@ -83,6 +83,7 @@ impl Storage for FakeDriver {
         Ok(FsLayers {
             mounts: vec![("/".to_string(), self.fs_dir(fs), Vec::new())],
             id_base: None,
+            stacked: 0,
         })
     }
 }

@@ -77,6 +77,7 @@ impl Snapshots {
                 })
                 .collect(),
             id_base: layers.id_base,
+            stacked: layers.stacked,
         };
         let a = side(self.driver.fs_layers(base, base_layout).await?);
         let own_layout = {

@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use sandbox_mcp_model::driver::{CloneMethod, DriverError, LiveReport};
+use std::sync::Arc;
+
+use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, LiveReport};
 use sandbox_mcp_model::ids;
 use sandbox_mcp_sys::lock;
 
@@ -37,7 +39,7 @@ impl Snapshots {
         }
         let memory = memory.unwrap_or(live.available);
         let parent = self.making.registry.entry(id, tenant)?;
-        let runtime = parent.lifecycle.lock().await;
+        let mut runtime = parent.lifecycle.lock().await;
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
         }
@@ -88,7 +90,7 @@ impl Snapshots {
             }
         };
         let made = self
-            .make_children(id, &parent, *runtime, &children, memory)
+            .make_children(id, &parent, &mut runtime, &children, memory)
             .await;
         drop(runtime);
         match made {
@@ -196,54 +198,33 @@ impl Snapshots {
         Ok(children)
     }
 
-    /// Copies the parent's files to every child (the parent frozen once, so all children start
-    /// from the same moment), starts them side by side, and commits them as running. With
-    /// `memory`, the parent's process trees are dumped first (each left stopped, so files and
-    /// memory are one moment's) and restored into every child once it runs.
+    /// Gives every child the parent's files (stacked on a layer they share where the parent
+    /// loses nothing by it, else copied with the parent frozen once, so all children start from
+    /// the same moment), starts them side by side, and commits them as running. With `memory`,
+    /// the parent's process trees are dumped first (each left stopped, so files and memory are
+    /// one moment's) and restored into every child once it runs.
     async fn make_children(
         &self,
         id: &str,
-        parent: &Entry,
-        runtime: Runtime,
+        parent: &Arc<Entry>,
+        runtime: &mut Runtime,
         children: &[Record],
         memory: bool,
     ) -> Result<(CloneMethod, Option<LiveReport>), EngineError> {
-        let (driver, from) = (self.driver.clone(), Self::fs_of(parent, id));
-        let targets: Vec<(String, u64)> = children
-            .iter()
-            .map(|c| (c.id.clone(), Self::disk_limit(c)))
-            .collect();
         let checkpoint = format!("fork-{}", ids::sandbox_id());
-        let live = if memory {
-            Some(self.checkpoint_for(id, runtime, &checkpoint).await)
-        } else {
-            None
-        };
-        let copied = self
-            .frozen(
-                id,
-                live.as_ref().map_or(runtime, |l| l.runtime),
-                driver.clone_many(from, targets),
-            )
-            .await;
-        let mut report = None;
-        if let Some(l) = live {
-            self.after_checkpoint(id, &l).await?;
-            // A fork goes on without the processes it could not dump: the result says why.
-            report = Some(l.report.unwrap_or_else(|e| LiveReport {
-                carried: Vec::new(),
-                skipped: vec![format!("every process ({e})")],
-            }));
-        }
-        let method = match copied {
-            Ok(Ok(m)) => m,
-            Ok(Err(e)) => {
-                self.driver.drop_checkpoint(&checkpoint).await;
-                return Err(e.into());
-            }
-            Err(e) => {
-                self.driver.drop_checkpoint(&checkpoint).await;
-                return Err(e);
+        let to = children
+            .iter()
+            .map(|c| {
+                let limit_bytes = Self::disk_limit(c);
+                (c.id.clone(), CloneKind::Sandbox { limit_bytes })
+            })
+            .collect();
+        let (method, mut report) = match self.stacked(id, parent, runtime, to).await? {
+            // Nothing ran but the agent: there were no processes to carry.
+            Some(method) => (method, memory.then(LiveReport::default)),
+            None => {
+                self.copy_to_children(id, parent, *runtime, children, memory, &checkpoint)
+                    .await?
             }
         };
         let started = futures::future::join_all(children.iter().map(|child| async move {
@@ -275,6 +256,52 @@ impl Snapshots {
                 .await;
         }
         Ok((method, report))
+    }
+
+    /// The copy path of [`Self::make_children`]: the parent's files cloned into each child,
+    /// frozen meanwhile, its processes dumped first as `checkpoint` with `memory`.
+    async fn copy_to_children(
+        &self,
+        id: &str,
+        parent: &Entry,
+        runtime: Runtime,
+        children: &[Record],
+        memory: bool,
+        checkpoint: &str,
+    ) -> Result<(CloneMethod, Option<LiveReport>), EngineError> {
+        let (driver, from) = (self.driver.clone(), Self::fs_of(parent, id));
+        let targets: Vec<(String, u64)> = children
+            .iter()
+            .map(|c| (c.id.clone(), Self::disk_limit(c)))
+            .collect();
+        let live = if memory {
+            Some(self.checkpoint_for(id, runtime, checkpoint).await)
+        } else {
+            None
+        };
+        let copied = self
+            .frozen(
+                id,
+                live.as_ref().map_or(runtime, |l| l.runtime),
+                driver.clone_many(from, targets),
+            )
+            .await;
+        let mut report = None;
+        if let Some(l) = live {
+            self.after_checkpoint(id, &l).await?;
+            // A fork goes on without the processes it could not dump: the result says why.
+            report = Some(l.report.unwrap_or_else(|e| LiveReport {
+                carried: Vec::new(),
+                skipped: vec![format!("every process ({e})")],
+            }));
+        }
+        match copied.and_then(|c| c.map_err(EngineError::from)) {
+            Ok(method) => Ok((method, report)),
+            Err(e) => {
+                self.driver.drop_checkpoint(checkpoint).await;
+                Err(e)
+            }
+        }
     }
 
     /// Restores the checkpoint into each child in turn; a tree that fails in a child moves from

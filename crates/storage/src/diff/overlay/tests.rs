@@ -110,6 +110,7 @@ fn a_later_mount_owns_everything_under_its_target() {
             mount("/usr", usr_upper, &[&usr_lower]),
         ],
         id_base: None,
+        stacked: 0,
     };
     let (a, b) = (two(&p("ra"), &p("ua")), two(&p("rb"), &p("ub")));
     assert_eq!(
@@ -124,6 +125,7 @@ fn a_later_mount_owns_everything_under_its_target() {
     let one = Side {
         mounts: vec![mount("/", &p("rb"), &[&root_lower])],
         id_base: None,
+        stacked: 0,
     };
     assert_eq!(
         list(&diff(&a, &one, "/", 100).unwrap()),
@@ -138,6 +140,7 @@ fn a_later_mount_owns_everything_under_its_target() {
     let only_usr = |u: &Path| Side {
         mounts: vec![mount("/usr", u, &[&usr_lower])],
         id_base: None,
+        stacked: 0,
     };
     let (a2, b2) = (only_usr(&p("ua")), only_usr(&p("ub")));
     assert_eq!(

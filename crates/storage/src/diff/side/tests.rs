@@ -46,10 +46,12 @@ fn owners_are_compared_as_the_sandbox_sees_them() {
     own(&ub.join("up2"), 1000);
     let a = Side {
         id_base: Some(100_000),
+        stacked: 0,
         ..side(&ua, &[&lower])
     };
     let b = Side {
         id_base: Some(200_000),
+        stacked: 0,
         ..side(&ub, &[&lower])
     };
     let d = diff(&a, &b, "/", 100).unwrap();
@@ -60,4 +62,44 @@ fn owners_are_compared_as_the_sandbox_sees_them() {
     // Without a base, host ids are compared as they are.
     let d = diff(&side(&ua, &[&lower]), &side(&ub, &[&lower]), "/", 100).unwrap();
     assert_eq!(d.modified, 4);
+}
+
+#[test]
+fn a_stacked_layer_holds_host_ids_as_the_upper_does() {
+    if !is_root() {
+        eprintln!("skipped: changing owners needs root");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (frozen, ua, ub, template) = (
+        tmp.path().join("frozen"),
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("template"),
+    );
+    let own = |p: &Path, id: u32| std::os::unix::fs::lchown(p, Some(id), Some(id)).unwrap();
+    // a's file was frozen into a layer under a's host ids; b has the same file in its upper.
+    put(&frozen, "f", b"x");
+    set_mtime(&frozen.join("f"), 5);
+    own(&frozen.join("f"), 100_000 + 1000);
+    put(&ub, "f", b"x");
+    set_mtime(&ub.join("f"), 5);
+    own(&ub.join("f"), 200_000 + 1000);
+    std::fs::create_dir_all(&ua).unwrap();
+    std::fs::create_dir_all(&template).unwrap();
+    let a = Side {
+        id_base: Some(100_000),
+        stacked: 1,
+        ..side(&ua, &[&frozen, &template])
+    };
+    let b = Side {
+        id_base: Some(200_000),
+        stacked: 0,
+        ..side(&ub, &[&template])
+    };
+    assert_eq!(diff(&a, &b, "/", 100).unwrap().modified, 0);
+    // Read as a template's layer, the same file would be owned by host id 101000.
+    let wrong = Side { stacked: 0, ..a };
+    let d = diff(&wrong, &b, "/", 100).unwrap();
+    assert_eq!(list(&d), vec![modified("/f", &["owner"])]);
 }
