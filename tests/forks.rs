@@ -4,8 +4,9 @@
 //! By theme: [`families`] (a family of forks diverges, is diffed and merged; an unprivileged engine
 //! does it by copying), [`rollback`] (a snapshot undoes a mistake), [`refusals`] (bad requests make
 //! nothing), [`diffs`] (special files, loops, odd names and modes), [`disk`] (the disk limit and
-//! the sandbox cap hold copies too), [`crashes`] (an operation cut short leaves nothing half made)
-//! and [`carried`] (what a fork carries over and a restore keeps).
+//! the sandbox cap hold copies too), [`crashes`] (an operation cut short leaves nothing half made),
+//! [`carried`] (what a fork carries over and a restore keeps) and [`layers`] (without btrfs, forks
+//! and snapshots of an idle sandbox stack layers instead of copying).
 
 use serde_json::Value;
 
@@ -17,6 +18,7 @@ mod crashes;
 mod diffs;
 mod disk;
 mod families;
+mod layers;
 mod refusals;
 mod rollback;
 

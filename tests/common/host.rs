@@ -198,7 +198,20 @@ pub fn mounted(path: &std::path::Path) -> bool {
 /// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
 /// lets go of its store.
 pub fn kill_left_behind(data: &std::path::Path) {
-    use sandbox_mcp_model::driver::Isolation;
+    left_behind(data, |driver, id| {
+        let _ = sandbox_mcp_model::driver::Isolation::destroy(driver, id);
+    });
+}
+
+/// Kills the processes of every sandbox an engine process left on `data`, keeping their files
+/// (as a crash of the whole machine would).
+pub fn stop_left_behind(data: &std::path::Path) {
+    left_behind(data, |driver, id| {
+        let _ = sandbox_mcp_model::driver::Isolation::stop(driver, id);
+    });
+}
+
+fn left_behind(data: &std::path::Path, each: impl Fn(&sandbox_mcp_linux::NamespacesDriver, &str)) {
     let config = EngineConfig::new(data.to_path_buf());
     let Ok(driver) = sandbox_mcp_linux::NamespacesDriver::new(sandbox_mcp_linux::driver::Options {
         sandboxes_dir: config.sandboxes_dir(),
@@ -213,8 +226,8 @@ pub fn kill_left_behind(data: &std::path::Path) {
     };
     if let Ok(entries) = std::fs::read_dir(config.sandboxes_dir()) {
         for e in entries.flatten() {
-            let _ = driver.destroy(&e.file_name().to_string_lossy());
+            each(&driver, &e.file_name().to_string_lossy());
         }
     }
-    driver.close();
+    sandbox_mcp_model::driver::Isolation::close(&driver);
 }

@@ -305,10 +305,7 @@ fn parent(plan: &LaunchPlan, pid: i32, sync: &OwnedFd) -> Result<(), BuildError>
                     _ => userns.as_raw_fd(),
                 };
                 let lower = lower.to_string_lossy();
-                ctx(
-                    sys::idmapped_tree(&lower, ns),
-                    &format!("id-map {lower}"),
-                )
+                ctx(sys::idmapped_tree(&lower, ns), &format!("id-map {lower}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let volumes = plan

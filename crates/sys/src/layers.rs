@@ -505,7 +505,10 @@ mod tests {
         let root = dest.join("root");
         let read = |p: &str| fs::read_to_string(root.join(p)).unwrap();
         assert_eq!(read("keep/f"), "old");
-        assert_eq!((read("merged/a"), read("merged/b")), ("a".into(), "b".into()));
+        assert_eq!(
+            (read("merged/a"), read("merged/b")),
+            ("a".into(), "b".into())
+        );
         assert_eq!(
             fs::metadata(root.join("merged")).unwrap().mode() & 0o777,
             0o750

@@ -18,7 +18,7 @@ use super::*;
 
 /// In a sandbox's (or snapshot's) directory: the layers its files stack on, one name a line,
 /// top first.
-pub(super) const STACK_FILE: &str = "stack";
+pub(in crate::driver) const STACK_FILE: &str = "stack";
 /// Most layers a sandbox's own files stack on. A fork or snapshot of one already this deep
 /// copies its files instead (which keeps the depth): overlayfs reads each lower on every
 /// lookup that misses above it, and a mount's options must fit a page.
@@ -81,7 +81,9 @@ impl NamespacesDriver {
             && self
                 .stack_of(&from.name)
                 .is_ok_and(|stack| stack.len() < MAX_STACK)
-            && self.agent_pid(&from.name).is_none_or(|pid| !has_children(pid))
+            && self
+                .agent_pid(&from.name)
+                .is_none_or(|pid| !has_children(pid))
     }
 
     /// See [`Storage::stack_fs`](sandbox_mcp_model::driver::Storage::stack_fs).
@@ -145,11 +147,16 @@ impl NamespacesDriver {
 
     /// At start: a stack whose newest layer is still the sandbox's upper (a crash between the
     /// two steps of [`Self::stack`]) gets it moved; then layers no stack names are deleted.
+    /// Only the sandbox the layer is made of (its name's prefix) moves anything: its copies
+    /// name the same layer over uppers of their own.
     pub(super) fn finish_stacking(&self) {
         for (name, stack) in self.stacks() {
             let Some(top) = stack.first() else { continue };
             let (upper, layer) = (self.dir(&name).join("upper"), self.layer_dir(top));
-            if !layer.exists()
+            if top
+                .strip_prefix(name.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+                && !layer.exists()
                 && upper.is_dir()
                 && let Err(e) = move_upper(&self.dir(&name), &layer)
             {

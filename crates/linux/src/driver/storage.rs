@@ -147,7 +147,14 @@ impl Storage for NamespacesDriver {
                 _ => DriverError::io("copy the sandbox's files")(e),
             });
         }
-        Ok(CloneMethod::Copy)
+        // A stacked snapshot has no files of its own: its layers were shared, nothing copied.
+        let stacked_only = !self.dir(&from.name).join("upper").exists()
+            && self.dir(to).join(stack::STACK_FILE).exists();
+        Ok(if stacked_only {
+            CloneMethod::Layers
+        } else {
+            CloneMethod::Copy
+        })
     }
 
     fn replace_fs(
