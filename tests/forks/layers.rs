@@ -1,7 +1,7 @@
 //! Stacked layers (the plain store: no btrfs): a fork or snapshot of a sandbox that runs nothing
-//! but its agent makes its files a read-only layer it and its copies share, copying nothing; a
-//! sandbox with something running is copied instead and keeps it; chains stay within the depth
-//! limit; a template made from a stacked sandbox has all its files; layers go when nothing
+//! but its agent makes its files a read-only layer it and its copies share, copying nothing (and
+//! makes none when it wrote nothing since its last); a sandbox with something running is copied
+//! instead and keeps it; chains stay within the depth limit; a template made from a stacked sandbox has all its files; layers go when nothing
 //! stacks on them; and a crash between the two steps of stacking loses nothing.
 
 use serde_json::json;
@@ -56,6 +56,15 @@ async fn a_fork_stacks_layers_only_when_stopping_the_parent_ends_nothing() {
     let forked = fork(parent.clone()).await;
     assert_eq!(forked["method"], "layers", "{forked}");
     let kids = ids(&forked);
+    assert_eq!(layers_in(&engine).len(), 1);
+    // Nothing written since: a snapshot shares the same layer, and makes none.
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": parent}),
+    )
+    .await;
+    assert_eq!(snap["method"], "layers", "{snap}");
     assert_eq!(layers_in(&engine).len(), 1);
     // The parent runs on, on top of the layer, as do its children; nothing leaks between them.
     let info = ok(&client, "sandbox_info", json!({"sandbox_id": parent})).await;
@@ -131,10 +140,10 @@ async fn a_fork_stacks_layers_only_when_stopping_the_parent_ends_nothing() {
     assert_eq!(sh(&client, &kids[0], "cat /root/w/f").await, "kid\n");
 }
 
-/// A chain of forks, each of the last child, stacks until the depth limit, then copies (which
-/// keeps the depth); the deepest child sees every generation's changes, deletions included, a
-/// diff and a template made from it see them too, and once every sandbox is gone so are the
-/// layers.
+/// A chain of forks, each of the last child, stacks layers up to the depth limit, then merges
+/// the latest changes into the top layer (which keeps the depth); the deepest child sees every
+/// generation's changes, deletions included, a diff and a template made from it see them too,
+/// and once every sandbox is gone so are the layers.
 #[tokio::test]
 async fn a_chain_of_forks_stays_within_the_depth_limit_and_its_layers_go_with_it() {
     require_sandboxes!();
@@ -154,15 +163,24 @@ async fn a_chain_of_forks_stays_within_the_depth_limit_and_its_layers_go_with_it
         )
         .await;
         let forked = ok(&client, "sandbox_fork", json!({"sandbox_id": cur})).await;
-        let want = if generation < MAX_STACK {
-            "layers"
-        } else {
-            "copy"
-        };
-        assert_eq!(forked["method"], want, "generation {generation}: {forked}");
+        assert_eq!(
+            forked["method"], "layers",
+            "generation {generation}: {forked}"
+        );
         chain.push(ids(&forked)[0].clone());
     }
     let last = chain.last().unwrap().clone();
+    // Past the limit the latest changes were merged into the top layer: the depth stays.
+    let stack = std::fs::read_to_string(
+        engine
+            .dir
+            .path()
+            .join("data/sandboxes")
+            .join(&last)
+            .join("stack"),
+    )
+    .unwrap();
+    assert_eq!(stack.lines().count(), MAX_STACK, "{stack}");
     let lines: String = (0..=MAX_STACK).map(|g| format!("{g}\n")).collect();
     assert_eq!(sh(&client, &last, "cat /root/log").await, lines);
     assert_eq!(

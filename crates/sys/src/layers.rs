@@ -90,32 +90,18 @@ pub fn capture(uppers: &[(String, Vec<PathBuf>)], dest: &Path, owners: Owners) -
     fs::DirBuilder::new().mode(0o755).create(dest)?;
     let mut copier = Copier::new(owners, false);
     for (name, trees) in uppers {
-        for (i, tree) in trees.iter().enumerate() {
-            match fs::symlink_metadata(tree) {
-                Ok(m) if m.is_dir() => {
-                    copier.over = i > 0;
-                    copier.tree(tree, &dest.join(name))?
-                }
-                _ => continue,
-            }
-        }
+        copier.stacked(trees, &dest.join(name))?;
     }
-    // Directory modes last (a read-only directory must not stop its own copy), each the one of
-    // the topmost tree that has it.
-    let mut last = HashMap::new();
-    for (path, mode) in &copier.modes {
-        last.insert(path.clone(), *mode);
-    }
-    for (path, _) in copier.modes.iter().rev() {
-        if let Some(mode) = last.remove(path) {
-            match fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
-                // Replaced by a tree above, which did not have it.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                r => r?,
-            }
-        }
-    }
-    Ok(copier.bytes)
+    copier.finish()
+}
+
+/// Merges a sandbox's own trees (bottom first) into `dest`, a new directory, exactly as
+/// [`copy_tree`] copies one: one layer that shows what they showed stacked, whiteouts and
+/// opaque directories kept for the layers beneath. Returns the bytes of file content copied.
+pub fn squash(trees: &[PathBuf], dest: &Path, owners: Owners) -> io::Result<u64> {
+    let mut copier = Copier::new(owners, true);
+    copier.stacked(trees, dest)?;
+    copier.finish()
 }
 
 /// Copies a sandbox's tree `from` (its uppers, stopped or frozen) to `to`, which must not
@@ -127,14 +113,7 @@ pub fn capture(uppers: &[(String, Vec<PathBuf>)], dest: &Path, owners: Owners) -
 pub fn copy_tree(from: &Path, to: &Path, owners: Owners) -> io::Result<u64> {
     let mut copier = Copier::new(owners, true);
     copier.tree(from, to)?;
-    for (path, mode) in copier.modes.iter().rev() {
-        fs::set_permissions(path, fs::Permissions::from_mode(*mode))?;
-    }
-    // Directory times last of all: making their entries changed them.
-    for (path, meta) in copier.dir_times.iter().rev() {
-        keep_times(path, meta)?;
-    }
-    Ok(copier.bytes)
+    copier.finish()
 }
 
 /// A capture refused because the sandbox nests files past what a path can name. The message is
@@ -187,6 +166,50 @@ impl Copier {
             dir_times: Vec::new(),
             over: false,
         }
+    }
+
+    /// Copies `trees` (bottom first) to `dest`, each over the ones before it.
+    fn stacked(&mut self, trees: &[PathBuf], dest: &Path) -> io::Result<()> {
+        let mut first = true;
+        for tree in trees {
+            if fs::symlink_metadata(tree).is_ok_and(|m| m.is_dir()) {
+                self.over = !first;
+                self.tree(tree, dest)?;
+                first = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// Directory modes and times last (a read-only directory must not stop its own copy, and
+    /// writing entries changes times), each the topmost tree's. A directory a tree above
+    /// replaced is gone.
+    fn finish(self) -> io::Result<u64> {
+        let mut modes: HashMap<&PathBuf, u32> = HashMap::new();
+        for (path, mode) in &self.modes {
+            modes.insert(path, *mode);
+        }
+        for (path, _) in self.modes.iter().rev() {
+            if let Some(mode) = modes.remove(path) {
+                match fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    r => r?,
+                }
+            }
+        }
+        let mut times: HashMap<&PathBuf, &fs::Metadata> = HashMap::new();
+        for (path, meta) in &self.dir_times {
+            times.insert(path, meta);
+        }
+        for (path, _) in self.dir_times.iter().rev() {
+            if let Some(meta) = times.remove(path) {
+                match keep_times(path, meta) {
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    r => r?,
+                }
+            }
+        }
+        Ok(self.bytes)
     }
 
     /// Copying over lower trees: what they left at `dst` goes, unless both are directories and
@@ -521,6 +544,34 @@ mod tests {
         assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
         assert_eq!(read("changed"), "22");
         assert_eq!(read("replaced"), "a file now");
+    }
+
+    #[test]
+    fn a_squash_is_exact_and_the_top_tree_wins() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (below, above) = (tmp.path().join("below"), tmp.path().join("above"));
+        fs::create_dir_all(below.join("d")).unwrap();
+        fs::write(below.join("d/old"), "o").unwrap();
+        fs::write(below.join("gone"), "g").unwrap();
+        fs::create_dir_all(above.join("d")).unwrap();
+        fs::write(above.join("d/suid"), "s").unwrap();
+        fs::set_permissions(above.join("d/suid"), fs::Permissions::from_mode(0o4755)).unwrap();
+        whiteout(&above.join("gone")).unwrap();
+        let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        fs::File::open(above.join("d"))
+            .unwrap()
+            .set_modified(when)
+            .unwrap();
+        let dest = tmp.path().join("squashed");
+        squash(&[below, above], &dest, Owners::Keep).unwrap();
+        assert_eq!(fs::read_to_string(dest.join("d/old")).unwrap(), "o");
+        assert_eq!(
+            fs::metadata(dest.join("d/suid")).unwrap().mode() & 0o7777,
+            0o4755
+        );
+        let gone = fs::symlink_metadata(dest.join("gone")).unwrap();
+        assert!(gone.file_type().is_char_device() && gone.rdev() == 0);
+        assert_eq!(fs::metadata(dest.join("d")).unwrap().mtime(), 1_000_000);
     }
 
     #[test]

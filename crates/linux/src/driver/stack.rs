@@ -78,15 +78,18 @@ impl NamespacesDriver {
     pub(super) fn stackable(&self, from: &FsRef) -> bool {
         matches!(self.store, Store::Plain(_))
             && self.dir(&from.name).is_dir()
-            && self
-                .stack_of(&from.name)
-                .is_ok_and(|stack| stack.len() < MAX_STACK)
+            && self.stack_of(&from.name).is_ok()
             && self
                 .agent_pid(&from.name)
                 .is_none_or(|pid| !has_children(pid))
     }
 
-    /// See [`Storage::stack_fs`](sandbox_mcp_model::driver::Storage::stack_fs).
+    /// See [`Storage::stack_fs`](sandbox_mcp_model::driver::Storage::stack_fs). Three ways, by
+    /// what the stopped sandbox wrote since its last layer:
+    /// - nothing: its stack is shared as it is, and no layer is made;
+    /// - something, under [`MAX_STACK`] layers: its upper is renamed into a new layer;
+    /// - something, at [`MAX_STACK`]: its upper and its top layer are merged into a new layer
+    ///   that replaces the top one (a copy of its latest changes only), so the depth stays.
     pub(super) fn stack(
         &self,
         from: &FsRef,
@@ -110,19 +113,29 @@ impl NamespacesDriver {
                 _ => Err(e),
             })
             .map_err(DriverError::io("create the layers directory"))?;
-        let layer = new_layer_name(&from.name);
-        let mut stack = vec![layer.clone()];
-        stack.extend(old);
-        // The commit point: from here the layer is the sandbox's, moved or not yet.
-        write_stack(&src, &stack).map_err(DriverError::io("write the sandbox's layers"))?;
-        move_upper(&src, &self.layer_dir(&layer))
-            .map_err(DriverError::io("make the sandbox's files a layer"))?;
+        let upper = src.join("upper");
+        let roots = mount_roots(&upper).map_err(DriverError::io("read the sandbox's files"))?;
+        let stack = if roots.iter().all(|r| r.empty) {
+            old
+        } else if old.len() < MAX_STACK {
+            let layer = new_layer_name(&from.name);
+            let mut stack = vec![layer.clone()];
+            stack.extend(old);
+            // The commit point: from here the layer is the sandbox's, moved or not yet.
+            write_stack(&src, &stack).map_err(DriverError::io("write the sandbox's layers"))?;
+            move_upper(&src, &self.layer_dir(&layer), &roots)
+                .map_err(DriverError::io("make the sandbox's files a layer"))?;
+            stack
+        } else {
+            self.squash_top(from, &old, &roots)?
+        };
         let made = to.iter().try_for_each(|(name, kind)| {
             let dir = self.dir(name);
             match kind {
                 CloneKind::Snapshot => fs::DirBuilder::new().mode(0o700).create(&dir),
                 CloneKind::Sandbox { limit_bytes } => {
                     disk::create_dir(&self.store, &self.sandboxes_dir, name, *limit_bytes)
+                        .and_then(|()| make_roots(&dir.join("upper"), &roots))
                 }
             }?;
             write_stack(&dir, &stack)?;
@@ -145,6 +158,47 @@ impl NamespacesDriver {
         Ok(Some(CloneMethod::Layers))
     }
 
+    /// The third way of [`Self::stack`]: a new layer, the sandbox's top layer with its upper
+    /// over it, replaces the top layer. Crash-safe without recovery: until the upper is
+    /// emptied, it only repeats what the new layer holds.
+    fn squash_top(
+        &self,
+        from: &FsRef,
+        old: &[String],
+        roots: &[Root],
+    ) -> Result<Vec<String>, DriverError> {
+        let src = self.dir(&from.name);
+        let layer = new_layer_name(&from.name);
+        let owners = if self.uid == 0 {
+            sandbox_mcp_sys::layers::Owners::Same
+        } else {
+            sandbox_mcp_sys::layers::Owners::Keep
+        };
+        let scratch = self.layers_dir().join(format!(".{layer}"));
+        let trees = [self.layer_dir(&old[0]), src.join("upper")];
+        let merged = sandbox_mcp_sys::layers::squash(&trees, &scratch, owners)
+            .and_then(|_| fs::rename(&scratch, self.layer_dir(&layer)));
+        if let Err(e) = merged {
+            let _ = sandbox_mcp_sys::fs_tree::remove_tree(&scratch);
+            return Err(match e.kind() {
+                io::ErrorKind::InvalidData => DriverError::Unsupported(e.to_string()),
+                _ => DriverError::io("merge the sandbox's latest files into a layer")(e),
+            });
+        }
+        let mut stack = vec![layer];
+        stack.extend(old[1..].iter().cloned());
+        write_stack(&src, &stack).map_err(DriverError::io("write the sandbox's layers"))?;
+        // Emptied by a rename aside: what is deleted after is no longer the sandbox's.
+        let aside = self
+            .layers_dir()
+            .join(format!(".{}", new_layer_name(&from.name)));
+        fs::rename(src.join("upper"), &aside)
+            .and_then(|()| make_roots(&src.join("upper"), roots))
+            .map_err(DriverError::io("empty the sandbox's writable layer"))?;
+        let _ = sandbox_mcp_sys::fs_tree::remove_tree(&aside);
+        Ok(stack)
+    }
+
     /// At start: a stack whose newest layer is still the sandbox's upper (a crash between the
     /// two steps of [`Self::stack`]) gets it moved; then layers no stack names are deleted.
     /// Only the sandbox the layer is made of (its name's prefix) moves anything: its copies
@@ -158,7 +212,8 @@ impl NamespacesDriver {
                 .is_some_and(|rest| rest.starts_with('.'))
                 && !layer.exists()
                 && upper.is_dir()
-                && let Err(e) = move_upper(&self.dir(&name), &layer)
+                && let Err(e) = mount_roots(&upper)
+                    .and_then(|roots| move_upper(&self.dir(&name), &layer, &roots))
             {
                 tracing::warn!(sandbox = %name, "cannot finish making a layer of its files: {e}");
             }
@@ -262,9 +317,9 @@ fn write_stack(dir: &Path, stack: &[String]) -> io::Result<()> {
     sync_dir(dir)
 }
 
-/// Moves the sandbox directory `dir`'s upper to `layer`, leaving an empty upper (the launcher
-/// makes each overlay's directory in it).
-fn move_upper(dir: &Path, layer: &Path) -> io::Result<()> {
+/// Moves the sandbox directory `dir`'s upper to `layer`, leaving an empty upper with each
+/// overlay's root as it was.
+fn move_upper(dir: &Path, layer: &Path, roots: &[Root]) -> io::Result<()> {
     let upper = dir.join("upper");
     match fs::rename(&upper, layer) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -272,7 +327,52 @@ fn move_upper(dir: &Path, layer: &Path) -> io::Result<()> {
         }
         r => r?,
     }
-    fs::DirBuilder::new().mode(0o755).create(&upper)
+    make_roots(&upper, roots)
+}
+
+/// An overlay's root directory in an upper: a stacked layer cannot pass its owner and mode on
+/// (the overlay's root is always the upper's), so a new upper starts with them.
+pub(super) struct Root {
+    name: std::ffi::OsString,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    /// Nothing written under it.
+    empty: bool,
+}
+
+fn mount_roots(upper: &Path) -> io::Result<Vec<Root>> {
+    use std::os::unix::fs::MetadataExt;
+    let entries = match fs::read_dir(upper) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut roots = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let meta = fs::symlink_metadata(entry.path())?;
+        let empty = meta.is_dir() && fs::read_dir(entry.path())?.next().is_none();
+        roots.push(Root {
+            name: entry.file_name(),
+            mode: meta.mode() & 0o7777,
+            uid: meta.uid(),
+            gid: meta.gid(),
+            empty,
+        });
+    }
+    Ok(roots)
+}
+
+fn make_roots(upper: &Path, roots: &[Root]) -> io::Result<()> {
+    fs::DirBuilder::new().mode(0o755).create(upper)?;
+    for root in roots {
+        let dir = upper.join(&root.name);
+        fs::DirBuilder::new().mode(0o755).create(&dir)?;
+        std::os::unix::fs::lchown(&dir, Some(root.uid), Some(root.gid))?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(root.mode))?;
+    }
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
