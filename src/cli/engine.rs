@@ -9,6 +9,7 @@ pub(super) async fn run(args: EngineArgs) -> anyhow::Result<()> {
     process::init_logging("info");
     let mut config = args.settings.config();
     config.kubernetes = args.kubernetes.options()?;
+    config.e2b_listen = args.e2b_listen;
     if config.kubernetes.is_some() {
         // Pods cannot be paused (see the driver): idle sandboxes keep running until their
         // timeout or a kill, rather than failing a pause on every tick.

@@ -36,11 +36,36 @@ impl EngineServer {
             }
             None => None,
         };
+        let e2b = match manager.config().e2b_listen {
+            Some(at) => {
+                let l = std::net::TcpListener::bind(at).map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("cannot listen on {at} for the E2B API: {e}"),
+                    )
+                })?;
+                l.set_nonblocking(true)?;
+                Some(TcpListener::from_std(l)?)
+            }
+            None => None,
+        };
         let url = format!("http://{addr}");
         let stop = CancellationToken::new();
         let state = AppState {
             manager: manager.clone(),
             keys: Arc::new(keys),
+        };
+        let e2b = match e2b {
+            Some(listener) => {
+                let door = sandbox_mcp_e2b::Door::new(manager.clone(), state.keys.clone())?;
+                tracing::info!(listen = %listener.local_addr()?, "E2B API ready");
+                Some(tokio::spawn(sandbox_mcp_e2b::serve(
+                    listener,
+                    Arc::new(door),
+                    stop.clone(),
+                )))
+            }
+            None => None,
         };
         let app = api::router(state);
         let shutdown = stop.clone();
@@ -59,6 +84,7 @@ impl EngineServer {
         });
         let timers = tokio::spawn(manager.clone().run_timers(stop.clone()));
         let mut tasks = vec![server, timers];
+        tasks.extend(e2b);
         if let Some(previews) = previews {
             tasks.push(tokio::spawn(preview::serve(
                 previews,

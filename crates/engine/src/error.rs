@@ -72,7 +72,7 @@ impl EngineError {
     }
 
     /// The HTTP status and `error_code` of this error.
-    pub(crate) fn status_and_code(&self) -> (StatusCode, &'static str) {
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Self::InvalidArgument(_) => (StatusCode::BAD_REQUEST, "invalid_argument"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
@@ -97,7 +97,7 @@ impl EngineError {
 
     /// What the caller is told. For the engine's own failures that is a note, never the
     /// internal detail (paths, database errors), which the log has under the request id.
-    pub(crate) fn external_message(&self) -> String {
+    pub fn external_message(&self) -> String {
         match self {
             Self::KillIncomplete(_) => {
                 "the sandbox's processes are stopped but its files could not all be deleted; \

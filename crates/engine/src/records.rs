@@ -96,6 +96,11 @@ impl Records {
         self.local(move |s| s.set_secrets(&id, &secrets)).await
     }
 
+    pub(crate) async fn set_expiry(&self, id: &str, at: Option<i64>) -> Result<(), EngineError> {
+        let id = id.to_string();
+        self.local(move |s| s.set_expiry(&id, at)).await
+    }
+
     pub(crate) async fn set_last_active(&self, id: &str, at: i64) -> Result<(), EngineError> {
         let id = id.to_string();
         self.local(move |s| s.set_last_active(&id, at)).await

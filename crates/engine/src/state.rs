@@ -273,6 +273,16 @@ impl Store {
         })
     }
 
+    pub(crate) fn set_expiry(&self, id: &str, at: Option<i64>) -> rusqlite::Result<()> {
+        self.with(|c| {
+            c.execute(
+                "UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1",
+                params![id, at],
+            )
+            .map(|_| ())
+        })
+    }
+
     /// Deletes the sandbox's record, its previews and its snapshots' records, in one transaction.
     pub fn delete(&self, id: &str) -> rusqlite::Result<()> {
         self.with(|c| {

@@ -88,6 +88,8 @@ pub struct EngineConfig {
     /// Pool sizes the operator sets for shared templates by name (`--warm TEMPLATE=N`), over
     /// the templates' own `warm`.
     pub warm: BTreeMap<String, u32>,
+    /// Where E2B's API (control plane and envd) is served (`--e2b-listen`); none: not at all.
+    pub e2b_listen: Option<std::net::SocketAddr>,
 }
 
 /// The most sandboxes one template's pool keeps.
@@ -176,6 +178,7 @@ impl EngineConfig {
             criu: CriuSetting::Auto,
             workspaces: Vec::new(),
             warm: BTreeMap::new(),
+            e2b_listen: None,
         }
     }
 

@@ -188,9 +188,18 @@ pub(crate) struct EngineArgs {
     /// Comma-separated bearer keys accepted by the engine.
     #[arg(long, env = "SANDBOX_MCP_ENGINE_KEYS", hide_env_values = true)]
     pub(crate) keys: Option<String>,
-    /// File with one accepted key per line (`#` comments allowed); re-read when it changes.
+    /// File with one accepted key per line, optionally followed by a tenant the key is bound to
+    /// (`KEY TENANT`; `#` comments allowed); re-read when it changes.
     #[arg(long, env = "SANDBOX_MCP_ENGINE_KEYS_FILE")]
     pub(crate) keys_file: Option<PathBuf>,
+    /// Also serve E2B's API (its control plane and envd, the API the E2B SDKs use) at this
+    /// address, for `E2B_API_URL=http://ADDR E2B_SANDBOX_URL=http://ADDR E2B_API_KEY=<a key>`.
+    #[arg(
+        long = "e2b-listen",
+        env = "SANDBOX_MCP_E2B_LISTEN",
+        value_name = "ADDR"
+    )]
+    pub(crate) e2b_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub(crate) kubernetes: KubeArgs,
 }

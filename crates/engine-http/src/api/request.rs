@@ -30,16 +30,29 @@ const MAX_ENV_VARS: usize = limits::env_vars::MAX_PROPERTIES;
 /// Accepted API keys, each standing for a principal (see [`sandbox_mcp_api::auth`]).
 pub(crate) type Keys = KeyRing<Principal>;
 
-/// The engine's keys: `fixed`, plus those of `file` (one key per line, `#` comments), which is
-/// re-read when it changes. Blank keys are ignored.
+/// The engine's keys: `fixed`, plus those of `file` (one key per line, optionally followed by
+/// the tenant it is bound to, `#` comments), which is re-read when it changes. Blank keys are
+/// ignored; a file naming an invalid tenant is refused whole (the keys it had stay in force).
 pub fn keys(fixed: impl IntoIterator<Item = String>, file: Option<std::path::PathBuf>) -> Keys {
     fn parse(text: &str) -> Result<Vec<(Digest, Principal)>, String> {
-        Ok(text
-            .lines()
+        text.lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with('#'))
-            .map(|k| (Digest::of(k), Principal::default()))
-            .collect())
+            .map(|line| {
+                let mut words = line.split_whitespace();
+                let key = words.next().unwrap_or_default();
+                let tenant = words.next().map(str::to_string);
+                if let Some(t) = &tenant
+                    && !sandbox_mcp_api::auth::valid_tenant(t)
+                {
+                    return Err(format!("{t:?} is not a valid tenant name"));
+                }
+                if words.next().is_some() {
+                    return Err("a line holds a key and at most one tenant".to_string());
+                }
+                Ok((Digest::of(key), Principal { tenant }))
+            })
+            .collect()
     }
     let ring = KeyRing::new(file.map(|f| KeyFile::new(f, parse)));
     fixed

@@ -297,6 +297,27 @@ impl Lifecycle {
         Ok(self.registry.view(&entry))
     }
 
+    /// Sets when the sandbox is killed: `seconds` from now (at most 30 days), or never.
+    pub async fn set_timeout(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+        seconds: Option<u64>,
+    ) -> Result<SandboxView, EngineError> {
+        const MAX_SECONDS: u64 = 30 * 24 * 3600;
+        if seconds.is_some_and(|s| s > MAX_SECONDS) {
+            return Err(EngineError::InvalidArgument(format!(
+                "a timeout is at most {MAX_SECONDS} seconds (30 days)"
+            )));
+        }
+        let entry = self.registry.lookup(id, tenant).await?;
+        let at = seconds.map(|s| ids::now_ms() + (s as i64) * 1000);
+        self.records.set_expiry(id, at).await?;
+        lock(&entry.record).expires_at = at;
+        self.records.acknowledge(&entry.record()).await?;
+        Ok(self.registry.view(&entry))
+    }
+
     /// A page of the sandbox's network log (readable whatever the sandbox's state).
     pub async fn network_log(
         &self,

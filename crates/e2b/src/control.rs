@@ -1,0 +1,600 @@
+//! E2B's control plane: sandboxes created, listed, read, paused, resumed (connected), given a
+//! new timeout and killed, by `X-API-KEY` (an engine key, with its tenant), on the engine's
+//! lifecycle services. Shapes follow E2B's public spec (`spec/openapi.yml` of e2b-dev/E2B);
+//! what has no meaning here answers with a clear error.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
+use sandbox_mcp_model::record::{NetworkRules, Record, Status};
+
+use crate::{Door, ENVD_VERSION, Failure, caller};
+
+/// E2B's default sandbox timeout when a create names none, in seconds.
+const DEFAULT_TIMEOUT: u64 = 15;
+/// Most sandboxes one list page holds.
+const MAX_PAGE: usize = 1000;
+
+type D = State<Arc<Door>>;
+
+pub(crate) fn routes() -> Router<Arc<Door>> {
+    Router::new()
+        .route("/sandboxes", post(create).get(list_running))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/timeout", post(timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/templates", get(templates))
+        .route("/health", get(crate::envd::health))
+        .route("/sandboxes/{id}/snapshots", post(unsupported_snapshots))
+        .route("/sandboxes/{id}/fork", post(unsupported_fork))
+        .route("/teams", get(unsupported_teams))
+        .route(
+            "/volumes",
+            get(unsupported_volumes).post(unsupported_volumes),
+        )
+        .route("/volumes/{id}", delete(unsupported_volumes))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    auto_pause: bool,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(default)]
+    secure: bool,
+    mcp: Option<serde_json::Value>,
+    volume_mounts: Option<serde_json::Value>,
+}
+
+/// The create and connect answer (E2B's `Sandbox`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Created {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    envd_version: &'static str,
+    envd_access_token: String,
+    /// Where the SDK builds sandbox host names: this door itself, never E2B's cloud, so an SDK
+    /// without `E2B_SANDBOX_URL` fails here instead of sending the token elsewhere.
+    domain: Option<String>,
+}
+
+/// A sandbox as read and listed (E2B's `SandboxDetail` and `ListedSandbox`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Detail {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "clientID")]
+    client_id: &'static str,
+    alias: Option<String>,
+    started_at: String,
+    end_at: String,
+    cpu_count: u64,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    state: &'static str,
+    metadata: BTreeMap<String, String>,
+    envd_version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    envd_access_token: Option<String>,
+    domain: Option<String>,
+}
+
+const CLIENT_ID: &str = "sandbox-mcp";
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// The host the client reached this door by: the domain its sandboxes' host names are under.
+fn domain(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| !h.is_empty() && h.len() <= 255)
+        .map(str::to_string)
+}
+
+fn detail(door: &Door, r: &Record, headers: &HeaderMap, token: bool) -> Detail {
+    Detail {
+        template_id: r.template.clone(),
+        sandbox_id: r.id.clone(),
+        client_id: CLIENT_ID,
+        alias: r.name.clone(),
+        started_at: rfc3339(r.created_at),
+        // Without a timeout a sandbox lives until killed: a year on, for clients that need a date.
+        end_at: rfc3339(
+            r.expires_at
+                .unwrap_or(r.created_at + 365 * 24 * 3600 * 1000),
+        ),
+        cpu_count: r.shape.vcpus.ceil().max(1.0) as u64,
+        memory_mb: r.shape.memory_mb,
+        disk_size_mb: r.shape.disk_mb,
+        state: match r.status {
+            Status::Paused => "paused",
+            _ => "running",
+        },
+        metadata: r.metadata.clone(),
+        envd_version: ENVD_VERSION,
+        envd_access_token: token.then(|| door.tokens.of(&r.id)),
+        domain: domain(headers),
+    }
+}
+
+fn created(door: &Door, r: &Record, headers: &HeaderMap) -> Created {
+    Created {
+        template_id: r.template.clone(),
+        sandbox_id: r.id.clone(),
+        client_id: CLIENT_ID,
+        envd_version: ENVD_VERSION,
+        envd_access_token: door.tokens.of(&r.id),
+        domain: domain(headers),
+    }
+}
+
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Failure> {
+    serde_json::from_slice(if body.is_empty() { b"{}" } else { body })
+        .map_err(|e| Failure::bad(format!("invalid request body: {e}")))
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Failure> {
+    env.iter()
+        .map(|(k, v)| {
+            let ok = k.len() <= 256
+                && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !v.contains('\0');
+            if ok {
+                Ok((k.clone(), v.clone()))
+            } else {
+                Err(Failure::bad(format!(
+                    "environment variable {:?} is invalid: a name of letters, digits and `_` not starting with a digit, and a value without NUL",
+                    k.chars().take(64).collect::<String>()
+                )))
+            }
+        })
+        .collect()
+}
+
+fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), Failure> {
+    if m.len() > sandbox_mcp_engine::services::MAX_LABELS {
+        return Err(Failure::bad(format!(
+            "metadata has {} pairs; at most {} are allowed",
+            m.len(),
+            sandbox_mcp_engine::services::MAX_LABELS
+        )));
+    }
+    for (k, v) in m {
+        if k.is_empty()
+            || k.chars().count() > 64
+            || k.contains([',', '=', '\0'])
+            || v.contains('\0')
+        {
+            return Err(Failure::bad(format!(
+                "metadata key {k:?} is invalid: use 1-64 characters without `,`, `=` or NUL"
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn create(State(door): D, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    match try_create(&door, &headers, &body).await {
+        Ok(c) => (StatusCode::CREATED, Json(c)).into_response(),
+        Err(f) => f.into_response(),
+    }
+}
+
+async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Created, Failure> {
+    let tenant = caller(door, headers)?;
+    let new: NewSandbox = parse_body(body)?;
+    if new.auto_pause {
+        return Err(Failure::bad(
+            "autoPause is not supported here: a sandbox is killed at its timeout (pause it yourself with Sandbox.pause())",
+        ));
+    }
+    if new.mcp.is_some() {
+        return Err(Failure::bad(
+            "mcp is not supported here; the engine's own hosted MCP servers are (see its README)",
+        ));
+    }
+    if new.volume_mounts.is_some() {
+        return Err(Failure::bad(
+            "volumeMounts are not supported through the E2B API here; use the engine's volumes",
+        ));
+    }
+    let _ = new.secure;
+    check_metadata(&new.metadata)?;
+    let network = match new.allow_internet_access {
+        Some(false) => NetworkRules {
+            allow_out: Vec::new(),
+            deny_out: vec!["0.0.0.0/0".into(), "::/0".into()],
+        },
+        _ => NetworkRules::default(),
+    };
+    let req = CreateRequest {
+        name: None,
+        template: Some(new.template_id),
+        metadata: new.metadata,
+        env: check_env(&new.env_vars)?,
+        timeout_seconds: Some(new.timeout.unwrap_or(DEFAULT_TIMEOUT)),
+        tenant,
+        network,
+        secrets: BTreeMap::new(),
+        shape: Default::default(),
+        desktop: None,
+        volumes: Vec::new(),
+    };
+    let view = door.manager.pools.create(req).await?;
+    Ok(created(door, &view.record, headers))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    next_token: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `metadata` as the SDKs send it: `key=value&key=value`, URL-encoded (once more by the query).
+fn metadata_filter(raw: Option<&str>) -> Result<Vec<(String, String)>, Failure> {
+    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    raw.split('&')
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').ok_or_else(|| {
+                Failure::bad(format!("metadata filter {pair:?} is not key=value"))
+            })?;
+            Ok((percent_decode(k)?, percent_decode(v)?))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> Result<String, Failure> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 3 <= bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz");
+                let b = u8::from_str_radix(hex, 16)
+                    .map_err(|_| Failure::bad(format!("bad escape in metadata filter {s:?}")))?;
+                out.push(b);
+                i += 3;
+            }
+            b'%' => return Err(Failure::bad(format!("bad escape in metadata filter {s:?}"))),
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| Failure::bad("metadata filter is not UTF-8"))
+}
+
+async fn listed(
+    door: &Door,
+    headers: &HeaderMap,
+    q: &ListQuery,
+    states: &[Status],
+) -> Result<Vec<Record>, Failure> {
+    let tenant = caller(door, headers)?;
+    let filter = metadata_filter(q.metadata.as_deref())?;
+    let mut records = door
+        .manager
+        .lifecycle
+        .list_current(None, &filter, tenant.as_deref())
+        .await?;
+    records.retain(|r| states.contains(&r.status));
+    records.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    Ok(records)
+}
+
+async fn list_running(State(door): D, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    match listed(&door, &headers, &q, &[Status::Running]).await {
+        Ok(records) => Json(
+            records
+                .iter()
+                .map(|r| detail(&door, r, &headers, false))
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
+        Err(f) => f.into_response(),
+    }
+}
+
+async fn list(State(door): D, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    let states = match q.state.as_deref() {
+        None | Some("") => vec![Status::Running, Status::Paused],
+        Some(s) => {
+            let mut out = Vec::new();
+            for part in s.split(',') {
+                match part {
+                    "running" => out.push(Status::Running),
+                    "paused" => out.push(Status::Paused),
+                    other => {
+                        return Failure::bad(format!("state {other:?} is not running or paused"))
+                            .into_response();
+                    }
+                }
+            }
+            out
+        }
+    };
+    let records = match listed(&door, &headers, &q, &states).await {
+        Ok(r) => r,
+        Err(f) => return f.into_response(),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, MAX_PAGE);
+    let start = match q.next_token.as_deref() {
+        None | Some("") => 0,
+        Some(t) => match records.iter().position(|r| r.id == t) {
+            Some(i) => i,
+            None => return Failure::bad("nextToken is not one this engine gave").into_response(),
+        },
+    };
+    let page: Vec<Detail> = records
+        .iter()
+        .skip(start)
+        .take(limit)
+        .map(|r| detail(&door, r, &headers, false))
+        .collect();
+    let mut response = Json(page).into_response();
+    if let Some(next) = records.get(start + limit)
+        && let Ok(v) = HeaderValue::from_str(&next.id)
+    {
+        response.headers_mut().insert("x-next-token", v);
+    }
+    response
+}
+
+async fn view(
+    door: &Door,
+    headers: &HeaderMap,
+    id: &str,
+) -> Result<(SandboxView, Option<String>), Failure> {
+    let tenant = caller(door, headers)?;
+    let view = door
+        .manager
+        .lifecycle
+        .get(id, tenant.as_deref(), false)
+        .await?;
+    Ok((view, tenant))
+}
+
+async fn info(State(door): D, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    match view(&door, &headers, &id).await {
+        Ok((v, _)) => Json(detail(&door, &v.record, &headers, true)).into_response(),
+        Err(f) => f.into_response(),
+    }
+}
+
+async fn kill(State(door): D, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let done = async {
+        let tenant = caller(&door, &headers)?;
+        door.manager.lifecycle.kill(&id, tenant.as_deref()).await?;
+        door.processes.forget_sandbox(&id);
+        Ok::<_, Failure>(StatusCode::NO_CONTENT)
+    };
+    done.await.into_response()
+}
+
+async fn pause(State(door): D, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let done = async {
+        let (v, tenant) = view(&door, &headers, &id).await?;
+        if v.record.status == Status::Paused {
+            return Err(Failure::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {id} is already paused"),
+            ));
+        }
+        door.manager.lifecycle.pause(&id, tenant.as_deref()).await?;
+        Ok(StatusCode::NO_CONTENT)
+    };
+    done.await.into_response()
+}
+
+#[derive(Deserialize)]
+struct Timeout {
+    timeout: Option<u64>,
+}
+
+/// Connect: resumes a paused sandbox (201) or finds a running one (200), and sets its timeout.
+async fn connect(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    resumed(&door, &headers, &id, &body, false).await
+}
+
+/// The older resume: a running sandbox is a conflict.
+async fn resume(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    resumed(&door, &headers, &id, &body, true).await
+}
+
+async fn resumed(
+    door: &Door,
+    headers: &HeaderMap,
+    id: &str,
+    body: &[u8],
+    strict: bool,
+) -> Response {
+    let done = async {
+        let t: Timeout = parse_body(body)?;
+        let (v, tenant) = view(door, headers, id).await?;
+        let was_paused = v.record.status == Status::Paused;
+        if strict && !was_paused {
+            return Err(Failure::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {id} is already running"),
+            ));
+        }
+        let v = if was_paused {
+            door.manager.lifecycle.resume(id, tenant.as_deref()).await?
+        } else {
+            v
+        };
+        if let Some(seconds) = t.timeout {
+            door.manager
+                .lifecycle
+                .set_timeout(id, tenant.as_deref(), Some(seconds))
+                .await?;
+        }
+        let status = if was_paused {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        };
+        Ok((status, Json(created(door, &v.record, headers))))
+    };
+    done.await.into_response()
+}
+
+async fn timeout(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let done = async {
+        let t: Timeout = parse_body(&body)?;
+        let seconds = t
+            .timeout
+            .ok_or_else(|| Failure::bad("timeout (seconds) is required"))?;
+        let tenant = caller(&door, &headers)?;
+        door.manager
+            .lifecycle
+            .set_timeout(&id, tenant.as_deref(), Some(seconds))
+            .await?;
+        Ok::<_, Failure>(StatusCode::NO_CONTENT)
+    };
+    done.await.into_response()
+}
+
+#[derive(Deserialize)]
+struct Refresh {
+    duration: Option<u64>,
+}
+
+/// Extends the sandbox's life by `duration` seconds from now (E2B's keep-alive).
+async fn refresh(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let done = async {
+        let r: Refresh = parse_body(&body)?;
+        let tenant = caller(&door, &headers)?;
+        door.manager
+            .lifecycle
+            .set_timeout(
+                &id,
+                tenant.as_deref(),
+                Some(r.duration.unwrap_or(DEFAULT_TIMEOUT)),
+            )
+            .await?;
+        Ok::<_, Failure>(StatusCode::NO_CONTENT)
+    };
+    done.await.into_response()
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct TemplateInfo {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    aliases: Vec<String>,
+    public: bool,
+    cpu_count: u64,
+    #[serde(rename = "memoryMB")]
+    memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    disk_size_mb: u64,
+    envd_version: &'static str,
+}
+
+async fn templates(State(door): D, headers: HeaderMap) -> Response {
+    let done = async {
+        let tenant = caller(&door, &headers)?;
+        let list = door.manager.catalog.templates_of(tenant.as_deref());
+        Ok::<_, Failure>(Json(
+            list.iter()
+                .map(|t| TemplateInfo {
+                    template_id: t.name.clone(),
+                    aliases: vec![t.name.clone()],
+                    public: true,
+                    cpu_count: t.shape.vcpus.ceil().max(1.0) as u64,
+                    memory_mb: t.shape.memory_mb,
+                    disk_size_mb: t.shape.disk_mb,
+                    envd_version: ENVD_VERSION,
+                })
+                .collect::<Vec<_>>(),
+        ))
+    };
+    done.await.into_response()
+}
+
+async fn unsupported_snapshots() -> Failure {
+    Failure::unsupported("Snapshots through the E2B API (the engine's own API has them)")
+}
+
+async fn unsupported_fork() -> Failure {
+    Failure::unsupported("Forking through the E2B API (the engine's own API has sandbox forks)")
+}
+
+async fn unsupported_teams() -> Failure {
+    Failure::unsupported("Teams and billing")
+}
+
+async fn unsupported_volumes() -> Failure {
+    Failure::unsupported("E2B's volumes service (the engine's own named volumes are separate)")
+}

@@ -1,0 +1,134 @@
+//! envd, the API E2B's SDKs expect inside each sandbox, served by the engine through the
+//! sandbox's agent: `/health`, `/files` ([`crate::files`]), and the `process` ([`crate::process`])
+//! and `filesystem` ([`crate::files`]) Connect services.
+//!
+//! A request names its sandbox with `E2b-Sandbox-Id` (the SDKs send it when `E2B_SANDBOX_URL`
+//! points here) and carries that sandbox's access token in `X-Access-Token`: the token opens
+//! that sandbox only, whoever's it is. A sandbox that does not run (killed, never made) answers
+//! 502 as E2B's proxy does, so the SDKs report it the same way.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::Door;
+use crate::connect::RpcError;
+
+pub(crate) fn routes() -> Router<Arc<Door>> {
+    Router::new()
+        .route(
+            "/files",
+            get(crate::files::download).post(crate::files::upload),
+        )
+        .route("/envs", get(envs))
+        .route("/process.Process/{method}", post(crate::process::rpc))
+        .route("/filesystem.Filesystem/{method}", post(crate::files::rpc))
+}
+
+/// Which sandbox a request is for, once its token is checked, and that it runs.
+pub(crate) struct Sandbox {
+    pub(crate) id: String,
+}
+
+/// Why an envd request is refused, as E2B's proxy and envd answer.
+pub(crate) enum Refusal {
+    NoSandbox,
+    BadToken,
+    NotFound(String),
+}
+
+impl Refusal {
+    pub(crate) fn rpc(self) -> RpcError {
+        match self {
+            Refusal::NoSandbox => RpcError::invalid(
+                "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this engine's E2B address",
+            ),
+            Refusal::BadToken => RpcError::new(
+                "unauthenticated",
+                "invalid or missing X-Access-Token for this sandbox",
+            ),
+            Refusal::NotFound(id) => {
+                RpcError::new("unavailable", format!("sandbox {id} was not found"))
+            }
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Refusal::NotFound(id) => (
+                StatusCode::BAD_GATEWAY,
+                axum::Json(serde_json::json!({
+                    "sandboxId": id,
+                    "message": "The sandbox was not found",
+                    "code": 502,
+                })),
+            )
+                .into_response(),
+            Refusal::NoSandbox => crate::Failure::bad(
+                "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this engine's E2B address",
+            )
+            .into_response(),
+            Refusal::BadToken => crate::Failure::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid or missing X-Access-Token for this sandbox",
+            )
+            .into_response(),
+        }
+    }
+}
+
+/// The sandbox a request is for: named, its token right, and known to the engine (a paused one
+/// is resumed by the first call that needs its agent, as on the engine's own API).
+pub(crate) async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox, Refusal> {
+    let id = headers
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty())
+        .ok_or(Refusal::NoSandbox)?;
+    let token = headers
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !door.tokens.opens(id, token) {
+        return Err(Refusal::BadToken);
+    }
+    if door.manager.lifecycle.get(id, None, false).await.is_err() {
+        return Err(Refusal::NotFound(id.chars().take(64).collect()));
+    }
+    Ok(Sandbox { id: id.to_string() })
+}
+
+/// `/health`: envd's (204) when a sandbox is named, else the control plane's (200).
+pub(crate) async fn health(State(door): State<Arc<Door>>, headers: HeaderMap) -> Response {
+    if headers.get("e2b-sandbox-id").is_none() {
+        return StatusCode::OK.into_response();
+    }
+    match sandbox(&door, &headers).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(r) => r.into_response(),
+    }
+}
+
+/// `/envs`: the sandbox's environment variables (those it was created with).
+async fn envs(State(door): State<Arc<Door>>, headers: HeaderMap) -> Response {
+    let s = match sandbox(&door, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    match door.manager.lifecycle.get(&s.id, None, false).await {
+        Ok(v) => axum::Json(
+            v.record
+                .env
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+        .into_response(),
+        Err(e) => crate::Failure::from(e).into_response(),
+    }
+}

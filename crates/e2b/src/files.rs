@@ -1,0 +1,396 @@
+//! Files: envd's `/files` (download; upload as multipart or an octet stream, gzip or not) and its
+//! `filesystem` Connect service (stat, list, make a directory, move, remove), on the agent's
+//! file calls. Paths are the sandbox's own, resolved by the agent as for the engine's own API.
+
+use std::io::Read as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::Deserialize;
+
+use sandbox_mcp_engine::error::EngineError;
+use sandbox_mcp_engine::services::{READ_LIMIT, WRITE_LIMIT};
+use sandbox_mcp_protocol::{Delete, Dir, DirEntry, FileKind, ListDir, Move, ReadFile, WriteFile};
+
+use crate::connect::{self, RpcError};
+use crate::envd::sandbox;
+use crate::{Door, Failure};
+
+/// Largest upload body taken (a multipart body carries a little more than its files).
+pub(crate) const UPLOAD_LIMIT: usize = WRITE_LIMIT + 64 * 1024;
+/// Deadline of one file call to the agent.
+const DEADLINE: Duration = Duration::from_secs(60);
+/// Most entries a directory listing returns.
+const LIST_MAX: u64 = 10_000;
+
+#[derive(Deserialize)]
+pub(crate) struct FileQuery {
+    path: Option<String>,
+    /// Ignored: every file operation runs as the sandbox's user.
+    #[allow(dead_code)]
+    username: Option<String>,
+}
+
+pub(crate) async fn download(
+    State(door): State<Arc<Door>>,
+    headers: HeaderMap,
+    Query(q): Query<FileQuery>,
+) -> Response {
+    let s = match sandbox(&door, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let Some(path) = q.path.filter(|p| !p.is_empty()) else {
+        return Failure::bad("the path query parameter is required").into_response();
+    };
+    let read = ReadFile {
+        path,
+        max_bytes: READ_LIMIT * 8,
+    };
+    match door.manager.agent.call(&s.id, None, read, DEADLINE).await {
+        Ok(file) => match B64.decode(&file.data_b64) {
+            Ok(bytes) => {
+                ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
+            }
+            Err(e) => Failure::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the agent sent invalid base64: {e}"),
+            )
+            .into_response(),
+        },
+        Err(e) => Failure::from(e).into_response(),
+    }
+}
+
+pub(crate) async fn upload(
+    State(door): State<Arc<Door>>,
+    headers: HeaderMap,
+    Query(q): Query<FileQuery>,
+    body: axum::body::Bytes,
+) -> Response {
+    let s = match sandbox(&door, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let files = match uploaded(&headers, q.path, &body) {
+        Ok(f) => f,
+        Err(f) => return f.into_response(),
+    };
+    let mut written = Vec::new();
+    for (path, data) in files {
+        if data.len() > WRITE_LIMIT {
+            return Failure::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "{path} is {} bytes; a file written here is at most {WRITE_LIMIT} bytes",
+                    data.len()
+                ),
+            )
+            .into_response();
+        }
+        let write = WriteFile {
+            path: path.clone(),
+            data_b64: B64.encode(&data),
+        };
+        match door.manager.agent.call(&s.id, None, write, DEADLINE).await {
+            Ok(w) => written.push(serde_json::json!({
+                "name": std::path::Path::new(&w.path)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                "type": "file",
+                "path": w.path,
+            })),
+            Err(e) => return Failure::from(e).into_response(),
+        }
+    }
+    axum::Json(written).into_response()
+}
+
+/// The files of an upload: one octet stream at `path`, or each part of a multipart body (its
+/// file name the path, as the SDKs send it).
+fn uploaded(
+    headers: &HeaderMap,
+    path: Option<String>,
+    body: &[u8],
+) -> Result<Vec<(String, Vec<u8>)>, Failure> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let gzip = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str()) {
+        None | Some(Ok("identity")) => false,
+        Some(Ok("gzip")) => true,
+        _ => return Err(Failure::bad("Content-Encoding is gzip or nothing")),
+    };
+    if let Some(boundary) = content_type
+        .strip_prefix("multipart/form-data")
+        .and_then(|rest| {
+            rest.split(';')
+                .find_map(|p| p.trim().strip_prefix("boundary="))
+        })
+    {
+        let boundary = boundary.trim_matches('"');
+        return multipart(body, boundary, path.as_deref());
+    }
+    let path = path
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| Failure::bad("the path query parameter is required"))?;
+    let data = if gzip {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(body)
+            .take(WRITE_LIMIT as u64 + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| Failure::bad(format!("the gzip body is invalid: {e}")))?;
+        out
+    } else {
+        body.to_vec()
+    };
+    Ok(vec![(path, data)])
+}
+
+/// A `multipart/form-data` body's file parts: (the part's file name, or `fallback`, and bytes).
+fn multipart(
+    body: &[u8],
+    boundary: &str,
+    fallback: Option<&str>,
+) -> Result<Vec<(String, Vec<u8>)>, Failure> {
+    if boundary.is_empty() || boundary.len() > 200 {
+        return Err(Failure::bad(
+            "a multipart body needs a boundary of 1-200 characters",
+        ));
+    }
+    let delimiter = format!("--{boundary}");
+    let mut parts = Vec::new();
+    let mut rest = body;
+    // Everything before the first delimiter is a preamble.
+    let start = memchr::memmem::find(rest, delimiter.as_bytes())
+        .ok_or_else(|| Failure::bad("the multipart body has no part"))?;
+    rest = &rest[start + delimiter.len()..];
+    let next = format!("\r\n--{boundary}");
+    loop {
+        if rest.starts_with(b"--") {
+            break;
+        }
+        rest = rest
+            .strip_prefix(b"\r\n")
+            .ok_or_else(|| Failure::bad("a malformed multipart body"))?;
+        let head_end = memchr::memmem::find(rest, b"\r\n\r\n")
+            .ok_or_else(|| Failure::bad("a multipart part without headers' end"))?;
+        let head = std::str::from_utf8(&rest[..head_end])
+            .map_err(|_| Failure::bad("multipart headers are not UTF-8"))?;
+        let content = &rest[head_end + 4..];
+        let end = memchr::memmem::find(content, next.as_bytes())
+            .ok_or_else(|| Failure::bad("a multipart part without its closing delimiter"))?;
+        let filename = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            if !name.trim().eq_ignore_ascii_case("content-disposition") {
+                return None;
+            }
+            value.split(';').find_map(|p| {
+                p.trim()
+                    .strip_prefix("filename=")
+                    .map(|f| f.trim_matches('"').to_string())
+            })
+        });
+        let path = filename
+            .filter(|f| !f.is_empty())
+            .or_else(|| fallback.map(str::to_string))
+            .ok_or_else(|| Failure::bad("a multipart part names no file"))?;
+        parts.push((path, content[..end].to_vec()));
+        rest = &content[end + next.len()..];
+    }
+    Ok(parts)
+}
+
+pub(crate) async fn rpc(
+    State(door): State<Arc<Door>>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let s = match sandbox(&door, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r.rpc().into_response(),
+    };
+    let req: Req = match connect::request(&headers, &body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let id = s.id.as_str();
+    connect::reply(match method.as_str() {
+        "Stat" => stat(&door, id, req.path())
+            .await
+            .map(|e| serde_json::json!({"entry": e})),
+        "ListDir" => list(&door, id, req.path()).await,
+        "MakeDir" => make_dir(&door, id, req.path()).await,
+        "Move" => moved(&door, id, &req).await,
+        "Remove" => remove(&door, id, req.path()).await,
+        "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(RpcError::new(
+            "unimplemented",
+            "watching directories is not supported by this engine yet",
+        )),
+        other => Err(RpcError::new(
+            "unimplemented",
+            format!("no method filesystem.Filesystem/{other}"),
+        )),
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Req {
+    path: String,
+    source: String,
+    destination: String,
+}
+
+impl Req {
+    fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+fn entry(dir: &str, e: &DirEntry) -> serde_json::Value {
+    let path = if dir.ends_with('/') {
+        format!("{dir}{}", e.name)
+    } else {
+        format!("{dir}/{}", e.name)
+    };
+    let kind = match e.kind {
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        _ => "FILE_TYPE_FILE",
+    };
+    serde_json::json!({
+        "name": e.name,
+        "type": kind,
+        "path": path,
+        "size": e.size.to_string(),
+        "modifiedTime": chrono::DateTime::from_timestamp(e.mtime, 0)
+            .unwrap_or_default()
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    })
+}
+
+async fn listing(door: &Door, id: &str, path: &str) -> Result<Dir, EngineError> {
+    let list = ListDir {
+        path: path.to_string(),
+        max_entries: LIST_MAX,
+    };
+    door.manager.agent.call(id, None, list, DEADLINE).await
+}
+
+/// An entry found by listing its parent (the agent has no stat of its own).
+async fn stat(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
+    if path.is_empty() {
+        return Err(RpcError::invalid("path is required"));
+    }
+    let trimmed = path.trim_end_matches('/');
+    if trimmed.is_empty() {
+        return Ok(serde_json::json!({"name": "/", "type": "FILE_TYPE_DIRECTORY", "path": "/"}));
+    }
+    let (parent, name) = match trimmed.rsplit_once('/') {
+        Some(("", name)) => ("/", name),
+        Some((parent, name)) => (parent, name),
+        None => (".", trimmed),
+    };
+    let dir = listing(door, id, parent).await?;
+    dir.entries
+        .iter()
+        .find(|e| e.name == name)
+        .map(|e| entry(&dir.path, e))
+        .ok_or_else(|| RpcError::not_found(format!("{path} does not exist")))
+}
+
+async fn list(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
+    let dir = listing(door, id, path).await?;
+    let entries: Vec<serde_json::Value> = dir.entries.iter().map(|e| entry(&dir.path, e)).collect();
+    Ok(serde_json::json!({"entries": entries}))
+}
+
+/// A directory with its parents; `already_exists` when it was there (the SDKs answer `false`).
+async fn make_dir(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
+    if path.is_empty() {
+        return Err(RpcError::invalid("path is required"));
+    }
+    if stat(door, id, path).await.is_ok() {
+        return Err(RpcError::new(
+            "already_exists",
+            format!("{path} already exists"),
+        ));
+    }
+    // The agent makes a file's parent directories: a placeholder made and deleted leaves them.
+    let marker = format!("{}/.e2b-make-dir", path.trim_end_matches('/'));
+    let write = WriteFile {
+        path: marker.clone(),
+        data_b64: String::new(),
+    };
+    door.manager.agent.call(id, None, write, DEADLINE).await?;
+    let delete = Delete {
+        path: marker,
+        recursive: false,
+    };
+    door.manager.agent.call(id, None, delete, DEADLINE).await?;
+    Ok(serde_json::json!({"entry": stat(door, id, path).await?}))
+}
+
+async fn moved(door: &Door, id: &str, req: &Req) -> Result<serde_json::Value, RpcError> {
+    if req.source.is_empty() || req.destination.is_empty() {
+        return Err(RpcError::invalid("source and destination are required"));
+    }
+    let m = Move {
+        from: req.source.clone(),
+        to: req.destination.clone(),
+    };
+    let done = door.manager.agent.call(id, None, m, DEADLINE).await?;
+    Ok(serde_json::json!({"entry": stat(door, id, &done.to).await?}))
+}
+
+async fn remove(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
+    if path.is_empty() {
+        return Err(RpcError::invalid("path is required"));
+    }
+    let d = Delete {
+        path: path.to_string(),
+        recursive: true,
+    };
+    door.manager.agent.call(id, None, d, DEADLINE).await?;
+    Ok(serde_json::json!({}))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multipart_parts_are_found_with_their_file_names() {
+        let body = b"preamble\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"/a/b.txt\"\r\nContent-Type: application/octet-stream\r\n\r\nhello\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"c\"\r\n\r\n\r\n--x\r\n--XyZ--\r\n";
+        let parts = multipart(body, "XyZ", None).unwrap();
+        assert_eq!(
+            parts,
+            vec![
+                ("/a/b.txt".to_string(), b"hello".to_vec()),
+                ("c".to_string(), b"\r\n--x".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn a_malformed_multipart_body_is_refused() {
+        for body in [
+            &b"no delimiter"[..],
+            b"--B\r\nContent-Disposition: form-data\r\n\r\nno end",
+            b"--B\r\nno header end",
+            b"--B\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nx\r\n--B--",
+        ] {
+            assert!(multipart(body, "B", None).is_err(), "{body:?}");
+        }
+        assert!(multipart(b"--B--", "", None).is_err());
+    }
+}

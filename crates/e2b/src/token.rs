@@ -1,0 +1,90 @@
+//! envd access tokens: one per sandbox, an HMAC of its id under a secret the engine keeps in its
+//! data dir (`e2b.secret`, 0600, made once). A token opens its own sandbox's envd and nothing
+//! else; nothing is stored per sandbox, and tokens handed out survive a restart.
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use ring::hmac;
+
+const SECRET_FILE: &str = "e2b.secret";
+
+pub(crate) struct Tokens {
+    key: hmac::Key,
+}
+
+impl Tokens {
+    pub(crate) fn open(data_dir: &Path) -> io::Result<Self> {
+        let path = data_dir.join(SECRET_FILE);
+        let mut secret = [0u8; 32];
+        match std::fs::File::open(&path) {
+            Ok(mut f) => {
+                f.read_exact(&mut secret).map_err(|e| {
+                    io::Error::new(e.kind(), format!("{} is damaged: {e}", path.display()))
+                })?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                getrandom::fill(&mut secret)
+                    .map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
+                let tmp = data_dir.join(format!("{SECRET_FILE}.tmp"));
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)?;
+                f.write_all(&secret)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &path)?;
+            }
+            Err(e) => return Err(e),
+        }
+        Ok(Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, &secret),
+        })
+    }
+
+    /// Sandbox `id`'s envd token.
+    pub(crate) fn of(&self, id: &str) -> String {
+        B64.encode(hmac::sign(&self.key, format!("envd:{id}").as_bytes()).as_ref())
+    }
+
+    /// Whether `token` is sandbox `id`'s (in constant time).
+    pub(crate) fn opens(&self, id: &str, token: &str) -> bool {
+        match B64.decode(token) {
+            Ok(tag) => hmac::verify(&self.key, format!("envd:{id}").as_bytes(), &tag).is_ok(),
+            Err(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_opens_its_own_sandbox_only_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = Tokens::open(dir.path()).unwrap();
+        let a = tokens.of("sbx_a");
+        assert!(tokens.opens("sbx_a", &a));
+        assert!(!tokens.opens("sbx_b", &a));
+        assert!(!tokens.opens("sbx_a", "not a token"));
+        assert!(!tokens.opens("sbx_a", &a[1..]));
+        let again = Tokens::open(dir.path()).unwrap();
+        assert_eq!(again.of("sbx_a"), a);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(dir.path().join(SECRET_FILE))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
+        // Another engine's data dir, another secret.
+        let other = tempfile::tempdir().unwrap();
+        assert!(!Tokens::open(other.path()).unwrap().opens("sbx_a", &a));
+    }
+}
