@@ -20,6 +20,8 @@ use crate::{Door, ENVD_VERSION, Failure, caller};
 
 /// E2B's default sandbox timeout when a create names none, in seconds.
 const DEFAULT_TIMEOUT: u64 = 15;
+/// The template `e2b-code-interpreter` asks for.
+const CODE_INTERPRETER: &str = "code-interpreter-v1";
 /// Most sandboxes one list page holds.
 const MAX_PAGE: usize = 1000;
 
@@ -80,6 +82,7 @@ struct Created {
     client_id: &'static str,
     envd_version: &'static str,
     envd_access_token: String,
+    traffic_access_token: String,
     /// Where the SDK builds sandbox host names: this door itself, never E2B's cloud, so an SDK
     /// without `E2B_SANDBOX_URL` fails here instead of sending the token elsewhere.
     domain: Option<String>,
@@ -161,6 +164,7 @@ fn created(door: &Door, r: &Record, headers: &HeaderMap) -> Created {
         client_id: CLIENT_ID,
         envd_version: ENVD_VERSION,
         envd_access_token: door.tokens.of(&r.id),
+        traffic_access_token: door.tokens.traffic_of(&r.id),
         domain: domain(headers),
     }
 }
@@ -245,9 +249,24 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
         },
         _ => NetworkRules::default(),
     };
+    // E2B's code interpreter template is its base with a Jupyter server; here the engine's REPL
+    // contexts serve that API in any template, so it names the default one unless one by that
+    // name exists.
+    let template = match new.template_id.as_str() {
+        CODE_INTERPRETER | "code-interpreter"
+            if door
+                .manager
+                .catalog
+                .template_for(tenant.as_deref(), &new.template_id)
+                .is_err() =>
+        {
+            door.manager.catalog.default_template()
+        }
+        _ => new.template_id,
+    };
     let req = CreateRequest {
         name: None,
-        template: Some(new.template_id),
+        template: Some(template),
         metadata: new.metadata,
         env: check_env(&new.env_vars)?,
         timeout_seconds: Some(new.timeout.unwrap_or(DEFAULT_TIMEOUT)),

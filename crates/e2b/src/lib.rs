@@ -14,6 +14,7 @@ mod connect;
 mod control;
 mod envd;
 mod files;
+mod jupyter;
 mod process;
 mod token;
 
@@ -74,6 +75,7 @@ pub async fn serve(listener: TcpListener, door: Arc<Door>, stop: CancellationTok
 fn router(door: Arc<Door>) -> Router {
     control::routes()
         .merge(envd::routes())
+        .merge(jupyter::routes())
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "no such endpoint here") })
         .layer(axum::extract::DefaultBodyLimit::max(files::UPLOAD_LIMIT))
         .with_state(door)
@@ -92,6 +94,10 @@ impl Failure {
             status,
             message: message.into(),
         }
+    }
+
+    pub(crate) fn message(&self) -> &str {
+        &self.message
     }
 
     pub(crate) fn bad(message: impl Into<String>) -> Self {

@@ -49,13 +49,33 @@ impl Tokens {
 
     /// Sandbox `id`'s envd token.
     pub(crate) fn of(&self, id: &str) -> String {
-        B64.encode(hmac::sign(&self.key, format!("envd:{id}").as_bytes()).as_ref())
+        self.sign("envd", id)
     }
 
-    /// Whether `token` is sandbox `id`'s (in constant time).
+    /// Sandbox `id`'s traffic token: what the SDKs send to its ports (the code interpreter's).
+    pub(crate) fn traffic_of(&self, id: &str) -> String {
+        self.sign("traffic", id)
+    }
+
+    fn sign(&self, purpose: &str, id: &str) -> String {
+        B64.encode(hmac::sign(&self.key, format!("{purpose}:{id}").as_bytes()).as_ref())
+    }
+
+    /// Whether `token` is sandbox `id`'s envd token (in constant time).
     pub(crate) fn opens(&self, id: &str, token: &str) -> bool {
+        self.verify("envd", id, token)
+    }
+
+    /// Whether `token` is sandbox `id`'s traffic token (in constant time).
+    pub(crate) fn opens_traffic(&self, id: &str, token: &str) -> bool {
+        self.verify("traffic", id, token)
+    }
+
+    fn verify(&self, purpose: &str, id: &str, token: &str) -> bool {
         match B64.decode(token) {
-            Ok(tag) => hmac::verify(&self.key, format!("envd:{id}").as_bytes(), &tag).is_ok(),
+            Ok(tag) => {
+                hmac::verify(&self.key, format!("{purpose}:{id}").as_bytes(), &tag).is_ok()
+            }
             Err(_) => false,
         }
     }
@@ -75,6 +95,10 @@ mod tests {
         assert!(!tokens.opens("sbx_b", &a));
         assert!(!tokens.opens("sbx_a", "not a token"));
         assert!(!tokens.opens("sbx_a", &a[1..]));
+        // The traffic token is another: neither opens what the other does.
+        let t = tokens.traffic_of("sbx_a");
+        assert!(tokens.opens_traffic("sbx_a", &t) && !tokens.opens("sbx_a", &t));
+        assert!(!tokens.opens_traffic("sbx_a", &a) && !tokens.opens_traffic("sbx_b", &t));
         let again = Tokens::open(dir.path()).unwrap();
         assert_eq!(again.of("sbx_a"), a);
         let mode = std::os::unix::fs::PermissionsExt::mode(
