@@ -288,6 +288,8 @@ struct ListQuery {
     state: Option<String>,
     next_token: Option<String>,
     limit: Option<usize>,
+    template: Option<String>,
+    started_after: Option<String>,
 }
 
 /// `metadata` as the SDKs send it: `key=value&key=value`, URL-encoded (once more by the query).
@@ -345,7 +347,19 @@ async fn listed(
         .lifecycle
         .list_current(None, &filter, tenant.as_deref())
         .await?;
-    records.retain(|r| states.contains(&r.status));
+    let after = match q.started_after.as_deref() {
+        Some(t) => Some(
+            chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| Failure::bad(format!("startedAfter is not an RFC 3339 time: {e}")))?
+                .timestamp_millis(),
+        ),
+        None => None,
+    };
+    records.retain(|r| {
+        states.contains(&r.status)
+            && q.template.as_ref().is_none_or(|t| *t == r.template)
+            && after.is_none_or(|a| r.created_at >= a)
+    });
     records.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
     Ok(records)
 }

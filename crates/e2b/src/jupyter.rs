@@ -101,20 +101,27 @@ async fn execute(State(door): State<Arc<Door>>, headers: HeaderMap, body: axum::
         Ok(l) => l,
         Err(f) => return f.into_response(),
     };
-    let env = req
-        .env_vars
-        .unwrap_or_default()
-        .into_iter()
-        .collect::<Vec<_>>();
+    let env = req.env_vars.unwrap_or_default();
+    let context_id = req.context_id;
     let spec = RunCodeSpec {
         code: req.code,
-        context_id: req.context_id,
+        context_id: context_id.clone(),
         language: lang,
         timeout_ms: CELL_TIMEOUT_MS,
         max_output_bytes: EXEC_OUTPUT_CAP,
         stream: true,
-        env,
+        env: Vec::new(),
     };
+    // The cell's variables are set in the interpreter for it, and put back after it.
+    let (set, restore) = match env_cells(lang, &env) {
+        Ok(cells) => cells,
+        Err(f) => return f.into_response(),
+    };
+    if let Some(code) = set
+        && let Err(e) = helper_cell(&door, &s.id, lang, context_id.clone(), code).await
+    {
+        return Failure::from(e).into_response();
+    }
     let deadline = door.manager.agent.exec_deadline(CELL_TIMEOUT_MS);
     let events = match door.manager.agent.stream(&s.id, None, spec, deadline).await {
         Ok(e) => e,
@@ -141,8 +148,86 @@ async fn execute(State(door): State<Arc<Door>>, headers: HeaderMap, body: axum::
         };
         futures::stream::iter(out)
     });
+    let (door2, id2) = (door.clone(), s.id.clone());
+    let after = futures::stream::once(async move {
+        if let Some(code) = restore
+            && let Err(e) = helper_cell(&door2, &id2, lang, context_id, code).await
+        {
+            tracing::warn!(sandbox = %id2, "cannot put a cell's environment back: {e}");
+        }
+    })
+    .filter_map(|()| async { None::<axum::body::Bytes> });
+    let lines = lines.chain(after);
     let body = axum::body::Body::from_stream(lines.map(Ok::<_, std::convert::Infallible>));
     ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+}
+
+/// The cells that set a cell's environment variables in its interpreter and put them back.
+fn env_cells(
+    lang: Language,
+    env: &std::collections::BTreeMap<String, String>,
+) -> Result<(Option<String>, Option<String>), Failure> {
+    if env.is_empty() {
+        return Ok((None, None));
+    }
+    for (k, v) in env {
+        let ok = !k.is_empty()
+            && k.len() <= 256
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !v.contains('\0');
+        if !ok {
+            return Err(Failure::bad(format!(
+                "environment variable {:?} is invalid",
+                k.chars().take(64).collect::<String>()
+            )));
+        }
+    }
+    let json = serde_json::to_string(env).unwrap_or_default();
+    Ok(match lang {
+        Language::Python => {
+            // A JSON string is a Python string literal too.
+            let literal = serde_json::to_string(&json).unwrap_or_default();
+            (
+                Some(format!(
+                    "import os as _e2b_os, json as _e2b_json\n_e2b_new = _e2b_json.loads({literal})\n_e2b_saved = {{k: _e2b_os.environ.get(k) for k in _e2b_new}}\n_e2b_os.environ.update(_e2b_new)\nNone"
+                )),
+                Some(
+                    "for _e2b_k, _e2b_v in _e2b_saved.items():\n    if _e2b_v is None:\n        _e2b_os.environ.pop(_e2b_k, None)\n    else:\n        _e2b_os.environ[_e2b_k] = _e2b_v\nNone".to_string(),
+                ),
+            )
+        }
+        Language::Node => (
+            Some(format!(
+                "globalThis.__e2bNew = {json}; globalThis.__e2bSaved = Object.fromEntries(Object.keys(__e2bNew).map(k => [k, process.env[k]])); Object.assign(process.env, __e2bNew); undefined"
+            )),
+            Some(
+                "for (const [k, v] of Object.entries(globalThis.__e2bSaved)) { if (v === undefined) delete process.env[k]; else process.env[k] = v; } undefined".to_string(),
+            ),
+        ),
+    })
+}
+
+/// Runs one of the door's own cells in the context a cell runs in.
+async fn helper_cell(
+    door: &Door,
+    id: &str,
+    lang: Language,
+    context_id: Option<String>,
+    code: String,
+) -> Result<(), sandbox_mcp_engine::error::EngineError> {
+    let spec = RunCodeSpec {
+        code,
+        context_id,
+        language: lang,
+        timeout_ms: 10_000,
+        max_output_bytes: 1024,
+        stream: false,
+        env: Vec::new(),
+    };
+    let deadline = door.manager.agent.exec_deadline(10_000);
+    door.manager.agent.call(id, None, spec, deadline).await?;
+    Ok(())
 }
 
 fn context_json(c: &ContextInfo) -> serde_json::Value {
