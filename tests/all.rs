@@ -21,6 +21,7 @@ mod conformance;
 mod containment;
 mod desktop;
 mod docs;
+mod e2b;
 mod engine_api;
 mod engine_budgets;
 mod engine_lifecycle;

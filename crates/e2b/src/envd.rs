@@ -91,12 +91,20 @@ pub(crate) async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox,
         .and_then(|v| v.to_str().ok())
         .filter(|v| !v.is_empty())
         .ok_or(Refusal::NoSandbox)?;
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    };
     // The envd token opens everything of the sandbox; the traffic token, which the SDKs send to
     // its ports, opens the code interpreter's calls (port 49999) only.
     let to_port = header("e2b-sandbox-port") == "49999";
     let opened = door.tokens.opens(id, header("x-access-token"))
-        || (to_port && door.tokens.opens_traffic(id, header("e2b-traffic-access-token")));
+        || (to_port
+            && door
+                .tokens
+                .opens_traffic(id, header("e2b-traffic-access-token")));
     if !opened {
         return Err(Refusal::BadToken);
     }

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post};
-use axum::Router;
 use futures::StreamExt as _;
 use serde::Deserialize;
 
@@ -85,7 +85,11 @@ fn outcome_lines(o: &CodeOutcome) -> Vec<axum::body::Bytes> {
     out
 }
 
-async fn execute(State(door): State<Arc<Door>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+async fn execute(
+    State(door): State<Arc<Door>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     let s = match sandbox(&door, &headers).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
@@ -245,7 +249,11 @@ struct NewContext {
     cwd: Option<String>,
 }
 
-async fn create(State(door): State<Arc<Door>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+async fn create(
+    State(door): State<Arc<Door>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
     let done = async {
         let s = sandbox(&door, &headers).await?;
         let req: NewContext = serde_json::from_slice(if body.is_empty() { b"{}" } else { &body })
@@ -280,12 +288,21 @@ async fn list(State(door): State<Arc<Door>>, headers: HeaderMap) -> Response {
     done.await.into_response()
 }
 
-async fn remove(State(door): State<Arc<Door>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn remove(
+    State(door): State<Arc<Door>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let done = async {
         let s = sandbox(&door, &headers).await?;
         door.manager
             .agent
-            .call(&s.id, None, DeleteContext { context_id: id }, CONTEXT_DEADLINE)
+            .call(
+                &s.id,
+                None,
+                DeleteContext { context_id: id },
+                CONTEXT_DEADLINE,
+            )
             .await?;
         Ok::<_, Refused>(StatusCode::NO_CONTENT)
     };
@@ -293,7 +310,11 @@ async fn remove(State(door): State<Arc<Door>>, headers: HeaderMap, Path(id): Pat
 }
 
 /// A restart ends the context's interpreter; the next cell starts a fresh one, same id.
-async fn restart(State(door): State<Arc<Door>>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+async fn restart(
+    State(door): State<Arc<Door>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
     let done = async {
         let s = sandbox(&door, &headers).await?;
         let list = door
@@ -305,7 +326,9 @@ async fn restart(State(door): State<Arc<Door>>, headers: HeaderMap, Path(id): Pa
             .contexts
             .iter()
             .find(|c| c.context_id == id)
-            .ok_or_else(|| Failure::new(StatusCode::NOT_FOUND, format!("context {id} not found")))?;
+            .ok_or_else(|| {
+                Failure::new(StatusCode::NOT_FOUND, format!("context {id} not found"))
+            })?;
         if c.alive {
             let code = match c.language {
                 Language::Python => "import os; os._exit(0)",

@@ -73,9 +73,7 @@ impl Tokens {
 
     fn verify(&self, purpose: &str, id: &str, token: &str) -> bool {
         match B64.decode(token) {
-            Ok(tag) => {
-                hmac::verify(&self.key, format!("{purpose}:{id}").as_bytes(), &tag).is_ok()
-            }
+            Ok(tag) => hmac::verify(&self.key, format!("{purpose}:{id}").as_bytes(), &tag).is_ok(),
             Err(_) => false,
         }
     }

@@ -1,0 +1,151 @@
+//! E2B's API on the engine (`--e2b-listen`): the official SDKs from the registries, unmodified,
+//! through every call the engine supports ([`sdk`]: PyPI `e2b` sync and async, and
+//! `e2b-code-interpreter`), and what the door must refuse ([`doors`]: another tenant's
+//! sandboxes, another sandbox's token, a killed sandbox, what has no meaning here, bad input).
+
+use std::path::Path;
+
+use crate::common::{kill_left_behind, spawn_engine_process_env};
+
+mod doors;
+mod sdk;
+
+/// An engine process serving E2B's API too, on a data dir of its own, with `keys_file` (lines
+/// `KEY TENANT`) beside the test key. Killed, and its sandboxes with it, when dropped.
+pub struct E2bEngine {
+    child: std::process::Child,
+    pub e2b: String,
+    data: tempfile::TempDir,
+}
+
+impl E2bEngine {
+    pub async fn start(keys_file: &str) -> E2bEngine {
+        let data = tempfile::Builder::new()
+            .prefix("smcp")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let keys = data.path().join("keys");
+        std::fs::write(&keys, keys_file).unwrap();
+        let port = sandbox_mcp_testkit::engine::free_port();
+        let e2b = format!("127.0.0.1:{port}");
+        let env = [
+            ("SANDBOX_MCP_E2B_LISTEN", e2b.as_str()),
+            ("SANDBOX_MCP_ENGINE_KEYS_FILE", keys.to_str().unwrap()),
+        ];
+        let (child, _) = spawn_engine_process_env(&data.path().join("data"), &env).await;
+        E2bEngine {
+            child,
+            e2b: format!("http://{e2b}"),
+            data,
+        }
+    }
+
+    fn data_dir(&self) -> std::path::PathBuf {
+        self.data.path().join("data")
+    }
+}
+
+impl Drop for E2bEngine {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        kill_left_behind(&self.data_dir());
+    }
+}
+
+/// Whether `/usr/bin/python3` imports `module`.
+fn python_has(module: &str) -> bool {
+    std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &format!("import {module}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The E2B SDKs for `/usr/bin/python3`, installed from PyPI when missing (as root, once).
+fn sdks() -> Result<(), String> {
+    static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        crate::common::ensure_host_tools();
+        if nix::unistd::geteuid().is_root()
+            && !(python_has("e2b") && python_has("e2b_code_interpreter"))
+        {
+            eprintln!("tests: installing the E2B SDKs (e2b, e2b-code-interpreter) with pip");
+            let _ = std::process::Command::new("/usr/bin/python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "--root-user-action=ignore",
+                    "--break-system-packages",
+                    "e2b>=2.20",
+                    "e2b-code-interpreter>=2",
+                ])
+                .status();
+        }
+        if python_has("e2b") && python_has("e2b_code_interpreter") {
+            Ok(())
+        } else {
+            Err(
+                "the E2B Python SDKs are not installed (pip install e2b e2b-code-interpreter)"
+                    .into(),
+            )
+        }
+    })
+    .clone()
+}
+
+/// Skips (or fails under SANDBOX_MCP_REQUIRE_SANDBOX) without the SDKs.
+fn require_sdks() -> bool {
+    match sdks() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() => {
+            panic!("the E2B SDKs are required here: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+/// Runs fixture `script` (tests/fixtures/e2b/) with the SDK pointed at `engine` by the three
+/// environment variables only; its output, after asserting it ended with `ALL OK`.
+fn run_script(engine: &E2bEngine, script: &str, key: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/e2b")
+        .join(script);
+    let out = std::process::Command::new("/usr/bin/python3")
+        .arg(&path)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("HOME", "/tmp")
+        .env("E2B_API_URL", &engine.e2b)
+        .env("E2B_SANDBOX_URL", &engine.e2b)
+        .env("E2B_API_KEY", key)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.ends_with("ALL OK\n"),
+        "{script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    // Every check the script names ran (none skipped by an early exit that still printed).
+    let source = std::fs::read_to_string(&path).unwrap();
+    let named: std::collections::BTreeSet<&str> = source
+        .split("check(\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    let passed: std::collections::BTreeSet<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("ok "))
+        .collect();
+    assert_eq!(passed, named, "{script}:\n{stdout}");
+    stdout
+}
