@@ -16,7 +16,7 @@
 //!
 //! `SANDBOX_MCP_BENCH_ONLY=network cargo bench` runs the network section alone (egress, previews,
 //! secrets), `…=templates` the templates section, `…=forks` the snapshots and forks section,
-//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section (docs/benchmarks-kubernetes.md), `…=http` and `…=mcp` the MCP layer's, and
+//! `…=desktop` the computer-use section, `…=hosted` the hosted MCP servers' section (written to docs/benchmarks-hosted.md), `…=live` the forks with memory (written to docs/benchmarks-live.md), `…=volumes` volumes and workspaces (docs/benchmarks-volumes.md), `…=kubernetes` the kubernetes driver's section (docs/benchmarks-kubernetes.md), `…=e2b` E2B's SDK against the engine (docs/benchmarks-e2b.md), `…=http` and `…=mcp` the MCP layer's, and
 //! prints its table and text instead of writing any file: for working on it. The kubernetes
 //! section needs `SANDBOX_MCP_TEST_K8S_RIG` (as its tests do); without it, it says so.
 //!
@@ -29,6 +29,7 @@
 
 mod ab;
 mod desktop;
+mod e2b;
 mod engine;
 mod figures;
 mod forks;
@@ -52,6 +53,7 @@ use std::path::{Path, PathBuf};
 
 use crate::ab::ab;
 use crate::desktop::desktop_figures;
+use crate::e2b::e2b_figures;
 use crate::engine::engine_figures;
 use crate::figures::Figure;
 use crate::forks::fork_figures;
@@ -87,6 +89,7 @@ fn suite(with_peer: bool) -> (Vec<Figure>, String) {
     let volume_section = volume_figures(&mut figures);
     let desktop_section = desktop_figures(&mut figures);
     let kubernetes_section = kubernetes_figures(&mut figures);
+    let e2b_section = e2b_figures(&mut figures);
     // In the table, after the engine's own figures.
     figures.append(&mut network);
     (
@@ -98,7 +101,8 @@ fn suite(with_peer: bool) -> (Vec<Figure>, String) {
             + &live_section
             + &volume_section
             + &desktop_section
-            + &kubernetes_section,
+            + &kubernetes_section
+            + &e2b_section,
     )
 }
 /// One section's figures (`SANDBOX_MCP_BENCH_ONLY`), or None for a name that is no section.
@@ -112,6 +116,7 @@ fn section_figures(only: &str) -> Option<Vec<Figure>> {
         "kubernetes" => drop(kubernetes_figures(&mut figures)),
         "live" => drop(live_figures(&mut figures)),
         "volumes" => drop(volume_figures(&mut figures)),
+        "e2b" => drop(e2b_figures(&mut figures)),
         "hosted" => drop(hosted_figures(&Engine::start(), &mut figures)),
         "mcp" => drop(mcp_figures(&Engine::start(), &mut figures, false)),
         "http" => http_figures(&Engine::start(), &mut figures),
@@ -137,10 +142,12 @@ fn main() {
         return;
     }
     // Sections kept beside the full run's file: each alone takes minutes, the suite an hour.
-    if only == "live" || only == "hosted" || only == "volumes" || only == "kubernetes" {
+    if ["live", "hosted", "volumes", "kubernetes", "e2b"].contains(&only.as_str()) {
         let mut figures = Vec::new();
         let section = if only == "live" {
             live_figures(&mut figures)
+        } else if only == "e2b" {
+            e2b_figures(&mut figures)
         } else if only == "volumes" {
             volume_figures(&mut figures)
         } else if only == "kubernetes" {
