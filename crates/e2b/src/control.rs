@@ -290,6 +290,7 @@ struct ListQuery {
     limit: Option<usize>,
     template: Option<String>,
     started_after: Option<String>,
+    order: Option<String>,
 }
 
 /// `metadata` as the SDKs send it: `key=value&key=value`, URL-encoded (once more by the query).
@@ -355,12 +356,20 @@ async fn listed(
         ),
         None => None,
     };
+    let now = sandbox_mcp_model::ids::now_ms();
     records.retain(|r| {
         states.contains(&r.status)
+            && r.expires_at.is_none_or(|at| at > now)
             && q.template.as_ref().is_none_or(|t| *t == r.template)
             && after.is_none_or(|a| r.created_at >= a)
     });
+    // Newest first unless asked otherwise, as E2B lists.
     records.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+    match q.order.as_deref() {
+        None | Some("desc") => records.reverse(),
+        Some("asc") => {}
+        Some(other) => return Err(Failure::bad(format!("order {other:?} is not asc or desc"))),
+    }
     Ok(records)
 }
 
@@ -428,11 +437,7 @@ async fn view(
     id: &str,
 ) -> Result<(SandboxView, Option<String>), Failure> {
     let tenant = caller(door, headers)?;
-    let view = door
-        .manager
-        .lifecycle
-        .get(id, tenant.as_deref(), false)
-        .await?;
+    let view = crate::live(door, id, tenant.as_deref()).await?;
     Ok((view, tenant))
 }
 
@@ -515,11 +520,15 @@ async fn resumed(
         } else {
             v
         };
+        // A connect extends the sandbox's life to at least `timeout` from now, never shortens it.
         if let Some(seconds) = t.timeout {
-            door.manager
-                .lifecycle
-                .set_timeout(id, tenant.as_deref(), Some(seconds))
-                .await?;
+            let wanted = sandbox_mcp_model::ids::now_ms() + (seconds as i64) * 1000;
+            if v.record.expires_at.is_some_and(|at| at < wanted) {
+                door.manager
+                    .lifecycle
+                    .set_timeout(id, tenant.as_deref(), Some(seconds))
+                    .await?;
+            }
         }
         let status = if was_paused {
             StatusCode::CREATED

@@ -108,7 +108,7 @@ pub(crate) async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox,
     if !opened {
         return Err(Refusal::BadToken);
     }
-    if door.manager.lifecycle.get(id, None, false).await.is_err() {
+    if crate::live(door, id, None).await.is_err() {
         return Err(Refusal::NotFound(id.chars().take(64).collect()));
     }
     Ok(Sandbox { id: id.to_string() })
@@ -120,7 +120,14 @@ pub(crate) async fn health(State(door): State<Arc<Door>>, headers: HeaderMap) ->
         return StatusCode::OK.into_response();
     }
     match sandbox(&door, &headers).await {
-        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        // A paused sandbox's envd does not answer until it is connected to (resumed), as on E2B:
+        // that is how the SDKs tell it is not running.
+        Ok(s) => match door.manager.lifecycle.get(&s.id, None, false).await {
+            Ok(v) if v.record.status == sandbox_mcp_model::record::Status::Paused => {
+                Refusal::NotFound(s.id).into_response()
+            }
+            _ => StatusCode::NO_CONTENT.into_response(),
+        },
         Err(r) => r.into_response(),
     }
 }

@@ -49,7 +49,7 @@ pub(crate) async fn download(
         return Failure::bad("the path query parameter is required").into_response();
     };
     let read = ReadFile {
-        path,
+        path: crate::absolute(&path),
         max_bytes: READ_LIMIT * 8,
     };
     match door.manager.agent.call(&s.id, None, read, DEADLINE).await {
@@ -94,7 +94,7 @@ pub(crate) async fn upload(
             .into_response();
         }
         let write = WriteFile {
-            path: path.clone(),
+            path: crate::absolute(&path),
             data_b64: B64.encode(&data),
         };
         match door.manager.agent.call(&s.id, None, write, DEADLINE).await {
@@ -218,16 +218,21 @@ pub(crate) async fn rpc(
         Ok(s) => s,
         Err(r) => return r.rpc().into_response(),
     };
-    let req: Req = match connect::request(&headers, &body) {
+    let mut req: Req = match connect::request(&headers, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
     };
+    for path in [&mut req.path, &mut req.source, &mut req.destination] {
+        if !path.is_empty() {
+            *path = crate::absolute(path);
+        }
+    }
     let id = s.id.as_str();
     connect::reply(match method.as_str() {
         "Stat" => stat(&door, id, req.path())
             .await
             .map(|e| serde_json::json!({"entry": e})),
-        "ListDir" => list(&door, id, req.path()).await,
+        "ListDir" => list(&door, id, req.path(), req.depth).await,
         "MakeDir" => make_dir(&door, id, req.path()).await,
         "Move" => moved(&door, id, &req).await,
         "Remove" => remove(&door, id, req.path()).await,
@@ -248,6 +253,8 @@ struct Req {
     path: String,
     source: String,
     destination: String,
+    /// How many levels a listing descends (1: the directory's own entries).
+    depth: Option<u32>,
 }
 
 impl Req {
@@ -307,9 +314,42 @@ async fn stat(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, Rp
         .ok_or_else(|| RpcError::not_found(format!("{path} does not exist")))
 }
 
-async fn list(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
-    let dir = listing(door, id, path).await?;
-    let entries: Vec<serde_json::Value> = dir.entries.iter().map(|e| entry(&dir.path, e)).collect();
+/// Deepest listing taken.
+const MAX_DEPTH: u32 = 16;
+
+async fn list(
+    door: &Door,
+    id: &str,
+    path: &str,
+    depth: Option<u32>,
+) -> Result<serde_json::Value, RpcError> {
+    let depth = depth.filter(|d| *d > 0).unwrap_or(1);
+    if depth > MAX_DEPTH {
+        return Err(RpcError::invalid(format!("depth is at most {MAX_DEPTH}")));
+    }
+    let mut entries = Vec::new();
+    // Breadth first, within the listing budget: each level's directories, then theirs.
+    let mut level = vec![path.to_string()];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for dir_path in level {
+            let dir = listing(door, id, &dir_path).await?;
+            for e in &dir.entries {
+                let v = entry(&dir.path, e);
+                if e.kind == FileKind::Dir {
+                    next.push(v["path"].as_str().unwrap_or_default().to_string());
+                }
+                entries.push(v);
+                if entries.len() as u64 >= LIST_MAX {
+                    return Err(RpcError::new(
+                        "resource_exhausted",
+                        format!("the listing holds more than {LIST_MAX} entries; list less deep"),
+                    ));
+                }
+            }
+        }
+        level = next;
+    }
     Ok(serde_json::json!({"entries": entries}))
 }
 
@@ -359,8 +399,11 @@ async fn remove(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, 
         path: path.to_string(),
         recursive: true,
     };
-    door.manager.agent.call(id, None, d, DEADLINE).await?;
-    Ok(serde_json::json!({}))
+    match door.manager.agent.call(id, None, d, DEADLINE).await {
+        // As envd: removing what is not there is done.
+        Ok(_) | Err(EngineError::NotFound(_)) => Ok(serde_json::json!({})),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub struct Door {
     keys: Arc<KeyRing<Principal>>,
     tokens: token::Tokens,
     processes: process::Table,
+    /// Sandboxes known to have [`HOME`].
+    homes: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Door {
@@ -54,6 +56,7 @@ impl Door {
             keys,
             tokens,
             processes: process::Table::default(),
+            homes: Default::default(),
         })
     }
 }
@@ -124,6 +127,60 @@ impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
         (self.status, axum::Json(body)).into_response()
+    }
+}
+
+/// Where relative paths and commands without a `cwd` are, as in E2B's templates (whose user's
+/// home it is); made in a sandbox the first time the door needs it.
+pub(crate) const HOME: &str = "/home/user";
+
+/// Sandbox `id` as the door sees it: a sandbox whose timeout has passed is killed at once (the
+/// engine's timers would within a tick) and is gone, as E2B's are at their end.
+pub(crate) async fn live(
+    door: &Door,
+    id: &str,
+    tenant: Option<&str>,
+) -> Result<sandbox_mcp_engine::services::SandboxView, EngineError> {
+    let view = door.manager.lifecycle.get(id, tenant, false).await?;
+    if view
+        .record
+        .expires_at
+        .is_some_and(|at| at <= sandbox_mcp_model::ids::now_ms())
+    {
+        let _ = door.manager.lifecycle.kill(id, tenant).await;
+        door.processes.forget_sandbox(id);
+        return Err(EngineError::sandbox_not_found(id));
+    }
+    Ok(view)
+}
+
+/// Makes [`HOME`] in sandbox `id` once (the agent makes a file's parents; the file goes again).
+pub(crate) async fn ensure_home(door: &Door, id: &str) -> Result<(), EngineError> {
+    if sandbox_mcp_sys::lock(&door.homes).contains(id) {
+        return Ok(());
+    }
+    let marker = format!("{HOME}/.e2b-home");
+    let write = sandbox_mcp_protocol::WriteFile {
+        path: marker.clone(),
+        data_b64: String::new(),
+    };
+    let deadline = std::time::Duration::from_secs(30);
+    door.manager.agent.call(id, None, write, deadline).await?;
+    let delete = sandbox_mcp_protocol::Delete {
+        path: marker,
+        recursive: false,
+    };
+    door.manager.agent.call(id, None, delete, deadline).await?;
+    sandbox_mcp_sys::lock(&door.homes).insert(id.to_string());
+    Ok(())
+}
+
+/// A path as envd takes it: relative ones are under [`HOME`].
+pub(crate) fn absolute(path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{HOME}/{path}")
     }
 }
 

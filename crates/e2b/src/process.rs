@@ -82,6 +82,8 @@ enum Event {
         exit_code: Option<i32>,
         signal: Option<i32>,
     },
+    /// The agent went without an exit status (the sandbox stopped or was killed).
+    Lost,
 }
 
 struct Process {
@@ -211,9 +213,16 @@ async fn start_process(
         ));
     }
     let config = req.process.unwrap_or_default();
+    let cwd = match config.cwd.as_deref().filter(|c| !c.is_empty()) {
+        Some(c) => crate::absolute(c),
+        None => {
+            crate::ensure_home(door, &s.id).await?;
+            crate::HOME.to_string()
+        }
+    };
     let spec = Attach {
         argv: argv(&config)?,
-        cwd: config.cwd.clone().filter(|c| !c.is_empty()),
+        cwd: Some(cwd),
         env: envs(&config)?,
     };
     let attachment = door.manager.agent.attach(&s.id, None, spec).await?;
@@ -261,12 +270,9 @@ async fn start_process(
                     Ok(Some(Chunk::Exit { exit_code, signal })) => Event::End { exit_code, signal },
                     Ok(Some(_)) => continue,
                     // The agent went (the sandbox stopped): the process is gone with it.
-                    Ok(None) | Err(_) => Event::End {
-                        exit_code: None,
-                        signal: Some(9),
-                    },
+                    Ok(None) | Err(_) => Event::Lost,
                 };
-                let last = matches!(event, Event::End { .. });
+                let last = matches!(event, Event::End { .. } | Event::Lost);
                 let target = lock(&watcher).clone();
                 if let Some(tx) = target
                     && tx.send(event).await.is_err()
@@ -318,6 +324,10 @@ fn streaming(pid: u32, events: mpsc::Receiver<Event>) -> Response {
             m.extend_from_slice(&connect::end(None));
             axum::body::Bytes::from(m)
         }
+        Event::Lost => connect::end(Some(&RpcError::new(
+            "unavailable",
+            "the sandbox stopped while the process ran",
+        ))),
     });
     connect::streaming(futures::stream::once(async move { first }).chain(rest))
 }
