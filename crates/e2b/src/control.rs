@@ -38,6 +38,7 @@ pub(crate) fn routes() -> Router<Arc<Door>> {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/timeout", post(timeout))
         .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/templates", get(templates))
         .route("/health", get(crate::envd::health))
         .route("/sandboxes/{id}/snapshots", post(unsupported_snapshots))
@@ -585,6 +586,53 @@ async fn refresh(
             )
             .await?;
         Ok::<_, Failure>(StatusCode::NO_CONTENT)
+    };
+    done.await.into_response()
+}
+
+#[derive(Deserialize)]
+struct Range {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+/// The sandbox's metrics: one sample, taken now (no history is kept), when the range asked for
+/// holds now. CPU use is the average since the sandbox started, over its vCPUs.
+async fn metrics(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(range): Query<Range>,
+) -> Response {
+    let done = async {
+        let (v, tenant) = view(&door, &headers, &id).await?;
+        let m = door
+            .manager
+            .lifecycle
+            .metrics(&id, tenant.as_deref())
+            .await?;
+        let now = sandbox_mcp_model::ids::now_ms();
+        let (start, end) = (
+            range.start.unwrap_or(0),
+            range.end.unwrap_or(i64::MAX / 1000),
+        );
+        if start * 1000 > now || end * 1000 < v.record.created_at {
+            return Ok::<_, Failure>(Json(Vec::<serde_json::Value>::new()));
+        }
+        let vcpus = v.record.shape.vcpus.max(0.01);
+        let alive = ((now - v.record.created_at) as f64 / 1000.0).max(0.001);
+        let cpu = (m.usage.cpu_seconds / alive / vcpus * 100.0).clamp(0.0, 100.0);
+        Ok(Json(vec![serde_json::json!({
+            "timestamp": rfc3339(now),
+            "timestampUnix": now / 1000,
+            "cpuCount": v.record.shape.vcpus.ceil().max(1.0) as u64,
+            "cpuUsedPct": cpu,
+            "memUsed": m.usage.memory_bytes,
+            "memTotal": m.usage.memory_limit_bytes,
+            "memCache": 0,
+            "diskUsed": m.disk_bytes,
+            "diskTotal": m.disk_limit_bytes,
+        })]))
     };
     done.await.into_response()
 }

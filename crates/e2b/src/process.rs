@@ -17,7 +17,6 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -193,8 +192,9 @@ fn envs(config: &ProcessConfig) -> Result<Vec<(String, String)>, RpcError> {
 }
 
 async fn start(door: &Arc<Door>, headers: &HeaderMap, body: &[u8]) -> Response {
+    let deadline = deadline_of(headers);
     match start_process(door, headers, body).await {
-        Ok((pid, events)) => streaming(pid, events),
+        Ok((pid, events)) => streaming(pid, events, deadline),
         Err(e) => connect::stream_error(e),
     }
 }
@@ -298,44 +298,96 @@ async fn start_process(
     Ok((pid, events_rx))
 }
 
-/// The stream of a process's events: `start` first, then its output, then `end`.
-fn streaming(pid: u32, events: mpsc::Receiver<Event>) -> Response {
-    let first = connect::message(&serde_json::json!({"event": {"start": {"pid": pid}}}));
-    let rest = tokio_stream(events).map(|event| match event {
-        Event::Stdout(b) => {
-            connect::message(&serde_json::json!({"event": {"data": {"stdout": B64.encode(b)}}}))
+/// The stream of a process's events: `start` first, then its output, then `end`. Past
+/// `deadline` (the client's `Connect-Timeout-Ms`) the stream ends with `deadline_exceeded`; the
+/// process runs on (a later `Connect` or `SendSignal` reaches it), as the SDKs' timeout bounds
+/// the command's connection, not the command.
+fn streaming(
+    pid: u32,
+    events: mpsc::Receiver<Event>,
+    deadline: Option<tokio::time::Instant>,
+) -> Response {
+    struct State {
+        events: mpsc::Receiver<Event>,
+        started: bool,
+        done: bool,
+    }
+    let state = State {
+        events,
+        started: false,
+        done: false,
+    };
+    let body = futures::stream::unfold(state, move |mut st| async move {
+        if st.done {
+            return None;
         }
-        Event::Stderr(b) => {
-            connect::message(&serde_json::json!({"event": {"data": {"stderr": B64.encode(b)}}}))
+        if !st.started {
+            st.started = true;
+            let first = connect::message(&serde_json::json!({"event": {"start": {"pid": pid}}}));
+            return Some((Ok(first), st));
         }
-        Event::End { exit_code, signal } => {
-            let (code, status) = match (exit_code, signal) {
-                (Some(c), _) => (c, format!("exit status {c}")),
-                (None, Some(9)) => (-1, "signal: killed".to_string()),
-                (None, Some(s)) => (-1, format!("signal: {s}")),
-                (None, None) => (-1, "unknown".to_string()),
-            };
-            let mut m = connect::message(&serde_json::json!({"event": {"end": {
-                "exitCode": code,
-                "exited": exit_code.is_some(),
-                "status": status,
-            }}}))
-            .to_vec();
-            m.extend_from_slice(&connect::end(None));
-            axum::body::Bytes::from(m)
-        }
-        Event::Lost => connect::end(Some(&RpcError::new(
-            "unavailable",
-            "the sandbox stopped while the process ran",
-        ))),
+        let next = match deadline {
+            Some(at) => tokio::time::timeout_at(at, st.events.recv()).await.ok(),
+            None => Some(st.events.recv().await),
+        };
+        let Some(event) = next else {
+            st.done = true;
+            let late = RpcError::new("deadline_exceeded", "the command ran past its timeout");
+            return Some((Ok(connect::end(Some(&late))), st));
+        };
+        let bytes = match event {
+            None => {
+                st.done = true;
+                connect::end(None)
+            }
+            Some(Event::Stdout(b)) => {
+                connect::message(&serde_json::json!({"event": {"data": {"stdout": B64.encode(b)}}}))
+            }
+            Some(Event::Stderr(b)) => {
+                connect::message(&serde_json::json!({"event": {"data": {"stderr": B64.encode(b)}}}))
+            }
+            Some(Event::End { exit_code, signal }) => {
+                st.done = true;
+                let (code, status) = match (exit_code, signal) {
+                    (Some(c), _) => (c, format!("exit status {c}")),
+                    (None, Some(9)) => (-1, "signal: killed".to_string()),
+                    (None, Some(s)) => (-1, format!("signal: {s}")),
+                    (None, None) => (-1, "unknown".to_string()),
+                };
+                let mut m = connect::message(&serde_json::json!({"event": {"end": {
+                    "exitCode": code,
+                    "exited": exit_code.is_some(),
+                    "status": status,
+                }}}))
+                .to_vec();
+                m.extend_from_slice(&connect::end(None));
+                axum::body::Bytes::from(m)
+            }
+            // As when envd goes with its sandbox: the stream breaks, and the SDK asks why.
+            Some(Event::Lost) => {
+                st.done = true;
+                return Some((Err(std::io::Error::other("the sandbox stopped")), st));
+            }
+        };
+        Some((Ok(bytes), st))
     });
-    connect::streaming(futures::stream::once(async move { first }).chain(rest))
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/connect+json")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
-fn tokio_stream<T: Send + 'static>(
-    mut rx: mpsc::Receiver<T>,
-) -> impl futures::Stream<Item = T> + Send + 'static {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// The deadline a Connect call carries (`Connect-Timeout-Ms`), if any.
+fn deadline_of(headers: &HeaderMap) -> Option<tokio::time::Instant> {
+    let ms: u64 = headers
+        .get("connect-timeout-ms")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(tokio::time::Instant::now() + Duration::from_millis(ms))
 }
 
 /// `Connect`: attaches a new stream to a running process (its output from now on).
@@ -353,7 +405,7 @@ async fn reconnect(door: &Arc<Door>, headers: &HeaderMap, body: &[u8]) -> Respon
         Ok::<_, RpcError>((pid, rx))
     };
     match attached.await {
-        Ok((pid, rx)) => streaming(pid, rx),
+        Ok((pid, rx)) => streaming(pid, rx, deadline_of(headers)),
         Err(e) => connect::stream_error(e),
     }
 }
