@@ -1,6 +1,6 @@
 //! E2B's API on the engine (`--e2b-listen`): the official SDKs from the registries, unmodified,
-//! through every call the engine supports ([`sdk`]: PyPI `e2b` sync and async, and
-//! `e2b-code-interpreter`), and what the door must refuse ([`doors`]: another tenant's
+//! through every call the engine supports ([`sdk`]: PyPI `e2b` sync and async,
+//! `e2b-code-interpreter`, and npm `e2b`), and what the door must refuse ([`doors`]: another tenant's
 //! sandboxes, another sandbox's token, a killed sandbox, what has no meaning here, bad input).
 
 use std::path::Path;
@@ -112,15 +112,71 @@ fn require_sdks() -> bool {
     }
 }
 
-/// Runs fixture `script` (tests/fixtures/e2b/) with the SDK pointed at `engine` by the three
-/// environment variables only; its output, after asserting it ended with `ALL OK`.
+/// Where the npm `e2b` SDK is installed for the tests (the prefix the OAuth tests' SDK uses).
+const NODE_PREFIX: &str = "/usr/local/lib/sandbox-mcp-tests";
+
+/// The E2B JavaScript SDK, installed from npm into [`NODE_PREFIX`] when missing (as root, once).
+fn js_sdk() -> Result<(), String> {
+    static ONCE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(|| {
+        let installed = || {
+            Path::new(NODE_PREFIX)
+                .join("node_modules/e2b/package.json")
+                .exists()
+        };
+        if nix::unistd::geteuid().is_root() && !installed() {
+            eprintln!("tests: installing the E2B JavaScript SDK (e2b) with npm into {NODE_PREFIX}");
+            let _ = std::process::Command::new("npm")
+                .args([
+                    "install",
+                    "--no-fund",
+                    "--no-audit",
+                    "--prefix",
+                    NODE_PREFIX,
+                    "e2b@2",
+                ])
+                .stdout(std::process::Stdio::null())
+                .status();
+        }
+        if installed() {
+            Ok(())
+        } else {
+            Err(format!("the npm e2b SDK is not installed in {NODE_PREFIX}"))
+        }
+    })
+    .clone()
+}
+
+/// Skips (or fails under SANDBOX_MCP_REQUIRE_SANDBOX) without the JavaScript SDK.
+fn require_js_sdk() -> bool {
+    match js_sdk() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_some() => {
+            panic!("the E2B JavaScript SDK is required here: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            false
+        }
+    }
+}
+
+/// Runs fixture `script` (tests/fixtures/e2b/: Python, or Node.js for `.cjs`) with the SDK
+/// pointed at `engine` by the three environment variables only; its output, after asserting it
+/// ended with `ALL OK` and ran every check it names.
 fn run_script(engine: &E2bEngine, script: &str, key: &str) -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/e2b")
         .join(script);
-    let out = std::process::Command::new("/usr/bin/python3")
+    let interpreter = if script.ends_with(".cjs") {
+        "node"
+    } else {
+        "/usr/bin/python3"
+    };
+    let out = std::process::Command::new(interpreter)
         .arg(&path)
         .env_clear()
+        .env("NODE_PATH", format!("{NODE_PREFIX}/node_modules"))
         .env("PATH", "/usr/bin:/bin")
         .env("HOME", "/tmp")
         .env("E2B_API_URL", &engine.e2b)
@@ -138,9 +194,12 @@ fn run_script(engine: &E2bEngine, script: &str, key: &str) -> String {
     // Every check the script names ran (none skipped by an early exit that still printed).
     let source = std::fs::read_to_string(&path).unwrap();
     let named: std::collections::BTreeSet<&str> = source
-        .split("check(\"")
+        .split("check(")
         .skip(1)
-        .filter_map(|rest| rest.split('"').next())
+        .filter_map(|rest| {
+            let quote = rest.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+            rest[1..].split(quote).next()
+        })
         .collect();
     let passed: std::collections::BTreeSet<&str> = stdout
         .lines()
