@@ -300,9 +300,9 @@ async fn what_has_no_meaning_here_and_bad_input_get_clear_errors() {
         (
             M::POST,
             format!("/sandboxes/{id}/fork"),
-            json!({}),
-            501,
-            "not supported",
+            json!({"count": 0}),
+            400,
+            "count",
         ),
         (
             M::GET,

@@ -42,7 +42,7 @@ pub(crate) fn routes() -> Router<Arc<Door>> {
         .route("/templates", get(templates))
         .route("/health", get(crate::envd::health))
         .route("/sandboxes/{id}/snapshots", post(unsupported_snapshots))
-        .route("/sandboxes/{id}/fork", post(unsupported_fork))
+        .route("/sandboxes/{id}/fork", post(fork))
         .route("/teams", get(unsupported_teams))
         .route(
             "/volumes",
@@ -591,6 +591,50 @@ async fn refresh(
 }
 
 #[derive(Deserialize)]
+struct ForkRequest {
+    count: Option<u32>,
+    timeout: Option<u64>,
+}
+
+/// Forks: children made from the sandbox's files at one moment (and its processes where the
+/// engine can carry them), each a sandbox of its own with the timeout asked for.
+async fn fork(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
+    let done = async {
+        let req: ForkRequest = parse_body(&body)?;
+        let count = req.count.unwrap_or(1);
+        if count == 0 {
+            return Err(Failure::bad("count must be at least 1"));
+        }
+        let (_, tenant) = view(&door, &headers, &id).await?;
+        let forked = door
+            .manager
+            .snapshots
+            .fork(&id, tenant.as_deref(), count, BTreeMap::new(), None, false)
+            .await?;
+        let mut out = Vec::new();
+        for child in &forked.ids {
+            let v = door
+                .manager
+                .lifecycle
+                .set_timeout(
+                    child,
+                    tenant.as_deref(),
+                    Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT)),
+                )
+                .await?;
+            out.push(serde_json::json!({"sandbox": created(&door, &v.record, &headers)}));
+        }
+        Ok::<_, Failure>((StatusCode::CREATED, Json(out)))
+    };
+    done.await.into_response()
+}
+
+#[derive(Deserialize)]
 struct Range {
     start: Option<i64>,
     end: Option<i64>,
@@ -675,10 +719,6 @@ async fn templates(State(door): D, headers: HeaderMap) -> Response {
 
 async fn unsupported_snapshots() -> Failure {
     Failure::unsupported("Snapshots through the E2B API (the engine's own API has them)")
-}
-
-async fn unsupported_fork() -> Failure {
-    Failure::unsupported("Forking through the E2B API (the engine's own API has sandbox forks)")
 }
 
 async fn unsupported_teams() -> Failure {
