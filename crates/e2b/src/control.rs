@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -17,6 +17,14 @@ use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
 use sandbox_mcp_model::record::{NetworkRules, Record, Status};
 
 use crate::{Door, ENVD_VERSION, Failure, caller};
+
+mod list;
+mod more;
+
+use list::{list, list_running};
+use more::{
+    fork, metrics, templates, unsupported_snapshots, unsupported_teams, unsupported_volumes,
+};
 
 /// E2B's default sandbox timeout when a create names none, in seconds.
 const DEFAULT_TIMEOUT: u64 = 15;
@@ -282,156 +290,6 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
     Ok(created(door, &view.record, headers))
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListQuery {
-    metadata: Option<String>,
-    state: Option<String>,
-    next_token: Option<String>,
-    limit: Option<usize>,
-    template: Option<String>,
-    started_after: Option<String>,
-    order: Option<String>,
-}
-
-/// `metadata` as the SDKs send it: `key=value&key=value`, URL-encoded (once more by the query).
-fn metadata_filter(raw: Option<&str>) -> Result<Vec<(String, String)>, Failure> {
-    let Some(raw) = raw.filter(|r| !r.is_empty()) else {
-        return Ok(Vec::new());
-    };
-    raw.split('&')
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').ok_or_else(|| {
-                Failure::bad(format!("metadata filter {pair:?} is not key=value"))
-            })?;
-            Ok((percent_decode(k)?, percent_decode(v)?))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> Result<String, Failure> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 3 <= bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz");
-                let b = u8::from_str_radix(hex, 16)
-                    .map_err(|_| Failure::bad(format!("bad escape in metadata filter {s:?}")))?;
-                out.push(b);
-                i += 3;
-            }
-            b'%' => return Err(Failure::bad(format!("bad escape in metadata filter {s:?}"))),
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| Failure::bad("metadata filter is not UTF-8"))
-}
-
-async fn listed(
-    door: &Door,
-    headers: &HeaderMap,
-    q: &ListQuery,
-    states: &[Status],
-) -> Result<Vec<Record>, Failure> {
-    let tenant = caller(door, headers)?;
-    let filter = metadata_filter(q.metadata.as_deref())?;
-    let mut records = door
-        .manager
-        .lifecycle
-        .list_current(None, &filter, tenant.as_deref())
-        .await?;
-    let after = match q.started_after.as_deref() {
-        Some(t) => Some(
-            chrono::DateTime::parse_from_rfc3339(t)
-                .map_err(|e| Failure::bad(format!("startedAfter is not an RFC 3339 time: {e}")))?
-                .timestamp_millis(),
-        ),
-        None => None,
-    };
-    let now = sandbox_mcp_model::ids::now_ms();
-    records.retain(|r| {
-        states.contains(&r.status)
-            && r.expires_at.is_none_or(|at| at > now)
-            && q.template.as_ref().is_none_or(|t| *t == r.template)
-            && after.is_none_or(|a| r.created_at >= a)
-    });
-    // Newest first unless asked otherwise, as E2B lists.
-    records.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-    match q.order.as_deref() {
-        None | Some("desc") => records.reverse(),
-        Some("asc") => {}
-        Some(other) => return Err(Failure::bad(format!("order {other:?} is not asc or desc"))),
-    }
-    Ok(records)
-}
-
-async fn list_running(State(door): D, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    match listed(&door, &headers, &q, &[Status::Running]).await {
-        Ok(records) => Json(
-            records
-                .iter()
-                .map(|r| detail(&door, r, &headers, false))
-                .collect::<Vec<_>>(),
-        )
-        .into_response(),
-        Err(f) => f.into_response(),
-    }
-}
-
-async fn list(State(door): D, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    let states = match q.state.as_deref() {
-        None | Some("") => vec![Status::Running, Status::Paused],
-        Some(s) => {
-            let mut out = Vec::new();
-            for part in s.split(',') {
-                match part {
-                    "running" => out.push(Status::Running),
-                    "paused" => out.push(Status::Paused),
-                    other => {
-                        return Failure::bad(format!("state {other:?} is not running or paused"))
-                            .into_response();
-                    }
-                }
-            }
-            out
-        }
-    };
-    let records = match listed(&door, &headers, &q, &states).await {
-        Ok(r) => r,
-        Err(f) => return f.into_response(),
-    };
-    let limit = q.limit.unwrap_or(100).clamp(1, MAX_PAGE);
-    let start = match q.next_token.as_deref() {
-        None | Some("") => 0,
-        Some(t) => match records.iter().position(|r| r.id == t) {
-            Some(i) => i,
-            None => return Failure::bad("nextToken is not one this engine gave").into_response(),
-        },
-    };
-    let page: Vec<Detail> = records
-        .iter()
-        .skip(start)
-        .take(limit)
-        .map(|r| detail(&door, r, &headers, false))
-        .collect();
-    let mut response = Json(page).into_response();
-    if let Some(next) = records.get(start + limit)
-        && let Ok(v) = HeaderValue::from_str(&next.id)
-    {
-        response.headers_mut().insert("x-next-token", v);
-    }
-    response
-}
-
 async fn view(
     door: &Door,
     headers: &HeaderMap,
@@ -588,143 +446,4 @@ async fn refresh(
         Ok::<_, Failure>(StatusCode::NO_CONTENT)
     };
     done.await.into_response()
-}
-
-#[derive(Deserialize)]
-struct ForkRequest {
-    count: Option<u32>,
-    timeout: Option<u64>,
-}
-
-/// Forks: children made from the sandbox's files at one moment (and its processes where the
-/// engine can carry them), each a sandbox of its own with the timeout asked for.
-async fn fork(
-    State(door): D,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> Response {
-    let done = async {
-        let req: ForkRequest = parse_body(&body)?;
-        let count = req.count.unwrap_or(1);
-        if count == 0 {
-            return Err(Failure::bad("count must be at least 1"));
-        }
-        let (_, tenant) = view(&door, &headers, &id).await?;
-        let forked = door
-            .manager
-            .snapshots
-            .fork(&id, tenant.as_deref(), count, BTreeMap::new(), None, false)
-            .await?;
-        let mut out = Vec::new();
-        for child in &forked.ids {
-            let v = door
-                .manager
-                .lifecycle
-                .set_timeout(
-                    child,
-                    tenant.as_deref(),
-                    Some(req.timeout.unwrap_or(DEFAULT_TIMEOUT)),
-                )
-                .await?;
-            out.push(serde_json::json!({"sandbox": created(&door, &v.record, &headers)}));
-        }
-        Ok::<_, Failure>((StatusCode::CREATED, Json(out)))
-    };
-    done.await.into_response()
-}
-
-#[derive(Deserialize)]
-struct Range {
-    start: Option<i64>,
-    end: Option<i64>,
-}
-
-/// The sandbox's metrics: one sample, taken now (no history is kept), when the range asked for
-/// holds now. CPU use is the average since the sandbox started, over its vCPUs.
-async fn metrics(
-    State(door): D,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Query(range): Query<Range>,
-) -> Response {
-    let done = async {
-        let (v, tenant) = view(&door, &headers, &id).await?;
-        let m = door
-            .manager
-            .lifecycle
-            .metrics(&id, tenant.as_deref())
-            .await?;
-        let now = sandbox_mcp_model::ids::now_ms();
-        let (start, end) = (
-            range.start.unwrap_or(0),
-            range.end.unwrap_or(i64::MAX / 1000),
-        );
-        if start * 1000 > now || end * 1000 < v.record.created_at {
-            return Ok::<_, Failure>(Json(Vec::<serde_json::Value>::new()));
-        }
-        let vcpus = v.record.shape.vcpus.max(0.01);
-        let alive = ((now - v.record.created_at) as f64 / 1000.0).max(0.001);
-        let cpu = (m.usage.cpu_seconds / alive / vcpus * 100.0).clamp(0.0, 100.0);
-        Ok(Json(vec![serde_json::json!({
-            "timestamp": rfc3339(now),
-            "timestampUnix": now / 1000,
-            "cpuCount": v.record.shape.vcpus.ceil().max(1.0) as u64,
-            "cpuUsedPct": cpu,
-            "memUsed": m.usage.memory_bytes,
-            "memTotal": m.usage.memory_limit_bytes,
-            "memCache": 0,
-            "diskUsed": m.disk_bytes,
-            "diskTotal": m.disk_limit_bytes,
-        })]))
-    };
-    done.await.into_response()
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct TemplateInfo {
-    #[serde(rename = "templateID")]
-    template_id: String,
-    aliases: Vec<String>,
-    public: bool,
-    cpu_count: u64,
-    #[serde(rename = "memoryMB")]
-    memory_mb: u64,
-    #[serde(rename = "diskSizeMB")]
-    disk_size_mb: u64,
-    envd_version: &'static str,
-}
-
-async fn templates(State(door): D, headers: HeaderMap) -> Response {
-    let done = async {
-        let tenant = caller(&door, &headers)?;
-        let list = door.manager.catalog.templates_of(tenant.as_deref());
-        Ok::<_, Failure>(Json(
-            list.iter()
-                .map(|t| TemplateInfo {
-                    template_id: t.name.clone(),
-                    aliases: vec![t.name.clone()],
-                    public: true,
-                    cpu_count: t.shape.vcpus.ceil().max(1.0) as u64,
-                    memory_mb: t.shape.memory_mb,
-                    disk_size_mb: t.shape.disk_mb,
-                    envd_version: ENVD_VERSION,
-                })
-                .collect::<Vec<_>>(),
-        ))
-    };
-    done.await.into_response()
-}
-
-async fn unsupported_snapshots() -> Failure {
-    Failure::unsupported("Snapshots through the E2B API (the engine's own API has them)")
-}
-
-async fn unsupported_teams() -> Failure {
-    Failure::unsupported("Teams and billing")
-}
-
-async fn unsupported_volumes() -> Failure {
-    Failure::unsupported("E2B's volumes service (the engine's own named volumes are separate)")
 }
