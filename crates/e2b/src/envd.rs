@@ -1,6 +1,7 @@
 //! envd, the API E2B's SDKs expect inside each sandbox, served by the engine through the
-//! sandbox's agent: `/health`, `/files` ([`crate::files`]), and the `process` ([`crate::process`])
-//! and `filesystem` ([`crate::files`]) Connect services.
+//! sandbox's agent: which sandbox a request is for and whether its token opens it, `/health` and
+//! `/envs` here; `/files` and the `filesystem` service in [`crate::files`], the `process` service
+//! in [`crate::process`].
 //!
 //! A request names its sandbox with `E2b-Sandbox-Id` (the SDKs send it when `E2B_SANDBOX_URL`
 //! points here) and carries that sandbox's access token in `X-Access-Token`: the token opens
@@ -9,25 +10,12 @@
 
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 
 use crate::Door;
 use crate::connect::RpcError;
-
-pub(crate) fn routes() -> Router<Arc<Door>> {
-    Router::new()
-        .route(
-            "/files",
-            get(crate::files::download).post(crate::files::upload),
-        )
-        .route("/envs", get(envs))
-        .route("/process.Process/{method}", post(crate::process::rpc))
-        .route("/filesystem.Filesystem/{method}", post(crate::files::rpc))
-}
 
 /// Which sandbox a request is for, once its token is checked, and that it runs.
 pub(crate) struct Sandbox {
@@ -133,7 +121,7 @@ pub(crate) async fn health(State(door): State<Arc<Door>>, headers: HeaderMap) ->
 }
 
 /// `/envs`: the sandbox's environment variables (those it was created with).
-async fn envs(State(door): State<Arc<Door>>, headers: HeaderMap) -> Response {
+pub(crate) async fn envs(State(door): State<Arc<Door>>, headers: HeaderMap) -> Response {
     let s = match sandbox(&door, &headers).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),

@@ -76,8 +76,14 @@ pub async fn serve(listener: TcpListener, door: Arc<Door>, stop: CancellationTok
 }
 
 fn router(door: Arc<Door>) -> Router {
+    use axum::routing::{get, post};
+    let envd = Router::new()
+        .route("/files", get(files::download).post(files::upload))
+        .route("/envs", get(envd::envs))
+        .route("/process.Process/{method}", post(process::rpc))
+        .route("/filesystem.Filesystem/{method}", post(files::rpc));
     control::routes()
-        .merge(envd::routes())
+        .merge(envd)
         .merge(jupyter::routes())
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "no such endpoint here") })
         .layer(axum::extract::DefaultBodyLimit::max(files::UPLOAD_LIMIT))

@@ -86,7 +86,6 @@ enum Event {
 }
 
 struct Process {
-    sandbox: String,
     job_id: String,
     tag: Option<String>,
     config: ProcessConfig,
@@ -234,7 +233,6 @@ async fn start_process(
     lock(&door.processes.processes).insert(
         (s.id.clone(), pid),
         Process {
-            sandbox: s.id.clone(),
             job_id: attachment.attached.job_id.clone(),
             tag: req.tag.filter(|t| !t.is_empty()),
             config,
@@ -432,8 +430,7 @@ async fn signal(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<serde_json::Value, RpcError> {
-    let s = sandbox(door, headers).await.map_err(|r| r.rpc())?;
-    let req: Selected = connect::request(headers, body)?;
+    let (id, req, pid) = selected(door, headers, body).await?;
     match req.signal.as_deref() {
         Some("SIGNAL_SIGKILL" | "SIGNAL_SIGTERM") | None => {}
         Some(other) => {
@@ -442,25 +439,28 @@ async fn signal(
             )));
         }
     }
-    let pid = door.processes.find(&s.id, &req.process)?;
-    let job = lock(&door.processes.processes)
-        .get(&(s.id.clone(), pid))
-        .map(|p| (p.job_id.clone(), p.sandbox.clone()));
-    let Some((job_id, sandbox_id)) = job else {
-        return Err(RpcError::not_found(format!(
-            "process with pid {pid} not found"
-        )));
-    };
+    let job_id = lock(&door.processes.processes)
+        .get(&(id.clone(), pid))
+        .map(|p| p.job_id.clone())
+        .ok_or_else(|| RpcError::not_found(format!("process with pid {pid} not found")))?;
+    let kill = KillJob { job_id };
     door.manager
         .agent
-        .call(
-            &sandbox_id,
-            None,
-            KillJob { job_id },
-            Duration::from_secs(30),
-        )
+        .call(&id, None, kill, Duration::from_secs(30))
         .await?;
     Ok(serde_json::json!({}))
+}
+
+/// A unary call naming a process: its sandbox (token checked), the request, and the pid it names.
+async fn selected(
+    door: &Door,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(String, Selected, u32), RpcError> {
+    let s = sandbox(door, headers).await.map_err(|r| r.rpc())?;
+    let req: Selected = connect::request(headers, body)?;
+    let pid = door.processes.find(&s.id, &req.process)?;
+    Ok((s.id, req, pid))
 }
 
 async fn send_chunk(door: &Door, sandbox: &str, pid: u32, chunk: Chunk) -> Result<(), RpcError> {
@@ -478,9 +478,7 @@ async fn input(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<serde_json::Value, RpcError> {
-    let s = sandbox(door, headers).await.map_err(|r| r.rpc())?;
-    let req: Selected = connect::request(headers, body)?;
-    let pid = door.processes.find(&s.id, &req.process)?;
+    let (id, req, pid) = selected(door, headers, body).await?;
     let data = match req.input {
         Some(Input { stdin: Some(b), .. }) => B64
             .decode(b)
@@ -494,7 +492,7 @@ async fn input(
         _ => return Err(RpcError::invalid("input.stdin is missing")),
     };
     for piece in data.chunks(sandbox_mcp_protocol::MAX_CHUNK) {
-        send_chunk(door, &s.id, pid, Chunk::Stdin(piece.to_vec())).await?;
+        send_chunk(door, &id, pid, Chunk::Stdin(piece.to_vec())).await?;
     }
     Ok(serde_json::json!({}))
 }
@@ -504,9 +502,7 @@ async fn close_stdin(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<serde_json::Value, RpcError> {
-    let s = sandbox(door, headers).await.map_err(|r| r.rpc())?;
-    let req: Selected = connect::request(headers, body)?;
-    let pid = door.processes.find(&s.id, &req.process)?;
-    send_chunk(door, &s.id, pid, Chunk::CloseStdin).await?;
+    let (id, _, pid) = selected(door, headers, body).await?;
+    send_chunk(door, &id, pid, Chunk::CloseStdin).await?;
     Ok(serde_json::json!({}))
 }

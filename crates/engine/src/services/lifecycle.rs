@@ -8,6 +8,7 @@
 //! - The in-memory runtime state can always be rebuilt from the database and the driver.
 
 mod hibernate;
+mod settings;
 
 pub(crate) use hibernate::checkpoint_of;
 
@@ -29,7 +30,7 @@ use super::{CreateRequest, Metrics, NetworkLogPage, SandboxView};
 use crate::driver::{DriverHandle, blocking};
 use crate::error::EngineError;
 use crate::records::Records;
-use crate::state::{Binding, NetworkRules, Record, Status};
+use crate::state::{Binding, Record, Status};
 
 pub struct Lifecycle {
     max_sandboxes: usize,
@@ -263,59 +264,6 @@ impl Lifecycle {
             usage,
             ..self.registry.view(&entry)
         })
-    }
-
-    /// Replaces what is given of the metadata and the egress rules. New rules apply to the next
-    /// connection and DNS query (connections already open are not cut).
-    pub async fn update(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-        metadata: Option<BTreeMap<String, String>>,
-        network: Option<NetworkRules>,
-    ) -> Result<SandboxView, EngineError> {
-        let entry = self.registry.lookup(id, tenant).await?;
-        let policy = network
-            .as_ref()
-            .map(|n| self.networks.rules(n))
-            .transpose()?;
-        self.records
-            .update(id, metadata.clone(), network.clone())
-            .await?;
-        {
-            let mut record = lock(&entry.record);
-            if let Some(m) = metadata {
-                record.metadata = m;
-            }
-            if let (Some(n), Some(policy)) = (network, policy) {
-                record.network = n;
-                entry.net.set_policy(policy);
-            }
-        }
-        // Other replicas read the change from where the driver keeps the record.
-        self.records.acknowledge(&entry.record()).await?;
-        Ok(self.registry.view(&entry))
-    }
-
-    /// Sets when the sandbox is killed: `seconds` from now (at most 30 days), or never.
-    pub async fn set_timeout(
-        &self,
-        id: &str,
-        tenant: Option<&str>,
-        seconds: Option<u64>,
-    ) -> Result<SandboxView, EngineError> {
-        const MAX_SECONDS: u64 = 30 * 24 * 3600;
-        if seconds.is_some_and(|s| s > MAX_SECONDS) {
-            return Err(EngineError::InvalidArgument(format!(
-                "a timeout is at most {MAX_SECONDS} seconds (30 days)"
-            )));
-        }
-        let entry = self.registry.lookup(id, tenant).await?;
-        let at = seconds.map(|s| ids::now_ms() + (s as i64) * 1000);
-        self.records.set_expiry(id, at).await?;
-        lock(&entry.record).expires_at = at;
-        self.records.acknowledge(&entry.record()).await?;
-        Ok(self.registry.view(&entry))
     }
 
     /// A page of the sandbox's network log (readable whatever the sandbox's state).
