@@ -311,7 +311,7 @@ async fn kill(State(door): D, headers: HeaderMap, Path(id): Path<String>) -> Res
     let done = async {
         let tenant = caller(&door, &headers)?;
         door.manager.lifecycle.kill(&id, tenant.as_deref()).await?;
-        door.processes.forget_sandbox(&id);
+        door.forget(&id);
         Ok::<_, Failure>(StatusCode::NO_CONTENT)
     };
     done.await.into_response()

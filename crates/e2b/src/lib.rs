@@ -61,6 +61,14 @@ impl Door {
     }
 }
 
+impl Door {
+    /// Lets go of what the door keeps of a killed sandbox: its processes and that it has a home.
+    pub(crate) fn forget(&self, id: &str) {
+        self.processes.forget_sandbox(id);
+        sandbox_mcp_sys::lock(&self.homes).remove(id);
+    }
+}
+
 /// Serves the door on `listener` until `stop`: HTTP/1.1, and HTTP/2 without TLS (which the SDKs
 /// speak by default).
 pub async fn serve(listener: TcpListener, door: Arc<Door>, stop: CancellationToken) {
@@ -154,7 +162,7 @@ pub(crate) async fn live(
         .is_some_and(|at| at <= sandbox_mcp_model::ids::now_ms())
     {
         let _ = door.manager.lifecycle.kill(id, tenant).await;
-        door.processes.forget_sandbox(id);
+        door.forget(id);
         return Err(EngineError::sandbox_not_found(id));
     }
     Ok(view)
