@@ -20,7 +20,7 @@ async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_mad
         .tempdir_in("/tmp")
         .unwrap();
     let data = data.path().join("data");
-    // The copy path takes long enough to be caught in the middle.
+    // The plain store: its copy path takes long enough to be caught in the middle.
     let off = [("SANDBOX_MCP_DISK_LIMITS", "off")];
     let (mut engine, mut url) = spawn_engine_process_env(&data, &off).await;
     let (_, made) = api(&url, "POST", "/v1/sandboxes", Some(json!({}))).await;
@@ -41,6 +41,23 @@ async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_mad
     };
     // 4,000 files of 4 KiB: each copy takes long enough for the kill to land in the middle.
     run("mkdir -p /root/w && cd /root/w && python3 -c 'import os\nfor i in range(1, 4001): open(\"f%d\" % i, \"wb\").write(os.urandom(4096))' && echo before > marker").await;
+    // A job running keeps the sandbox on the copy path (stacking layers would stop it, and would
+    // leave the files in a shared layer that copies never touch): every copy below holds the
+    // 4,000 files, long enough to be caught in the middle. tests/forks/layers.rs crashes stacking.
+    let busy = |url: String| {
+        let id = id.clone();
+        async move {
+            let (status, job) = api(
+                &url,
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"command": "sleep 600", "background": true})),
+            )
+            .await;
+            assert_eq!(status, 200, "{job}");
+        }
+    };
+    busy(url.clone()).await;
     let (status, snap) = api(
         &url,
         "POST",
@@ -53,6 +70,7 @@ async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_mad
     run("echo after > /root/w/marker").await;
 
     for what in ["fork", "restore", "snapshot", "merge"] {
+        busy(url.clone()).await;
         let (path, body) = match what {
             "fork" => (format!("/v1/sandboxes/{id}/fork"), json!({"count": 8})),
             "restore" => (
