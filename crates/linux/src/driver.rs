@@ -292,6 +292,18 @@ impl NamespacesDriver {
     }
 }
 
+/// A copy of a sandbox's trees that failed: a tree nested too deep is the sandbox's own doing,
+/// which the caller can fix, said in full; anything else is the engine's, doing `what`.
+fn tree_error(what: &'static str) -> impl FnOnce(io::Error) -> DriverError {
+    move |e| match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<TooDeep>())
+    {
+        Some(deep) => DriverError::Unsupported(deep.to_string()),
+        None => DriverError::io(what)(e),
+    }
+}
+
 /// After a crash in a restore on the btrfs store: a sandbox's old tree put aside (`<id>.new`)
 /// while no tree has its name goes back under it (the restore was never acknowledged).
 fn put_back_aside_trees(sandboxes_dir: &Path) {

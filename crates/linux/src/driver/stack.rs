@@ -180,10 +180,9 @@ impl NamespacesDriver {
             .and_then(|_| fs::rename(&scratch, self.layer_dir(&layer)));
         if let Err(e) = merged {
             let _ = sandbox_mcp_sys::fs_tree::remove_tree(&scratch);
-            return Err(match e.kind() {
-                io::ErrorKind::InvalidData => DriverError::Unsupported(e.to_string()),
-                _ => DriverError::io("merge the sandbox's latest files into a layer")(e),
-            });
+            return Err(tree_error("merge the sandbox's latest files into a layer")(
+                e,
+            ));
         }
         let mut stack = vec![layer];
         stack.extend(old[1..].iter().cloned());

@@ -109,16 +109,8 @@ impl Storage for NamespacesDriver {
             },
             None => sandbox_mcp_sys::layers::Owners::Keep,
         };
-        sandbox_mcp_sys::layers::capture(&uppers, dest, owners).map_err(|e| {
-            match e
-                .get_ref()
-                .and_then(|inner| inner.downcast_ref::<sandbox_mcp_sys::layers::TooDeep>())
-            {
-                // The sandbox's own doing, and the caller can fix it: said in full.
-                Some(deep) => DriverError::Unsupported(deep.to_string()),
-                None => DriverError::io("copy the sandbox's files into a layer")(e),
-            }
-        })
+        sandbox_mcp_sys::layers::capture(&uppers, dest, owners)
+            .map_err(tree_error("copy the sandbox's files into a layer"))
     }
 
     fn clone_fs(
