@@ -186,11 +186,7 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Failure>
 fn check_env(env: &BTreeMap<String, String>) -> Result<Vec<(String, String)>, Failure> {
     env.iter()
         .map(|(k, v)| {
-            let ok = k.len() <= 256
-                && k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !v.contains('\0');
-            if ok {
+            if crate::valid_env(k, v) {
                 Ok((k.clone(), v.clone()))
             } else {
                 Err(Failure::bad(format!(

@@ -175,12 +175,7 @@ fn env_cells(
         return Ok((None, None));
     }
     for (k, v) in env {
-        let ok = !k.is_empty()
-            && k.len() <= 256
-            && !k.starts_with(|c: char| c.is_ascii_digit())
-            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && !v.contains('\0');
-        if !ok {
+        if !crate::valid_env(k, v) {
             return Err(Failure::bad(format!(
                 "environment variable {:?} is invalid",
                 k.chars().take(64).collect::<String>()

@@ -198,6 +198,17 @@ pub(crate) fn absolute(path: &str) -> String {
     }
 }
 
+/// Whether `(name, value)` may be an environment variable: a name of letters, digits and `_`
+/// (at most 256, not starting with a digit), and a value without NUL. Sandboxes' and commands'
+/// and cells' variables alike.
+pub(crate) fn valid_env(name: &str, value: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 256
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !value.contains('\0')
+}
+
 /// The tenant a control-plane request acts for: its key's (`X-API-KEY`, or a bearer token), or
 /// every tenant for an unbound key, which may narrow itself with `X-Sandbox-Tenant`.
 pub(crate) fn caller(door: &Door, headers: &HeaderMap) -> Result<Option<String>, Failure> {

@@ -173,12 +173,7 @@ fn envs(config: &ProcessConfig) -> Result<Vec<(String, String)>, RpcError> {
         .envs
         .iter()
         .map(|(k, v)| {
-            let ok = !k.is_empty()
-                && k.len() <= 256
-                && !k.starts_with(|c: char| c.is_ascii_digit())
-                && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && !v.contains('\0');
-            if ok {
+            if crate::valid_env(k, v) {
                 Ok((k.clone(), v.clone()))
             } else {
                 Err(RpcError::invalid(format!(
