@@ -100,11 +100,34 @@ async fn start(
     token: &str,
     cmd: &[&str],
 ) -> (StatusCode, Vec<(u8, Value)>) {
+    start_as(engine, sandbox, token, None, cmd).await
+}
+
+/// A process started as the account `user` names (the SDKs' `Authorization: Basic`), or as the
+/// sandbox's default account.
+async fn start_as(
+    engine: &E2bEngine,
+    sandbox: &str,
+    token: &str,
+    user: Option<&str>,
+    cmd: &[&str],
+) -> (StatusCode, Vec<(u8, Value)>) {
+    use base64::Engine as _;
     let body = enveloped(&json!({"process": {"cmd": cmd[0], "args": &cmd[1..]}, "stdin": false}));
+    let basic = user.map(|u| {
+        format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{u}:"))
+        )
+    });
+    let mut headers = vec![("X-Access-Token", token)];
+    if let Some(b) = &basic {
+        headers.push(("Authorization", b));
+    }
     let (status, bytes) = envd(
         engine,
         sandbox,
-        &[("X-Access-Token", token)],
+        &headers,
         "/process.Process/Start",
         "application/connect+json",
         body,
@@ -440,4 +463,86 @@ async fn what_comes_through_the_door_stays_in_the_sandbox() {
             "/tmp/{marker}{suffix} appeared on the host"
         );
     }
+}
+
+/// The stdout a started process printed, and how its stream ended (the trailer's error code).
+fn outcome(frames: &[(u8, Value)]) -> (String, Option<String>) {
+    use base64::Engine as _;
+    let mut out = Vec::new();
+    let mut error = None;
+    for (flags, v) in frames {
+        if let Some(b) = v["event"]["data"]["stdout"].as_str() {
+            out.extend(base64::engine::general_purpose::STANDARD.decode(b).unwrap());
+        }
+        if flags & 2 != 0 {
+            error = v["error"]["code"].as_str().map(str::to_string);
+        }
+    }
+    (String::from_utf8_lossy(&out).into_owned(), error)
+}
+
+/// Accounts come from the sandbox's own /etc/passwd, which its code may rewrite: an account
+/// whose id is the agent's (the one id the sandbox does not map), or no id of the sandbox at all,
+/// runs nothing and owns nothing, and the agent answers on as before.
+#[tokio::test]
+async fn a_rewritten_passwd_never_makes_a_process_or_a_file_the_agents() {
+    require_sandboxes!();
+    let engine = E2bEngine::start(KEYS).await;
+    let (id, token, _) = create(&engine, "key-alpha").await;
+    let (_, f) = start_as(&engine, &id, &token, None, &["id", "-un"]).await;
+    assert_eq!(outcome(&f), ("user\n".to_string(), None), "{f:?}");
+    let forge = "echo 'agent:x:65535:65535::/:/bin/sh' >> /etc/passwd; \
+                 echo 'beyond:x:4294967294:4294967294::/:/bin/sh' >> /etc/passwd; \
+                 echo 'twin:x:0:0::/root:/bin/sh' >> /etc/passwd; \
+                 rm /etc/group && mkfifo /etc/group && echo forged";
+    let (_, f) = start_as(&engine, &id, &token, Some("root"), &["sh", "-c", forge]).await;
+    assert_eq!(outcome(&f).0, "forged\n", "{f:?}");
+    for account in ["agent", "beyond"] {
+        let (_, f) = start_as(&engine, &id, &token, Some(account), &["id"]).await;
+        let (out, error) = outcome(&f);
+        assert!(out.is_empty() && error.is_some(), "{account} ran: {f:?}");
+        let (status, body) = envd(
+            &engine,
+            &id,
+            &[("X-Access-Token", &token)],
+            &format!("/files?path=/tmp/{account}.txt&username={account}"),
+            "application/octet-stream",
+            b"x".to_vec(),
+        )
+        .await;
+        assert!(
+            status.is_client_error() || status.is_server_error(),
+            "{account} owns a file: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    // Root under another name is the sandbox's root, nothing more; a FIFO for /etc/group blocks
+    // nothing (listings name groups by number).
+    let (_, f) = start_as(&engine, &id, &token, Some("twin"), &["id", "-u"]).await;
+    assert_eq!(outcome(&f), ("0\n".to_string(), None), "{f:?}");
+    let listed = envd(
+        &engine,
+        &id,
+        &[("X-Access-Token", &token)],
+        "/filesystem.Filesystem/ListDir",
+        "application/json",
+        br#"{"path": "/tmp"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(listed.0, 200, "{}", String::from_utf8_lossy(&listed.1));
+    let listing: Value = serde_json::from_slice(&listed.1).unwrap();
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("agent") || n.starts_with("beyond")),
+        "{names:?}"
+    );
+    let (_, f) = start_as(&engine, &id, &token, None, &["id", "-un"]).await;
+    assert_eq!(outcome(&f), ("user\n".to_string(), None), "{f:?}");
 }

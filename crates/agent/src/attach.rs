@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
+use super::accounts;
 use super::jobs::Jobs;
 use super::reaper::{Exit, Reaper};
 use super::spawn::{self, Launch, default_cwd, error};
@@ -50,10 +51,18 @@ pub(crate) async fn serve(
     jobs: &Jobs,
     mut conn: UnixStream,
 ) {
-    let cwd = spec
-        .cwd
-        .clone()
-        .unwrap_or_else(|| default_cwd().to_string());
+    let account = match spec.user.as_deref().map(accounts::lookup).transpose() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = write_frame(&mut conn, &Frame::<Attached>::Error(e)).await;
+            return;
+        }
+    };
+    // A command run as an account starts in its home, as a login would.
+    let cwd = spec.cwd.clone().unwrap_or_else(|| match &account {
+        Some(a) if std::path::Path::new(&a.home).is_dir() => a.home.clone(),
+        _ => default_cwd().to_string(),
+    });
     let started = checked(&spec)
         .and_then(|()| spawn::check(&cwd, &spec.env))
         .and_then(|()| {
@@ -66,6 +75,8 @@ pub(crate) async fn serve(
                 merge_output: false,
                 extra_fds: &[],
                 stdin_pipe: true,
+                user: account.as_ref(),
+                terminal: spec.terminal,
             };
             jobs.start_attached(spec.argv.join(" "), &launch, reaper)
         });
@@ -85,6 +96,7 @@ pub(crate) async fn serve(
 
     // The engine's chunks go to stdin until it closes stdin or hangs up.
     let mut stdin = started.stdin;
+    let terminal = started.terminal;
     let mut input = tokio::task::spawn_local(async move {
         while let Ok(Some(chunk)) = read_chunk(&mut rd).await {
             match chunk {
@@ -101,6 +113,11 @@ pub(crate) async fn serve(
                     }
                 }
                 Chunk::CloseStdin => stdin = None,
+                Chunk::Resize(size) => {
+                    if let Some(t) = &terminal {
+                        let _ = t.resize(size);
+                    }
+                }
                 // Output and exit chunks are the agent's to send, never to take.
                 _ => {}
             }

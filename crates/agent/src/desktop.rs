@@ -171,6 +171,8 @@ impl Desktop {
                 merge_output: true,
                 extra_fds: &[],
                 stdin_pipe: false,
+                user: None,
+                terminal: None,
             },
             reaper,
         )?;
@@ -221,6 +223,8 @@ impl Desktop {
                     merge_output: true,
                     extra_fds: &[],
                     stdin_pipe: false,
+                    user: None,
+                    terminal: None,
                 },
                 reaper,
             ) {

@@ -250,6 +250,8 @@ where
         merge_output: false,
         extra_fds: &[],
         stdin_pipe: false,
+        user: None,
+        terminal: None,
     };
     let child = spawn::start(&launch, reaper)?;
     let pid = child.pid;

@@ -13,6 +13,7 @@ use std::path::{Component, Path, PathBuf};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 
+use super::accounts::{self, Account};
 use super::safe_open;
 use super::spawn::default_cwd;
 use sandbox_mcp_protocol::{
@@ -180,8 +181,15 @@ pub fn read_file(ReadFile { path, max_bytes }: ReadFile) -> Result<FileData> {
     })
 }
 
-pub fn write_file(WriteFile { path, data_b64 }: WriteFile) -> Result<Written> {
+pub fn write_file(
+    WriteFile {
+        path,
+        data_b64,
+        owner,
+    }: WriteFile,
+) -> Result<Written> {
     let path = resolve(&path)?;
+    let owner = owner.as_deref().map(accounts::lookup).transpose()?;
     let data = B64.decode(data_b64).map_err(|e| {
         fail(
             ErrorKind::InvalidArgument,
@@ -191,7 +199,7 @@ pub fn write_file(WriteFile { path, data_b64 }: WriteFile) -> Result<Written> {
     let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(fail(ErrorKind::InvalidArgument, "cannot write to /"));
     };
-    fs::create_dir_all(parent).map_err(|e| io_fail(&e, parent, "create directory"))?;
+    make_dirs(parent, owner.as_ref())?;
     let mode = match fs::symlink_metadata(&path) {
         Ok(m) if m.is_dir() => {
             return Err(fail(
@@ -215,6 +223,9 @@ pub fn write_file(WriteFile { path, data_b64 }: WriteFile) -> Result<Written> {
     ));
     let write = || -> io::Result<()> {
         let mut f = safe_open::create_new(&tmp, mode)?;
+        if let Some(a) = &owner {
+            std::os::unix::fs::fchown(&f, Some(a.uid), Some(a.gid))?;
+        }
         f.write_all(&data)?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -244,6 +255,33 @@ pub fn write_file(WriteFile { path, data_b64 }: WriteFile) -> Result<Written> {
         path: path.display().to_string(),
         size: data.len() as u64,
     })
+}
+
+/// Where a symlink leads inside the sandbox: the path it resolves to, or (dangling, or a loop)
+/// what it says.
+fn link_target(link: &Path) -> String {
+    fs::canonicalize(link)
+        .or_else(|_| fs::read_link(link))
+        .map(|t| t.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Makes `dir` with its missing parents; those it makes belong to `owner` when one is named.
+fn make_dirs(dir: &Path, owner: Option<&Account>) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at.filter(|d| fs::symlink_metadata(d).is_err()) {
+        missing.push(d);
+        at = d.parent();
+    }
+    fs::create_dir_all(dir).map_err(|e| io_fail(&e, dir, "create directory"))?;
+    if let Some(a) = owner {
+        for d in missing.iter().rev() {
+            std::os::unix::fs::lchown(d, Some(a.uid), Some(a.gid))
+                .map_err(|e| io_fail(&e, d, "give to its owner"))?;
+        }
+    }
+    Ok(())
 }
 
 fn nanos() -> u64 {
@@ -279,6 +317,7 @@ pub(crate) fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
     }
     let mut entries = Vec::new();
     let mut more = false;
+    let names = accounts::Names::load();
     for entry in fs::read_dir(&path).map_err(|e| io_fail(&e, &path, "list"))? {
         let Ok(entry) = entry else { continue };
         if entries.len() >= MAX_SCAN {
@@ -295,6 +334,11 @@ pub(crate) fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
             kind: kind_of(m.file_type()),
             size: m.len(),
             mtime: m.mtime(),
+            mode: m.mode() & 0o7777,
+            owner: names.user(m.uid()),
+            group: names.group(m.gid()),
+            target: m.is_symlink().then(|| link_target(&entry.path())),
+            target_is_dir: m.is_symlink() && entry.path().is_dir(),
         });
     }
     entries.sort_by(|a, b| a.name.cmp(&b.name));

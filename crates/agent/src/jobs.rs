@@ -219,6 +219,8 @@ impl Jobs {
             merge_output: true,
             extra_fds: &[],
             stdin_pipe: false,
+            user: None,
+            terminal: None,
         };
         let started = spawn::start(&launch, reaper).inspect_err(|_| {
             let _ = std::fs::remove_file(&log);

@@ -12,6 +12,7 @@
 /// A desktop's screen size (stored in sandbox records too).
 pub use sandbox_mcp_protocol::Screen;
 
+pub mod accounts;
 pub(crate) mod attach;
 pub(crate) mod capture;
 pub(crate) mod desktop;
@@ -25,3 +26,4 @@ pub(crate) mod repl;
 pub(crate) mod safe_open;
 pub mod server;
 pub mod spawn;
+pub mod terminal;

@@ -99,6 +99,8 @@ fn spawn_interp(
         merge_output: false,
         extra_fds: &[req_r.as_raw_fd(), resp_w.as_raw_fd()],
         stdin_pipe: false,
+        user: None,
+        terminal: None,
     };
     let started = spawn::start(&launch, reaper)?;
     // The child has its copies; ours must close so EOFs arrive when it dies.

@@ -8,12 +8,15 @@
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::rc::Rc;
 use std::sync::OnceLock;
 
 use tokio::net::unix::pipe;
 
+use super::accounts::Account;
 use super::reaper::{Exit, Reaper};
-use sandbox_mcp_protocol::{AgentError, ErrorKind};
+use super::terminal::{self, Terminal};
+use sandbox_mcp_protocol::{AgentError, ErrorKind, TerminalSize};
 
 /// What every command is confined to, set once when the agent starts.
 pub struct Confinement {
@@ -56,8 +59,11 @@ fn confine(caps: u64, landlock: Option<RawFd>, user: Option<(u32, u32)>) -> std:
     }
     if let Some((uid, gid)) = user.filter(|u| *u != (0, 0)) {
         // Last, once root's work is done: leaving uid 0 clears every capability.
-        // SAFETY: id-setting system calls on integer arguments.
+        // SAFETY: id-setting system calls on integer arguments (and one gid, on the stack).
         unsafe {
+            // The account's own group only; refused where the sandbox may not set groups, which
+            // leaves root's (none beyond its own).
+            libc::setgroups(1, &gid);
             check(libc::setresgid(gid, gid, gid).into())?;
             check(libc::setresuid(uid, uid, uid).into())?;
         }
@@ -153,6 +159,11 @@ pub struct Launch<'a> {
     pub extra_fds: &'a [RawFd],
     /// stdin from a pipe (an attached process) instead of /dev/null.
     pub stdin_pipe: bool,
+    /// The account to run as, instead of the sandbox's (its root, or its image's user).
+    pub user: Option<&'a Account>,
+    /// stdin, stdout and stderr on a new terminal of this size (with `stdin_pipe`: its input),
+    /// the process's controlling terminal; its output comes out of `stdout`.
+    pub terminal: Option<TerminalSize>,
 }
 
 /// A started process.
@@ -166,6 +177,8 @@ pub struct Started {
     pub stdin: Option<pipe::Sender>,
     /// Inodes of the output pipes, to find escaped descendants that still hold them.
     pub pipe_inodes: Vec<u64>,
+    /// The process's terminal, when it has one.
+    pub terminal: Option<Rc<Terminal>>,
 }
 
 fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
@@ -184,10 +197,32 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
         } else {
             Stdio::null()
         });
+    if let Some(account) = launch.user {
+        cmd.envs(account.env());
+    }
+    if launch.terminal.is_some() {
+        cmd.env("TERM", "xterm-256color");
+    }
     for vars in launch.env {
         cmd.envs(vars.iter().cloned());
     }
-    let merged = if launch.merge_output {
+    let term = match launch.terminal {
+        Some(size) => {
+            let (term, slave) = terminal::open(size)?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| error(ErrorKind::Io, format!("cannot open a terminal: {e}")))
+            };
+            cmd.stdin(Stdio::from(dup(&slave)?))
+                .stdout(Stdio::from(dup(&slave)?))
+                .stderr(Stdio::from(slave));
+            Some(term)
+        }
+        None => None,
+    };
+    let merged = if term.is_some() {
+        None
+    } else if launch.merge_output {
         let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| error(ErrorKind::Io, format!("cannot create a pipe: {e}")))?;
         let w2 = w
@@ -200,9 +235,11 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
         None
     };
     let extra: Vec<RawFd> = launch.extra_fds.to_vec();
-    let confinement = CONFINEMENT
-        .get()
-        .map(|c| (c.caps, c.landlock.as_ref().map(|fd| fd.as_raw_fd()), c.user));
+    let confinement = CONFINEMENT.get().map(|c| {
+        let user = launch.user.map(|a| (a.uid, a.gid)).or(c.user);
+        (c.caps, c.landlock.as_ref().map(|fd| fd.as_raw_fd()), user)
+    });
+    let controlling = term.is_some();
     // SAFETY: runs in the forked child before exec and calls only async-signal-safe functions
     // (setsid, fcntl, dup2, id and capability calls). A new session gives the process its own
     // process group (killed as a unit) and no controlling terminal (so TIOCSTI has nothing to
@@ -211,6 +248,10 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            // On a terminal: it becomes the new session's controlling terminal (stdin is it).
+            if controlling && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             if let Some((caps, landlock, user)) = confinement {
                 confine(caps, landlock, user)?;
             }
@@ -248,13 +289,18 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
         pipe::Receiver::from_owned_fd(fd)
             .map_err(|e| error(ErrorKind::Io, format!("cannot watch output: {e}")))
     };
-    let (stdout, stderr) = match merged {
-        Some(r) => (to_async(r)?, None),
-        None => {
+    let relayed = match &term {
+        Some(t) => Some(t.relay()?),
+        None => None,
+    };
+    let (stdout, stderr, stdin) = match (merged, relayed) {
+        (_, Some((out, input))) => (out, None, launch.stdin_pipe.then_some(input)),
+        (Some(r), None) => (to_async(r)?, None, None),
+        (None, None) => {
             let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
                 return Err(error(ErrorKind::Io, "output pipes are missing"));
             };
-            (to_async(out.into())?, Some(to_async(err.into())?))
+            (to_async(out.into())?, Some(to_async(err.into())?), None)
         }
     };
     let stdin = match child.stdin.take() {
@@ -262,7 +308,7 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
             pipe::Sender::from_owned_fd(w.into())
                 .map_err(|e| error(ErrorKind::Io, format!("cannot feed input: {e}")))?,
         ),
-        None => None,
+        None => stdin,
     };
     drop(child); // never waited on through std: the reaper owns every exit status
     let mut pipe_inodes = vec![inode_of(&stdout)];
@@ -276,6 +322,7 @@ pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError
         stderr,
         stdin,
         pipe_inodes,
+        terminal: term,
     })
 }
 

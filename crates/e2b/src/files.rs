@@ -31,8 +31,7 @@ const LIST_MAX: u64 = 10_000;
 #[derive(Deserialize)]
 pub(crate) struct FileQuery {
     path: Option<String>,
-    /// Ignored: every file operation runs as the sandbox's user.
-    #[allow(dead_code)]
+    /// The account uploaded files belong to (the sandbox's default when absent).
     username: Option<String>,
 }
 
@@ -81,6 +80,11 @@ pub(crate) async fn upload(
         Ok(f) => f,
         Err(f) => return f.into_response(),
     };
+    let named = q.username.filter(|u| !u.is_empty());
+    let owner = match crate::user::acting(&door, &s.id, named).await {
+        Ok(o) => o,
+        Err(e) => return Failure::from(e).into_response(),
+    };
     let mut written = Vec::new();
     for (path, data) in files {
         if data.len() > WRITE_LIMIT {
@@ -96,6 +100,7 @@ pub(crate) async fn upload(
         let write = WriteFile {
             path: crate::absolute(&path),
             data_b64: B64.encode(&data),
+            owner: Some(owner.clone()),
         };
         match door.manager.agent.call(&s.id, None, write, DEADLINE).await {
             Ok(w) => written.push(serde_json::json!({
@@ -233,7 +238,10 @@ pub(crate) async fn rpc(
             .await
             .map(|e| serde_json::json!({"entry": e})),
         "ListDir" => list(&door, id, req.path(), req.depth).await,
-        "MakeDir" => make_dir(&door, id, req.path()).await,
+        "MakeDir" => match crate::user::named(&headers) {
+            Ok(named) => make_dir(&door, id, req.path(), named).await,
+            Err(e) => Err(e),
+        },
         "Move" => moved(&door, id, &req).await,
         "Remove" => remove(&door, id, req.path()).await,
         "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(RpcError::new(
@@ -269,19 +277,49 @@ fn entry(dir: &str, e: &DirEntry) -> serde_json::Value {
     } else {
         format!("{dir}/{}", e.name)
     };
-    let kind = match e.kind {
-        FileKind::Dir => "FILE_TYPE_DIRECTORY",
-        _ => "FILE_TYPE_FILE",
-    };
-    serde_json::json!({
+    // As envd, a symlink is described by what it leads to, and where.
+    let dir = e.kind == FileKind::Dir || (e.kind == FileKind::Symlink && e.target_is_dir);
+    let mut v = serde_json::json!({
         "name": e.name,
-        "type": kind,
+        "type": if dir { "FILE_TYPE_DIRECTORY" } else { "FILE_TYPE_FILE" },
         "path": path,
         "size": e.size.to_string(),
+        "mode": e.mode,
+        "permissions": permissions(dir, e.mode),
+        "owner": e.owner,
+        "group": e.group,
         "modifiedTime": chrono::DateTime::from_timestamp(e.mtime, 0)
             .unwrap_or_default()
             .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-    })
+    });
+    if let Some(target) = &e.target {
+        v["symlinkTarget"] = target.clone().into();
+    }
+    v
+}
+
+/// Permissions as envd writes them (Go's `FileMode.String`): a letter for each special bit that
+/// is set (`d` directory, `u` setuid, `g` setgid, `t` sticky), or `-` for none, then `rwx` three
+/// times.
+fn permissions(dir: bool, mode: u32) -> String {
+    let mut s: String = [
+        (dir, 'd'),
+        (mode & 0o4000 != 0, 'u'),
+        (mode & 0o2000 != 0, 'g'),
+    ]
+    .into_iter()
+    .chain([(mode & 0o1000 != 0, 't')])
+    .filter_map(|(set, c)| set.then_some(c))
+    .collect();
+    if s.is_empty() {
+        s.push('-');
+    }
+    for shift in [6, 3, 0] {
+        for (bit, c) in [(4, 'r'), (2, 'w'), (1, 'x')] {
+            s.push(if (mode >> shift) & bit != 0 { c } else { '-' });
+        }
+    }
+    s
 }
 
 async fn listing(door: &Door, id: &str, path: &str) -> Result<Dir, EngineError> {
@@ -328,33 +366,48 @@ async fn list(
         return Err(RpcError::invalid(format!("depth is at most {MAX_DEPTH}")));
     }
     let mut entries = Vec::new();
-    // Breadth first, within the listing budget: each level's directories, then theirs.
-    let mut level = vec![path.to_string()];
-    for _ in 0..depth {
-        let mut next = Vec::new();
-        for dir_path in level {
+    // Depth first, each directory's entries in name order with what is under each right after
+    // it (as envd walks), within the listing budget. The stack holds entries still to be given,
+    // the next on top, each with its level.
+    let mut pending: Vec<(serde_json::Value, bool, u32)> = Vec::new();
+    let mut next_dir = Some((path.to_string(), 1));
+    loop {
+        if let Some((dir_path, level)) = next_dir.take() {
             let dir = listing(door, id, &dir_path).await?;
-            for e in &dir.entries {
-                let v = entry(&dir.path, e);
-                if e.kind == FileKind::Dir {
-                    next.push(v["path"].as_str().unwrap_or_default().to_string());
-                }
-                entries.push(v);
-                if entries.len() as u64 >= LIST_MAX {
-                    return Err(RpcError::new(
-                        "resource_exhausted",
-                        format!("the listing holds more than {LIST_MAX} entries; list less deep"),
-                    ));
-                }
-            }
+            pending.extend(
+                dir.entries
+                    .iter()
+                    .rev()
+                    .map(|e| (entry(&dir.path, e), e.kind == FileKind::Dir, level)),
+            );
         }
-        level = next;
+        let Some((v, is_dir, level)) = pending.pop() else {
+            break;
+        };
+        if is_dir && level < depth {
+            next_dir = Some((
+                v["path"].as_str().unwrap_or_default().to_string(),
+                level + 1,
+            ));
+        }
+        entries.push(v);
+        if entries.len() as u64 >= LIST_MAX {
+            return Err(RpcError::new(
+                "resource_exhausted",
+                format!("the listing holds more than {LIST_MAX} entries; list less deep"),
+            ));
+        }
     }
     Ok(serde_json::json!({"entries": entries}))
 }
 
 /// A directory with its parents; `already_exists` when it was there (the SDKs answer `false`).
-async fn make_dir(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
+async fn make_dir(
+    door: &Door,
+    id: &str,
+    path: &str,
+    named: Option<String>,
+) -> Result<serde_json::Value, RpcError> {
     if path.is_empty() {
         return Err(RpcError::invalid("path is required"));
     }
@@ -365,10 +418,12 @@ async fn make_dir(door: &Door, id: &str, path: &str) -> Result<serde_json::Value
         ));
     }
     // The agent makes a file's parent directories: a placeholder made and deleted leaves them.
-    let marker = format!("{}/.e2b-make-dir", path.trim_end_matches('/'));
+    let owner = crate::user::acting(door, id, named).await?;
+    let marker = crate::placeholder(path.trim_end_matches('/'));
     let write = WriteFile {
         path: marker.clone(),
         data_b64: String::new(),
+        owner: Some(owner),
     };
     door.manager.agent.call(id, None, write, DEADLINE).await?;
     let delete = Delete {
@@ -422,6 +477,15 @@ mod tests {
                 ("c".to_string(), b"\r\n--x".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn permissions_are_written_as_envd_writes_them() {
+        assert_eq!(permissions(false, 0o644), "-rw-r--r--");
+        assert_eq!(permissions(true, 0o755), "drwxr-xr-x");
+        assert_eq!(permissions(true, 0o1777), "dtrwxrwxrwx");
+        assert_eq!(permissions(false, 0o4755), "urwxr-xr-x");
+        assert_eq!(permissions(false, 0), "----------");
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod files;
 mod jupyter;
 mod process;
 mod token;
+mod user;
 
 use std::sync::Arc;
 
@@ -42,8 +43,8 @@ pub struct Door {
     keys: Arc<KeyRing<Principal>>,
     tokens: token::Tokens,
     processes: process::Table,
-    /// Sandboxes known to have [`HOME`].
-    homes: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Each sandbox's default account, once found (see [`user`]).
+    accounts: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl Door {
@@ -56,16 +57,16 @@ impl Door {
             keys,
             tokens,
             processes: process::Table::default(),
-            homes: Default::default(),
+            accounts: Default::default(),
         })
     }
 }
 
 impl Door {
-    /// Lets go of what the door keeps of a killed sandbox: its processes and that it has a home.
+    /// Lets go of what the door keeps of a killed sandbox: its processes and its account.
     pub(crate) fn forget(&self, id: &str) {
         self.processes.forget_sandbox(id);
-        sandbox_mcp_sys::lock(&self.homes).remove(id);
+        sandbox_mcp_sys::lock(&self.accounts).remove(id);
     }
 }
 
@@ -168,25 +169,13 @@ pub(crate) async fn live(
     Ok(view)
 }
 
-/// Makes [`HOME`] in sandbox `id` once (the agent makes a file's parents; the file goes again).
-pub(crate) async fn ensure_home(door: &Door, id: &str) -> Result<(), EngineError> {
-    if sandbox_mcp_sys::lock(&door.homes).contains(id) {
-        return Ok(());
-    }
-    let marker = format!("{HOME}/.e2b-home");
-    let write = sandbox_mcp_protocol::WriteFile {
-        path: marker.clone(),
-        data_b64: String::new(),
-    };
-    let deadline = std::time::Duration::from_secs(30);
-    door.manager.agent.call(id, None, write, deadline).await?;
-    let delete = sandbox_mcp_protocol::Delete {
-        path: marker,
-        recursive: false,
-    };
-    door.manager.agent.call(id, None, delete, deadline).await?;
-    sandbox_mcp_sys::lock(&door.homes).insert(id.to_string());
-    Ok(())
+/// A name for a placeholder file in `dir`, made and deleted to have the agent make `dir` with its
+/// parents: its own for each call, so that two calls at once never delete each other's.
+pub(crate) fn placeholder(dir: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{dir}/.e2b-placeholder-{}-{n}", std::process::id())
 }
 
 /// A path as envd takes it: relative ones are under [`HOME`].

@@ -20,7 +20,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use sandbox_mcp_protocol::{Attach, Chunk, KillJob, read_chunk, write_chunk};
+use sandbox_mcp_protocol::{Attach, Chunk, KillJob, TerminalSize, read_chunk, write_chunk};
 use sandbox_mcp_sys::lock;
 
 use crate::Door;
@@ -46,9 +46,16 @@ pub(crate) struct ProcessConfig {
 #[serde(rename_all = "camelCase", default)]
 struct StartRequest {
     process: Option<ProcessConfig>,
-    pty: Option<serde_json::Value>,
+    pty: Option<Pty>,
     tag: Option<String>,
     stdin: Option<bool>,
+}
+
+/// A terminal as envd's calls describe one.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Pty {
+    size: Option<TerminalSize>,
 }
 
 #[derive(Deserialize, Default)]
@@ -64,6 +71,7 @@ struct Selected {
     process: Selector,
     signal: Option<String>,
     input: Option<Input>,
+    pty: Option<Pty>,
 }
 
 #[derive(Deserialize, Default)]
@@ -76,6 +84,8 @@ struct Input {
 /// What a process's task passes to the stream attached to it.
 enum Event {
     Stdout(Vec<u8>),
+    /// Output of a process on a terminal.
+    Pty(Vec<u8>),
     Stderr(Vec<u8>),
     End {
         exit_code: Option<i32>,
@@ -90,6 +100,8 @@ struct Process {
     tag: Option<String>,
     config: ProcessConfig,
     stdin: mpsc::Sender<Chunk>,
+    /// Whether it runs on a terminal.
+    terminal: bool,
     /// The stream attached, if any.
     watcher: Arc<Mutex<Option<mpsc::Sender<Event>>>>,
 }
@@ -139,7 +151,8 @@ pub(crate) async fn rpc(
         "SendSignal" => connect::reply(signal(&door, &headers, &body).await),
         "SendInput" => connect::reply(input(&door, &headers, &body).await),
         "CloseStdin" => connect::reply(close_stdin(&door, &headers, &body).await),
-        "Update" | "StreamInput" => RpcError::new(
+        "Update" => connect::reply(update(&door, &headers, &body).await),
+        "StreamInput" => RpcError::new(
             "unimplemented",
             format!("process.Process/{method} is not supported by this engine yet"),
         )
@@ -200,24 +213,24 @@ async fn start_process(
 ) -> Result<(u32, mpsc::Receiver<Event>), RpcError> {
     let s = sandbox(door, headers).await.map_err(|r| r.rpc())?;
     let req: StartRequest = connect::stream_request(headers, body)?;
-    if req.pty.is_some() {
-        return Err(RpcError::new(
-            "unimplemented",
-            "a process with a PTY is not supported by this engine yet; run it without one",
-        ));
-    }
-    let config = req.process.unwrap_or_default();
-    let cwd = match config.cwd.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => crate::absolute(c),
-        None => {
-            crate::ensure_home(door, &s.id).await?;
-            crate::HOME.to_string()
-        }
+    let terminal = match req.pty {
+        Some(Pty { size: Some(size) }) => Some(size),
+        Some(Pty { size: None }) => return Err(RpcError::invalid("pty.size is required")),
+        None => None,
     };
+    let user = crate::user::acting(door, &s.id, crate::user::named(headers)?).await?;
+    let config = req.process.unwrap_or_default();
     let spec = Attach {
         argv: argv(&config)?,
-        cwd: Some(cwd),
+        // Without one, the account's home (as envd does).
+        cwd: config
+            .cwd
+            .as_deref()
+            .filter(|c| !c.is_empty())
+            .map(crate::absolute),
         env: envs(&config)?,
+        user: Some(user),
+        terminal,
     };
     let attachment = door.manager.agent.attach(&s.id, None, spec).await?;
     let pid = u32::try_from(attachment.attached.pid)
@@ -232,6 +245,7 @@ async fn start_process(
             tag: req.tag.filter(|t| !t.is_empty()),
             config,
             stdin: stdin_tx,
+            terminal: terminal.is_some(),
             watcher: watcher.clone(),
         },
     );
@@ -258,6 +272,7 @@ async fn start_process(
         let reader = async {
             loop {
                 let event = match read_chunk(&mut rd).await {
+                    Ok(Some(Chunk::Stdout(b))) if terminal.is_some() => Event::Pty(b),
                     Ok(Some(Chunk::Stdout(b))) => Event::Stdout(b),
                     Ok(Some(Chunk::Stderr(b))) => Event::Stderr(b),
                     Ok(Some(Chunk::Exit { exit_code, signal })) => Event::End { exit_code, signal },
@@ -338,6 +353,9 @@ fn streaming(
             }
             Some(Event::Stderr(b)) => {
                 connect::message(&serde_json::json!({"event": {"data": {"stderr": B64.encode(b)}}}))
+            }
+            Some(Event::Pty(b)) => {
+                connect::message(&serde_json::json!({"event": {"data": {"pty": B64.encode(b)}}}))
             }
             Some(Event::End { exit_code, signal }) => {
                 st.done = true;
@@ -474,17 +492,12 @@ async fn input(
     body: &[u8],
 ) -> Result<serde_json::Value, RpcError> {
     let (id, req, pid) = selected(door, headers, body).await?;
+    // A terminal's input is typed into it, which is its stdin.
     let data = match req.input {
-        Some(Input { stdin: Some(b), .. }) => B64
+        Some(Input { stdin: Some(b), .. } | Input { pty: Some(b), .. }) => B64
             .decode(b)
-            .map_err(|e| RpcError::invalid(format!("input.stdin is not base64: {e}")))?,
-        Some(Input { pty: Some(_), .. }) => {
-            return Err(RpcError::new(
-                "unimplemented",
-                "PTY input: no process has a PTY here",
-            ));
-        }
-        _ => return Err(RpcError::invalid("input.stdin is missing")),
+            .map_err(|e| RpcError::invalid(format!("input is not base64: {e}")))?,
+        _ => return Err(RpcError::invalid("input.stdin or input.pty is required")),
     };
     for piece in data.chunks(sandbox_mcp_protocol::MAX_CHUNK) {
         send_chunk(door, &id, pid, Chunk::Stdin(piece.to_vec())).await?;
@@ -499,5 +512,27 @@ async fn close_stdin(
 ) -> Result<serde_json::Value, RpcError> {
     let (id, _, pid) = selected(door, headers, body).await?;
     send_chunk(door, &id, pid, Chunk::CloseStdin).await?;
+    Ok(serde_json::json!({}))
+}
+
+/// `Update`: a new size for a process's terminal.
+async fn update(
+    door: &Door,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<serde_json::Value, RpcError> {
+    let (id, req, pid) = selected(door, headers, body).await?;
+    let Some(Pty { size: Some(size) }) = req.pty else {
+        return Err(RpcError::invalid("pty.size is required"));
+    };
+    if !lock(&door.processes.processes)
+        .get(&(id.clone(), pid))
+        .is_some_and(|p| p.terminal)
+    {
+        return Err(RpcError::invalid(format!(
+            "process {pid} has no terminal to resize"
+        )));
+    }
+    send_chunk(door, &id, pid, Chunk::Resize(size)).await?;
     Ok(serde_json::json!({}))
 }

@@ -24,6 +24,21 @@ pub struct Attach {
     pub argv: Vec<String>,
     pub cwd: Option<String>,
     pub env: Vec<(String, String)>,
+    /// An account of the sandbox's `/etc/passwd` to run as (with its home, shell and name in the
+    /// environment); the sandbox's root when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Run on a terminal of this size: its output arrives as [`Chunk::Stdout`] (the terminal
+    /// merges both streams), [`Chunk::Stdin`] is typed into it, and [`Chunk::Resize`] resizes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TerminalSize {
+    pub cols: u16,
+    pub rows: u16,
 }
 
 /// The attached process: listed with the sandbox's jobs (its log holds its stderr).
@@ -44,6 +59,8 @@ pub enum Chunk {
     CloseStdin,
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
+    /// A new size for the process's terminal (caller → process; ignored without one).
+    Resize(TerminalSize),
     /// How the process ended; the last chunk the agent sends.
     Exit {
         exit_code: Option<i32>,
@@ -56,6 +73,7 @@ const CLOSE_STDIN: u8 = 1;
 const STDOUT: u8 = 2;
 const STDERR: u8 = 3;
 const EXIT: u8 = 4;
+const RESIZE: u8 = 5;
 
 #[derive(Serialize, Deserialize)]
 struct ExitStatus {
@@ -75,6 +93,7 @@ impl Chunk {
             Chunk::Stdout(_) => STDOUT,
             Chunk::Stderr(_) => STDERR,
             Chunk::Exit { .. } => EXIT,
+            Chunk::Resize(_) => RESIZE,
         }
     }
 
@@ -82,6 +101,7 @@ impl Chunk {
         match self {
             Chunk::Stdin(d) | Chunk::Stdout(d) | Chunk::Stderr(d) => d.clone(),
             Chunk::CloseStdin => Vec::new(),
+            Chunk::Resize(size) => [size.cols.to_be_bytes(), size.rows.to_be_bytes()].concat(),
             Chunk::Exit { exit_code, signal } => serde_json::to_vec(&ExitStatus {
                 exit_code: *exit_code,
                 signal: *signal,
@@ -105,6 +125,13 @@ impl Chunk {
                     signal: s.signal,
                 }
             }
+            RESIZE => match payload[..] {
+                [c0, c1, r0, r1] => Chunk::Resize(TerminalSize {
+                    cols: u16::from_be_bytes([c0, c1]),
+                    rows: u16::from_be_bytes([r0, r1]),
+                }),
+                _ => return Err(invalid("a terminal size is 4 bytes".into())),
+            },
             other => return Err(invalid(format!("unknown chunk kind {other}"))),
         })
     }
@@ -183,6 +210,7 @@ mod tests {
             Chunk::CloseStdin,
             Chunk::Stdout(vec![0, 255, 10]),
             Chunk::Stderr(Vec::new()),
+            Chunk::Resize(TerminalSize { cols: 300, rows: 2 }),
             Chunk::Exit {
                 exit_code: Some(3),
                 signal: None,
@@ -208,6 +236,7 @@ mod tests {
         assert!(Chunk::from_message(&[]).is_err());
         assert!(Chunk::from_message(&[EXIT, b'x']).is_err());
         assert!(Chunk::from_message(&[CLOSE_STDIN, b'x']).is_err());
+        assert!(Chunk::from_message(&[RESIZE, 0, 80, 0]).is_err());
         // Data over the limit is split, never sent as one chunk.
         let mut wire = Vec::new();
         write_chunk(&mut wire, &Chunk::Stdout(vec![7; MAX_CHUNK + 1]))

@@ -23,6 +23,10 @@ pub struct FileData {
 pub struct WriteFile {
     pub path: String,
     pub data_b64: String,
+    /// An account of the sandbox's `/etc/passwd` to own the file and the directories this write
+    /// makes (the sandbox's root when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -51,6 +55,21 @@ pub struct DirEntry {
     pub size: u64,
     /// Seconds since the Unix epoch.
     pub mtime: i64,
+    /// Permission bits (with setuid, setgid and sticky).
+    #[serde(default)]
+    pub mode: u32,
+    /// The owner's and group's names in the sandbox (their numbers when it has none).
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub group: String,
+    /// Where a symlink leads: the path it resolves to in the sandbox (or, dangling, what it
+    /// says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Whether a symlink leads to a directory.
+    #[serde(default)]
+    pub target_is_dir: bool,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

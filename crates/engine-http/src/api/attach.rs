@@ -92,6 +92,8 @@ async fn request(socket: &mut WebSocket) -> Result<Attach, EngineError> {
         argv: body.command.iter().map(|a| a.to_string()).collect(),
         cwd: body.cwd.as_ref().map(|c| c.to_string()),
         env,
+        user: None,
+        terminal: None,
     })
 }
 

@@ -82,6 +82,7 @@ pub(super) async fn write(
     let write = WriteFile {
         path: body.path.to_string(),
         data_b64,
+        owner: None,
     };
     let written = state
         .manager

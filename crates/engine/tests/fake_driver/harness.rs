@@ -106,6 +106,7 @@ impl Engine {
         let write = WriteFile {
             path: path.into(),
             data_b64: B64.encode(data),
+            owner: None,
         };
         let deadline = Duration::from_secs(10);
         self.manager

@@ -121,6 +121,11 @@ pub(crate) fn list(ctx: &AgentContext, l: &ListDir) -> Result<Dir> {
                     .and_then(|m| m.modified().ok())
                     .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                     .map_or(0, |d| d.as_secs() as i64),
+                mode: 0o644,
+                owner: "root".into(),
+                group: "root".into(),
+                target: None,
+                target_is_dir: false,
             }
         })
         .collect();

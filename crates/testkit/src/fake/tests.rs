@@ -112,6 +112,7 @@ async fn the_agent_speaks_the_protocol_on_the_sandbox_s_files() {
     let write = WriteFile {
         path: "../etc/../tmp/g".into(),
         data_b64: "aGk=".into(),
+        owner: None,
     };
     let written = exchange(&mut conn, write).await.unwrap().unwrap();
     assert_eq!(written.path, "/tmp/g");

@@ -148,6 +148,7 @@ impl Snapshots {
                 WriteFile {
                     path: path.to_string(),
                     data_b64: base64::engine::general_purpose::STANDARD.encode(text),
+                    owner: None,
                 },
                 Duration::from_secs(60),
             )
