@@ -161,10 +161,47 @@ async fn one_key_never_reaches_another_tenants_sandboxes() {
             format!("/sandboxes/{id}/timeout"),
             Some(json!({"timeout": 10})),
         ),
+        (
+            M::POST,
+            format!("/sandboxes/{id}/snapshots"),
+            Some(json!({"name": "taken-by-beta"})),
+        ),
     ] {
         let (status, body) = control(&engine, "key-beta", method.clone(), &path, body).await;
         assert_eq!(status, 404, "{method} {path}: {body}");
     }
+    // A snapshot is its tenant's template: another tenant neither lists, starts nor deletes it.
+    let (status, snap) = control(
+        &engine,
+        "key-alpha",
+        M::POST,
+        &format!("/sandboxes/{id}/snapshots"),
+        Some(json!({"name": "alpha-snap"})),
+    )
+    .await;
+    assert_eq!(
+        (status, &snap["snapshotID"]),
+        (StatusCode::CREATED, &json!("alpha-snap"))
+    );
+    let (_, listed) = control(&engine, "key-beta", M::GET, "/snapshots", None).await;
+    assert_eq!(listed, json!([]));
+    let made = json!({"templateID": "alpha-snap", "timeout": 30});
+    let (status, body) = control(&engine, "key-beta", M::POST, "/sandboxes", Some(made)).await;
+    assert_eq!(status, 404, "{body}");
+    let (status, _) = control(
+        &engine,
+        "key-beta",
+        M::DELETE,
+        "/templates/alpha-snap",
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (_, listed) = control(&engine, "key-alpha", M::GET, "/snapshots", None).await;
+    assert_eq!(
+        listed,
+        json!([{"snapshotID": "alpha-snap", "names": ["alpha-snap"]}])
+    );
     let (status, listed) = control(&engine, "key-beta", M::GET, "/v2/sandboxes", None).await;
     assert_eq!((status, listed), (StatusCode::OK, json!([])));
     let (_, listed) = control(&engine, "key-alpha", M::GET, "/v2/sandboxes", None).await;
@@ -316,9 +353,9 @@ async fn what_has_no_meaning_here_and_bad_input_get_clear_errors() {
         (
             M::POST,
             format!("/sandboxes/{id}/snapshots"),
-            json!({}),
-            501,
-            "not supported",
+            json!({"name": "team/Snap:v1"}),
+            400,
+            "template name",
         ),
         (
             M::POST,

@@ -20,11 +20,10 @@ use crate::{Door, ENVD_VERSION, Failure, caller};
 
 mod list;
 mod more;
+mod snapshots;
 
 use list::{list, list_running};
-use more::{
-    fork, metrics, templates, unsupported_snapshots, unsupported_teams, unsupported_volumes,
-};
+use more::{fork, metrics, templates, unsupported_teams, unsupported_volumes};
 
 /// E2B's default sandbox timeout when a create names none, in seconds.
 const DEFAULT_TIMEOUT: u64 = 15;
@@ -49,7 +48,9 @@ pub(crate) fn routes() -> Router<Arc<Door>> {
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/templates", get(templates))
         .route("/health", get(crate::envd::health))
-        .route("/sandboxes/{id}/snapshots", post(unsupported_snapshots))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/teams", get(unsupported_teams))
         .route(

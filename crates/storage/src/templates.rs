@@ -95,6 +95,7 @@ impl TemplateFile {
             size_bytes: 0,
             created_at: 0,
             warm: 0,
+            captured_from: None,
         }
     }
 }
@@ -154,6 +155,9 @@ pub struct TemplateFile {
     /// Sandboxes kept started and idle for `create` to hand out at once.
     #[serde(default)]
     pub warm: u32,
+    /// The sandbox it was captured from, when it was made from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub captured_from: Option<String>,
 }
 
 impl TemplateFile {

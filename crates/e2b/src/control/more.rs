@@ -138,10 +138,6 @@ pub(super) async fn templates(State(door): D, headers: HeaderMap) -> Response {
     done.await.into_response()
 }
 
-pub(super) async fn unsupported_snapshots() -> Failure {
-    Failure::unsupported("Snapshots through the E2B API (the engine's own API has them)")
-}
-
 pub(super) async fn unsupported_teams() -> Failure {
     Failure::unsupported("Teams and billing")
 }

@@ -128,6 +128,7 @@ pub fn import(
         size_bytes: image.bytes,
         created_at: sandbox_mcp_model::ids::now_ms(),
         warm: 0,
+        captured_from: None,
     })
 }
 

@@ -248,6 +248,7 @@ impl Templates {
             size_bytes: 0,
             created_at: ids::now_ms(),
             warm: req.warm,
+            captured_from: source.as_ref().map(|(id, _)| id.clone()),
             ..parent.file.clone()
         };
         if let Some((id, entry)) = source {
