@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::common::{kill_left_behind, spawn_engine_process_env};
 
 mod doors;
+mod network;
 mod sdk;
 
 /// An engine process serving E2B's API too, on a data dir of its own, with `keys_file` (lines
@@ -20,6 +21,11 @@ pub struct E2bEngine {
 
 impl E2bEngine {
     pub async fn start(keys_file: &str) -> E2bEngine {
+        E2bEngine::start_env(keys_file, &[]).await
+    }
+
+    /// The same, with more of the engine's environment variables set.
+    pub async fn start_env(keys_file: &str, more: &[(&str, &str)]) -> E2bEngine {
         let data = tempfile::Builder::new()
             .prefix("smcp")
             .tempdir_in("/tmp")
@@ -28,10 +34,11 @@ impl E2bEngine {
         std::fs::write(&keys, keys_file).unwrap();
         let port = sandbox_mcp_testkit::engine::free_port();
         let e2b = format!("127.0.0.1:{port}");
-        let env = [
+        let mut env = vec![
             ("SANDBOX_MCP_E2B_LISTEN", e2b.as_str()),
             ("SANDBOX_MCP_ENGINE_KEYS_FILE", keys.to_str().unwrap()),
         ];
+        env.extend_from_slice(more);
         let (child, _) = spawn_engine_process_env(&data.path().join("data"), &env).await;
         E2bEngine {
             child,

@@ -8,13 +8,13 @@ use serde_json::{Value, json};
 use super::E2bEngine;
 use crate::require_sandboxes;
 
-const KEYS: &str = "key-alpha alpha\nkey-beta beta\n";
+pub(super) const KEYS: &str = "key-alpha alpha\nkey-beta beta\n";
 
 fn http() -> reqwest::Client {
     sandbox_mcp_api::http_builder().no_proxy().build().unwrap()
 }
 
-async fn control(
+pub(super) async fn control(
     engine: &E2bEngine,
     key: &str,
     method: reqwest::Method,
@@ -105,7 +105,7 @@ async fn start(
 
 /// A process started as the account `user` names (the SDKs' `Authorization: Basic`), or as the
 /// sandbox's default account.
-async fn start_as(
+pub(super) async fn start_as(
     engine: &E2bEngine,
     sandbox: &str,
     token: &str,
@@ -503,7 +503,7 @@ async fn what_comes_through_the_door_stays_in_the_sandbox() {
 }
 
 /// The stdout a started process printed, and how its stream ended (the trailer's error code).
-fn outcome(frames: &[(u8, Value)]) -> (String, Option<String>) {
+pub(super) fn outcome(frames: &[(u8, Value)]) -> (String, Option<String>) {
     use base64::Engine as _;
     let mut out = Vec::new();
     let mut error = None;

@@ -9,17 +9,18 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
-use sandbox_mcp_model::record::{NetworkRules, Record, Status};
+use sandbox_mcp_model::record::{Record, Status};
 
 use crate::{Door, ENVD_VERSION, Failure, caller};
 
 mod list;
 mod more;
+mod network;
 mod snapshots;
 
 use list::{list, list_running};
@@ -52,6 +53,7 @@ pub(crate) fn routes() -> Router<Arc<Door>> {
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/network", put(network::update))
         .route("/teams", get(unsupported_teams))
         .route(
             "/volumes",
@@ -78,6 +80,7 @@ struct NewSandbox {
     secure: bool,
     mcp: Option<serde_json::Value>,
     volume_mounts: Option<serde_json::Value>,
+    network: Option<network::Network>,
 }
 
 /// The create and connect answer (E2B's `Sandbox`).
@@ -122,6 +125,8 @@ struct Detail {
     #[serde(skip_serializing_if = "Option::is_none")]
     envd_access_token: Option<String>,
     domain: Option<String>,
+    /// Its egress rules, as E2B's network options.
+    network: serde_json::Value,
 }
 
 const CLIENT_ID: &str = "sandbox-mcp";
@@ -164,6 +169,7 @@ fn detail(door: &Door, r: &Record, headers: &HeaderMap, token: bool) -> Detail {
         envd_version: ENVD_VERSION,
         envd_access_token: token.then(|| door.tokens.of(&r.id)),
         domain: domain(headers),
+        network: serde_json::json!({"allowOut": r.network.allow_out, "denyOut": r.network.deny_out}),
     }
 }
 
@@ -248,13 +254,7 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
     }
     let _ = new.secure;
     check_metadata(&new.metadata)?;
-    let network = match new.allow_internet_access {
-        Some(false) => NetworkRules {
-            allow_out: Vec::new(),
-            deny_out: vec!["0.0.0.0/0".into(), "::/0".into()],
-        },
-        _ => NetworkRules::default(),
-    };
+    let network = network::rules(new.network.unwrap_or_default(), new.allow_internet_access)?;
     // E2B's code interpreter template is its base with a Jupyter server; here the engine's REPL
     // contexts serve that API in any template, so it names the default one unless one by that
     // name exists.
