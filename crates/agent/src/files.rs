@@ -16,25 +16,24 @@ use base64::engine::general_purpose::STANDARD as B64;
 use super::accounts::{self, Account};
 use super::safe_open;
 use super::spawn::default_cwd;
+use super::xattrs;
 use sandbox_mcp_protocol::{
-    AgentError, Delete, Deleted, Dir, DirEntry, ErrorKind, FileData, FileKind, ListDir, Move,
-    Moved, ReadFile, WriteFile, Written, Zip, ZipDir,
+    AgentError, Delete, Deleted, ErrorKind, FileData, Move, Moved, ReadFile, WriteFile, Written,
+    Zip, ZipDir,
 };
 
 const MAX_PATH: usize = 4096;
-/// Most entries read from one directory before giving up on sorting all of them.
-const MAX_SCAN: usize = 100_000;
 /// Most skipped paths reported by a zip.
 const MAX_SKIPPED: usize = 100;
 
 type Result<T> = std::result::Result<T, AgentError>;
 
-fn fail(kind: ErrorKind, message: impl Into<String>) -> AgentError {
+pub(crate) fn fail(kind: ErrorKind, message: impl Into<String>) -> AgentError {
     AgentError::new(kind, message)
 }
 
 /// Maps an I/O error on `path` to an agent error with a useful message.
-fn io_fail(e: &io::Error, path: &Path, action: &str) -> AgentError {
+pub(crate) fn io_fail(e: &io::Error, path: &Path, action: &str) -> AgentError {
     let p = path.display();
     match e.kind() {
         io::ErrorKind::NotFound => fail(ErrorKind::NotFound, format!("{p} does not exist")),
@@ -186,10 +185,12 @@ pub fn write_file(
         path,
         data_b64,
         owner,
+        metadata,
     }: WriteFile,
 ) -> Result<Written> {
     let path = resolve(&path)?;
     let owner = owner.as_deref().map(accounts::lookup).transpose()?;
+    let metadata = xattrs::checked(metadata)?;
     let data = B64.decode(data_b64).map_err(|e| {
         fail(
             ErrorKind::InvalidArgument,
@@ -226,6 +227,7 @@ pub fn write_file(
         if let Some(a) = &owner {
             std::os::unix::fs::fchown(&f, Some(a.uid), Some(a.gid))?;
         }
+        xattrs::set(&f, &metadata)?;
         f.write_all(&data)?;
         f.sync_all()?;
         fs::rename(&tmp, &path)?;
@@ -257,15 +259,6 @@ pub fn write_file(
     })
 }
 
-/// Where a symlink leads inside the sandbox: the path it resolves to, or (dangling, or a loop)
-/// what it says.
-fn link_target(link: &Path) -> String {
-    fs::canonicalize(link)
-        .or_else(|_| fs::read_link(link))
-        .map(|t| t.to_string_lossy().into_owned())
-        .unwrap_or_default()
-}
-
 /// Makes `dir` with its missing parents; those it makes belong to `owner` when one is named.
 fn make_dirs(dir: &Path, owner: Option<&Account>) -> Result<()> {
     let mut missing = Vec::new();
@@ -289,66 +282,6 @@ fn nanos() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0)
-}
-
-fn kind_of(ft: fs::FileType) -> FileKind {
-    if ft.is_symlink() {
-        FileKind::Symlink
-    } else if ft.is_dir() {
-        FileKind::Dir
-    } else if ft.is_file() {
-        FileKind::File
-    } else {
-        FileKind::Other
-    }
-}
-
-pub(crate) fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
-    let path = resolve(&path)?;
-    let meta = fs::metadata(&path).map_err(|e| io_fail(&e, &path, "list"))?;
-    if !meta.is_dir() {
-        return Err(fail(
-            ErrorKind::InvalidArgument,
-            format!(
-                "{} is not a directory; read it with sandbox_files_read",
-                path.display()
-            ),
-        ));
-    }
-    let mut entries = Vec::new();
-    let mut more = false;
-    let names = accounts::Names::load();
-    for entry in fs::read_dir(&path).map_err(|e| io_fail(&e, &path, "list"))? {
-        let Ok(entry) = entry else { continue };
-        if entries.len() >= MAX_SCAN {
-            more = true;
-            break;
-        }
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // symlink_metadata: report links as links, never follow them.
-        let Ok(m) = entry.path().symlink_metadata() else {
-            continue;
-        };
-        entries.push(DirEntry {
-            name,
-            kind: kind_of(m.file_type()),
-            size: m.len(),
-            mtime: m.mtime(),
-            mode: m.mode() & 0o7777,
-            owner: names.user(m.uid()),
-            group: names.group(m.gid()),
-            target: m.is_symlink().then(|| link_target(&entry.path())),
-            target_is_dir: m.is_symlink() && entry.path().is_dir(),
-        });
-    }
-    entries.sort_by(|a, b| a.name.cmp(&b.name));
-    let truncated = more || entries.len() as u64 > max_entries;
-    entries.truncate(max_entries as usize);
-    Ok(Dir {
-        path: path.display().to_string(),
-        entries,
-        truncated,
-    })
 }
 
 pub fn delete(Delete { path, recursive }: Delete) -> Result<Deleted> {

@@ -13,13 +13,14 @@ use super::desktop::Desktop;
 use super::jobs::Jobs;
 use super::reaper::Reaper;
 use super::repl::Contexts;
-use super::{exec, files, live};
+use super::watch::Watchers;
+use super::{exec, files, listing, live};
 use sandbox_mcp_protocol::{
     Adopt, AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done,
     EgressHandover, ErrorKind, ExecSpec, Frame, HandOverEgress, Input, JobStatus, KillAll, KillJob,
     ListContexts, ListDir, ListJobs, ListTrees, MakePipes, Move, Ping, Pong, PortConnected,
-    ReadFile, Request, RunCodeSpec, Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
-    read_frame, write_frame,
+    ReadFile, Request, RunCodeSpec, Screenshot, StartDesktop, StartJob, Unwatch, WatchDir,
+    WatchEvents, WriteFile, ZipDir, read_frame, write_frame,
 };
 
 struct State {
@@ -33,6 +34,7 @@ struct State {
     desktop: Desktop,
     /// Pipes made for restored trees not yet taken over.
     pending: live::Pending,
+    watchers: Rc<Watchers>,
 }
 
 /// Threads for file operations (they block in the kernel; the event loop must not).
@@ -109,6 +111,7 @@ fn serve(
             jobs: Jobs::default(),
             desktop: Desktop::default(),
             pending: live::Pending::default(),
+            watchers: Rc::new(Watchers::default()),
         });
         if let Some(mut pipe) = status.take() {
             use std::io::Write;
@@ -253,17 +256,26 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             reply::<ReadFile>(&mut wr, on_file_thread(move || files::read_file(r)).await).await
         }
         Request::WriteFile(r) => {
-            reply::<WriteFile>(&mut wr, on_file_thread(move || files::write_file(r)).await).await
+            let done = on_file_thread(move || files::write_file(r)).await;
+            state.watchers.pump();
+            reply::<WriteFile>(&mut wr, done).await
         }
         Request::ListDir(r) => {
-            reply::<ListDir>(&mut wr, on_file_thread(move || files::list_dir(r)).await).await
+            reply::<ListDir>(&mut wr, on_file_thread(move || listing::list_dir(r)).await).await
         }
         Request::Delete(r) => {
-            reply::<Delete>(&mut wr, on_file_thread(move || files::delete(r)).await).await
+            let done = on_file_thread(move || files::delete(r)).await;
+            state.watchers.pump();
+            reply::<Delete>(&mut wr, done).await
         }
         Request::Move(r) => {
-            reply::<Move>(&mut wr, on_file_thread(move || files::rename(r)).await).await
+            let done = on_file_thread(move || files::rename(r)).await;
+            state.watchers.pump();
+            reply::<Move>(&mut wr, done).await
         }
+        Request::WatchDir(r) => reply::<WatchDir>(&mut wr, state.watchers.watch(r)).await,
+        Request::WatchEvents(r) => reply::<WatchEvents>(&mut wr, state.watchers.events(r)).await,
+        Request::Unwatch(r) => reply::<Unwatch>(&mut wr, state.watchers.unwatch(&r.watch_id)).await,
         Request::ZipDir(r) => {
             reply::<ZipDir>(&mut wr, on_file_thread(move || files::zip_dir(r)).await).await
         }

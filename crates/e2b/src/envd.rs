@@ -27,6 +27,9 @@ pub(crate) enum Refusal {
     NoSandbox,
     BadToken,
     NotFound(String),
+    /// A signed file URL past its expiry, or signed by no sandbox's token.
+    Expired,
+    BadSignature,
 }
 
 impl Refusal {
@@ -42,6 +45,8 @@ impl Refusal {
             Refusal::NotFound(id) => {
                 RpcError::new("unavailable", format!("sandbox {id} was not found"))
             }
+            Refusal::Expired => RpcError::new("unauthenticated", "signature is already expired"),
+            Refusal::BadSignature => RpcError::new("unauthenticated", "invalid signature"),
         }
     }
 }
@@ -67,6 +72,13 @@ impl IntoResponse for Refusal {
                 "invalid or missing X-Access-Token for this sandbox",
             )
             .into_response(),
+            Refusal::Expired => {
+                crate::Failure::new(StatusCode::UNAUTHORIZED, "signature is already expired")
+                    .into_response()
+            }
+            Refusal::BadSignature => {
+                crate::Failure::new(StatusCode::UNAUTHORIZED, "invalid signature").into_response()
+            }
         }
     }
 }
@@ -100,6 +112,65 @@ pub(crate) async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox,
         return Err(Refusal::NotFound(id.chars().take(64).collect()));
     }
     Ok(Sandbox { id: id.to_string() })
+}
+
+/// A `/files` URL as the SDKs sign it (`download_url`, `upload_url`): what it names and its
+/// signature.
+pub(crate) struct SignedUrl<'a> {
+    pub(crate) path: &'a str,
+    /// `read` or `write`.
+    pub(crate) operation: &'a str,
+    pub(crate) user: &'a str,
+    pub(crate) signature: Option<&'a str>,
+    pub(crate) expiration: Option<i64>,
+}
+
+/// The sandbox a `/files` request is for: by its token (as [`sandbox`]), or else by a signed
+/// URL's signature, which only the holder of a sandbox's token can make. A URL without
+/// `E2b-Sandbox-Id` (the SDKs build it from `E2B_SANDBOX_URL` alone) is matched against each
+/// sandbox's token in turn.
+pub(crate) async fn file_sandbox(
+    door: &Door,
+    headers: &HeaderMap,
+    url: &SignedUrl<'_>,
+) -> Result<Sandbox, Refusal> {
+    let Some(signature) = url
+        .signature
+        .filter(|_| headers.get("x-access-token").is_none())
+    else {
+        return sandbox(door, headers).await;
+    };
+    if url
+        .expiration
+        .is_some_and(|at| at < sandbox_mcp_model::ids::now_ms() / 1000)
+    {
+        return Err(Refusal::Expired);
+    }
+    let named = headers
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let candidates = match named {
+        Some(id) => vec![id],
+        None => door
+            .manager
+            .lifecycle
+            .list_current(None, &[], None)
+            .await
+            .map_err(|_| Refusal::BadSignature)?
+            .into_iter()
+            .map(|r| r.id)
+            .collect(),
+    };
+    let signed = (url.path, url.operation, url.user, url.expiration);
+    let id = candidates
+        .into_iter()
+        .find(|id| door.tokens.signed(id, signature, signed))
+        .ok_or(Refusal::BadSignature)?;
+    if crate::live(door, &id, None).await.is_err() {
+        return Err(Refusal::NotFound(id.chars().take(64).collect()));
+    }
+    Ok(Sandbox { id })
 }
 
 /// `/health`: envd's (204) when a sandbox is named, else the control plane's (200).

@@ -18,7 +18,7 @@ use sandbox_mcp_engine::services::{READ_LIMIT, WRITE_LIMIT};
 use sandbox_mcp_protocol::{Delete, Dir, DirEntry, FileKind, ListDir, Move, ReadFile, WriteFile};
 
 use crate::connect::{self, RpcError};
-use crate::envd::sandbox;
+use crate::envd::{SignedUrl, file_sandbox, sandbox};
 use crate::{Door, Failure};
 
 /// Largest upload body taken (a multipart body carries a little more than its files).
@@ -33,6 +33,21 @@ pub(crate) struct FileQuery {
     path: Option<String>,
     /// The account uploaded files belong to (the sandbox's default when absent).
     username: Option<String>,
+    /// A signed URL's signature and expiry (seconds since the epoch), in place of a token.
+    signature: Option<String>,
+    signature_expiration: Option<i64>,
+}
+
+impl FileQuery {
+    fn signed(&self, operation: &'static str) -> SignedUrl<'_> {
+        SignedUrl {
+            path: self.path.as_deref().unwrap_or(""),
+            operation,
+            user: self.username.as_deref().unwrap_or(""),
+            signature: self.signature.as_deref(),
+            expiration: self.signature_expiration,
+        }
+    }
 }
 
 pub(crate) async fn download(
@@ -40,13 +55,16 @@ pub(crate) async fn download(
     headers: HeaderMap,
     Query(q): Query<FileQuery>,
 ) -> Response {
-    let s = match sandbox(&door, &headers).await {
+    let s = match file_sandbox(&door, &headers, &q.signed("read")).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
     let Some(path) = q.path.filter(|p| !p.is_empty()) else {
         return Failure::bad("the path query parameter is required").into_response();
     };
+    if let Err(e) = crate::user::acting(&door, &s.id, None).await {
+        return Failure::from(e).into_response();
+    }
     let read = ReadFile {
         path: crate::absolute(&path),
         max_bytes: READ_LIMIT * 8,
@@ -72,7 +90,7 @@ pub(crate) async fn upload(
     Query(q): Query<FileQuery>,
     body: axum::body::Bytes,
 ) -> Response {
-    let s = match sandbox(&door, &headers).await {
+    let s = match file_sandbox(&door, &headers, &q.signed("write")).await {
         Ok(s) => s,
         Err(r) => return r.into_response(),
     };
@@ -81,6 +99,15 @@ pub(crate) async fn upload(
         Err(f) => return f.into_response(),
     };
     let named = q.username.filter(|u| !u.is_empty());
+    // E2B's file metadata: `X-Metadata-KEY: VALUE` headers, kept with lowercased keys (the agent
+    // checks them).
+    let metadata: std::collections::BTreeMap<String, String> = headers
+        .iter()
+        .filter_map(|(name, value)| {
+            let key = name.as_str().strip_prefix("x-metadata-")?;
+            Some((key.to_string(), value.to_str().ok()?.to_string()))
+        })
+        .collect();
     let owner = match crate::user::acting(&door, &s.id, named).await {
         Ok(o) => o,
         Err(e) => return Failure::from(e).into_response(),
@@ -101,16 +128,23 @@ pub(crate) async fn upload(
             path: crate::absolute(&path),
             data_b64: B64.encode(&data),
             owner: Some(owner.clone()),
+            metadata: metadata.clone(),
         };
         match door.manager.agent.call(&s.id, None, write, DEADLINE).await {
-            Ok(w) => written.push(serde_json::json!({
-                "name": std::path::Path::new(&w.path)
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default(),
-                "type": "file",
-                "path": w.path,
-            })),
+            Ok(w) => {
+                let mut info = serde_json::json!({
+                    "name": std::path::Path::new(&w.path)
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    "type": "file",
+                    "path": w.path,
+                });
+                if !metadata.is_empty() {
+                    info["metadata"] = serde_json::json!(metadata);
+                }
+                written.push(info);
+            }
             Err(e) => return Failure::from(e).into_response(),
         }
     }
@@ -219,10 +253,28 @@ pub(crate) async fn rpc(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    if method == "WatchDir" {
+        return crate::watch::stream(&door, &headers, &body).await;
+    }
     let s = match sandbox(&door, &headers).await {
         Ok(s) => s,
         Err(r) => return r.rpc().into_response(),
     };
+    // The sandbox's home is there before anything names it.
+    if let Err(e) = crate::user::acting(&door, &s.id, None).await {
+        return RpcError::from(e).into_response();
+    }
+    if let "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" = method.as_str() {
+        let req: crate::watch::Req = match connect::request(&headers, &body) {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
+        };
+        return connect::reply(match method.as_str() {
+            "CreateWatcher" => crate::watch::create(&door, &s.id, &req).await,
+            "GetWatcherEvents" => crate::watch::events(&door, &s.id, &req).await,
+            _ => crate::watch::remove(&door, &s.id, &req).await,
+        });
+    }
     let mut req: Req = match connect::request(&headers, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -244,10 +296,6 @@ pub(crate) async fn rpc(
         },
         "Move" => moved(&door, id, &req).await,
         "Remove" => remove(&door, id, req.path()).await,
-        "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(RpcError::new(
-            "unimplemented",
-            "watching directories is not supported by this engine yet",
-        )),
         other => Err(RpcError::new(
             "unimplemented",
             format!("no method filesystem.Filesystem/{other}"),
@@ -271,7 +319,7 @@ impl Req {
     }
 }
 
-fn entry(dir: &str, e: &DirEntry) -> serde_json::Value {
+pub(crate) fn entry(dir: &str, e: &DirEntry) -> serde_json::Value {
     let path = if dir.ends_with('/') {
         format!("{dir}{}", e.name)
     } else {
@@ -294,6 +342,9 @@ fn entry(dir: &str, e: &DirEntry) -> serde_json::Value {
     });
     if let Some(target) = &e.target {
         v["symlinkTarget"] = target.clone().into();
+    }
+    if !e.metadata.is_empty() {
+        v["metadata"] = serde_json::json!(e.metadata);
     }
     v
 }
@@ -424,6 +475,7 @@ async fn make_dir(
         path: marker.clone(),
         data_b64: String::new(),
         owner: Some(owner),
+        metadata: Default::default(),
     };
     door.manager.agent.call(id, None, write, DEADLINE).await?;
     let delete = Delete {

@@ -18,6 +18,7 @@ mod jupyter;
 mod process;
 mod token;
 mod user;
+mod watch;
 
 use std::sync::Arc;
 
@@ -33,8 +34,9 @@ use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_engine::manager::Manager;
 
 /// The envd version this door speaks as: what the SDKs check features against (default user,
-/// stdin, closing stdin, octet-stream uploads), and nothing newer.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// stdin, closing stdin, octet-stream uploads, file metadata, entries in watch events, watching
+/// with network mounts allowed), and nothing newer.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// What the door needs: the engine, its keys, the secret envd tokens are made with, and the
 /// processes started through envd.

@@ -390,7 +390,7 @@ fn streaming(
 }
 
 /// The deadline a Connect call carries (`Connect-Timeout-Ms`), if any.
-fn deadline_of(headers: &HeaderMap) -> Option<tokio::time::Instant> {
+pub(crate) fn deadline_of(headers: &HeaderMap) -> Option<tokio::time::Instant> {
     let ms: u64 = headers
         .get("connect-timeout-ms")?
         .to_str()

@@ -71,6 +71,45 @@ impl Tokens {
         self.verify("traffic", id, token)
     }
 
+    /// The signature of a file URL of sandbox `id`, as the SDKs make it from the envd token:
+    /// `v1_` and the unpadded base64 of SHA-256(`path:operation:user:token[:expiration]`).
+    pub(crate) fn url_signature(
+        &self,
+        id: &str,
+        path: &str,
+        operation: &str,
+        user: &str,
+        expiration: Option<i64>,
+    ) -> String {
+        let mut raw = format!("{path}:{operation}:{user}:{}", self.of(id));
+        if let Some(at) = expiration {
+            raw.push_str(&format!(":{at}"));
+        }
+        let digest = ring::digest::digest(&ring::digest::SHA256, raw.as_bytes());
+        format!(
+            "v1_{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+        )
+    }
+
+    /// Whether `signature` signs that file URL for sandbox `id` (in constant time).
+    pub(crate) fn signed(
+        &self,
+        id: &str,
+        signature: &str,
+        url: (&str, &str, &str, Option<i64>),
+    ) -> bool {
+        let (path, operation, user, expiration) = url;
+        let want = self.url_signature(id, path, operation, user, expiration);
+        // Every byte compared, whatever differs first (the length is no secret).
+        want.len() == signature.len()
+            && want
+                .bytes()
+                .zip(signature.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
     fn verify(&self, purpose: &str, id: &str, token: &str) -> bool {
         match B64.decode(token) {
             Ok(tag) => hmac::verify(&self.key, format!("{purpose}:{id}").as_bytes(), &tag).is_ok(),
@@ -105,6 +144,31 @@ mod tests {
                 .permissions(),
         );
         assert_eq!(mode & 0o777, 0o600);
+        // A file URL's signature: the SDKs' recipe, bound to the sandbox, path, operation, user
+        // and expiry.
+        let sig = tokens.url_signature("sbx_a", "f.txt", "read", "user", Some(9));
+        let digest = ring::digest::digest(
+            &ring::digest::SHA256,
+            format!("f.txt:read:user:{a}:9").as_bytes(),
+        );
+        assert_eq!(
+            sig,
+            format!(
+                "v1_{}",
+                base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest.as_ref())
+            )
+        );
+        assert!(tokens.signed("sbx_a", &sig, ("f.txt", "read", "user", Some(9))));
+        for other in [
+            ("sbx_b", ("f.txt", "read", "user", Some(9))),
+            ("sbx_a", ("g.txt", "read", "user", Some(9))),
+            ("sbx_a", ("f.txt", "write", "user", Some(9))),
+            ("sbx_a", ("f.txt", "read", "root", Some(9))),
+            ("sbx_a", ("f.txt", "read", "user", Some(10))),
+            ("sbx_a", ("f.txt", "read", "user", None)),
+        ] {
+            assert!(!tokens.signed(other.0, &sig, other.1), "{other:?}");
+        }
         // Another engine's data dir, another secret.
         let other = tempfile::tempdir().unwrap();
         assert!(!Tokens::open(other.path()).unwrap().opens("sbx_a", &a));

@@ -77,6 +77,7 @@ async fn default(door: &Door, id: &str) -> Result<String, EngineError> {
         path: marker.clone(),
         data_b64: String::new(),
         owner,
+        metadata: Default::default(),
     };
     door.manager.agent.call(id, None, write, DEADLINE).await?;
     let delete = Delete {

@@ -9,7 +9,8 @@ use crate::frame::MAX_FRAME;
 use crate::{
     Adopt, Attach, ConnectPort, CreateContext, Delete, DeleteContext, ExecSpec, HandOverEgress,
     Input, JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, ListTrees, MakePipes,
-    Move, Ping, ReadFile, RunCodeSpec, Screenshot, StartDesktop, StartJob, WriteFile, ZipDir,
+    Move, Ping, ReadFile, RunCodeSpec, Screenshot, StartDesktop, StartJob, Unwatch, WatchDir,
+    WatchEvents, WriteFile, ZipDir,
 };
 
 /// Largest answer to a request whose answer is small (everything but file contents, zips,
@@ -72,6 +73,9 @@ pub enum Request {
     ListTrees(ListTrees),
     MakePipes(MakePipes),
     Adopt(Adopt),
+    WatchDir(WatchDir),
+    WatchEvents(WatchEvents),
+    Unwatch(Unwatch),
 }
 
 /// Binds a request type to its variant of [`Request`] and to its reply.

@@ -2,6 +2,8 @@
 //! list, delete, move, and a directory as a zip. Contents travel base64-encoded, so a reply may be
 //! as large as the bytes asked for, encoded.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::call::encoded;
@@ -27,6 +29,9 @@ pub struct WriteFile {
     /// makes (the sandbox's root when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// Extended attributes to set on the file, each as `user.e2b.KEY` (E2B's file metadata).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -70,6 +75,9 @@ pub struct DirEntry {
     /// Whether a symlink leads to a directory.
     #[serde(default)]
     pub target_is_dir: bool,
+    /// Its `user.e2b.*` extended attributes, without the prefix.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]

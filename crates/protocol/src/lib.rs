@@ -22,6 +22,7 @@ pub mod keys;
 mod live;
 pub mod mux;
 mod sandbox;
+mod watch;
 
 pub use attach::*;
 pub use call::{Call, Request};
@@ -33,3 +34,4 @@ pub use frame::*;
 pub use jobs::*;
 pub use live::*;
 pub use sandbox::*;
+pub use watch::*;

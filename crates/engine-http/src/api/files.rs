@@ -83,6 +83,7 @@ pub(super) async fn write(
         path: body.path.to_string(),
         data_b64,
         owner: None,
+        metadata: Default::default(),
     };
     let written = state
         .manager

@@ -107,6 +107,7 @@ impl Engine {
             path: path.into(),
             data_b64: B64.encode(data),
             owner: None,
+            metadata: Default::default(),
         };
         let deadline = Duration::from_secs(10);
         self.manager

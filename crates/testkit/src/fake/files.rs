@@ -126,6 +126,7 @@ pub(crate) fn list(ctx: &AgentContext, l: &ListDir) -> Result<Dir> {
                 group: "root".into(),
                 target: None,
                 target_is_dir: false,
+                metadata: Default::default(),
             }
         })
         .collect();

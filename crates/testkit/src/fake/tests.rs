@@ -113,6 +113,7 @@ async fn the_agent_speaks_the_protocol_on_the_sandbox_s_files() {
         path: "../etc/../tmp/g".into(),
         data_b64: "aGk=".into(),
         owner: None,
+        metadata: Default::default(),
     };
     let written = exchange(&mut conn, write).await.unwrap().unwrap();
     assert_eq!(written.path, "/tmp/g");

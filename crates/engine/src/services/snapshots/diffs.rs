@@ -149,6 +149,7 @@ impl Snapshots {
                     path: path.to_string(),
                     data_b64: base64::engine::general_purpose::STANDARD.encode(text),
                     owner: None,
+                    metadata: Default::default(),
                 },
                 Duration::from_secs(60),
             )
