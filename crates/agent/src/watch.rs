@@ -111,7 +111,12 @@ impl Watch {
         Ok(())
     }
 
-    fn push(&mut self, relative: &std::path::Path, kind: FsEventKind) {
+    fn push(
+        &mut self,
+        relative: &std::path::Path,
+        kind: FsEventKind,
+        names: &mut Option<Names>,
+    ) {
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
             self.overflow = true;
@@ -123,7 +128,7 @@ impl Watch {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            listing::describe(&path, leaf, &Names::load())
+            listing::describe(&path, leaf, names.get_or_insert_with(Names::load))
         } else {
             None
         };
@@ -140,6 +145,8 @@ impl Watch {
         let Ok(read) = self.inotify.read_events() else {
             return;
         };
+        // The account files, read once for the events of this read that describe entries.
+        let mut names = None;
         for ev in read {
             if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                 self.overflow = true;
@@ -199,7 +206,7 @@ impl Watch {
             {
                 let _ = self.add_dir(relative.clone());
             }
-            self.push(&relative, kind);
+            self.push(&relative, kind, &mut names);
         }
     }
 }
