@@ -169,10 +169,7 @@ impl Desktop {
                 cwd: "/",
                 env: &[],
                 merge_output: true,
-                extra_fds: &[],
-                stdin_pipe: false,
-                user: None,
-                terminal: None,
+                ..Default::default()
             },
             reaper,
         )?;
@@ -221,10 +218,7 @@ impl Desktop {
                     cwd: "/",
                     env: &[&display],
                     merge_output: true,
-                    extra_fds: &[],
-                    stdin_pipe: false,
-                    user: None,
-                    terminal: None,
+                    ..Default::default()
                 },
                 reaper,
             ) {

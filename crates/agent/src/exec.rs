@@ -247,11 +247,7 @@ where
         args: &["-c", &spec.command],
         cwd: &cwd,
         env: &[sandbox_env, &spec.env],
-        merge_output: false,
-        extra_fds: &[],
-        stdin_pipe: false,
-        user: None,
-        terminal: None,
+        ..Default::default()
     };
     let child = spawn::start(&launch, reaper)?;
     let pid = child.pid;

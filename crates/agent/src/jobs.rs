@@ -217,10 +217,7 @@ impl Jobs {
             cwd: &cwd,
             env: &[sandbox_env, &env],
             merge_output: true,
-            extra_fds: &[],
-            stdin_pipe: false,
-            user: None,
-            terminal: None,
+            ..Default::default()
         };
         let started = spawn::start(&launch, reaper).inspect_err(|_| {
             let _ = std::fs::remove_file(&log);

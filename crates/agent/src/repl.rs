@@ -96,11 +96,8 @@ fn spawn_interp(
         args: &args,
         cwd,
         env: &[env],
-        merge_output: false,
         extra_fds: &[req_r.as_raw_fd(), resp_w.as_raw_fd()],
-        stdin_pipe: false,
-        user: None,
-        terminal: None,
+        ..Default::default()
     };
     let started = spawn::start(&launch, reaper)?;
     // The child has its copies; ours must close so EOFs arrive when it dies.

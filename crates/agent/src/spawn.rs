@@ -146,7 +146,9 @@ pub fn check(cwd: &str, env: &[(String, String)]) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// What to start.
+/// What to start (the defaults: no arguments, nothing extra, stdin from /dev/null, output on two
+/// pipes, as the sandbox's user).
+#[derive(Default)]
 pub struct Launch<'a> {
     pub program: &'a str,
     pub args: &'a [&'a str],

@@ -111,12 +111,7 @@ impl Watch {
         Ok(())
     }
 
-    fn push(
-        &mut self,
-        relative: &std::path::Path,
-        kind: FsEventKind,
-        names: &mut Option<Names>,
-    ) {
+    fn push(&mut self, relative: &std::path::Path, kind: FsEventKind, names: &mut Option<Names>) {
         if self.events.len() >= MAX_EVENTS {
             self.events.pop_front();
             self.overflow = true;
