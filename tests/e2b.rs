@@ -8,6 +8,7 @@ use std::path::Path;
 use crate::common::{kill_left_behind, spawn_engine_process_env};
 
 mod doors;
+mod envd;
 mod network;
 mod sdk;
 

@@ -6,7 +6,8 @@ use reqwest::Method as M;
 use serde_json::json;
 
 use super::E2bEngine;
-use super::doors::{KEYS, control, outcome, start_as};
+use super::doors::{KEYS, control};
+use super::envd::{outcome, start_as};
 use crate::require_sandboxes;
 
 /// The HTTP status a GET of `url` from inside the sandbox gets.

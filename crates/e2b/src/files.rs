@@ -253,9 +253,6 @@ pub(crate) async fn rpc(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
-    if method == "WatchDir" {
-        return crate::watch::stream(&door, &headers, &body).await;
-    }
     let s = match sandbox(&door, &headers).await {
         Ok(s) => s,
         Err(r) => return r.rpc().into_response(),
@@ -263,17 +260,6 @@ pub(crate) async fn rpc(
     // The sandbox's home is there before anything names it.
     if let Err(e) = crate::user::acting(&door, &s.id, None).await {
         return RpcError::from(e).into_response();
-    }
-    if let "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" = method.as_str() {
-        let req: crate::watch::Req = match connect::request(&headers, &body) {
-            Ok(r) => r,
-            Err(e) => return e.into_response(),
-        };
-        return connect::reply(match method.as_str() {
-            "CreateWatcher" => crate::watch::create(&door, &s.id, &req).await,
-            "GetWatcherEvents" => crate::watch::events(&door, &s.id, &req).await,
-            _ => crate::watch::remove(&door, &s.id, &req).await,
-        });
     }
     let mut req: Req = match connect::request(&headers, &body) {
         Ok(r) => r,

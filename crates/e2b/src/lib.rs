@@ -92,13 +92,28 @@ fn router(door: Arc<Door>) -> Router {
         .route("/files", get(files::download).post(files::upload))
         .route("/envs", get(envd::envs))
         .route("/process.Process/{method}", post(process::rpc))
-        .route("/filesystem.Filesystem/{method}", post(files::rpc));
+        .route("/filesystem.Filesystem/{method}", post(filesystem));
     control::routes()
         .merge(envd)
         .merge(jupyter::routes())
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "no such endpoint here") })
         .layer(axum::extract::DefaultBodyLimit::max(files::UPLOAD_LIMIT))
         .with_state(door)
+}
+
+/// envd's `filesystem` service: watches in [`watch`], the rest in [`files`].
+async fn filesystem(
+    state: axum::extract::State<Arc<Door>>,
+    method: axum::extract::Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    match method.as_str() {
+        "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
+            watch::rpc(&state.0, &method, &headers, &body).await
+        }
+        _ => files::rpc(state, method, headers, body).await,
+    }
 }
 
 /// An answer in E2B's error shape, `{"code", "message"}`, with the status as its code.

@@ -22,7 +22,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase", default)]
-pub(crate) struct Req {
+struct Req {
     path: String,
     recursive: bool,
     watcher_id: String,
@@ -71,21 +71,38 @@ async fn start(door: &Door, id: &str, req: &Req) -> Result<String, RpcError> {
         .watch_id)
 }
 
+/// The watch calls of envd's `filesystem` service.
+pub(crate) async fn rpc(
+    door: &std::sync::Arc<Door>,
+    method: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    if method == "WatchDir" {
+        return stream(door, headers, body).await;
+    }
+    let called = async {
+        let s = crate::envd::sandbox(door, headers)
+            .await
+            .map_err(|r| r.rpc())?;
+        crate::user::acting(door, &s.id, None).await?;
+        let req: Req = connect::request(headers, body)?;
+        match method {
+            "CreateWatcher" => create(door, &s.id, &req).await,
+            "GetWatcherEvents" => events(door, &s.id, &req).await,
+            _ => remove(door, &s.id, &req).await,
+        }
+    };
+    connect::reply(called.await)
+}
+
 /// `CreateWatcher`.
-pub(crate) async fn create(
-    door: &Door,
-    id: &str,
-    req: &Req,
-) -> Result<serde_json::Value, RpcError> {
+async fn create(door: &Door, id: &str, req: &Req) -> Result<serde_json::Value, RpcError> {
     Ok(serde_json::json!({"watcherId": start(door, id, req).await?}))
 }
 
 /// `GetWatcherEvents`: what happened since the last call.
-pub(crate) async fn events(
-    door: &Door,
-    id: &str,
-    req: &Req,
-) -> Result<serde_json::Value, RpcError> {
+async fn events(door: &Door, id: &str, req: &Req) -> Result<serde_json::Value, RpcError> {
     let take = WatchEvents {
         watch_id: req.watcher_id.clone(),
     };
@@ -94,11 +111,7 @@ pub(crate) async fn events(
 }
 
 /// `RemoveWatcher`.
-pub(crate) async fn remove(
-    door: &Door,
-    id: &str,
-    req: &Req,
-) -> Result<serde_json::Value, RpcError> {
+async fn remove(door: &Door, id: &str, req: &Req) -> Result<serde_json::Value, RpcError> {
     let unwatch = Unwatch {
         watch_id: req.watcher_id.clone(),
     };
@@ -131,11 +144,7 @@ impl Drop for Held {
 
 /// `WatchDir`: a start event, then each event as it comes, until the client goes or its deadline
 /// (`Connect-Timeout-Ms`) passes, or the directory goes.
-pub(crate) async fn stream(
-    door: &std::sync::Arc<Door>,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Response {
+async fn stream(door: &std::sync::Arc<Door>, headers: &HeaderMap, body: &[u8]) -> Response {
     let opened = async {
         let s = crate::envd::sandbox(door, headers)
             .await
