@@ -185,6 +185,15 @@ fn created(door: &Door, r: &Record, headers: &HeaderMap) -> Created {
     }
 }
 
+/// Refuses a request that asks for any option the door does not honour: the first one's
+/// reason, a `400`. Never silently ignored.
+fn refuse(options: &[(bool, &str)]) -> Result<(), Failure> {
+    match options.iter().find(|(asked, _)| *asked) {
+        Some((_, why)) => Err(Failure::bad(*why)),
+        None => Ok(()),
+    }
+}
+
 fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Failure> {
     serde_json::from_slice(if body.is_empty() { b"{}" } else { body })
         .map_err(|e| Failure::bad(format!("invalid request body: {e}")))
@@ -237,21 +246,20 @@ async fn create(State(door): D, headers: HeaderMap, body: axum::body::Bytes) -> 
 async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Created, Failure> {
     let tenant = caller(door, headers)?;
     let new: NewSandbox = parse_body(body)?;
-    if new.auto_pause {
-        return Err(Failure::bad(
+    refuse(&[
+        (
+            new.auto_pause,
             "autoPause is not supported here: a sandbox is killed at its timeout (pause it yourself with Sandbox.pause())",
-        ));
-    }
-    if new.mcp.is_some() {
-        return Err(Failure::bad(
+        ),
+        (
+            new.mcp.is_some(),
             "mcp is not supported here; the engine's own hosted MCP servers are (see its README)",
-        ));
-    }
-    if new.volume_mounts.is_some() {
-        return Err(Failure::bad(
+        ),
+        (
+            new.volume_mounts.is_some(),
             "volumeMounts are not supported through the E2B API here; use the engine's volumes",
-        ));
-    }
+        ),
+    ])?;
     let _ = new.secure;
     check_metadata(&new.metadata)?;
     let network = network::rules(new.network.unwrap_or_default(), new.allow_internet_access)?;

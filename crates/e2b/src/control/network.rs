@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use sandbox_mcp_model::record::NetworkRules;
 
-use super::{D, parse_body, view};
+use super::{D, parse_body, refuse, view};
 use crate::Failure;
 
 /// Everything, as the SDKs' `ctx.all_traffic` names it (and IPv6's, which the engine also has).
@@ -36,21 +36,20 @@ pub(super) struct Network {
 
 /// The engine's rules for E2B's options (`internet`: the create's `allow_internet_access`).
 pub(super) fn rules(network: Network, internet: Option<bool>) -> Result<NetworkRules, Failure> {
-    if network.mask_request_host.is_some() {
-        return Err(Failure::bad(
+    refuse(&[
+        (
+            network.mask_request_host.is_some(),
             "network.maskRequestHost is not supported here: sandbox ports are reached through the engine's previews",
-        ));
-    }
-    if network.egress_proxy.is_some() {
-        return Err(Failure::bad(
+        ),
+        (
+            network.egress_proxy.is_some(),
             "network.egressProxy is not supported here: the engine relays and logs every connection itself",
-        ));
-    }
-    if network.rules.is_some() {
-        return Err(Failure::bad(
+        ),
+        (
+            network.rules.is_some(),
             "network.rules (request transforms) are not supported here; the engine's brokered secrets put credentials into requests (see its README)",
-        ));
-    }
+        ),
+    ])?;
     let mut deny_out = network.deny_out.unwrap_or_default();
     if network.allow_internet_access.or(internet) == Some(false) {
         deny_out.extend(ALL.map(String::from));
