@@ -284,6 +284,19 @@ fn nanos() -> u64 {
         .unwrap_or(0)
 }
 
+/// Checks that `dir` is an existing directory before `action` (`list`, `zip`, `watch`); `hint`
+/// says what to do with a file instead.
+pub(crate) fn existing_dir(dir: &Path, action: &str, hint: &str) -> Result<()> {
+    let meta = fs::metadata(dir).map_err(|e| io_fail(&e, dir, action))?;
+    if !meta.is_dir() {
+        return Err(fail(
+            ErrorKind::InvalidArgument,
+            format!("{} is not a directory; {hint}", dir.display()),
+        ));
+    }
+    Ok(())
+}
+
 pub fn delete(Delete { path, recursive }: Delete) -> Result<Deleted> {
     let path = resolve(&path)?;
     if path == Path::new("/") {
@@ -396,16 +409,7 @@ pub(crate) fn zip_dir(ZipDir { path, max_bytes }: ZipDir) -> Result<Zip> {
     use zip::write::SimpleFileOptions;
 
     let root = resolve(&path)?;
-    let meta = fs::metadata(&root).map_err(|e| io_fail(&e, &root, "zip"))?;
-    if !meta.is_dir() {
-        return Err(fail(
-            ErrorKind::InvalidArgument,
-            format!(
-                "{} is not a directory; read single files with sandbox_files_read",
-                root.display()
-            ),
-        ));
-    }
+    existing_dir(&root, "zip", "read single files with sandbox_files_read")?;
     let too_large = |files: u64| {
         fail(
             ErrorKind::PayloadTooLarge,

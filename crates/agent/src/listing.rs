@@ -6,9 +6,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use super::accounts::Names;
-use super::files::{fail, io_fail, resolve};
+use super::files::{existing_dir, io_fail, resolve};
 use super::xattrs;
-use sandbox_mcp_protocol::{AgentError, Dir, DirEntry, ErrorKind, FileKind, ListDir};
+use sandbox_mcp_protocol::{AgentError, Dir, DirEntry, FileKind, ListDir};
 
 /// Most entries read from one directory before giving up on sorting all of them.
 const MAX_SCAN: usize = 100_000;
@@ -38,16 +38,7 @@ fn kind_of(ft: fs::FileType) -> FileKind {
 
 pub(crate) fn list_dir(ListDir { path, max_entries }: ListDir) -> Result<Dir> {
     let path = resolve(&path)?;
-    let meta = fs::metadata(&path).map_err(|e| io_fail(&e, &path, "list"))?;
-    if !meta.is_dir() {
-        return Err(fail(
-            ErrorKind::InvalidArgument,
-            format!(
-                "{} is not a directory; read it with sandbox_files_read",
-                path.display()
-            ),
-        ));
-    }
+    existing_dir(&path, "list", "read it with sandbox_files_read")?;
     let mut entries = Vec::new();
     let mut more = false;
     let names = Names::load();
