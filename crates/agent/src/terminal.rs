@@ -143,3 +143,25 @@ impl Terminal {
         Ok((out_rx, in_tx))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_terminal_is_1_to_4096_characters_a_side() {
+        let size = |cols, rows| TerminalSize { cols, rows };
+        assert!(check(size(80, 24)).is_ok() && check(size(MAX_SIDE, MAX_SIDE)).is_ok());
+        for bad in [
+            size(0, 24),
+            size(80, 0),
+            size(MAX_SIDE + 1, 24),
+            size(80, MAX_SIDE + 1),
+        ] {
+            let e = check(bad).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument);
+            assert!(e.message.contains("1 to 4096"), "{}", e.message);
+        }
+    }
+}

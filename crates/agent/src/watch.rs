@@ -21,7 +21,7 @@ use std::time::Duration;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 
 use super::accounts::Names;
-use super::files::resolve;
+use super::files::{existing_dir, resolve};
 use super::listing;
 use super::spawn::error;
 use sandbox_mcp_protocol::{
@@ -80,6 +80,36 @@ fn written_through(name: &str) -> Option<&str> {
 }
 
 impl Watch {
+    /// Watches `root` (an existing directory) and, `recursive`, every directory under it.
+    fn new(root: PathBuf, recursive: bool, entries: bool) -> Result<Watch, AgentError> {
+        existing_dir(&root, "watch", "watch the directory it is in")?;
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+            .map_err(|e| error(ErrorKind::Io, format!("cannot watch: {e}")))?;
+        let mut watch = Watch {
+            inotify,
+            recursive,
+            entries,
+            dirs: HashMap::new(),
+            root,
+            events: VecDeque::new(),
+            overflow: false,
+            ended: false,
+            landing: VecDeque::new(),
+        };
+        watch.add_dir(PathBuf::new())?;
+        Ok(watch)
+    }
+
+    /// Takes the events so far, and whether any were lost since the last take.
+    fn take(&mut self) -> FsEvents {
+        self.pump();
+        FsEvents {
+            events: self.events.drain(..).collect(),
+            overflow: std::mem::take(&mut self.overflow),
+            ended: self.ended,
+        }
+    }
+
     fn add_dir(&mut self, relative: PathBuf) -> Result<(), AgentError> {
         if self.dirs.len() >= MAX_DIRS {
             self.overflow = true;
@@ -137,11 +167,19 @@ impl Watch {
 
     /// Reads what the kernel has queued (without waiting).
     fn pump(&mut self) {
-        let Ok(read) = self.inotify.read_events() else {
-            return;
-        };
-        // The account files, read once for the events of this read that describe entries.
+        // The account files, read once for the events of this pump that describe entries.
         let mut names = None;
+        // One read returns what fits its buffer (a few hundred events): read until the queue is
+        // empty (EAGAIN), so nothing the kernel queued waits for the next pump.
+        while let Ok(read) = self.inotify.read_events() {
+            if read.is_empty() {
+                break;
+            }
+            self.handle(read, &mut names);
+        }
+    }
+
+    fn handle(&mut self, read: Vec<nix::sys::inotify::InotifyEvent>, names: &mut Option<Names>) {
         for ev in read {
             if ev.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) {
                 self.overflow = true;
@@ -201,7 +239,7 @@ impl Watch {
             {
                 let _ = self.add_dir(relative.clone());
             }
-            self.push(&relative, kind, &mut names);
+            self.push(&relative, kind, names);
         }
     }
 }
@@ -209,45 +247,14 @@ impl Watch {
 impl Watchers {
     /// Starts watching; the watch is read every few milliseconds while it exists.
     pub(crate) fn watch(self: &Rc<Self>, req: WatchDir) -> Result<Watching, AgentError> {
-        let root = resolve(&req.path)?;
-        match std::fs::metadata(&root) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(error(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "{} is not a directory; watch the directory it is in",
-                        root.display()
-                    ),
-                ));
-            }
-            Err(_) => {
-                return Err(error(
-                    ErrorKind::NotFound,
-                    format!("{} does not exist", root.display()),
-                ));
-            }
-        }
         if self.watches.borrow().len() >= MAX_WATCHES {
             return Err(error(
                 ErrorKind::InvalidArgument,
                 format!("this sandbox already has {MAX_WATCHES} watches; remove one first"),
             ));
         }
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(|e| error(ErrorKind::Io, format!("cannot watch: {e}")))?;
-        let mut watch = Watch {
-            inotify,
-            recursive: req.recursive,
-            entries: req.entries,
-            dirs: HashMap::new(),
-            root: root.clone(),
-            events: VecDeque::new(),
-            overflow: false,
-            ended: false,
-            landing: VecDeque::new(),
-        };
-        watch.add_dir(PathBuf::new())?;
+        let watch = Watch::new(resolve(&req.path)?, req.recursive, req.entries)?;
+        let root = watch.root.clone();
         let id = {
             let mut next = self.next.borrow_mut();
             *next += 1;
@@ -284,13 +291,7 @@ impl Watchers {
         let w = watches
             .get_mut(&req.watch_id)
             .ok_or_else(|| unknown(&req.watch_id))?;
-        w.pump();
-        let out = FsEvents {
-            events: w.events.drain(..).collect(),
-            overflow: std::mem::take(&mut w.overflow),
-            ended: w.ended,
-        };
-        Ok(out)
+        Ok(w.take())
     }
 
     pub(crate) fn unwatch(&self, id: &str) -> Result<Done, AgentError> {
@@ -310,6 +311,45 @@ fn unknown(id: &str) -> AgentError {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_watch_keeps_its_bounds_and_says_what_it_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Watch::new(dir.path().join("nope"), false, false)
+            .err()
+            .unwrap();
+        assert_eq!(missing.kind, ErrorKind::NotFound);
+        std::fs::write(dir.path().join("f"), "x").unwrap();
+        let file = Watch::new(dir.path().join("f"), false, false)
+            .err()
+            .unwrap();
+        assert_eq!(file.kind, ErrorKind::InvalidArgument);
+        // Past MAX_EVENTS unread, the oldest go and the watch says so, once.
+        let mut w = Watch::new(dir.path().to_path_buf(), false, false).unwrap();
+        for i in 0..MAX_EVENTS + 50 {
+            std::fs::File::create(dir.path().join(format!("n{i}"))).unwrap();
+            if i % 1000 == 0 {
+                w.pump(); // read as the agent's task would, before the kernel's queue fills
+            }
+        }
+        let got = w.take();
+        assert_eq!((got.events.len(), got.overflow), (MAX_EVENTS, true));
+        assert_eq!(
+            got.events.last().unwrap().name,
+            format!("n{}", MAX_EVENTS + 49)
+        );
+        assert!(!w.take().overflow);
+        // A recursive watch follows at most MAX_DIRS directories: more is refused, saying so.
+        let tree = tempfile::tempdir().unwrap();
+        for i in 0..MAX_DIRS {
+            std::fs::create_dir(tree.path().join(format!("d{i}"))).unwrap();
+        }
+        let e = Watch::new(tree.path().to_path_buf(), true, false)
+            .err()
+            .unwrap();
+        assert!(e.message.contains("4096 directories"), "{}", e.message);
+        assert!(Watch::new(tree.path().to_path_buf(), false, false).is_ok());
+    }
 
     #[test]
     fn the_agents_temporary_files_stand_for_their_targets() {
