@@ -8,7 +8,9 @@ use std::path::Path;
 use super::accounts::Names;
 use super::files::{existing_dir, io_fail, resolve};
 use super::xattrs;
-use sandbox_mcp_protocol::{AgentError, Dir, DirEntry, FileKind, ListDir};
+use sandbox_mcp_protocol::{AgentError, Dir, DirEntry, ErrorKind, FileKind, ListDir, Stat};
+
+use super::files::fail;
 
 /// Most entries read from one directory before giving up on sorting all of them.
 const MAX_SCAN: usize = 100_000;
@@ -78,5 +80,25 @@ pub(crate) fn describe(path: &Path, name: String, names: &Names) -> Option<DirEn
         target: m.is_symlink().then(|| link_target(path)),
         target_is_dir: m.is_symlink() && path.is_dir(),
         metadata: xattrs::get(path),
+    })
+}
+
+/// One entry, as its parent's listing would describe it.
+pub(crate) fn stat(Stat { path }: Stat) -> Result<Dir> {
+    let path = resolve(&path)?;
+    let parent = path.parent().unwrap_or(Path::new("/"));
+    let name = path
+        .file_name()
+        .map_or_else(|| "/".to_string(), |n| n.to_string_lossy().into_owned());
+    let entry = describe(&path, name, &Names::load()).ok_or_else(|| {
+        fail(
+            ErrorKind::NotFound,
+            format!("{} does not exist", path.display()),
+        )
+    })?;
+    Ok(Dir {
+        path: parent.display().to_string(),
+        entries: vec![entry],
+        truncated: false,
     })
 }

@@ -19,7 +19,7 @@ use sandbox_mcp_protocol::{
     Adopt, AgentError, Call, ConnectPort, CreateContext, Delete, DeleteContext, Done,
     EgressHandover, ErrorKind, ExecSpec, Frame, HandOverEgress, Input, JobStatus, KillAll, KillJob,
     ListContexts, ListDir, ListJobs, ListTrees, MakePipes, Move, Ping, Pong, PortConnected,
-    ReadFile, Request, RunCodeSpec, Screenshot, StartDesktop, StartJob, Unwatch, WatchDir,
+    ReadFile, Request, RunCodeSpec, Screenshot, StartDesktop, StartJob, Stat, Unwatch, WatchDir,
     WatchEvents, WriteFile, ZipDir, read_frame, write_frame,
 };
 
@@ -259,6 +259,9 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             let done = on_file_thread(move || files::write_file(r)).await;
             state.watchers.pump();
             reply::<WriteFile>(&mut wr, done).await
+        }
+        Request::Stat(r) => {
+            reply::<Stat>(&mut wr, on_file_thread(move || listing::stat(r)).await).await
         }
         Request::ListDir(r) => {
             reply::<ListDir>(&mut wr, on_file_thread(move || listing::list_dir(r)).await).await

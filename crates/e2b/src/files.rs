@@ -15,7 +15,9 @@ use serde::Deserialize;
 
 use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_engine::services::{READ_LIMIT, WRITE_LIMIT};
-use sandbox_mcp_protocol::{Delete, Dir, DirEntry, FileKind, ListDir, Move, ReadFile, WriteFile};
+use sandbox_mcp_protocol::{
+    Delete, Dir, DirEntry, FileKind, ListDir, Move, ReadFile, Stat, WriteFile,
+};
 
 use crate::connect::{self, RpcError};
 use crate::envd::{SignedUrl, file_sandbox, sandbox};
@@ -367,24 +369,20 @@ async fn listing(door: &Door, id: &str, path: &str) -> Result<Dir, EngineError> 
     door.manager.agent.call(id, None, list, DEADLINE).await
 }
 
-/// An entry found by listing its parent (the agent has no stat of its own).
+/// An entry, as the agent describes it (a symlink by what it leads to, see [`entry`]).
 async fn stat(door: &Door, id: &str, path: &str) -> Result<serde_json::Value, RpcError> {
     if path.is_empty() {
         return Err(RpcError::invalid("path is required"));
     }
-    let trimmed = path.trim_end_matches('/');
-    if trimmed.is_empty() {
+    if path.trim_end_matches('/').is_empty() {
         return Ok(serde_json::json!({"name": "/", "type": "FILE_TYPE_DIRECTORY", "path": "/"}));
     }
-    let (parent, name) = match trimmed.rsplit_once('/') {
-        Some(("", name)) => ("/", name),
-        Some((parent, name)) => (parent, name),
-        None => (".", trimmed),
+    let stat = Stat {
+        path: path.to_string(),
     };
-    let dir = listing(door, id, parent).await?;
+    let dir = door.manager.agent.call(id, None, stat, DEADLINE).await?;
     dir.entries
-        .iter()
-        .find(|e| e.name == name)
+        .first()
         .map(|e| entry(&dir.path, e))
         .ok_or_else(|| RpcError::not_found(format!("{path} does not exist")))
 }

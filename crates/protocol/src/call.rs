@@ -9,7 +9,7 @@ use crate::frame::MAX_FRAME;
 use crate::{
     Adopt, Attach, ConnectPort, CreateContext, Delete, DeleteContext, ExecSpec, HandOverEgress,
     Input, JobStatus, KillAll, KillJob, ListContexts, ListDir, ListJobs, ListTrees, MakePipes,
-    Move, Ping, ReadFile, RunCodeSpec, Screenshot, StartDesktop, StartJob, Unwatch, WatchDir,
+    Move, Ping, ReadFile, RunCodeSpec, Screenshot, StartDesktop, StartJob, Stat, Unwatch, WatchDir,
     WatchEvents, WriteFile, ZipDir,
 };
 
@@ -52,6 +52,7 @@ pub enum Request {
     ReadFile(ReadFile),
     WriteFile(WriteFile),
     ListDir(ListDir),
+    Stat(Stat),
     Delete(Delete),
     Move(Move),
     ZipDir(ZipDir),

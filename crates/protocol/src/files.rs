@@ -46,6 +46,13 @@ pub struct ListDir {
     pub max_entries: u64,
 }
 
+/// One entry, described as a listing of its parent would (without listing the rest): answered
+/// with a [`Dir`] of its parent's path holding that entry alone.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Stat {
+    pub path: String,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Dir {
     pub path: String,
@@ -131,6 +138,7 @@ call!(ReadFile(ReadFile) => FileData, limit: |r: &ReadFile| encoded(r.max_bytes)
 call!(WriteFile(WriteFile) => Written);
 // Up to 1000 entries of names up to 255 bytes, escaped.
 call!(ListDir(ListDir) => Dir, limit: |_: &ListDir| 4 * 1024 * 1024);
+call!(Stat(Stat) => Dir);
 call!(Delete(Delete) => Deleted);
 call!(Move(Move) => Moved);
 call!(ZipDir(ZipDir) => Zip, limit: |r: &ZipDir| encoded(r.max_bytes));
