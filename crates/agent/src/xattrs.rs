@@ -141,6 +141,20 @@ mod tests {
                 "{k:?}"
             );
         }
+        // The bounds: 32 keys, 128-byte keys, 4 KiB values.
+        let many: BTreeMap<String, String> = (0..=MAX_KEYS)
+            .map(|i| (format!("k{i}"), String::new()))
+            .collect();
+        assert!(checked(many).unwrap_err().message.contains("at most 32"));
+        for (k, v) in [
+            ("k".repeat(MAX_KEY + 1), String::new()),
+            ("k".into(), "v".repeat(MAX_VALUE + 1)),
+        ] {
+            let m = BTreeMap::from([(k, v)]);
+            assert_eq!(checked(m).unwrap_err().kind, ErrorKind::InvalidArgument);
+        }
+        let at_bounds = BTreeMap::from([("k".repeat(MAX_KEY), "v".repeat(MAX_VALUE))]);
+        assert!(checked(at_bounds).is_ok());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         let file = std::fs::File::create(&path).unwrap();
