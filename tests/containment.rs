@@ -4,7 +4,8 @@
 //! resource give back what they take: their sandboxes are killed at the end.
 //!
 //! By theme: [`escapes`] (the host and other sandboxes out of sight and reach), [`agent`] (the
-//! agent out of reach of the code it runs), [`kernel_budgets`] (per-user kernel budgets are per
+//! agent out of reach of the code it runs), [`identity`] (what
+//! identifies the machine), [`kernel_budgets`] (per-user kernel budgets are per
 //! sandbox), [`uid_ranges`] (host-wide), [`runaway`] (fork, memory and disk bombs, processes that
 //! will not die), [`floods`] (nothing from inside is buffered without a bound), [`paths`] (path
 //! tricks and bad input to the file and exec tools), [`deep_trees`], [`special_files`] and
@@ -94,6 +95,7 @@ mod agent;
 mod deep_trees;
 mod escapes;
 mod floods;
+mod identity;
 mod kernel_budgets;
 mod paths;
 mod runaway;

@@ -310,6 +310,7 @@ async fn a_hibernated_sandbox_frees_its_memory_and_comes_back_after_an_engine_re
     background(&client, &id, COUNTER).await;
     assert!(memory_bytes(&client, &id).await > 64 << 20);
     let before = count(&client, &id).await;
+    let boot = sh(&client, &id, "cat /proc/sys/kernel/random/boot_id").await;
     ok(
         &client,
         "sandbox_pause",
@@ -339,6 +340,9 @@ async fn a_hibernated_sandbox_frees_its_memory_and_comes_back_after_an_engine_re
         first >= before && second > first,
         "{before} {first} {second}"
     );
+    // Its processes came back into the boot they left: the boot id is theirs again.
+    let after = sh(&client, &id, "cat /proc/sys/kernel/random/boot_id").await;
+    assert_eq!(after, boot, "a hibernated sandbox's boot id is kept");
     let left = std::fs::read_dir(engine.data_dir().join("live"))
         .map(|d| d.count())
         .unwrap_or(0);

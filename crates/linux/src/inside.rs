@@ -231,6 +231,9 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
         ),
         "mount /proc",
     )?;
+    if let Some(file) = &plan.boot_id {
+        own_boot_id(&inside(file)?, &at("proc/sys/kernel/random/boot_id"))?;
+    }
     setup_dev(&at("dev"), plan.shm_bytes, plan.pty_max)?;
 
     // Enter the new root; detach the host's.
@@ -262,6 +265,37 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
     let no_core = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0);
     ctx(no_core, "disable core dumps")?;
     Ok(())
+}
+
+/// Shows `file` (the sandbox's own boot id) read-only over the kernel's `boot_id` at `target`.
+/// Sandbox code holds no capability to undo a mount, so the host's id stays hidden.
+fn own_boot_id(file: &Path, target: &Path) -> Result<(), BuildError> {
+    let what = "show the sandbox's own boot id";
+    ctx(
+        mount(
+            Some(file),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        ),
+        what,
+    )?;
+    ctx(
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        ),
+        what,
+    )
 }
 
 /// The directory `target` (absolute) below `rootfs`, each missing name made, none followed if it

@@ -105,6 +105,11 @@ pub struct LaunchPlan {
     /// Named volumes, mounted after the overlays.
     #[serde(default)]
     pub volumes: Vec<Bind>,
+    /// The file (on the host, in the sandbox's directory) shown read-only as the sandbox's
+    /// `/proc/sys/kernel/random/boot_id`: each sandbox has its own, new at each cold start, so
+    /// the host's (which would tell tenants they share a machine) is never seen.
+    #[serde(default)]
+    pub boot_id: Option<PathBuf>,
 }
 
 /// What the engine knows about a sandbox when it launches it.
@@ -272,7 +277,13 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
                 read_only: *read_only,
             })
             .collect(),
+        boot_id: Some(boot_id_file(input.sandbox_dir)),
     }
+}
+
+/// The host file that is a sandbox's boot id (see [`LaunchPlan::boot_id`]).
+pub fn boot_id_file(sandbox_dir: &Path) -> PathBuf {
+    sandbox_dir.join("boot_id")
 }
 
 #[cfg(test)]

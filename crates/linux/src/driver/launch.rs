@@ -20,6 +20,26 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most bytes read of the launcher's report and of its stderr (it relays the agent's words).
 const LAUNCHER_OUTPUT: u64 = 64 * 1024;
 
+/// Writes a new random boot id into `file`, in place: the sandbox sees the file's inode.
+fn new_boot_id(file: &std::path::Path) -> io::Result<()> {
+    let id = fs::read_to_string("/proc/sys/kernel/random/uuid")?;
+    write_in_place(file, id.as_bytes())
+}
+
+/// Replaces `file`'s contents without replacing the file (a mount may show its inode).
+pub(super) fn write_in_place(file: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(file)?
+        .write_all(bytes)
+}
+
 impl NamespacesDriver {
     /// Creates the sandbox's directories (idempotent; a restart reuses them).
     pub(super) fn prepare_dirs(&self, spec: &StartSpec) -> io::Result<()> {
@@ -123,6 +143,10 @@ impl NamespacesDriver {
             .iter()
             .map(|l| self.layer_dir(l))
             .collect();
+        // A cold start is a new boot. A hibernated sandbox's processes get theirs back when
+        // they are restored (`live_restore`), written into this same file.
+        new_boot_id(&plan::boot_id_file(&dir))
+            .map_err(DriverError::io("write the sandbox's boot id"))?;
         let plan = plan::build(&PlanInput {
             sandbox_id: &spec.id,
             sandbox_dir: &dir,
