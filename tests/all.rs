@@ -42,4 +42,5 @@ mod snapshots;
 mod stdio;
 mod templates;
 mod testnet;
+mod timeouts;
 mod volumes;

@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 use sandbox_mcp_engine::services::{CreateRequest, SandboxView};
-use sandbox_mcp_model::record::{Record, Status};
+use sandbox_mcp_model::record::{OnTimeout, Record, Status};
 
 use crate::{Door, ENVD_VERSION, Failure, caller};
 
@@ -74,6 +74,10 @@ struct NewSandbox {
     env_vars: BTreeMap<String, String>,
     #[serde(default)]
     auto_pause: bool,
+    /// With `autoPause`: `false` stops the sandbox's processes at its timeout and keeps only
+    /// its files (resuming it is a new boot); otherwise it is paused with its memory.
+    auto_pause_memory: Option<bool>,
+    auto_resume: Option<AutoResume>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
     #[serde(default)]
@@ -81,6 +85,20 @@ struct NewSandbox {
     mcp: Option<serde_json::Value>,
     volume_mounts: Option<serde_json::Value>,
     network: Option<network::Network>,
+}
+
+#[derive(Deserialize)]
+struct AutoResume {
+    enabled: bool,
+}
+
+/// What the sandbox's timeout does, from `autoPause` and `autoPauseMemory`.
+fn on_timeout(new: &NewSandbox) -> OnTimeout {
+    match (new.auto_pause, new.auto_pause_memory) {
+        (false, _) => OnTimeout::Kill,
+        (true, Some(false)) => OnTimeout::Stop,
+        (true, _) => OnTimeout::Pause,
+    }
 }
 
 /// The create and connect answer (E2B's `Sandbox`).
@@ -248,8 +266,8 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
     let new: NewSandbox = parse_body(body)?;
     refuse(&[
         (
-            new.auto_pause,
-            "autoPause is not supported here: a sandbox is killed at its timeout (pause it yourself with Sandbox.pause())",
+            new.auto_resume.as_ref().is_some_and(|r| r.enabled),
+            "autoResume is not supported here: a paused sandbox is resumed by connecting to it (Sandbox.connect())",
         ),
         (
             new.mcp.is_some(),
@@ -261,6 +279,7 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
         ),
     ])?;
     let _ = new.secure;
+    let on_timeout = on_timeout(&new);
     check_metadata(&new.metadata)?;
     let network = network::rules(new.network.unwrap_or_default(), new.allow_internet_access)?;
     // E2B's code interpreter template is its base with a Jupyter server; here the engine's REPL
@@ -290,6 +309,7 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
         shape: Default::default(),
         desktop: None,
         volumes: Vec::new(),
+        on_timeout,
     };
     let view = door.manager.pools.create(req).await?;
     Ok(created(door, &view.record, headers))
@@ -322,16 +342,33 @@ async fn kill(State(door): D, headers: HeaderMap, Path(id): Path<String>) -> Res
     done.await.into_response()
 }
 
-async fn pause(State(door): D, headers: HeaderMap, Path(id): Path<String>) -> Response {
+#[derive(Deserialize)]
+struct Pause {
+    /// `false`: keep the files only; resuming is a new boot.
+    memory: Option<bool>,
+}
+
+async fn pause(
+    State(door): D,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Response {
     let done = async {
         let (v, tenant) = view(&door, &headers, &id).await?;
+        let how: Pause = parse_body(&body)?;
         if v.record.status == Status::Paused {
             return Err(Failure::new(
                 StatusCode::CONFLICT,
                 format!("sandbox {id} is already paused"),
             ));
         }
-        door.manager.lifecycle.pause(&id, tenant.as_deref()).await?;
+        let lifecycle = &door.manager.lifecycle;
+        if how.memory == Some(false) {
+            lifecycle.stop(&id, tenant.as_deref()).await?;
+        } else {
+            lifecycle.pause(&id, tenant.as_deref()).await?;
+        }
         Ok(StatusCode::NO_CONTENT)
     };
     done.await.into_response()

@@ -103,6 +103,8 @@ pub struct CreateRequest {
     pub desktop: Option<sandbox_mcp_protocol::Screen>,
     /// Volumes and workspaces to mount, resolved by [`volumes::Volumes::resolve`].
     pub volumes: Vec<sandbox_mcp_model::record::Mounted>,
+    /// What its timeout does to it.
+    pub on_timeout: sandbox_mcp_model::record::OnTimeout,
 }
 
 /// A sandbox as the API reports it.

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 use sandbox_mcp_model::driver::Shape;
+pub use sandbox_mcp_model::record::OnTimeout;
 pub use sandbox_mcp_model::{Binding, NetworkRules, Preview, Record, Snapshot, Status};
 
 mod servers;
@@ -75,9 +76,9 @@ fn insert_on(c: &Connection, r: &Record) -> rusqlite::Result<()> {
     c.execute(
         "INSERT INTO sandboxes (id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb,
          max_pids, uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets,
-         desktop, volumes)
+         desktop, volumes, on_timeout)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-         ?19)",
+         ?19, ?20)",
         params![
             r.id,
             r.name,
@@ -98,6 +99,7 @@ fn insert_on(c: &Connection, r: &Record) -> rusqlite::Result<()> {
             secrets,
             desktop,
             volumes,
+            r.on_timeout.as_str(),
         ],
     )
     .map(|_| ())
@@ -227,7 +229,7 @@ impl Store {
             c.execute(
                 "UPDATE sandboxes SET name = ?2, metadata = ?3, env = ?4, created_at = ?5,
                  last_active_at = ?6, expires_at = ?7, tenant = ?8, network = ?9, secrets = ?10,
-                 desktop = ?11
+                 desktop = ?11, on_timeout = ?12
                  WHERE id = ?1",
                 params![
                     r.id,
@@ -240,7 +242,8 @@ impl Store {
                     r.tenant,
                     network,
                     secrets,
-                    desktop
+                    desktop,
+                    r.on_timeout.as_str()
                 ],
             )
             .map(|_| ())
@@ -410,7 +413,8 @@ impl Store {
 
 const SELECT: &str =
     "SELECT id, name, template, status, metadata, env, vcpus, memory_mb, disk_mb, max_pids,
-    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets, desktop, volumes
+    uid_slot, created_at, last_active_at, expires_at, tenant, network, secrets, desktop, volumes,
+    on_timeout
     FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
@@ -442,6 +446,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Record> {
         secrets: serde_json::from_str(&secrets).unwrap_or_default(),
         desktop: desktop.and_then(|d| serde_json::from_str(&d).ok()),
         volumes: serde_json::from_str(&volumes).unwrap_or_default(),
+        on_timeout: OnTimeout::parse(&r.get::<_, String>(19)?),
     })
 }
 
@@ -494,6 +499,7 @@ mod tests {
                     key: "data.00".into(),
                 },
             }],
+            on_timeout: OnTimeout::Stop,
         }
     }
 
@@ -582,8 +588,20 @@ mod tests {
                     .unwrap();
                 assert_eq!(cols, 0, "the old schema has no {column} column");
             }
+            // A sandbox from then: its timeout killed it, as it still does.
+            c.execute_batch(
+                "INSERT INTO sandboxes (id, template, status, metadata, env, vcpus, memory_mb,
+                 disk_mb, max_pids, uid_slot, created_at, last_active_at, expires_at)
+                 VALUES ('sbx_then', 'base', 'running', '{}', '[]', 1, 512, 1024, 64, 9, 1, 1, 5)",
+            )
+            .unwrap();
         }
         let store = Store::open(&path).unwrap();
+        let then = store.get("sbx_then").unwrap().unwrap();
+        assert_eq!(
+            (then.expires_at, then.on_timeout),
+            (Some(5), OnTimeout::Kill)
+        );
         let mut r = record("sbx_old", 3);
         r.network = NetworkRules::default();
         r.secrets = BTreeMap::new();
@@ -591,5 +609,6 @@ mod tests {
         let back = store.get("sbx_old").unwrap().unwrap();
         assert_eq!(back.network, NetworkRules::default());
         assert!(back.secrets.is_empty());
+        assert_eq!(back.on_timeout, OnTimeout::Stop);
     }
 }

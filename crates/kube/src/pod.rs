@@ -97,6 +97,9 @@ impl PodRecord {
             secrets: BTreeMap::new(),
             desktop: None,
             volumes: self.volumes,
+            // A pod can be neither paused nor stopped with its files: the engine refuses other
+            // actions on this driver.
+            on_timeout: Default::default(),
         }
     }
 }

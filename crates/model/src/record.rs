@@ -58,6 +58,41 @@ pub struct Record {
     pub desktop: Option<Screen>,
     /// Named volumes and workspaces it mounts, in the order given.
     pub volumes: Vec<Mounted>,
+    /// What its timeout does to it.
+    pub on_timeout: OnTimeout,
+}
+
+/// What happens to a sandbox when its timeout is reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// It is killed: its processes and files are gone.
+    #[default]
+    Kill,
+    /// It is paused with its memory; resuming it carries on where it was.
+    Pause,
+    /// Its processes are stopped and its files kept; resuming it starts it afresh (a new boot).
+    Stop,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Kill => "kill",
+            OnTimeout::Pause => "pause",
+            OnTimeout::Stop => "stop",
+        }
+    }
+
+    /// A stored action (anything unknown reads as kill, what a timeout did before there was a
+    /// choice).
+    pub fn parse(s: &str) -> OnTimeout {
+        match s {
+            "pause" => OnTimeout::Pause,
+            "stop" => OnTimeout::Stop,
+            _ => OnTimeout::Kill,
+        }
+    }
 }
 
 /// A named volume or a workspace a sandbox mounts.

@@ -13,7 +13,7 @@ use sandbox_mcp_engine::services::{
     Diffed, ExecResult, NetworkLogPage, PreviewView, Restored, SandboxView, SecretView,
     ShapeRequest,
 };
-use sandbox_mcp_engine::state::{NetworkRules, Snapshot, Status};
+use sandbox_mcp_engine::state::{NetworkRules, OnTimeout, Snapshot, Status};
 use sandbox_mcp_model::driver::CloneMethod;
 use sandbox_mcp_model::driver::Shape;
 use sandbox_mcp_model::ids;
@@ -65,6 +65,26 @@ same_variants!(Language => types::Language: Python, Node);
 same_variants!(types::Language => Language: Python, Node);
 same_variants!(FileKind => types::FileType: File, Dir, Symlink, Other);
 same_variants!(TemplateStatus => types::TemplateStatus: Building, Ready, Failed);
+
+impl Api<types::OnTimeout> for OnTimeout {
+    fn api(self) -> types::OnTimeout {
+        match self {
+            OnTimeout::Kill => types::OnTimeout::Kill,
+            OnTimeout::Pause => types::OnTimeout::Pause,
+            OnTimeout::Stop => types::OnTimeout::Stop,
+        }
+    }
+}
+
+impl Api<OnTimeout> for types::OnTimeout {
+    fn api(self) -> OnTimeout {
+        match self {
+            types::OnTimeout::Kill => OnTimeout::Kill,
+            types::OnTimeout::Pause => OnTimeout::Pause,
+            types::OnTimeout::Stop => OnTimeout::Stop,
+        }
+    }
+}
 
 impl Api<types::SandboxStatus> for Status {
     fn api(self) -> types::SandboxStatus {
@@ -242,6 +262,7 @@ impl TryApi<types::Sandbox> for &SandboxView {
             created_at: ids::time(r.created_at),
             last_active_at: ids::time(r.last_active_at),
             expires_at: r.expires_at.map(ids::time),
+            on_timeout: r.on_timeout.api(),
             network: types::NetworkPolicy {
                 allow_out: r.network.allow_out.clone(),
                 deny_out: r.network.deny_out.clone(),

@@ -165,6 +165,7 @@ pub(super) fn create_request(
             .unwrap_or_default(),
         desktop: None,
         volumes: Vec::new(),
+        on_timeout: body.on_timeout.map(Api::api).unwrap_or_default(),
     })
 }
 
@@ -229,16 +230,24 @@ pub(super) async fn update(
         None => None,
     };
     let network: Option<NetworkRules> = body.network.as_ref().map(Api::api);
-    if metadata.is_none() && network.is_none() {
-        return Err(EngineError::InvalidArgument(
-            "nothing to update: give `metadata`, `network`, or both".into(),
-        ));
-    }
-    let view = state
-        .manager
-        .lifecycle
-        .update(&id, caller.tenant(), metadata, network)
-        .await?;
+    let timeout = body.timeout_seconds.map(|t| t.get());
+    let (lifecycle, tenant) = (&state.manager.lifecycle, caller.tenant());
+    let view = match (metadata, network, timeout) {
+        (None, None, None) => {
+            return Err(EngineError::InvalidArgument(
+                "nothing to update: give `metadata`, `network`, `timeout_seconds`, or several"
+                    .into(),
+            ));
+        }
+        (None, None, t) => lifecycle.set_timeout(&id, tenant, t).await?,
+        (m, n, t) => {
+            let view = lifecycle.update(&id, tenant, m, n).await?;
+            match t {
+                Some(_) => lifecycle.set_timeout(&id, tenant, t).await?,
+                None => view,
+            }
+        }
+    };
     sandbox(&view)
 }
 

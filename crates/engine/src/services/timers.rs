@@ -48,9 +48,15 @@ impl Timers {
         for (id, entry) in self.registry.ready() {
             let record = entry.record();
             if record.expires_at.is_some_and(|t| t <= now) {
-                tracing::info!(sandbox = %id, "timeout reached; killing");
-                if let Err(e) = self.lifecycle.kill(&id, None).await {
-                    tracing::warn!(sandbox = %id, "auto-kill failed: {e}");
+                let action = record.on_timeout.as_str();
+                tracing::info!(sandbox = %id, "timeout reached: {action}");
+                // A failed pause or stop keeps the timeout: the next tick tries again.
+                if let Err(e) = self
+                    .lifecycle
+                    .at_timeout(&id, &entry, record.on_timeout)
+                    .await
+                {
+                    tracing::warn!(sandbox = %id, "{action} at timeout failed: {e}");
                 }
                 continue;
             }

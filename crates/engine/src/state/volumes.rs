@@ -25,6 +25,7 @@ pub(super) fn add_columns(conn: &Connection) -> rusqlite::Result<()> {
         ("secrets", "TEXT NOT NULL DEFAULT '{}'"),
         ("desktop", "TEXT"),
         ("volumes", "TEXT NOT NULL DEFAULT '[]'"),
+        ("on_timeout", "TEXT NOT NULL DEFAULT 'kill'"),
     ] {
         let has: bool = conn
             .prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = ?1")?

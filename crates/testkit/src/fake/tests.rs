@@ -53,6 +53,7 @@ fn spec(id: &str) -> StartSpec {
             secrets: Default::default(),
             desktop: None,
             volumes: Vec::new(),
+            on_timeout: Default::default(),
         },
     }
 }
