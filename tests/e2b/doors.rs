@@ -292,9 +292,9 @@ async fn what_has_no_meaning_here_and_bad_input_get_clear_errors() {
         (
             M::POST,
             "/sandboxes".to_string(),
-            json!({"templateID": "base", "autoPause": true}),
+            json!({"templateID": "base", "autoPause": true, "autoResume": {"enabled": true}}),
             400,
-            "autoPause",
+            "autoResume",
         ),
         (
             M::POST,

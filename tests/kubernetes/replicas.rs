@@ -38,6 +38,16 @@ async fn replicas_share_sandboxes_and_a_killed_one_loses_nothing_acknowledged() 
     .await;
     assert_eq!(status, 200, "{ran}");
     assert_eq!(ran["stdout"], "via-b\n");
+    // A timeout that would pause or stop a sandbox is refused: a pod can be neither frozen nor
+    // restarted with its files.
+    for action in ["pause", "stop"] {
+        let ask = json!({"timeout_seconds": 60, "on_timeout": action});
+        let (status, refused) = api(&a.url, "POST", "/v1/sandboxes", Some(ask)).await;
+        assert!(
+            status >= 400 && refused.to_string().contains("kill it instead"),
+            "{action}: {status} {refused}"
+        );
+    }
 
     // A burst on A: creates every 400 ms and a file write into the shared sandbox every 50 ms.
     // A is killed (SIGKILL) as soon as its first create is acknowledged: later creates and

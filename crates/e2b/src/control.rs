@@ -271,7 +271,7 @@ async fn try_create(door: &Door, headers: &HeaderMap, body: &[u8]) -> Result<Cre
         ),
         (
             new.mcp.is_some(),
-            "mcp is not supported here; the engine's own hosted MCP servers are (see its README)",
+            "Failed to start MCP gateway: E2B's MCP gateway (mcp) is not supported here; the engine's own hosted MCP servers are (see its README)",
         ),
         (
             new.volume_mounts.is_some(),

@@ -32,6 +32,7 @@ use sandbox_mcp_api::auth::KeyRing;
 use sandbox_mcp_api::server::Principal;
 use sandbox_mcp_engine::error::EngineError;
 use sandbox_mcp_engine::manager::Manager;
+use sandbox_mcp_model::record::OnTimeout;
 
 /// The envd version this door speaks as: what the SDKs check features against (default user,
 /// stdin, closing stdin, octet-stream uploads, file metadata, entries in watch events, watching
@@ -166,24 +167,32 @@ impl IntoResponse for Failure {
 /// home it is); made in a sandbox the first time the door needs it.
 pub(crate) const HOME: &str = "/home/user";
 
-/// Sandbox `id` as the door sees it: a sandbox whose timeout has passed is killed at once (the
-/// engine's timers would within a tick) and is gone, as E2B's are at their end.
+/// Sandbox `id` as the door sees it: a sandbox whose timeout has passed has at once what its
+/// timeout does (the engine's timers would within a tick): killed, it is gone, as E2B's are at
+/// their end; paused (`autoPause`), it is seen paused.
 pub(crate) async fn live(
     door: &Door,
     id: &str,
     tenant: Option<&str>,
 ) -> Result<sandbox_mcp_engine::services::SandboxView, EngineError> {
-    let view = door.manager.lifecycle.get(id, tenant, false).await?;
-    if view
-        .record
-        .expires_at
-        .is_some_and(|at| at <= sandbox_mcp_model::ids::now_ms())
-    {
-        let _ = door.manager.lifecycle.kill(id, tenant).await;
+    let lifecycle = &door.manager.lifecycle;
+    let view = lifecycle.get(id, tenant, false).await?;
+    if !overdue(&view.record) {
+        return Ok(view);
+    }
+    let expired = lifecycle.expire(id, tenant).await;
+    if view.record.on_timeout == OnTimeout::Kill {
         door.forget(id);
         return Err(EngineError::sandbox_not_found(id));
     }
-    Ok(view)
+    expired?;
+    lifecycle.get(id, tenant, false).await
+}
+
+/// Whether a sandbox's timeout has passed.
+pub(crate) fn overdue(r: &sandbox_mcp_model::record::Record) -> bool {
+    r.expires_at
+        .is_some_and(|at| at <= sandbox_mcp_model::ids::now_ms())
 }
 
 /// A name for a placeholder file in `dir`, made and deleted to have the agent make `dir` with its

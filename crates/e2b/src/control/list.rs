@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use sandbox_mcp_model::record::{Record, Status};
+use sandbox_mcp_model::record::{OnTimeout, Record, Status};
 
 use super::{D, Detail, MAX_PAGE, detail};
 use crate::{Door, Failure, caller};
@@ -74,11 +74,20 @@ async fn listed(
 ) -> Result<Vec<Record>, Failure> {
     let tenant = caller(door, headers)?;
     let filter = metadata_filter(q.metadata.as_deref())?;
-    let mut records = door
-        .manager
-        .lifecycle
+    let lifecycle = &door.manager.lifecycle;
+    let mut records = lifecycle
         .list_current(None, &filter, tenant.as_deref())
         .await?;
+    // Those past a timeout that pauses them are paused now, so that they are listed as they
+    // are (the engine's timers would within a tick); those it kills are left out below.
+    for r in records.iter_mut() {
+        if crate::overdue(r)
+            && r.on_timeout != OnTimeout::Kill
+            && lifecycle.expire(&r.id, tenant.as_deref()).await.is_ok()
+        {
+            (r.status, r.expires_at) = (Status::Paused, None);
+        }
+    }
     let after = match q.started_after.as_deref() {
         Some(t) => Some(
             chrono::DateTime::parse_from_rfc3339(t)

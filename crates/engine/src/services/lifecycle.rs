@@ -435,6 +435,17 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Does at once what one of `tenant`'s sandboxes' timeout does, if it has passed (the timers
+    /// would within a tick): for an API that must never show a sandbox past its end.
+    pub async fn expire(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+        let entry = self.registry.lookup(id, tenant).await?;
+        let record = entry.record();
+        if record.expires_at.is_some_and(|t| t <= ids::now_ms()) {
+            self.at_timeout(id, &entry, record.on_timeout).await?;
+        }
+        Ok(())
+    }
+
     /// What a sandbox's timeout does when it is not a kill: pause or stop it, after which it
     /// has no timeout until one is set again.
     pub(crate) async fn at_timeout(
