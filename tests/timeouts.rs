@@ -30,12 +30,13 @@ async fn sh(engine: &TestEngine, id: &str, command: &str) -> String {
     out["stdout"].as_str().unwrap().to_string()
 }
 
-/// Waits for the timers to take the sandbox out of `running`; its record then.
+/// Waits for the timers to take the sandbox out of `running` and its timeout away (an instant
+/// apart: the pause, then the timeout cleared); its record then.
 async fn until_paused(engine: &TestEngine, id: &str) -> Value {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let info = call(engine, "GET", &format!("/v1/sandboxes/{id}"), None).await;
-        if info["status"] == "paused" {
+        if info["status"] == "paused" && info["expires_at"].is_null() {
             return info;
         }
         assert!(
@@ -46,26 +47,35 @@ async fn until_paused(engine: &TestEngine, id: &str) -> Value {
     }
 }
 
-/// A sandbox with a timeout of `seconds` and the action `on_timeout`, with a file and a
-/// background process to look for afterwards; its id, boot id and the process's pid.
-async fn timed(engine: &TestEngine, seconds: u64, on_timeout: &str) -> (String, String, String) {
-    let made = call(
+/// Gives the sandbox a timeout of `seconds` from now.
+async fn time_out(engine: &TestEngine, id: &str, seconds: u64) {
+    let path = format!("/v1/sandboxes/{id}");
+    call(
         engine,
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"timeout_seconds": seconds, "on_timeout": on_timeout})),
+        "PATCH",
+        &path,
+        Some(json!({"timeout_seconds": seconds})),
     )
     .await;
+}
+
+/// A sandbox with the action `on_timeout`, a file and a background process to look for
+/// afterwards, and its disk full (what the engine writes to start it again must not need any of
+/// it); its timeout, 1 s, is set once all that is done. Its id, boot id and the process's pid.
+async fn timed(engine: &TestEngine, on_timeout: &str) -> (String, String, String) {
+    let ask = json!({"timeout_seconds": 3600, "on_timeout": on_timeout, "shape": {"disk_mb": 64}});
+    let made = call(engine, "POST", "/v1/sandboxes", Some(ask)).await;
     assert_eq!(made["on_timeout"], on_timeout, "{made}");
     let id = made["id"].as_str().unwrap().to_string();
     let seen = sh(
         engine,
         &id,
-        "echo kept > /root/notes; nohup sleep 600 >/dev/null 2>&1 & echo $!; \
-         cat /proc/sys/kernel/random/boot_id",
+        "echo kept > /root/notes; head -c 100M /dev/zero > /root/fill 2>/dev/null; \
+         nohup sleep 600 >/dev/null 2>&1 & echo $!; cat /proc/sys/kernel/random/boot_id",
     )
     .await;
     let (pid, boot) = seen.split_once('\n').unwrap();
+    time_out(engine, &id, 1).await;
     (id, boot.to_string(), pid.to_string())
 }
 
@@ -73,13 +83,12 @@ async fn timed(engine: &TestEngine, seconds: u64, on_timeout: &str) -> (String, 
 async fn a_timeout_pauses_with_memory_or_stops_keeping_files_as_asked() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
-    let (paused, paused_boot, paused_pid) = timed(&engine, 1, "pause").await;
-    let (stopped, stopped_boot, stopped_pid) = timed(&engine, 1, "stop").await;
+    let (paused, paused_boot, paused_pid) = timed(&engine, "pause").await;
+    let (stopped, stopped_boot, stopped_pid) = timed(&engine, "stop").await;
 
     // Paused at its timeout, it has none left (or the next tick would pause it again), and
     // resuming carries on where it was: the same process, the same boot.
     let info = until_paused(&engine, &paused).await;
-    assert_eq!(info["expires_at"], Value::Null, "{info}");
     assert_eq!(info["on_timeout"], "pause", "{info}");
     call(
         &engine,
@@ -97,9 +106,8 @@ async fn a_timeout_pauses_with_memory_or_stops_keeping_files_as_asked() {
     assert_eq!(after, format!("kept\nalive\n{paused_boot}"));
 
     // Stopped at its timeout: its files are kept, its processes are not, and it comes back
-    // as a new boot.
-    let info = until_paused(&engine, &stopped).await;
-    assert_eq!(info["expires_at"], Value::Null, "{info}");
+    // as a new boot, its disk full as it was.
+    until_paused(&engine, &stopped).await;
     let after = sh(
         &engine,
         &stopped,
@@ -112,13 +120,7 @@ async fn a_timeout_pauses_with_memory_or_stops_keeping_files_as_asked() {
 
     // A timeout set again applies as before: both are paused again when it passes.
     for id in [&paused, &stopped] {
-        call(
-            &engine,
-            "PATCH",
-            &format!("/v1/sandboxes/{id}"),
-            Some(json!({"timeout_seconds": 1})),
-        )
-        .await;
+        time_out(&engine, id, 1).await;
     }
     for id in [&paused, &stopped] {
         until_paused(&engine, id).await;

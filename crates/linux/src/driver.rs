@@ -87,7 +87,8 @@ impl NamespacesDriver {
                 "the data directory path {path} contains ',' or ':'; choose another SANDBOX_MCP_DATA_DIR"
             )));
         }
-        // A unix socket path must fit in 108 bytes: <dir>/sbx_<26>/agent.sock.
+        // A unix socket path must fit in 108 bytes: <dir>/sbx_<26>/agent.sock, as an engine from
+        // before `agents/` made them (the longer), and <data>/agents/sbx_<26>.sock.
         if path.len() + 1 + 30 + 11 > 107 {
             return Err(DriverError::Unsupported(format!(
                 "the data directory path {path} is too long for unix sockets; choose a shorter SANDBOX_MCP_DATA_DIR"
@@ -107,6 +108,13 @@ impl NamespacesDriver {
             tracing::warn!("sandbox disk use is reported but not enforced: {why}");
         }
         put_back_aside_trees(&sandboxes_dir);
+        if let Some(data) = sandboxes_dir.parent() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(data.join(launch::AGENTS_DIR))
+                .map_err(DriverError::io("create the agents' directory"))?;
+        }
         // A fork's checkpoint lives only while the fork runs: one left is from a crash.
         // (Hibernated sandboxes' are kept until they wake or are killed.)
         if let Some(data) = sandboxes_dir.parent()
@@ -256,7 +264,8 @@ impl NamespacesDriver {
         let made = disk::snapshot(&self.store, &self.sandboxes_dir, &from.name, to, limit)
             .map_err(DriverError::io("snapshot the sandbox's files"))?;
         if made && limit.is_some() {
-            // The copy is a new sandbox: nothing of the old one's processes comes with it.
+            // The copy is a new sandbox: nothing of the old one's processes comes with it (an
+            // engine from before `agents/` kept the agent's socket and pid in the tree).
             let _ = fs::remove_file(self.dir(to).join("agent.pid"));
             let _ = fs::remove_file(self.dir(to).join("agent.sock"));
         }

@@ -231,10 +231,10 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
         ),
         "mount /proc",
     )?;
-    if let Some(file) = &plan.boot_id {
-        own_boot_id(&inside(file)?, &at("proc/sys/kernel/random/boot_id"))?;
-    }
     setup_dev(&at("dev"), plan.shm_bytes, plan.pty_max)?;
+    if let Some(id) = &plan.boot_id {
+        own_boot_id(&at("dev"), id, &at("proc/sys/kernel/random/boot_id"))?;
+    }
 
     // Enter the new root; detach the host's.
     ctx(nix::unistd::chdir(rootfs), "enter new root")?;
@@ -267,13 +267,26 @@ fn setup(plan: &LaunchPlan) -> Result<(), BuildError> {
     Ok(())
 }
 
-/// Shows `file` (the sandbox's own boot id) read-only over the kernel's `boot_id` at `target`.
-/// Sandbox code holds no capability to undo a mount, so the host's id stays hidden.
-fn own_boot_id(file: &Path, target: &Path) -> Result<(), BuildError> {
+/// Shows `id` (the sandbox's own boot id) read-only over the kernel's `boot_id` at `target`:
+/// written to a file in the sandbox's new /dev (memory the sandbox's /dev is charged for; never
+/// its disk, whose quota the sandbox may have spent), bound there, and unlinked, so the file is
+/// reachable only as the boot id. Sandbox code holds no capability to undo a mount, so the host's
+/// id stays hidden.
+fn own_boot_id(dev: &Path, id: &str, target: &Path) -> Result<(), BuildError> {
     let what = "show the sandbox's own boot id";
+    if id.len() != 37
+        || !id.ends_with('\n')
+        || !id.as_bytes()[..36]
+            .iter()
+            .all(|&b| b.is_ascii_hexdigit() || b == b'-')
+    {
+        return Err(BuildError::Refused(format!("{id:?} is not a boot id")));
+    }
+    let file = dev.join(".boot_id");
+    ctx(fs::write(&file, id), what)?;
     ctx(
         mount(
-            Some(file),
+            Some(&file),
             target,
             None::<&str>,
             MsFlags::MS_BIND,
@@ -295,7 +308,8 @@ fn own_boot_id(file: &Path, target: &Path) -> Result<(), BuildError> {
             None::<&str>,
         ),
         what,
-    )
+    )?;
+    ctx(fs::remove_file(&file), what)
 }
 
 /// The directory `target` (absolute) below `rootfs`, each missing name made, none followed if it

@@ -105,11 +105,11 @@ pub struct LaunchPlan {
     /// Named volumes, mounted after the overlays.
     #[serde(default)]
     pub volumes: Vec<Bind>,
-    /// The file (on the host, in the sandbox's directory) shown read-only as the sandbox's
-    /// `/proc/sys/kernel/random/boot_id`: each sandbox has its own, new at each cold start, so
-    /// the host's (which would tell tenants they share a machine) is never seen.
+    /// What the sandbox reads as `/proc/sys/kernel/random/boot_id` (a UUID and a newline): each
+    /// sandbox has its own, new at each cold start, so the host's (which would tell tenants
+    /// they share a machine) is never seen.
     #[serde(default)]
-    pub boot_id: Option<PathBuf>,
+    pub boot_id: Option<String>,
 }
 
 /// What the engine knows about a sandbox when it launches it.
@@ -137,6 +137,10 @@ pub struct PlanInput<'a> {
     /// The layers the sandbox's own files stack on (see `driver::stack`), top first: each holds
     /// a directory per overlay, as the upper does.
     pub stacked: &'a [PathBuf],
+    /// The sandbox's boot id (see [`LaunchPlan::boot_id`]).
+    pub boot_id: &'a str,
+    /// Where the agent's socket is bound (on the host).
+    pub socket: &'a Path,
 }
 
 /// First host id of a slot's range. Never 0: a sandbox is never mapped to host root.
@@ -253,7 +257,7 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
         privileged,
         agent_id: privileged.then(|| agent_id(input.uid_slot)),
         cgroup_procs: input.cgroup_procs.clone(),
-        socket_path: input.sandbox_dir.join("agent.sock"),
+        socket_path: input.socket.to_path_buf(),
         rootfs: input.sandbox_dir.join("rootfs"),
         layers,
         env: input.env.to_vec(),
@@ -277,13 +281,8 @@ pub fn build(input: &PlanInput<'_>) -> LaunchPlan {
                 read_only: *read_only,
             })
             .collect(),
-        boot_id: Some(boot_id_file(input.sandbox_dir)),
+        boot_id: Some(input.boot_id.to_string()),
     }
-}
-
-/// The host file that is a sandbox's boot id (see [`LaunchPlan::boot_id`]).
-pub fn boot_id_file(sandbox_dir: &Path) -> PathBuf {
-    sandbox_dir.join("boot_id")
 }
 
 #[cfg(test)]
@@ -329,6 +328,8 @@ mod tests {
             disk_ids: None,
             volumes: &[],
             stacked: &[],
+            boot_id: "00000000-0000-4000-8000-000000000000\n",
+            socket: Path::new("/data/agents/sbx_x.sock"),
         }
     }
 

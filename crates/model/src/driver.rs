@@ -84,6 +84,9 @@ pub struct StartSpec {
     /// The sandbox's record, for drivers that keep it with the sandbox (see
     /// [`Driver::shared`]).
     pub record: crate::record::Record,
+    /// This start continues the last run (a hibernated sandbox waking: its processes come
+    /// back): the driver keeps what tells one boot from another, such as the boot id.
+    pub same_boot: bool,
 }
 
 /// A named volume mounted into a sandbox: the driver's key for it, where, and how.

@@ -166,6 +166,7 @@ impl Lifecycle {
             workdir: template.file.workdir.clone(),
             user: template.file.user,
             record: record.clone(),
+            same_boot: false,
         })
     }
 
@@ -381,7 +382,9 @@ impl Lifecycle {
         entry: &Arc<Entry>,
         runtime: &mut Runtime,
     ) -> Result<(), EngineError> {
-        let spec = self.start_spec(&lock(&entry.record))?;
+        let mut spec = self.start_spec(&lock(&entry.record))?;
+        // Hibernated processes come back into the boot they left (`wake`, below).
+        spec.same_boot = self.driver.has_checkpoint(&checkpoint_of(id)).await;
         self.driver.start(&spec).await?;
         // A new agent has a new network namespace.
         self.networks.reattach(id, entry).await;

@@ -167,7 +167,7 @@ impl Isolation for NamespacesDriver {
 
     fn connect<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<AgentConn, DriverError>> {
         Box::pin(async move {
-            let path = self.dir(id).join("agent.sock");
+            let path = self.agent_socket(id);
             let stream = tokio::time::timeout(
                 Duration::from_secs(5),
                 tokio::net::UnixStream::connect(&path),
@@ -191,7 +191,7 @@ impl Isolation for NamespacesDriver {
             {
                 return Liveness::Frozen;
             }
-            let path = self.dir(id).join("agent.sock");
+            let path = self.agent_socket(id);
             match tokio::time::timeout(
                 Duration::from_millis(500),
                 tokio::net::UnixStream::connect(&path),
@@ -231,6 +231,7 @@ impl Isolation for NamespacesDriver {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
         }
+        let _ = fs::remove_file(self.agent_file(id, "pid"));
         let _ = fs::remove_file(self.dir(id).join("agent.pid"));
         Ok(())
     }
@@ -258,6 +259,7 @@ impl Isolation for NamespacesDriver {
         );
         disk::remove_dir(&self.store, &self.sandboxes_dir, id)
             .map_err(DriverError::io("delete the sandbox's files"))?;
+        self.drop_agent_files(id);
         self.collect_layers();
         Ok(())
     }

@@ -20,27 +20,56 @@ const LAUNCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most bytes read of the launcher's report and of its stderr (it relays the agent's words).
 const LAUNCHER_OUTPUT: u64 = 64 * 1024;
 
-/// Writes a new random boot id into `file`, in place: the sandbox sees the file's inode.
-fn new_boot_id(file: &std::path::Path) -> io::Result<()> {
-    let id = fs::read_to_string("/proc/sys/kernel/random/uuid")?;
-    write_in_place(file, id.as_bytes())
-}
-
-/// Replaces `file`'s contents without replacing the file (a mount may show its inode).
-pub(super) fn write_in_place(file: &std::path::Path, bytes: &[u8]) -> io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(file)?
-        .write_all(bytes)
-}
+/// Where the engine keeps what it writes for each sandbox when starting it (the agent's socket
+/// and pid, the boot id): in the data dir, beside the sandboxes' store and outside their disk
+/// quotas, so that a sandbox that filled its disk still starts; the engine's alone (0700).
+pub(super) const AGENTS_DIR: &str = "agents";
 
 impl NamespacesDriver {
+    /// The engine's file `name` of sandbox `id`, in [`AGENTS_DIR`].
+    pub(super) fn agent_file(&self, id: &str, name: &str) -> std::path::PathBuf {
+        let base = self.sandboxes_dir.parent().unwrap_or(&self.sandboxes_dir);
+        base.join(AGENTS_DIR).join(format!("{id}.{name}"))
+    }
+
+    /// The agent's socket. One started by an engine from before [`AGENTS_DIR`] listens in the
+    /// sandbox's directory, and is reached there until it is started again.
+    pub(super) fn agent_socket(&self, id: &str) -> std::path::PathBuf {
+        let path = self.agent_file(id, "sock");
+        let old = self.dir(id).join("agent.sock");
+        if !path.exists() && old.exists() {
+            old
+        } else {
+            path
+        }
+    }
+
+    fn boot_id_file(&self, id: &str) -> std::path::PathBuf {
+        self.agent_file(id, "boot_id")
+    }
+
+    /// The sandbox's boot id for this start: the last one's when `same_boot` (and it is known),
+    /// else a new random one, which is kept for next time.
+    fn boot_id(&self, id: &str, same_boot: bool) -> io::Result<String> {
+        let file = self.boot_id_file(id);
+        if same_boot
+            && let Ok(kept) = fs::read_to_string(&file)
+            && kept.len() == 37
+        {
+            return Ok(kept);
+        }
+        let new = fs::read_to_string("/proc/sys/kernel/random/uuid")?;
+        fs::write(&file, &new)?;
+        Ok(new)
+    }
+
+    /// Forgets a destroyed sandbox's files in [`AGENTS_DIR`].
+    pub(super) fn drop_agent_files(&self, id: &str) {
+        for name in ["sock", "pid", "boot_id"] {
+            let _ = fs::remove_file(self.agent_file(id, name));
+        }
+    }
+
     /// Creates the sandbox's directories (idempotent; a restart reuses them).
     pub(super) fn prepare_dirs(&self, spec: &StartSpec) -> io::Result<()> {
         let dir = self.dir(&spec.id);
@@ -143,10 +172,9 @@ impl NamespacesDriver {
             .iter()
             .map(|l| self.layer_dir(l))
             .collect();
-        // A cold start is a new boot. A hibernated sandbox's processes get theirs back when
-        // they are restored (`live_restore`), written into this same file.
-        new_boot_id(&plan::boot_id_file(&dir))
-            .map_err(DriverError::io("write the sandbox's boot id"))?;
+        let boot_id = self
+            .boot_id(&spec.id, spec.same_boot)
+            .map_err(DriverError::io("choose the sandbox's boot id"))?;
         let plan = plan::build(&PlanInput {
             sandbox_id: &spec.id,
             sandbox_dir: &dir,
@@ -170,6 +198,8 @@ impl NamespacesDriver {
             }),
             volumes: &volumes,
             stacked: &stacked,
+            boot_id: &boot_id,
+            socket: &self.agent_file(&spec.id, "sock"),
         });
         let input = serde_json::to_vec(&plan)
             .map_err(|e| DriverError::io("encode the launch plan")(e.into()))?;
@@ -217,7 +247,7 @@ impl NamespacesDriver {
         match (report.ok, report.pid) {
             (true, Some(pid)) => {
                 let _ = fs::write(
-                    dir.join("agent.pid"),
+                    self.agent_file(&spec.id, "pid"),
                     format!("{pid} {}", start_time(pid).unwrap_or(0)),
                 );
                 Ok(pid)
@@ -240,7 +270,7 @@ impl NamespacesDriver {
         C: sandbox_mcp_protocol::Call,
     {
         let limit = call.reply_limit();
-        let mut conn = tokio::net::UnixStream::connect(self.dir(id).join("agent.sock")).await?;
+        let mut conn = tokio::net::UnixStream::connect(self.agent_socket(id)).await?;
         let request: sandbox_mcp_protocol::Request = call.into();
         sandbox_mcp_protocol::write_frame(&mut conn, &request).await?;
         Ok((conn, limit))
@@ -343,7 +373,9 @@ impl NamespacesDriver {
 
     /// The agent's host pid, if it is still the process we launched.
     pub(super) fn agent_pid(&self, id: &str) -> Option<i32> {
-        let text = fs::read_to_string(self.dir(id).join("agent.pid")).ok()?;
+        let text = fs::read_to_string(self.agent_file(id, "pid"))
+            .or_else(|_| fs::read_to_string(self.dir(id).join("agent.pid")))
+            .ok()?;
         let mut parts = text.split_whitespace();
         let pid: i32 = parts.next()?.parse().ok()?;
         let started: u64 = parts.next()?.parse().ok()?;

@@ -16,8 +16,6 @@ use crate::criu::{self, Criu};
 const LIVE_DIR: &str = "live";
 /// A tree's description beside its dump.
 const TREE_FILE: &str = "tree.json";
-/// The boot id of the sandbox the trees were dumped from, beside them.
-const BOOT_ID_FILE: &str = "boot_id";
 
 impl NamespacesDriver {
     fn criu(&self) -> Result<&Criu, DriverError> {
@@ -74,14 +72,6 @@ impl NamespacesDriver {
             .mode(0o700)
             .create(&dir)
             .map_err(DriverError::io("create the checkpoint directory"))?;
-        // Its processes come back into the same boot (a sandbox started by an engine from
-        // before boot ids has none to keep).
-        match fs::copy(plan::boot_id_file(&self.dir(id)), dir.join(BOOT_ID_FILE)) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(DriverError::io("keep the sandbox's boot id")(e));
-            }
-            _ => {}
-        }
         let mut report = LiveReport {
             carried: Vec::new(),
             skipped: list.skipped,
@@ -144,10 +134,6 @@ impl NamespacesDriver {
         } else {
             Vec::new()
         };
-        if let Ok(boot) = fs::read(dir.join(BOOT_ID_FILE)) {
-            super::launch::write_in_place(&plan::boot_id_file(&self.dir(id)), &boot)
-                .map_err(DriverError::io("bring back the sandbox's boot id"))?;
-        }
         let mut report = LiveReport::default();
         for (i, sub) in subs.iter().enumerate() {
             let tree: Tree = match fs::read(sub.join(TREE_FILE))

@@ -55,6 +55,7 @@ fn spec(id: &str) -> StartSpec {
             volumes: Vec::new(),
             on_timeout: Default::default(),
         },
+        same_boot: false,
     }
 }
 
