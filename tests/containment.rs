@@ -58,7 +58,7 @@ fn sandbox_dir(engine: &TestEngine, id: &str) -> PathBuf {
 
 /// The host pid of a sandbox's agent.
 fn agent_pid(engine: &TestEngine, id: &str) -> i32 {
-    std::fs::read_to_string(sandbox_dir(engine, id).join("agent.pid"))
+    std::fs::read_to_string(engine.data_dir().join("agents").join(format!("{id}.pid")))
         .unwrap()
         .split_whitespace()
         .next()

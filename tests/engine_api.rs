@@ -109,7 +109,7 @@ async fn bodies_the_spec_refuses_get_errors_that_say_what_to_give() {
     let engine = TestEngine::start().await;
     let http = engine.http();
     let sandbox = format!("{}/v1/sandboxes/sbx_0000000000000000000000000a", engine.url);
-    let nothing = "nothing to update: give `metadata`, `network`, or both";
+    let nothing = "nothing to update: give `metadata`, `network`, `timeout_seconds`, or several";
     let bad_name = "environment variable name \"1BAD\" is invalid: use letters, digits and `_`, not starting with a digit, at most 128 characters";
     for (method, url, body, message) in [
         (reqwest::Method::PATCH, sandbox.clone(), json!({}), nothing),

@@ -242,11 +242,7 @@ async fn a_dead_agent_restarts_on_next_use() {
     )
     .await;
     // Kill the agent from the host, as a crash would.
-    let pid_file = engine
-        .data_dir()
-        .join("sandboxes")
-        .join(&id)
-        .join("agent.pid");
+    let pid_file = engine.data_dir().join("agents").join(format!("{id}.pid"));
     let pid: i32 = std::fs::read_to_string(pid_file)
         .unwrap()
         .split_whitespace()

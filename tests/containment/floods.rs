@@ -66,7 +66,7 @@ async fn a_hijacked_agent_cannot_flood_the_engine() {
     // it, or an error message of 8 MiB. The engine stops an agent that breaks the protocol and
     // starts a fresh one on the next call (which binds a new socket), so the hostile listener is
     // planted again before each call.
-    let socket = dir.data().join("sandboxes").join(&id).join("agent.sock");
+    let socket = dir.data().join("agents").join(format!("{id}.sock"));
     let plant = |flood: bool| {
         let _ = std::fs::rename(&socket, socket.with_extension(format!("real.{flood}")));
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
