@@ -48,6 +48,21 @@ async fn replicas_share_sandboxes_and_a_killed_one_loses_nothing_acknowledged() 
             "{action}: {status} {refused}"
         );
     }
+    // A timeout is set, and shortened, but never moved later than the pod's deadline, which the
+    // kubelet enforces on its own.
+    let path = format!("/v1/sandboxes/{id}");
+    for (seconds, allowed) in [(600, true), (3600, false), (300, true)] {
+        let ask = json!({"timeout_seconds": seconds});
+        let (status, answer) = api(&b.url, "PATCH", &path, Some(ask)).await;
+        if allowed {
+            assert_eq!(status, 200, "{seconds}: {answer}");
+        } else {
+            assert!(
+                status >= 400 && answer.to_string().contains("can be shortened here"),
+                "{seconds}: {status} {answer}"
+            );
+        }
+    }
 
     // A burst on A: creates every 400 ms and a file write into the shared sandbox every 50 ms.
     // A is killed (SIGKILL) as soon as its first create is acknowledged: later creates and

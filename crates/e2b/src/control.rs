@@ -421,10 +421,13 @@ async fn resumed(
         } else {
             v
         };
-        // A connect extends the sandbox's life to at least `timeout` from now, never shortens it.
+        // A connect extends the sandbox's life to at least `timeout` from now, never shortens it
+        // (where a timeout cannot be moved later, a pod's, it keeps the one it has).
         if let Some(seconds) = t.timeout {
             let wanted = sandbox_mcp_model::ids::now_ms() + (seconds as i64) * 1000;
-            if v.record.expires_at.is_some_and(|at| at < wanted) {
+            if v.record.expires_at.is_some_and(|at| at < wanted)
+                && door.manager.lifecycle.timeouts_extend()
+            {
                 door.manager
                     .lifecycle
                     .set_timeout(id, tenant.as_deref(), Some(seconds))

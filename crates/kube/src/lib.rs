@@ -314,6 +314,7 @@ impl KubernetesDriver {
             network_unfiltered: true,
             serves_ports: false,
             restarts_stopped: false,
+            timeouts_extend: false,
             image_templates: Some(
                 std::iter::once((
                     sandbox_mcp_model::BASE_TEMPLATE.to_string(),

@@ -356,6 +356,7 @@ impl NamespacesDriver {
             network_unfiltered: false,
             serves_ports: true,
             restarts_stopped: true,
+            timeouts_extend: true,
             image_templates: None,
             live_state: match &self.criu {
                 Ok(c) => sandbox_mcp_model::driver::LiveState {

@@ -211,6 +211,9 @@ pub struct Capabilities {
     /// A stopped sandbox (no agent, its files kept) can be started again. Without it, a stopped
     /// sandbox is gone: its files went with it (a deleted pod).
     pub restarts_stopped: bool,
+    /// A sandbox's timeout can be moved later than it is. Not on Kubernetes: a pod's
+    /// `activeDeadlineSeconds`, the kubelet's own kill at the timeout, can only be shortened.
+    pub timeouts_extend: bool,
     /// The templates this driver serves instead of the engine's own (the kubernetes driver's
     /// images, by template name); `None`: the engine's templates.
     pub image_templates: Option<Vec<(String, String)>>,

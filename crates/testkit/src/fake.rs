@@ -150,6 +150,7 @@ impl FakeDriver {
                 network_unfiltered: false,
                 serves_ports: false,
                 restarts_stopped: true,
+                timeouts_extend: true,
                 image_templates: Some(vec![(
                     sandbox_mcp_model::BASE_TEMPLATE.to_string(),
                     "fake".to_string(),

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use sandbox_mcp_model::driver::DriverError;
 use sandbox_mcp_model::ids;
 use sandbox_mcp_sys::lock;
 
@@ -44,7 +45,14 @@ impl Lifecycle {
         Ok(self.registry.view(&entry))
     }
 
-    /// Sets when the sandbox is killed: `seconds` from now (at most 30 days), or never.
+    /// Whether a sandbox's timeout can be moved later (see [`Capabilities::timeouts_extend`]).
+    ///
+    /// [`Capabilities::timeouts_extend`]: sandbox_mcp_model::driver::Capabilities
+    pub fn timeouts_extend(&self) -> bool {
+        self.driver.capabilities().timeouts_extend
+    }
+
+    /// Sets when the sandbox's timeout comes: `seconds` from now (at most 30 days), or never.
     pub async fn set_timeout(
         &self,
         id: &str,
@@ -59,6 +67,16 @@ impl Lifecycle {
         }
         let entry = self.registry.lookup(id, tenant).await?;
         let at = seconds.map(|s| ids::now_ms() + (s as i64) * 1000);
+        let now = entry.record().expires_at;
+        if !self.timeouts_extend()
+            && let Some(now) = now
+            && at.is_none_or(|at| at > now)
+        {
+            return Err(EngineError::from(DriverError::Unsupported(format!(
+                "sandbox {id}'s timeout, once set, can be shortened here but not moved later ({}s from now at most): a pod's deadline, which the kubelet enforces even with no engine running, can never be raised",
+                ((now - ids::now_ms()) / 1000).max(0)
+            ))));
+        }
         self.records.set_expiry(id, at).await?;
         lock(&entry.record).expires_at = at;
         self.records.acknowledge(&entry.record()).await?;
