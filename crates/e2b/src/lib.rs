@@ -177,7 +177,7 @@ pub(crate) async fn live(
 ) -> Result<sandbox_mcp_engine::services::SandboxView, EngineError> {
     let lifecycle = &door.manager.lifecycle;
     let view = lifecycle.get(id, tenant, false).await?;
-    if !overdue(&view.record) {
+    if !view.record.timed_out(sandbox_mcp_model::ids::now_ms()) {
         return Ok(view);
     }
     let expired = lifecycle.expire(id, tenant).await;
@@ -187,12 +187,6 @@ pub(crate) async fn live(
     }
     expired?;
     lifecycle.get(id, tenant, false).await
-}
-
-/// Whether a sandbox's timeout has passed.
-pub(crate) fn overdue(r: &sandbox_mcp_model::record::Record) -> bool {
-    r.expires_at
-        .is_some_and(|at| at <= sandbox_mcp_model::ids::now_ms())
 }
 
 /// A name for a placeholder file in `dir`, made and deleted to have the agent make `dir` with its

@@ -62,6 +62,13 @@ pub struct Record {
     pub on_timeout: OnTimeout,
 }
 
+impl Record {
+    /// Whether its timeout has come by `now` (milliseconds since the epoch).
+    pub fn timed_out(&self, now: i64) -> bool {
+        self.expires_at.is_some_and(|at| at <= now)
+    }
+}
+
 /// What happens to a sandbox when its timeout is reached.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -80,8 +80,9 @@ async fn listed(
         .await?;
     // Those past a timeout that pauses them are paused now, so that they are listed as they
     // are (the engine's timers would within a tick); those it kills are left out below.
+    let now = sandbox_mcp_model::ids::now_ms();
     for r in records.iter_mut() {
-        if crate::overdue(r)
+        if r.timed_out(now)
             && r.on_timeout != OnTimeout::Kill
             && lifecycle.expire(&r.id, tenant.as_deref()).await.is_ok()
         {
@@ -96,10 +97,9 @@ async fn listed(
         ),
         None => None,
     };
-    let now = sandbox_mcp_model::ids::now_ms();
     records.retain(|r| {
         states.contains(&r.status)
-            && r.expires_at.is_none_or(|at| at > now)
+            && !r.timed_out(now)
             && q.template.as_ref().is_none_or(|t| *t == r.template)
             && after.is_none_or(|a| r.created_at >= a)
     });

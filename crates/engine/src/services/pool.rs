@@ -79,7 +79,7 @@ impl Pools {
     /// Creates a sandbox for `req`: a pooled one when its template keeps a pool and the request
     /// asks for the template's shape, else a new one.
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxView, EngineError> {
-        self.making.lifecycle.can_stop(req.on_timeout)?;
+        self.making.lifecycle.check_action(req.on_timeout)?;
         let template_name = req
             .template
             .clone()

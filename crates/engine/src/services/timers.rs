@@ -47,7 +47,7 @@ impl Timers {
         let now = ids::now_ms();
         for (id, entry) in self.registry.ready() {
             let record = entry.record();
-            if record.expires_at.is_some_and(|t| t <= now) {
+            if record.timed_out(now) {
                 let action = record.on_timeout.as_str();
                 tracing::info!(sandbox = %id, "timeout reached: {action}");
                 // A failed pause or stop keeps the timeout: the next tick tries again.

@@ -18,13 +18,13 @@ impl Lifecycle {
     /// next call) starts it afresh, a new boot. What E2B calls a filesystem-only pause.
     pub async fn stop(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
-        self.can_stop(OnTimeout::Stop)?;
+        self.check_action(OnTimeout::Stop)?;
         self.stop_entry(id, &entry).await?;
         Ok(self.registry.view(&entry))
     }
 
-    /// Refuses a timeout action this driver cannot carry out.
-    pub(crate) fn can_stop(&self, action: OnTimeout) -> Result<(), EngineError> {
+    /// Refuses a timeout action (or a stop) this driver cannot carry out.
+    pub(crate) fn check_action(&self, action: OnTimeout) -> Result<(), EngineError> {
         if action == OnTimeout::Kill || self.driver.capabilities().restarts_stopped {
             return Ok(());
         }
@@ -62,7 +62,7 @@ impl Lifecycle {
     pub async fn expire(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
         let record = entry.record();
-        if record.expires_at.is_some_and(|t| t <= ids::now_ms()) {
+        if record.timed_out(ids::now_ms()) {
             self.at_timeout(id, &entry, record.on_timeout).await?;
         }
         Ok(())
