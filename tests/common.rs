@@ -15,9 +15,11 @@ mod host;
 mod mcp;
 mod processes;
 mod servers;
+mod wire;
 
 pub use engine::*;
 pub use host::*;
 pub use mcp::*;
 pub use processes::*;
 pub use servers::*;
+pub use wire::*;

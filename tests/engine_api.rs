@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use crate::common::{KEY, TestEngine};
+use crate::common::{self, KEY, TestEngine};
 use crate::require_sandboxes;
 
 #[tokio::test]
@@ -182,6 +182,45 @@ async fn request_bodies_over_16_mib_are_refused() {
     assert_eq!(resp.status().as_u16(), 413);
     let json: Value = resp.json().await.unwrap();
     assert_eq!(json["error_code"], "payload_too_large");
+}
+
+/// An answer given before the request's body was read to its end says `Connection: close`, so
+/// an HTTP/1.1 client never sends its next request on a connection the server is closing; one
+/// whose body was read keeps the connection.
+#[tokio::test]
+async fn answers_before_the_body_is_read_close_the_connection() {
+    let engine = TestEngine::start().await;
+    let addr = engine.url.trim_start_matches("http://");
+    let files = "/v1/sandboxes/sbx_0000000000000000000000000a/files";
+    let cases = [
+        // Over the body limit: refused from Content-Length, nothing read.
+        (
+            format!(
+                "PUT {files} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+            ),
+            17 << 20,
+            413,
+        ),
+        // A wrong key: refused before the body is looked at.
+        (
+            format!(
+                "PUT {files} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer wrong\r\nContent-Type: application/json\r\n"
+            ),
+            4096,
+            401,
+        ),
+    ];
+    for (head, len, status) in cases {
+        let answer = common::send_raw(addr, &head, len).await;
+        assert_eq!(answer.status(), status, "{}", answer.head);
+        assert!(answer.says_close() && answer.closed, "{}", answer.head);
+    }
+    // A body read to its end: the connection stays open for the next request.
+    let head = format!(
+        "POST /v1/sandboxes HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+    );
+    let answer = common::send_raw(addr, &head, 10).await;
+    assert!(!answer.says_close() && !answer.closed, "{}", answer.head);
 }
 
 #[tokio::test]

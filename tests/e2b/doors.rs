@@ -415,6 +415,23 @@ async fn what_has_no_meaning_here_and_bad_input_get_clear_errors() {
     )
     .await;
     assert_eq!(status, 400);
+    // An upload over the limit is answered before its body is read to its end: the answer
+    // says `Connection: close`, so the SDK's pooled client never sends its next call on the
+    // connection the door is closing. One whose body was read (a wrong token, found after)
+    // keeps the connection.
+    let addr = engine.e2b.trim_start_matches("http://");
+    for (access, len, status, close) in [
+        (token.as_str(), 9 << 20, 413, true),
+        ("wrong", 4096, 401, false),
+    ] {
+        let head = format!(
+            "POST /files?path=/tmp/big HTTP/1.1\r\nHost: {addr}\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\nContent-Type: multipart/form-data; boundary=B\r\n"
+        );
+        let answer = crate::common::send_raw(addr, &head, len).await;
+        assert_eq!(answer.status(), status, "{}", answer.head);
+        assert_eq!(answer.says_close(), close, "{}", answer.head);
+        assert_eq!(answer.closed, close, "{}", answer.head);
+    }
 }
 
 /// Files and processes that come in through the door land in the sandbox, never on the host,

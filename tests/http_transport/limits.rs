@@ -58,6 +58,17 @@ async fn bodies_over_16_mib_are_refused() {
         )
         .await;
     assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.body);
+    // Answers given before the body was read to its end (over the limit, or refused for its
+    // token) say `Connection: close`: a client never reuses a connection the server is closing.
+    let addr = f.url.trim_start_matches("http://").trim_end_matches("/mcp");
+    for (auth, len, status) in [(token.as_str(), 17 << 20, 413), ("wrong", 4096, 401)] {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {auth}\r\nMcp-Session-Id: {session}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        );
+        let answer = crate::common::send_raw(addr, &head, len).await;
+        assert_eq!(answer.status(), status, "{}", answer.head);
+        assert!(answer.says_close() && answer.closed, "{}", answer.head);
+    }
 }
 
 /// 50 clients in 5 tenants, 20 calls each, all at once: every answer is the caller's own.

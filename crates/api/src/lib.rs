@@ -10,6 +10,8 @@
 pub mod auth;
 #[cfg(feature = "server")]
 pub mod server;
+#[cfg(feature = "layers")]
+pub mod unread;
 
 /// The limits the spec states (`maximum`, `maxLength`, `maxProperties`…), generated from it:
 /// `limits::exec_request::TIMEOUT_MS_MAXIMUM` is `ExecRequest.timeout_ms`'s maximum, and

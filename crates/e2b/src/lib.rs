@@ -99,6 +99,9 @@ fn router(door: Arc<Door>) -> Router {
         .merge(jupyter::routes())
         .fallback(|| async { Failure::new(StatusCode::NOT_FOUND, "no such endpoint here") })
         .layer(axum::extract::DefaultBodyLimit::max(files::UPLOAD_LIMIT))
+        .layer(axum::middleware::from_fn(
+            sandbox_mcp_api::unread::close_if_unread,
+        ))
         .with_state(door)
 }
 

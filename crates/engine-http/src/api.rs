@@ -53,6 +53,9 @@ pub(crate) fn router(state: AppState) -> Router {
             state.clone(),
             request::authenticate,
         ))
+        .layer(middleware::from_fn(
+            sandbox_mcp_api::unread::close_if_unread,
+        ))
         .with_state(state)
 }
 

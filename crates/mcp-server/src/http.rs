@@ -452,7 +452,10 @@ impl HttpServer {
                 superbox_alias,
             ))
             .layer(middleware::from_fn_with_state(guard.clone(), guard_fn))
-            .layer(DefaultBodyLimit::max(BODY_LIMIT));
+            .layer(DefaultBodyLimit::max(BODY_LIMIT))
+            .layer(middleware::from_fn(
+                sandbox_mcp_api::unread::close_if_unread,
+            ));
         let listener = tokio::net::TcpListener::bind(opts.listen)
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", opts.listen))?;
