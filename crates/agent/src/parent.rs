@@ -128,11 +128,6 @@ pub(crate) fn pid() -> Option<i32> {
 /// else the command's pid or why it could not start.
 pub(crate) fn start(order: &Order, fds: &[BorrowedFd<'_>]) -> Option<std::io::Result<i32>> {
     let parent = PARENT.get().filter(|p| !p.gone.load(Ordering::Relaxed))?;
-    if !parent.can_answer() {
-        // Stopped (SIGSTOP, a tracer) or dead: it would not answer; commands start directly.
-        parent.give_up();
-        return None;
-    }
     let body = serde_json::to_vec(order).ok()?;
     if body.len() > MAX_ORDER || fds.len() > MAX_FDS {
         return None;
@@ -189,19 +184,6 @@ pub(crate) fn start(order: &Order, fds: &[BorrowedFd<'_>]) -> Option<std::io::Re
 }
 
 impl Parent {
-    /// Whether it is running or waiting (not stopped, traced, a zombie or gone), from its
-    /// `/proc` state.
-    fn can_answer(&self) -> bool {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
-            return false;
-        };
-        // The state follows the name, which is in parentheses and may hold anything.
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
-        matches!(state, Some('R' | 'S' | 'D'))
-    }
-
     fn give_up(&self) {
         if !self.gone.swap(true, Ordering::Relaxed) {
             let _ = nix::sys::signal::kill(
