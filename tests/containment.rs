@@ -67,19 +67,6 @@ fn agent_pid(engine: &TestEngine, id: &str) -> i32 {
         .unwrap()
 }
 
-/// The kernel's Landlock ABI version (below 1: none).
-fn landlock_abi() -> i64 {
-    // SAFETY: landlock_create_ruleset with LANDLOCK_CREATE_RULESET_VERSION only reports the ABI.
-    unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<u8>(),
-            0usize,
-            1u32,
-        )
-    }
-}
-
 fn proc_field(pid: i32, file: &str, key: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .unwrap()

@@ -9,7 +9,7 @@ use serde_json::json;
 use crate::common::{TestEngine, create, err, ok, sh};
 use crate::{require_cgroups, require_sandboxes};
 
-use super::{agent_pid, landlock_abi, proc_field, py};
+use super::{agent_pid, proc_field, py};
 
 /// Everything sandbox code might try on its agent (PID 1); prints what worked.
 const AGENT_ATTACKS: &str = "\
@@ -109,7 +109,15 @@ async fn unprivileged_the_agent_is_out_of_reach_too() {
         .unwrap();
     // Unprivileged, sandbox code has the agent's own uid, and only a Landlock scope keeps its
     // signals from the agent: that scope is Landlock ABI 6 (Linux 6.12).
-    let abi = landlock_abi();
+    // SAFETY: landlock_create_ruleset with LANDLOCK_CREATE_RULESET_VERSION only reports the ABI.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
     if abi < 6 {
         eprintln!(
             "SKIPPED unprivileged_the_agent_is_out_of_reach_too: needs Landlock ABI 6 (signal scoping, Linux 6.12); this kernel has {abi}"
@@ -205,110 +213,4 @@ async fn an_agent_that_stops_answering_is_stopped_and_restarted_from_outside() {
     // Not trusted again: the next call runs under a fresh agent, on the same files.
     assert_eq!(sh(&client, &id, "cat /root/file").await, "kept\n");
     assert_ne!(agent_pid(&engine, &id), pid);
-}
-
-/// Every command of a sandbox runs in one Landlock domain, started by the agent's command
-/// parent: a later command stops what an earlier one left running (a detached process, a job),
-/// while the agent stays out of reach. The command parent holds nothing of the agent's (no
-/// descriptor but its channel, no capability beyond the sandbox's) and cannot be read or traced;
-/// killed, it takes nothing down: commands still run.
-#[tokio::test]
-async fn later_commands_stop_what_earlier_ones_left_running_and_the_command_parent_holds_nothing() {
-    require_sandboxes!();
-    let engine = TestEngine::start().await;
-    let client = engine.mcp().await;
-    let id = create(&client).await;
-    sh(
-        &client,
-        &id,
-        "setsid sleep 1001 </dev/null >/dev/null 2>&1 &",
-    )
-    .await;
-    ok(
-        &client,
-        "sandbox_exec",
-        json!({"sandbox_id": id, "command": "sleep 1002", "background": true}),
-    )
-    .await;
-    let out = sh(
-        &client,
-        &id,
-        "for n in 1001 1002; do
-            for i in $(seq 100); do p=$(pgrep -f \"^sleep $n\") && break; sleep 0.1; done
-            kill -0 $p && kill $p && echo \"stopped $n\"
-        done
-        pkill -0 -f '^sleep' || echo 'none left'
-        kill -0 1 2>/dev/null && echo 'the agent is reachable'
-        true",
-    )
-    .await;
-    assert_eq!(out, "stopped 1001\nstopped 1002\nnone left\n", "{out}");
-    if landlock_abi() < 1 {
-        let why = "needs Landlock (without it commands have no domain, and need no command parent)";
-        assert!(
-            std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
-            "{why}"
-        );
-        eprintln!("SKIPPED the command parent's part: {why}");
-        return;
-    }
-
-    // The command parent, from the host: the agent's child, with its channel and the standard
-    // descriptors only, and none of the agent's capabilities beyond the sandbox's.
-    let agent = agent_pid(&engine, &id);
-    let parent = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .find(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c == "cmd-parent\n")
-                && proc_field(*p, "status", "PPid:").split_whitespace().nth(1)
-                    == Some(&agent.to_string())
-        })
-        .expect("the agent has a command parent");
-    let mut fds: Vec<String> = std::fs::read_dir(format!("/proc/{parent}/fd"))
-        .unwrap()
-        .flatten()
-        .map(|fd| std::fs::read_link(fd.path()).unwrap().display().to_string())
-        .collect();
-    fds.sort();
-    assert_eq!(
-        fds.len(),
-        4,
-        "stdin, stdout, stderr and the channel to the agent: {fds:?}"
-    );
-    let caps =
-        |line: String| u64::from_str_radix(line.split_whitespace().nth(1).unwrap(), 16).unwrap();
-    let held = caps(proc_field(parent, "status", "CapPrm:"));
-    let sandbox = sandbox_mcp_sys::syscalls::cap_mask(&sandbox_mcp_linux::inside::SANDBOX_CAPS);
-    assert_eq!(
-        held & !sandbox,
-        0,
-        "capabilities beyond the sandbox's: {held:x}"
-    );
-    // From inside: neither readable nor traceable, even by the sandbox's root.
-    let out = sh(
-        &client,
-        &id,
-        "p=$(pgrep -x cmd-parent)
-        for f in environ mem maps stack; do cat /proc/$p/$f >/dev/null 2>&1 && echo \"read $f\"; done
-        for fd in 0 1 2 3; do readlink /proc/$p/fd/$fd >/dev/null 2>&1 && echo \"followed fd $fd\"; done
-        echo done",
-    )
-    .await;
-    assert_eq!(out, "done\n", "{out}");
-    let out = py(
-        &client,
-        &id,
-        "import ctypes, subprocess\nlibc = ctypes.CDLL(None, use_errno=True)\n\
-         p = int(subprocess.check_output(['pgrep', '-x', 'cmd-parent']))\n\
-         print('refused' if libc.ptrace(16, p, 0, 0) == -1 else 'attached')",
-    )
-    .await;
-    assert_eq!(out, "refused\n");
-    // Killed from inside: commands start without it.
-    sh(&client, &id, "pkill -9 -x cmd-parent; true").await;
-    for _ in 0..3 {
-        assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
-    }
 }

@@ -40,27 +40,11 @@ async fn memory_hog_is_oom_killed_not_the_engine() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    sh(
-        &client,
-        &id,
-        "setsid sleep 1003 </dev/null >/dev/null 2>&1 &",
-    )
-    .await;
-    let parents = sh(&client, &id, "pgrep -c -x cmd-parent || true").await;
     let r = ok(&client, "sandbox_exec", json!({"sandbox_id": id, "command": "python3 -c 'x = bytearray(3 * 1024**3); print(len(x))'", "timeout_ms": 60000})).await;
     assert_ne!(r["exit_code"], 0, "{r}");
     assert_eq!(r["oom_killed"], true, "{r}");
-    // The sandbox is still usable and the engine still answers. The rest of its processes were
-    // killed with the hog, but not the agent's command parent (where there is one).
+    // The sandbox is still usable and the engine still answers.
     assert_eq!(sh(&client, &id, "echo alive").await, "alive\n");
-    assert_eq!(
-        sh(&client, &id, "pgrep -f '^sleep 1003' || echo gone").await,
-        "gone\n"
-    );
-    assert_eq!(
-        sh(&client, &id, "pgrep -c -x cmd-parent || true").await,
-        parents
-    );
 }
 
 #[tokio::test]

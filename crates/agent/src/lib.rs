@@ -21,7 +21,6 @@ pub mod files;
 pub(crate) mod jobs;
 pub(crate) mod listing;
 pub(crate) mod live;
-pub(crate) mod parent;
 pub mod pod;
 pub(crate) mod reaper;
 pub(crate) mod repl;

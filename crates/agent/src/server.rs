@@ -318,7 +318,9 @@ async fn handle(mut conn: UnixStream, state: Rc<State>) {
             reply::<Adopt>(&mut wr, adopted.map(|()| Done {})).await
         }
         Request::KillAll(_) => {
-            crate::spawn::kill_all_commands();
+            // From PID 1, kill(-1) reaches every other process in the namespace.
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
             reply::<KillAll>(&mut wr, Ok(Done {})).await
         }
     }

@@ -1,11 +1,9 @@
 //! Starting processes inside the sandbox: one place that builds the environment, gives each
 //! process its own session, wires its pipes, confines it and registers it with the reaper.
 //!
-//! The agent itself stays outside the confinement: a command is the sandbox's root (the agent
-//! runs as an id that is not the sandbox's), keeps only the sandbox's capabilities, and is in a
-//! Landlock domain that cannot signal or trace the agent. Commands are started by the command
-//! parent ([`super::parent`]), which entered that domain once, so they all share it; without
-//! one, a command is confined between fork and exec here, in a domain of its own.
+//! Confinement happens between fork and exec, so the agent itself stays outside it: the command
+//! becomes the sandbox's root (the agent runs as an id that is not the sandbox's), keeps only the
+//! sandbox's capabilities, and enters a Landlock domain that cannot signal or trace the agent.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
@@ -32,23 +30,14 @@ pub struct Confinement {
 
 static CONFINEMENT: OnceLock<Confinement> = OnceLock::new();
 
-/// Sets the confinement of every command started from now on (once; later calls are ignored),
-/// and starts the command parent that puts them all in one Landlock domain ([`super::parent`]).
-/// Call while the agent is still one thread.
+/// Sets the confinement of every command started from now on (once; later calls are ignored).
 pub fn confine_commands(confinement: Confinement) {
-    if let Some(ruleset) = &confinement.landlock {
-        super::parent::begin(confinement.caps, ruleset.as_raw_fd());
-    }
     let _ = CONFINEMENT.set(confinement);
 }
 
 /// Becomes the sandbox's root with only the sandbox's capabilities, in the Landlock domain.
 /// Runs between fork and exec: raw system calls only, nothing that allocates or locks.
-pub(crate) fn confine(
-    caps: u64,
-    landlock: Option<RawFd>,
-    user: Option<(u32, u32)>,
-) -> std::io::Result<()> {
+fn confine(caps: u64, landlock: Option<RawFd>, user: Option<(u32, u32)>) -> std::io::Result<()> {
     use sandbox_mcp_sys::syscalls as sys;
     let check = |ret: libc::c_long| {
         if ret < 0 {
@@ -198,168 +187,61 @@ fn inode_of(fd: &impl std::os::fd::AsFd) -> u64 {
     nix::sys::stat::fstat(fd).map(|s| s.st_ino).unwrap_or(0)
 }
 
-/// Starts a process in its own session with stdin on /dev/null (or a pipe, when asked): through
-/// the command parent when there is one (every command in one Landlock domain), else directly.
+/// Starts a process in its own session with stdin on /dev/null (or a pipe, when asked).
 pub fn start(launch: &Launch<'_>, reaper: &Reaper) -> Result<Started, AgentError> {
-    let io_error = |what: &str, e: std::io::Error| error(ErrorKind::Io, format!("{what}: {e}"));
-    let pipe = || {
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|e| io_error("cannot create a pipe", e.into()))
-    };
-    let dup = |fd: &OwnedFd| {
-        fd.try_clone()
-            .map_err(|e| io_error("cannot open a terminal", e))
-    };
-    let env = environment(launch);
-    // The child's stdin, stdout and stderr, and the agent's ends.
-    let (term, child_fds, out, err, input) = match launch.terminal {
-        Some(size) => {
-            let (term, slave) = terminal::open(size)?;
-            let fds = [dup(&slave)?, dup(&slave)?, slave];
-            (Some(term), fds, None, None, None)
-        }
-        None => {
-            let (stdin, input) = if launch.stdin_pipe {
-                let (r, w) = pipe()?;
-                (r, Some(w))
-            } else {
-                let null = std::fs::OpenOptions::new()
-                    .read(true)
-                    .open("/dev/null")
-                    .map_err(|e| io_error("cannot open /dev/null", e))?;
-                (OwnedFd::from(null), None)
-            };
-            if launch.merge_output {
-                let (r, w) = pipe()?;
-                let w2 = w
-                    .try_clone()
-                    .map_err(|e| io_error("cannot create a pipe", e))?;
-                (None, [stdin, w, w2], Some(r), None, input)
-            } else {
-                let (out_r, out_w) = pipe()?;
-                let (err_r, err_w) = pipe()?;
-                (None, [stdin, out_w, err_w], Some(out_r), Some(err_r), input)
-            }
-        }
-    };
-    let user = CONFINEMENT
-        .get()
-        .and_then(|c| launch.user.map(|a| (a.uid, a.gid)).or(c.user));
-    let order = super::parent::Order {
-        program: launch.program.to_string(),
-        args: launch.args.iter().map(|a| a.to_string()).collect(),
-        cwd: launch.cwd.to_string(),
-        env,
-        user,
-        controlling: term.is_some(),
-    };
-    let mut handed: Vec<std::os::fd::BorrowedFd<'_>> =
-        child_fds.iter().map(std::os::fd::AsFd::as_fd).collect();
-    // SAFETY: the caller keeps the extra descriptors open for the duration of this call.
-    handed.extend(
-        launch
-            .extra_fds
-            .iter()
-            .map(|fd| unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) }),
-    );
-    let through_parent = super::parent::start(&order, &handed);
-    drop(handed);
-    // The agent's copies of the child's ends close here (the output's end is seen then).
-    let started = match through_parent {
-        Some(result) => {
-            drop(child_fds);
-            result
-        }
-        None => directly(&order, child_fds, launch.extra_fds),
-    };
-    let pid = started.map_err(|e| {
-        let hint = match e.raw_os_error() {
-            Some(libc::EAGAIN) => " (the sandbox's process limit is reached; kill some processes)",
-            Some(libc::ENOENT) => " (it is not installed in this sandbox)",
-            _ => "",
-        };
-        error(
-            ErrorKind::Io,
-            format!("cannot start {}: {e}{hint}", launch.program),
-        )
-    })?;
-    // No await since the start: the reaper cannot have seen this pid end yet.
-    let exit = reaper.watch(pid);
-    let to_async = |fd: OwnedFd| {
-        pipe::Receiver::from_owned_fd(fd).map_err(|e| io_error("cannot watch output", e))
-    };
-    let (stdout, stderr, stdin) = match (&term, out) {
-        (Some(t), _) => {
-            let (out, relayed_input) = t.relay()?;
-            (out, None, launch.stdin_pipe.then_some(relayed_input))
-        }
-        (None, Some(out)) => {
-            let err = err.map(to_async).transpose()?;
-            let stdin = input
-                .map(|w| {
-                    pipe::Sender::from_owned_fd(w).map_err(|e| io_error("cannot feed input", e))
-                })
-                .transpose()?;
-            (to_async(out)?, err, stdin)
-        }
-        (None, None) => return Err(error(ErrorKind::Io, "output pipes are missing")),
-    };
-    let mut pipe_inodes = vec![inode_of(&stdout)];
-    if let Some(e) = &stderr {
-        pipe_inodes.push(inode_of(e));
-    }
-    Ok(Started {
-        pid,
-        exit,
-        stdout,
-        stderr,
-        stdin,
-        pipe_inodes,
-        terminal: term,
-    })
-}
-
-/// The whole environment of a launch, each name once (later wins): the base, the account's,
-/// a terminal's, then the sandbox's and the call's.
-fn environment(launch: &Launch<'_>) -> Vec<(String, String)> {
-    let mut env = std::collections::BTreeMap::new();
-    env.extend(base_env());
+    let mut cmd = Command::new(launch.program);
+    cmd.args(launch.args)
+        .current_dir(launch.cwd)
+        .env_clear()
+        .envs(base_env())
+        .stdin(if launch.stdin_pipe {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
     if let Some(account) = launch.user {
-        env.extend(account.env());
+        cmd.envs(account.env());
     }
     if launch.terminal.is_some() {
-        env.insert("TERM".to_string(), "xterm-256color".to_string());
+        cmd.env("TERM", "xterm-256color");
     }
     for vars in launch.env {
-        env.extend(vars.iter().cloned());
+        cmd.envs(vars.iter().cloned());
     }
-    env.into_iter().collect()
-}
-
-/// Starts `order` from the agent itself: the command enters a Landlock domain of its own (where
-/// there is no command parent).
-fn directly(
-    order: &super::parent::Order,
-    [stdin, stdout, stderr]: [OwnedFd; 3],
-    extra_fds: &[RawFd],
-) -> std::io::Result<i32> {
-    let mut cmd = Command::new(&order.program);
-    cmd.args(&order.args)
-        .current_dir(&order.cwd)
-        .env_clear()
-        .envs(order.env.iter().cloned())
-        .stdin(Stdio::from(stdin))
-        .stdout(Stdio::from(stdout))
-        .stderr(Stdio::from(stderr));
-    let extra: Vec<RawFd> = extra_fds.to_vec();
+    let term = match launch.terminal {
+        Some(size) => {
+            let (term, slave) = terminal::open(size)?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| error(ErrorKind::Io, format!("cannot open a terminal: {e}")))
+            };
+            cmd.stdin(Stdio::from(dup(&slave)?))
+                .stdout(Stdio::from(dup(&slave)?))
+                .stderr(Stdio::from(slave));
+            Some(term)
+        }
+        None => None,
+    };
+    let merged = if term.is_some() {
+        None
+    } else if launch.merge_output {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|e| error(ErrorKind::Io, format!("cannot create a pipe: {e}")))?;
+        let w2 = w
+            .try_clone()
+            .map_err(|e| error(ErrorKind::Io, format!("cannot create a pipe: {e}")))?;
+        cmd.stdout(Stdio::from(w)).stderr(Stdio::from(w2));
+        Some(r)
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        None
+    };
+    let extra: Vec<RawFd> = launch.extra_fds.to_vec();
     let confinement = CONFINEMENT.get().map(|c| {
-        (
-            c.caps,
-            c.landlock.as_ref().map(|fd| fd.as_raw_fd()),
-            order.user,
-        )
+        let user = launch.user.map(|a| (a.uid, a.gid)).or(c.user);
+        (c.caps, c.landlock.as_ref().map(|fd| fd.as_raw_fd()), user)
     });
-    let controlling = order.controlling;
+    let controlling = term.is_some();
     // SAFETY: runs in the forked child before exec and calls only async-signal-safe functions
     // (setsid, fcntl, dup2, id and capability calls). A new session gives the process its own
     // process group (killed as a unit) and no controlling terminal (so TIOCSTI has nothing to
@@ -391,38 +273,59 @@ fn directly(
             Ok(())
         });
     }
-    let child = cmd.spawn()?;
-    // Never waited on through std: the reaper owns every exit status.
-    Ok(child.id() as i32)
-}
-
-/// SIGKILL to every process in the sandbox but the agent and its command parent, in passes
-/// until none is left (a process may fork while a pass runs; the sandbox's pid limit bounds
-/// how many).
-pub(crate) fn kill_all_commands() {
-    let Some(parent) = super::parent::pid() else {
-        // From PID 1, kill(-1) reaches every other process in the namespace at once.
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(-1), nix::sys::signal::SIGKILL);
-        return;
-    };
-    let me = std::process::id() as i32;
-    for _ in 0..100 {
-        let Ok(procs) = std::fs::read_dir("/proc") else {
-            return;
+    let mut child = cmd.spawn().map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::EAGAIN) => " (the sandbox's process limit is reached; kill some processes)",
+            Some(libc::ENOENT) => " (it is not installed in this sandbox)",
+            _ => "",
         };
-        let others: Vec<i32> = procs
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|p| *p != me && *p != parent)
-            .collect();
-        if others.is_empty() {
-            return;
+        error(
+            ErrorKind::Io,
+            format!("cannot start {}: {e}{hint}", launch.program),
+        )
+    })?;
+    drop(cmd); // closes our copies of the merged pipe's write ends
+    let pid = child.id() as i32;
+    let exit = reaper.watch(pid);
+    let to_async = |fd: OwnedFd| {
+        pipe::Receiver::from_owned_fd(fd)
+            .map_err(|e| error(ErrorKind::Io, format!("cannot watch output: {e}")))
+    };
+    let relayed = match &term {
+        Some(t) => Some(t.relay()?),
+        None => None,
+    };
+    let (stdout, stderr, stdin) = match (merged, relayed) {
+        (_, Some((out, input))) => (out, None, launch.stdin_pipe.then_some(input)),
+        (Some(r), None) => (to_async(r)?, None, None),
+        (None, None) => {
+            let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+                return Err(error(ErrorKind::Io, "output pipes are missing"));
+            };
+            (to_async(out.into())?, Some(to_async(err.into())?), None)
         }
-        for pid in others {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-        }
+    };
+    let stdin = match child.stdin.take() {
+        Some(w) => Some(
+            pipe::Sender::from_owned_fd(w.into())
+                .map_err(|e| error(ErrorKind::Io, format!("cannot feed input: {e}")))?,
+        ),
+        None => stdin,
+    };
+    drop(child); // never waited on through std: the reaper owns every exit status
+    let mut pipe_inodes = vec![inode_of(&stdout)];
+    if let Some(e) = &stderr {
+        pipe_inodes.push(inode_of(e));
     }
+    Ok(Started {
+        pid,
+        exit,
+        stdout,
+        stderr,
+        stdin,
+        pipe_inodes,
+        terminal: term,
+    })
 }
 
 /// SIGKILL to a process group (its session leader's pid).
@@ -450,7 +353,7 @@ pub(crate) fn kill_pipe_holders(inodes: &[u64]) {
         else {
             continue;
         };
-        if pid == me || super::parent::pid() == Some(pid as i32) {
+        if pid == me {
             continue;
         }
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {

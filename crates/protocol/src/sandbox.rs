@@ -13,12 +13,7 @@ pub struct Pong {
     pub version: String,
 }
 
-/// The name (`comm`) of the agent's command parent, the one process in the sandbox that starts
-/// commands and never has children of its own (each command it starts is the agent's child).
-pub const COMMAND_PARENT: &str = "cmd-parent";
-
-/// Kill every process in the sandbox except the agent and its command parent (after an OOM
-/// kill, say).
+/// Kill every process in the sandbox except the agent (after an OOM kill, say).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct KillAll {}
 

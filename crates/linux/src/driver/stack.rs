@@ -264,33 +264,13 @@ impl NamespacesDriver {
 }
 
 /// Whether process `pid` has a child (any of its threads'). Unknown counts as yes.
-/// Whether `pid` (an agent) has a child other than its command parent, which starts commands
-/// and has none of its own (each command it starts is the agent's child). Code in the sandbox
-/// that takes the command parent's name is counted too once it has children; without, it
-/// would only get itself stopped.
 fn has_children(pid: i32) -> bool {
-    match children(pid) {
-        Some(listed) => listed.into_iter().any(|child| {
-            let name = fs::read_to_string(format!("/proc/{child}/comm")).unwrap_or_default();
-            name.trim_end() != sandbox_mcp_protocol::COMMAND_PARENT
-                || children(child).is_none_or(|c| !c.is_empty())
-        }),
-        None => true,
-    }
-}
-
-/// `pid`'s children, from every thread's list (`None`: unreadable).
-fn children(pid: i32) -> Option<Vec<i32>> {
-    let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut all = Vec::new();
-    for task in tasks.flatten() {
-        let text = fs::read_to_string(task.path().join("children")).ok()?;
-        all.extend(
-            text.split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok()),
-        );
-    }
-    Some(all)
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().any(|task| {
+        fs::read_to_string(task.path().join("children")).map_or(true, |c| !c.trim().is_empty())
+    })
 }
 
 /// A new layer's name: the sandbox it came from and the time, which no other layer has.
