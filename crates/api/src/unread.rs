@@ -8,10 +8,11 @@
 //! races the close and fails with "connection closed before message completed" — seen with the
 //! E2B SDK after an upload over the limit, on a busy machine.
 //!
-//! [`close_if_unread`] is the layer every HTTP server of the engine and the MCP endpoint wears:
-//! it follows the request body, and when the handler has answered before the body's end, it adds
-//! `Connection: close`, so the client never reuses the connection. HTTP/2 is left alone (its
-//! streams end on their own), as are requests without a body and upgrades (101).
+//! [`close_if_unread`] is the layer the engine's API, the E2B door and the MCP endpoint (with
+//! OAuth) wear: it follows the request body, and when the handler has answered before the body's
+//! end, it adds `Connection: close`, so the client never reuses the connection. HTTP/2 is left
+//! alone (its streams end on their own), as are requests without a body and upgrades (101).
+//! Previews do not wear it: they pass a sandbox server's own answers through as it gave them.
 
 use std::pin::Pin;
 use std::sync::Arc;
