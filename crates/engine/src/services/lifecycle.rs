@@ -22,6 +22,7 @@ use sandbox_mcp_model::ids;
 use sandbox_mcp_network::log as netlog;
 use sandbox_mcp_storage::templates::Template;
 use sandbox_mcp_sys::lock;
+use tokio_util::task::TaskTracker;
 
 use super::catalog::Catalog;
 use super::networks::{Networks, bindings};
@@ -33,6 +34,9 @@ use crate::error::EngineError;
 use crate::records::Records;
 use crate::state::{Binding, Record, Status};
 
+/// How long a shutdown waits for transitions under way: longer than a launch may take.
+const TRANSITIONS_FINISH: std::time::Duration = std::time::Duration::from_secs(40);
+
 pub struct Lifecycle {
     max_sandboxes: usize,
     driver: DriverHandle,
@@ -41,6 +45,8 @@ pub struct Lifecycle {
     networks: Arc<Networks>,
     catalog: Arc<Catalog>,
     secrets: Arc<Secrets>,
+    /// Transitions under way, each a task of its own: see [`Self::to_the_end`].
+    transitions: TaskTracker,
 }
 
 impl Lifecycle {
@@ -61,6 +67,7 @@ impl Lifecycle {
             networks,
             catalog,
             secrets,
+            transitions: TaskTracker::new(),
         }
     }
 
@@ -171,8 +178,34 @@ impl Lifecycle {
         })
     }
 
-    /// Creates a sandbox from `template` (ready or, for a build sandbox, building).
+    /// Runs the lifecycle transition `op` (a create, fork, kill, pause, restore, merge) as a
+    /// task of its own, to its end whatever becomes of its caller: a client that hung up, a call
+    /// cancelled, a build or pool refill ended by the engine's shutdown. Cut short between two
+    /// awaits it would leave what no entry accounts for: an agent running under an entry never
+    /// committed, a sandbox frozen while its entry says running, children half made.
+    /// [`Self::shutdown`] waits for those under way.
+    pub(crate) async fn to_the_end<T, F>(&self, op: F) -> Result<T, EngineError>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<T, EngineError>> + Send + 'static,
+    {
+        self.transitions.spawn(op).await?
+    }
+
+    /// Creates a sandbox from `template` (ready or, for a build sandbox, building), to its end
+    /// ([`Self::to_the_end`]).
     pub(crate) async fn create_from(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        template: &Arc<Template>,
+        shape: Shape,
+    ) -> Result<SandboxView, EngineError> {
+        let (this, template) = (self.clone(), template.clone());
+        self.to_the_end(async move { this.create_now(req, &template, shape).await })
+            .await
+    }
+
+    async fn create_now(
         &self,
         req: CreateRequest,
         template: &Template,
@@ -301,16 +334,36 @@ impl Lifecycle {
         self.records.set_status(id, status).await
     }
 
-    pub async fn pause(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
+    pub async fn pause(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
         self.set_paused(id, tenant, true).await
     }
 
-    pub async fn resume(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
+    pub async fn resume(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
         self.set_paused(id, tenant, false).await
     }
 
-    /// Pauses (freezes) or resumes (thaws, or restarts if stopped) one of `tenant`'s sandboxes.
+    /// Pauses (freezes) or resumes (thaws, or restarts if stopped) one of `tenant`'s sandboxes,
+    /// to its end.
     async fn set_paused(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+        paused: bool,
+    ) -> Result<SandboxView, EngineError> {
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        self.to_the_end(async move { this.set_paused_now(&id, tenant.as_deref(), paused).await })
+            .await
+    }
+
+    async fn set_paused_now(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -455,7 +508,14 @@ impl Lifecycle {
         }
     }
 
-    pub async fn kill(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+    /// Kills one of `tenant`'s sandboxes, to its end ([`Self::to_the_end`]).
+    pub async fn kill(self: &Arc<Self>, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        self.to_the_end(async move { this.kill_now(&id, tenant.as_deref()).await })
+            .await
+    }
+
+    pub(crate) async fn kill_now(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
         let mut rt = entry.lifecycle.lock().await;
         if *rt == Runtime::Killed {
@@ -496,12 +556,24 @@ impl Lifecycle {
     /// Clean shutdown: running sandboxes are frozen (their processes and memory are kept, no CPU
     /// is used) and marked paused; the next engine resumes them on first use.
     pub(crate) async fn shutdown(&self) {
+        // Transitions under way finish first (each is bounded), so that every sandbox below is
+        // made or not, killed or not: nothing is paused, or left, halfway.
+        self.transitions.close();
+        if tokio::time::timeout(TRANSITIONS_FINISH, self.transitions.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "{} lifecycle transition(s) still under way at shutdown; the next start finishes or undoes them",
+                self.transitions.len()
+            );
+        }
         for (id, entry) in self.registry.entries() {
             // The engine's builds would be killed at the next start anyway: killed now, they
             // leave no frozen processes behind meanwhile. Pooled sandboxes are paused like the
             // rest (a pod runs on): the next start hands them out again (`Pools::restart_internal`).
             if entry.internal() && entry.tenant().as_deref() != Some(super::pool::POOL_TENANT) {
-                if let Err(e) = self.kill(&id, entry.tenant().as_deref()).await {
+                if let Err(e) = self.kill_now(&id, entry.tenant().as_deref()).await {
                     tracing::debug!(sandbox = %id, "not killed at shutdown: {e}");
                 }
                 continue;

@@ -208,8 +208,8 @@ impl Pools {
                     template.shape,
                 );
                 let made = tokio::select! {
-                    // The engine stops: no more sandboxes (one half-made is cleaned up at the
-                    // next start, as any interrupted create).
+                    // The engine stops: no more sandboxes (one under way is finished and
+                    // paused with the rest; the next start takes it back into the pool).
                     () = this.stopping.cancelled() => return,
                     made = start => made,
                 };

@@ -215,7 +215,26 @@ impl Snapshots {
         Ok(())
     }
 
+    /// To its end ([`super::lifecycle::Lifecycle::to_the_end`]).
     pub async fn snapshot_create(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+        name: Option<String>,
+        memory: bool,
+        volumes: bool,
+    ) -> Result<Snapshot, EngineError> {
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        self.making
+            .lifecycle
+            .to_the_end(async move {
+                this.snapshot_create_now(&id, tenant.as_deref(), name, memory, volumes)
+                    .await
+            })
+            .await
+    }
+
+    async fn snapshot_create_now(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -371,7 +390,25 @@ impl Snapshots {
         self.making.records.delete_snapshot(snap).await
     }
 
+    /// To its end ([`super::lifecycle::Lifecycle::to_the_end`]).
     pub async fn snapshot_restore(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+        snap: &str,
+    ) -> Result<Restored, EngineError> {
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        let snap = snap.to_string();
+        self.making
+            .lifecycle
+            .to_the_end(async move {
+                this.snapshot_restore_now(&id, tenant.as_deref(), &snap)
+                    .await
+            })
+            .await
+    }
+
+    async fn snapshot_restore_now(
         &self,
         id: &str,
         tenant: Option<&str>,

@@ -19,15 +19,20 @@ pub(crate) fn checkpoint_of(id: &str) -> String {
 }
 
 impl Lifecycle {
-    /// Hibernates one of `tenant`'s sandboxes: what was carried to disk, and what not with why.
+    /// Hibernates one of `tenant`'s sandboxes, to its end ([`Self::to_the_end`]): what was
+    /// carried to disk, and what not with why.
     pub async fn hibernate(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         tenant: Option<&str>,
     ) -> Result<(SandboxView, LiveReport), EngineError> {
-        let entry = self.registry.lookup(id, tenant).await?;
-        let report = self.hibernate_entry(id, &entry).await?;
-        Ok((self.registry.view(&entry), report))
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        self.to_the_end(async move {
+            let entry = this.registry.lookup(&id, tenant.as_deref()).await?;
+            let report = this.hibernate_entry(&id, &entry).await?;
+            Ok((this.registry.view(&entry), report))
+        })
+        .await
     }
 
     /// Whether this engine can hibernate sandboxes at all (CRIU works here).

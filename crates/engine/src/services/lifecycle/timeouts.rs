@@ -16,11 +16,20 @@ use crate::state::OnTimeout;
 impl Lifecycle {
     /// Stops one of `tenant`'s sandboxes' processes and keeps its files: resuming it (or its
     /// next call) starts it afresh, a new boot. What E2B calls a filesystem-only pause.
-    pub async fn stop(&self, id: &str, tenant: Option<&str>) -> Result<SandboxView, EngineError> {
-        let entry = self.registry.lookup(id, tenant).await?;
-        self.check_action(OnTimeout::Stop)?;
-        self.stop_entry(id, &entry).await?;
-        Ok(self.registry.view(&entry))
+    /// To its end ([`Self::to_the_end`]).
+    pub async fn stop(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<SandboxView, EngineError> {
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        self.to_the_end(async move {
+            let entry = this.registry.lookup(&id, tenant.as_deref()).await?;
+            this.check_action(OnTimeout::Stop)?;
+            this.stop_entry(&id, &entry).await?;
+            Ok(this.registry.view(&entry))
+        })
+        .await
     }
 
     /// Refuses a timeout action (or a stop) this driver cannot carry out.
@@ -59,7 +68,11 @@ impl Lifecycle {
 
     /// Does at once what one of `tenant`'s sandboxes' timeout does, if it has passed (the timers
     /// would within a tick): for an API that must never show a sandbox past its end.
-    pub async fn expire(&self, id: &str, tenant: Option<&str>) -> Result<(), EngineError> {
+    pub async fn expire(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<(), EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
         let record = entry.record();
         if record.timed_out(ids::now_ms()) {
@@ -68,16 +81,27 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// What a sandbox's timeout does when it is not a kill: pause or stop it, after which it
-    /// has no timeout until one is set again.
+    /// What a sandbox's timeout does, to its end ([`Self::to_the_end`]): a kill, or a pause or
+    /// stop, after which it has no timeout until one is set again.
     pub(crate) async fn at_timeout(
+        self: &Arc<Self>,
+        id: &str,
+        entry: &Arc<Entry>,
+        action: OnTimeout,
+    ) -> Result<(), EngineError> {
+        let (this, id, entry) = (self.clone(), id.to_string(), entry.clone());
+        self.to_the_end(async move { this.at_timeout_now(&id, &entry, action).await })
+            .await
+    }
+
+    async fn at_timeout_now(
         &self,
         id: &str,
         entry: &Arc<Entry>,
         action: OnTimeout,
     ) -> Result<(), EngineError> {
         match action {
-            OnTimeout::Kill => return self.kill(id, None).await,
+            OnTimeout::Kill => return self.kill_now(id, None).await,
             OnTimeout::Pause => self.pause_entry(id, entry).await?,
             OnTimeout::Stop => self.stop_entry(id, entry).await?,
         }

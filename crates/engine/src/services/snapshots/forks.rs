@@ -16,7 +16,35 @@ use crate::state::{Record, Status};
 use sandbox_mcp_model::record::Mounted;
 
 impl Snapshots {
+    /// Forks one of `tenant`'s sandboxes `count` times, to its end
+    /// ([`super::lifecycle::Lifecycle::to_the_end`]).
     pub async fn fork(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+        count: u32,
+        metadata: BTreeMap<String, String>,
+        memory: Option<bool>,
+        copy_volumes: bool,
+    ) -> Result<Forked, EngineError> {
+        let (this, id, tenant) = (self.clone(), id.to_string(), tenant.map(str::to_string));
+        self.making
+            .lifecycle
+            .to_the_end(async move {
+                this.fork_now(
+                    &id,
+                    tenant.as_deref(),
+                    count,
+                    metadata,
+                    memory,
+                    copy_volumes,
+                )
+                .await
+            })
+            .await
+    }
+
+    async fn fork_now(
         &self,
         id: &str,
         tenant: Option<&str>,
@@ -330,7 +358,27 @@ impl Snapshots {
         report.carried.retain(|w| !failed_in_some.contains(w));
     }
 
+    /// To its end ([`super::lifecycle::Lifecycle::to_the_end`]).
     pub async fn merge(
+        self: &Arc<Self>,
+        source: &str,
+        target: &str,
+        tenant: Option<&str>,
+        force: bool,
+    ) -> Result<CloneMethod, EngineError> {
+        let this = self.clone();
+        let (source, target) = (source.to_string(), target.to_string());
+        let tenant = tenant.map(str::to_string);
+        self.making
+            .lifecycle
+            .to_the_end(async move {
+                this.merge_now(&source, &target, tenant.as_deref(), force)
+                    .await
+            })
+            .await
+    }
+
+    async fn merge_now(
         &self,
         source: &str,
         target: &str,
