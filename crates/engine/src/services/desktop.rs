@@ -225,8 +225,20 @@ impl Desktops {
     }
 
     /// Creates a sandbox and starts its desktop; a sandbox whose desktop cannot start is killed
-    /// again, so a failed call leaves nothing behind.
+    /// again, so a failed call leaves nothing behind. To its end
+    /// ([`super::lifecycle::Lifecycle::to_the_end`]).
     pub async fn create_computer(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        screen: Screen,
+    ) -> Result<SandboxView, EngineError> {
+        let this = self.clone();
+        self.lifecycle
+            .to_the_end(async move { this.create_computer_now(req, screen).await })
+            .await
+    }
+
+    async fn create_computer_now(
         &self,
         mut req: CreateRequest,
         screen: Screen,

@@ -77,8 +77,18 @@ impl Pools {
     }
 
     /// Creates a sandbox for `req`: a pooled one when its template keeps a pool and the request
-    /// asks for the template's shape, else a new one.
+    /// asks for the template's shape, else a new one; to its end
+    /// ([`super::lifecycle::Lifecycle::to_the_end`]: a handover cut short would take a pooled
+    /// sandbox out of its pool without giving it to anyone).
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxView, EngineError> {
+        let this = self.clone();
+        self.making
+            .lifecycle
+            .to_the_end(async move { this.create_now(req).await })
+            .await
+    }
+
+    async fn create_now(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxView, EngineError> {
         self.making.lifecycle.check_action(req.on_timeout)?;
         let template_name = req
             .template
