@@ -20,6 +20,15 @@ use sandbox_mcp_server::server::ServerSettings;
 use super::{BIN, KEY};
 use super::{McpClient, mcp_for, mcp_with_handler};
 
+/// The engines' warnings and errors (a hibernated tree not woken, an agent restarted), printed
+/// the way a test prints: shown with the output of a test that fails, kept out of the others'.
+fn show_warnings() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
+        .try_init();
+}
+
 /// A real engine on a temporary data dir, serving HTTP on loopback.
 pub struct TestEngine {
     pub dir: tempfile::TempDir,
@@ -55,6 +64,7 @@ impl TestEngine {
     }
 
     pub async fn start_on(dir: tempfile::TempDir, config: EngineConfig) -> Self {
+        show_warnings();
         sandbox_mcp_engine_http::local::prepare_data_dir(&config).unwrap();
         let manager = open_manager(&config).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
