@@ -28,6 +28,7 @@ mod engine_lifecycle;
 mod faults;
 mod forks;
 mod fuzz_replay;
+mod hang_ups;
 mod hosted;
 mod http_transport;
 mod kubernetes;
