@@ -15,7 +15,8 @@ use crate::servers::{Engine, THIS_BUILD};
 pub(crate) fn kubernetes_figures(out: &mut Vec<Figure>) -> String {
     let heading = "\n## Kubernetes driver\n\n";
     let target = Path::new(THIS_BUILD).parent().unwrap().parent().unwrap();
-    let rig = match kubernetes::Rig::start(Path::new(env!("CARGO_MANIFEST_DIR")), target, true) {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rig = match kubernetes::Rig::start_for_benchmarks(manifest, target) {
         Ok(rig) => rig,
         Err(why) => return format!("{heading}Not measured: {why}.\n"),
     };
@@ -107,6 +108,11 @@ fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<St
     ));
     drop(local);
 
+    // The cluster alone: fifty pods of the sandboxes' shape (the agent image's init container,
+    // then a container of the base image) created at once with no engine, until all run.
+    let floor = cluster_floor(rig, &ns, 50, true)?;
+    // And without the init container: what its second container costs each pod.
+    let floor_one = cluster_floor(rig, &ns, 50, false)?;
     // Fifty creates at once, each on its own connection.
     let (wall, results) = time(|| {
         std::thread::scope(|scope| {
@@ -123,9 +129,27 @@ fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<St
         "Kubernetes: 50 sandboxes created concurrently (wall time)",
         "s",
         vec![wall.as_secs_f64()],
-        None,
-        &format!("{made} created, {} errors", errors.len()),
+        Some((15.0, "≤ 15 s")),
+        &format!(
+            "{made} created, {} errors; each create returns once its agent answers",
+            errors.len()
+        ),
     ));
+    out.push(figure(
+        "Kubernetes, beside it: 50 pods of the same shape created at once, no engine (the cluster's floor)",
+        "s",
+        vec![floor],
+        None,
+        "kubectl create of 50 pods (an init container of the agent image, a container of the base image), until all run",
+    ));
+    out.push(figure(
+        "Kubernetes, beside it: the same 50 pods without the init container (one container each)",
+        "s",
+        vec![floor_one],
+        None,
+        "kubectl create of 50 pods of the base image's container alone, until all run",
+    ));
+    let floor_ratio = wall.as_secs_f64() / floor;
     let listed = kube.get("/v1/sandboxes")?;
     let running = listed["sandboxes"].as_array().map_or(0, Vec::len);
     // From a warm pool: a second engine keeping POOL pods of `base` running; each create is
@@ -179,7 +203,14 @@ fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<St
          containers; a warm exec round trip is {warm_ratio:.1}× (one hop through the API \
          server and the pod's multiplexed exec). From a warm pool of pods, create → first \
          exec is {pooled_ratio:.3}× the cold figure. Fifty concurrent creates: {made} made, {} \
-         errors, {running} listed running afterwards, in {:.1} s.",
+         errors, {running} listed running afterwards, in {:.1} s, {floor_ratio:.2}× the \
+         {floor:.1} s the cluster itself takes to run fifty such pods ({floor_one:.1} s \
+         without the init container that copies the agent in). The rig's kubelet runs \
+         with a current kubelet's API rates (`kubeAPIQPS: 50`, `kubeAPIBurst: 100`, the \
+         defaults since Kubernetes 1.27, set by \
+         tests/fixtures/kubernetes/kubelet-rates.sh); at 1.20's defaults (5 and 10) the \
+         kubelet's own status updates held fifty pods for 38 to 42 s, with or without the \
+         engine (measured by hand on 2026-11-28 with kubectl).",
         errors.len(),
         wall.as_secs_f64()
     );
@@ -187,6 +218,107 @@ fn measure_kubernetes(rig: &kubernetes::Rig, out: &mut Vec<Figure>) -> Result<St
         text.push_str(&format!(" First error: {first}."));
     }
     Ok(text)
+}
+
+/// Seconds from creating `n` pods of the sandboxes' shape with kubectl (no engine) to all of
+/// them running (`init`: with the init container that copies the agent in, as the driver's
+/// pods have); they are deleted afterwards.
+fn cluster_floor(
+    rig: &kubernetes::Rig,
+    ns: &kubernetes::Namespace,
+    n: usize,
+    init: bool,
+) -> Result<f64, String> {
+    const LABEL: &str = "bench-floor";
+    let resources = json!({
+        "requests": {"cpu": "2m", "memory": "64Mi"},
+        "limits": {"cpu": "100m", "memory": "64Mi"},
+    });
+    let security = json!({
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
+    let mount = json!([{"name": "agent", "mountPath": "/agent"}]);
+    let pods: Vec<_> = (0..n)
+        .map(|i| {
+            let mut pod = json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": format!("floor-{i}"), "labels": {LABEL: "1"}},
+                "spec": {
+                    "initContainers": [{
+                        "name": "install", "image": kubernetes::AGENT_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["/sandbox-mcp", "__install", "/agent/sandbox-mcp"],
+                        "volumeMounts": mount, "resources": resources, "securityContext": security,
+                    }],
+                    "containers": [{
+                        "name": "sandbox", "image": kubernetes::BASE_IMAGE,
+                        "imagePullPolicy": "Never", "command": ["/bin/sleep", "3600"],
+                        "volumeMounts": mount, "resources": resources, "securityContext": security,
+                    }],
+                    "volumes": [{"name": "agent", "emptyDir": {"sizeLimit": "128Mi"}}],
+                    "automountServiceAccountToken": false,
+                    "enableServiceLinks": false,
+                    "restartPolicy": "Never",
+                    "terminationGracePeriodSeconds": 0,
+                },
+            });
+            if !init {
+                pod["spec"]
+                    .as_object_mut()
+                    .map(|spec| spec.remove("initContainers"));
+            }
+            pod
+        })
+        .collect();
+    let file = std::env::temp_dir().join(format!("bench-floor-{}.json", std::process::id()));
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": pods});
+    std::fs::write(&file, list.to_string()).map_err(|e| e.to_string())?;
+    let selector = format!("{LABEL}=1");
+    let (wall, done) = time(|| -> Result<(), String> {
+        let made = rig.kubectl(&["create", "-n", &ns.name, "-f", &file.to_string_lossy()]);
+        if !made.status.success() {
+            return Err(format!(
+                "kubectl create: {}",
+                String::from_utf8_lossy(&made.stderr)
+            ));
+        }
+        // One watch until every pod is ready (running: they have no probes), not a poll that
+        // would take the cores the kubelet needs.
+        let ready = rig.kubectl(&[
+            "wait",
+            "pods",
+            "-n",
+            &ns.name,
+            "-l",
+            &selector,
+            "--for=condition=Ready",
+            "--timeout=300s",
+        ]);
+        if !ready.status.success() {
+            return Err(format!(
+                "{n} bare pods did not all run within 5 minutes: {}",
+                String::from_utf8_lossy(&ready.stderr)
+            ));
+        }
+        Ok(())
+    });
+    let _ = std::fs::remove_file(&file);
+    // Not forced: the call returns once the kubelet has stopped them, so the figures after
+    // this one do not share the node with fifty pods being torn down.
+    rig.kubectl(&[
+        "delete",
+        "pods",
+        "-n",
+        &ns.name,
+        "-l",
+        &selector,
+        "--wait=true",
+        "--timeout=300s",
+    ]);
+    done.map(|()| wall.as_secs_f64())
 }
 
 /// How many pods of the namespace are running (not being deleted).

@@ -34,6 +34,24 @@ impl Rig {
     /// both images. `Err`: why there is no cluster, for the skip (or, where clusters are
     /// required, the failure) message.
     pub fn start(manifest_dir: &Path, target_dir: &Path, release: bool) -> Result<Rig, String> {
+        Rig::start_as(manifest_dir, target_dir, release, false)
+    }
+
+    /// [`Rig::start`] for the benchmarks: an optimized agent, and the kubelet given the API rate
+    /// limits a current kubelet has by default (50 and 100 requests a second; Kubernetes 1.20's
+    /// 5 and 10 are what fifty pods started at once wait for, whoever creates them) by
+    /// `tests/fixtures/kubernetes/kubelet-rates.sh`. That restarts the kubelet, whose image
+    /// garbage collection at start may take the test images: they are imported after it.
+    pub fn start_for_benchmarks(manifest_dir: &Path, target_dir: &Path) -> Result<Rig, String> {
+        Rig::start_as(manifest_dir, target_dir, true, true)
+    }
+
+    fn start_as(
+        manifest_dir: &Path,
+        target_dir: &Path,
+        release: bool,
+        current_kubelet_rates: bool,
+    ) -> Result<Rig, String> {
         let dir = std::env::var_os("SANDBOX_MCP_TEST_K8S_RIG")
             .map(PathBuf::from)
             .ok_or(
@@ -41,13 +59,20 @@ impl Rig {
                  directory (README, Tests)",
             )?;
         let agent = static_build(manifest_dir, target_dir, release)?;
-        let mut rig = up(&dir, &agent)?;
+        let start = || -> Result<Rig, String> {
+            let rig = up(&dir, &agent)?;
+            if current_kubelet_rates {
+                rig.current_kubelet_rates(manifest_dir)?;
+            }
+            Ok(rig)
+        };
+        let mut rig = start()?;
         // The rig's kubelet garbage-collects unused images when the disk fills up, the pause
         // image included, after which no pod starts: a fresh start builds it again.
         if !rig.has_image(PAUSE_IMAGE)? {
             eprintln!("k8s rig: {PAUSE_IMAGE} is gone (image GC on a full disk?); restarting");
             let _ = Command::new(dir.join("down.sh")).status();
-            rig = up(&dir, &agent)?;
+            rig = start()?;
         }
         let images = Path::new(manifest_dir).join("tests/fixtures/kubernetes/images.sh");
         let status = Command::new("bash")
@@ -75,6 +100,24 @@ impl Rig {
         if !out.status.success() {
             return Err(format!(
                 "image.sh {name} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `tests/fixtures/kubernetes/kubelet-rates.sh` (see [`Rig::start_for_benchmarks`]).
+    fn current_kubelet_rates(&self, manifest_dir: &Path) -> Result<(), String> {
+        let script = manifest_dir.join("tests/fixtures/kubernetes/kubelet-rates.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "setting the kubelet's API rates failed ({}): {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr)
             ));
