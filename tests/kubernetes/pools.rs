@@ -11,7 +11,7 @@ use sandbox_mcp_testkit::kubernetes::{Namespace, Rig};
 
 use crate::common::api;
 
-use super::{KubeEngine, eventually, rig};
+use super::{KubeEngine, eventually, pod, rig};
 
 /// The sandboxes whose pods run in the namespace, by sandbox id (pods being deleted left out).
 fn running(rig: &Rig, ns: &Namespace) -> BTreeSet<String> {
@@ -72,6 +72,16 @@ async fn a_warm_pool_of_pods_serves_creates_at_once_and_survives_a_rolling_resta
     eprintln!("create → first exec from the pod pool: {ms} ms");
     // The other replica sees it as the caller's sandbox at once, and uses it.
     assert_eq!(run(&b.url, &id, "echo via-b").await, "via-b\n");
+    // A pooled pod has no deadline of its own; a timeout given to it now is the kubelet's too.
+    assert!(pod(rig, &ns, &id).unwrap()["spec"]["activeDeadlineSeconds"].is_null());
+    let ask = json!({"timeout_seconds": 600});
+    let (status, set) = api(&b.url, "PATCH", &format!("/v1/sandboxes/{id}"), Some(ask)).await;
+    assert_eq!(status, 200, "{set}");
+    let deadline = pod(rig, &ns, &id).unwrap()["spec"]["activeDeadlineSeconds"].as_i64();
+    assert!(
+        deadline.is_some_and(|d| (600..=900).contains(&d)),
+        "activeDeadlineSeconds {deadline:?}"
+    );
     let (_, listed) = api(&b.url, "GET", "/v1/sandboxes", None).await;
     assert_eq!(listed["sandboxes"][0]["id"], id.as_str(), "{listed}");
     eventually("the pool is refilled", 120, || running(rig, &ns).len() == 3).await;

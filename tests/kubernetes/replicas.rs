@@ -62,6 +62,14 @@ async fn replicas_share_sandboxes_and_a_killed_one_loses_nothing_acknowledged() 
                 "{seconds}: {status} {answer}"
             );
         }
+        // The kubelet's deadline follows, counted from the pod's start (a minute or two ago
+        // at most): set by the first timeout, lowered by the last.
+        let deadline = pod(rig, &ns, &id).unwrap()["spec"]["activeDeadlineSeconds"].as_i64();
+        let least = if seconds == 3600 { 600 } else { seconds };
+        assert!(
+            deadline.is_some_and(|d| d >= least && d <= least + 300),
+            "after a timeout of {seconds} s: activeDeadlineSeconds {deadline:?}"
+        );
     }
 
     // A burst on A: creates every 400 ms and a file write into the shared sandbox every 50 ms.

@@ -13,6 +13,7 @@
 //!   snapshots and forks, capture, egress rules and secrets (no egress path: sandboxes get the
 //!   namespace's NetworkPolicy), desktops.
 
+mod deadline;
 pub mod mux;
 pub mod pod;
 pub mod status;
@@ -541,12 +542,30 @@ impl SharedRecords for KubernetesDriver {
         Box::pin(async move {
             let text = serde_json::to_string(&PodRecord::of(record))
                 .map_err(|e| DriverError::Agent(e.to_string()))?;
-            let patch = serde_json::json!({
+            let mut patch = serde_json::json!({
                 "metadata": {
                     "labels": { pod::STATE_LABEL: "ready" },
                     "annotations": { pod::RECORD_ANNOTATION: text },
                 }
             });
+            // The kubelet's own kill follows the timeout: a pooled pod handed out with one, or
+            // a timeout shortened (it is never moved later here).
+            if record.expires_at.is_some() {
+                let name = pod::pod_name(&record.id);
+                let current = match self.pods.get(&name).await {
+                    Ok(p) => p,
+                    Err(e) if not_found(&e) => return Err(gone(&record.id)),
+                    Err(e) => {
+                        return Err(DriverError::Io {
+                            what: "read the sandbox's pod",
+                            source: std::io::Error::other(describe(&e)),
+                        });
+                    }
+                };
+                if let Some(seconds) = deadline::lowered(&current, record.expires_at) {
+                    patch["spec"] = serde_json::json!({ "activeDeadlineSeconds": seconds });
+                }
+            }
             match self
                 .pods
                 .patch(

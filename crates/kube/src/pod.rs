@@ -206,8 +206,8 @@ pub fn build(
         ..Default::default()
     };
     // `activeDeadlineSeconds` is the kubelet's own kill at the sandbox's timeout: it holds even
-    // with every engine replica down. (A sandbox's timeout is fixed at creation, so it never
-    // needs to change.)
+    // with every engine replica down. A timeout given or shortened later moves it too
+    // (deadline.rs).
     let deadline = record
         .expires_at
         .map(|at| ((at - now_ms).max(1000) + 999) / 1000);
