@@ -17,9 +17,15 @@ pub(crate) fn lowered(pod: &Pod, expires_at: Option<i64>) -> Option<i64> {
         .as_ref()?
         .0
         .timestamp_millis();
-    let seconds = ((expires_at - started).max(1000) + 999) / 1000;
+    let seconds = seconds_between(started, expires_at);
     let current = pod.spec.as_ref()?.active_deadline_seconds;
     current.is_none_or(|c| seconds < c).then_some(seconds)
+}
+
+/// Whole seconds from `from_ms` to `at_ms`, rounded up, at least 1 (0 would mean no deadline):
+/// what `activeDeadlineSeconds` says for a timeout at `at_ms` on a pod that starts at `from_ms`.
+pub(crate) fn seconds_between(from_ms: i64, at_ms: i64) -> i64 {
+    ((at_ms - from_ms).max(1000) + 999) / 1000
 }
 
 #[cfg(test)]

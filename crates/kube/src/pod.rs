@@ -210,7 +210,7 @@ pub fn build(
     // (deadline.rs).
     let deadline = record
         .expires_at
-        .map(|at| ((at - now_ms).max(1000) + 999) / 1000);
+        .map(|at| crate::deadline::seconds_between(now_ms, at));
     Ok(Pod {
         metadata: ObjectMeta {
             name: Some(name),
