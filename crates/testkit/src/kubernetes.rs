@@ -90,39 +90,16 @@ impl Rig {
 
     /// Imports the contents of `root` as the local image `name`, run as `entrypoint`.
     pub fn image(&self, name: &str, root: &Path, entrypoint: &str) -> Result<(), String> {
-        let out = Command::new(self.dir.join("image.sh"))
-            .arg(name)
-            .arg(root)
-            .arg(entrypoint)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run image.sh: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "image.sh {name} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(())
+        let mut image = Command::new(self.dir.join("image.sh"));
+        image.arg(name).arg(root).arg(entrypoint);
+        run(image, &format!("image.sh {name}"))
     }
 
     /// Runs `tests/fixtures/kubernetes/kubelet-rates.sh` (see [`Rig::start_for_benchmarks`]).
     fn current_kubelet_rates(&self, manifest_dir: &Path) -> Result<(), String> {
-        let script = manifest_dir.join("tests/fixtures/kubernetes/kubelet-rates.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "setting the kubelet's API rates failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(())
+        let mut rates = Command::new("bash");
+        rates.arg(manifest_dir.join("tests/fixtures/kubernetes/kubelet-rates.sh"));
+        run(rates, "setting the kubelet's API rates (kubelet-rates.sh)")
     }
 
     /// Runs kubectl against the rig.
@@ -180,6 +157,22 @@ impl Rig {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
     }
+}
+
+/// Runs `command` with no stdin; `Err` says `what` failed, how, and its stderr.
+fn run(mut command: Command, what: &str) -> Result<(), String> {
+    let out = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{what} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(())
 }
 
 /// `up.sh` is idempotent: it reuses a running rig, and prints `export KUBECONFIG=…`.
