@@ -558,3 +558,40 @@ async fn hostile_trees_come_through_a_fork_or_are_left_out_with_the_parent_untou
     }
     eprintln!("hostile trees: carried {carried:?}, skipped {skipped:?}");
 }
+
+/// A job that forks all the time is carried whole, every time: a child it forks while the rest
+/// of the sandbox is being stopped for the dump is the job's, never stopped with the rest (it
+/// would come back stopped and hang the job), in a hibernation and in a fork.
+#[tokio::test]
+async fn a_job_that_forks_all_the_time_goes_on_after_each_hibernation_and_in_forks() {
+    require_sandboxes!();
+    let Some((_engine, client)) = live_engine().await else {
+        return;
+    };
+    let id = create(&client).await;
+    let forking = "i=0; while :; do i=$((i+1)); echo $i > /tmp/next; mv /tmp/next /tmp/count; done";
+    background(&client, &id, forking).await;
+    let goes_on = async |id: &str, when: &str| {
+        let from = count(&client, id).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while count(&client, id).await <= from + 20 {
+            assert!(std::time::Instant::now() < deadline, "the job hangs {when}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    for round in 1..=4 {
+        let hibernate = json!({"sandbox_id": id, "hibernate": true});
+        ok(&client, "sandbox_pause", hibernate).await;
+        goes_on(&id, &format!("after hibernation {round}")).await;
+    }
+    let forked = ok(
+        &client,
+        "sandbox_fork",
+        json!({"sandbox_id": id, "count": 2}),
+    )
+    .await;
+    goes_on(&id, "in the parent after a fork").await;
+    for child in forked["ids"].as_array().unwrap() {
+        goes_on(child.as_str().unwrap(), &format!("in the fork {child}")).await;
+    }
+}

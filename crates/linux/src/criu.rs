@@ -383,6 +383,21 @@ pub fn tree_pids(root: i32) -> Vec<i32> {
     all
 }
 
+/// Whether `pid` is `root`'s descendant now, by its parents: a child the tree forks is its
+/// from the moment it exists, whether or not a walk of the tree saw it.
+pub fn descends_from(pid: i32, root: i32) -> bool {
+    let mut at = pid;
+    // Bounded, should a recycled pid ever make a loop of parents.
+    for _ in 0..4096 {
+        match crate::procs::stat_field(at, 1) {
+            Some(parent) if parent as i32 == root => return true,
+            Some(parent) if parent > 1 => at = parent as i32,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// The pid a process has inside its own (innermost) pid namespace.
 pub fn inner_pid(host: i32) -> Option<i32> {
     let status = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
@@ -393,4 +408,40 @@ pub fn inner_pid(host: i32) -> Option<i32> {
         .last()?
         .parse()
         .ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    use super::*;
+
+    #[test]
+    fn a_child_is_its_tree_s_from_the_moment_it_exists() {
+        let mut sh = Command::new("sh")
+            .args(["-c", "sleep 100 & echo $!; wait"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(sh.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let (root, child) = (sh.id() as i32, line.trim().parse::<i32>().unwrap());
+        let me = std::process::id() as i32;
+        assert!(descends_from(child, root));
+        assert!(descends_from(child, me), "a grandchild is the tree's too");
+        assert!(!descends_from(root, child));
+        assert!(!descends_from(me, root));
+        assert!(
+            !descends_from(i32::MAX, root),
+            "a pid that is gone is no one's"
+        );
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+        sh.wait().unwrap();
+    }
 }

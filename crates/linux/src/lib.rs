@@ -14,6 +14,7 @@ pub mod inside;
 pub mod launcher;
 pub mod netns;
 pub mod plan;
+mod procs;
 pub mod seccomp;
 pub mod step;
 pub mod uids;

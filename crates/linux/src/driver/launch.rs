@@ -416,10 +416,7 @@ async fn read_bounded(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8
 
 /// Start time of a process (clock ticks since boot), to tell it from a later one with its pid.
 fn start_time(pid: i32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which may itself contain spaces and parentheses.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    crate::procs::stat_field(pid, 19)
 }
 
 #[cfg(test)]

@@ -34,16 +34,20 @@ impl NamespacesDriver {
             .ok_or_else(|| DriverError::Agent("the sandbox's agent is not running".into()))
     }
 
-    /// Stops every process of the sandbox but the agent and `keep` (SIGSTOP, repeated until no
-    /// new process appears), so nothing else runs while CRIU's code is inside a dumped process.
-    fn stop_others(&self, id: &str, agent: i32, keep: &HashSet<i32>) {
+    /// Stops every process of the sandbox but the agent and the tree of `root` (SIGSTOP,
+    /// repeated until no new process appears), so nothing else runs while CRIU's code is inside
+    /// a dumped process. Whether a process is the tree's is asked of each one as it is about to
+    /// be stopped: a child the tree forks meanwhile is the tree's, and one stopped here would be
+    /// dumped stopped and come back stopped, its parent waiting on it for ever.
+    fn stop_others(&self, id: &str, agent: i32, root: i32) {
         let mut stopped = HashSet::new();
         for _ in 0..16 {
             let fresh: Vec<i32> = self
                 .cgroups(id)
                 .pids()
                 .into_iter()
-                .filter(|p| *p != agent && !keep.contains(p) && !stopped.contains(p))
+                .filter(|p| *p != agent && *p != root && !stopped.contains(p))
+                .filter(|p| !criu::descends_from(*p, root))
                 .collect();
             if fresh.is_empty() {
                 break;
@@ -87,10 +91,10 @@ impl NamespacesDriver {
                 report.skipped.push(format!("{what} (its process is gone)"));
                 continue;
             };
-            let members: HashSet<i32> = criu::tree_pids(root).into_iter().collect();
-            self.stop_others(id, agent, &members);
-            for p in &members {
-                let _ = kill(Pid::from_raw(*p), Signal::SIGCONT);
+            self.stop_others(id, agent, root);
+            // The tree runs (stopped for an earlier tree's dump, it is continued for its own).
+            for p in criu::tree_pids(root) {
+                let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
             }
             let sub = dir.join(format!("tree-{i}"));
             let dumped = dump_one(&criu, agent, root, &tree, &sub).await;
