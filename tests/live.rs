@@ -11,6 +11,8 @@ use serde_json::{Value, json};
 use crate::common::{TestEngine, api, create, err, ok, sh};
 use crate::require_sandboxes;
 
+mod snapshots;
+
 /// Whether this engine can carry processes; skips (naming CRIU) or, in CI, fails when not.
 fn live(engine: &TestEngine) -> bool {
     let live = &engine.manager.driver().capabilities().live_state;
@@ -382,90 +384,6 @@ async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
     }
     assert!(hibernated, "the idle sandbox was not hibernated");
     assert_eq!(code(&client, &id, "x").await["result"], "41");
-}
-
-#[tokio::test]
-async fn a_memory_snapshot_brings_the_processes_back_each_time_it_is_restored() {
-    require_sandboxes!();
-    let Some((engine, client)) = live_engine().await else {
-        return;
-    };
-    let id = create(&client).await;
-    code(&client, &id, "x = 41").await;
-    background(&client, &id, COUNTER).await;
-    let files_only = ok(
-        &client,
-        "sandbox_snapshot_create",
-        json!({"sandbox_id": id}),
-    )
-    .await;
-    assert!(files_only["memory_bytes"].is_null(), "{files_only}");
-    // Read before the snapshot: the counter goes on after it, and a restore goes back to it.
-    let at_snapshot = count(&client, &id).await;
-    let snap = ok(
-        &client,
-        "sandbox_snapshot_create",
-        json!({"sandbox_id": id, "memory": true}),
-    )
-    .await;
-    assert!(snap["memory_bytes"].as_u64().unwrap() > 0, "{snap}");
-    // Its images are the engine's alone: root's, in a directory no other user can enter.
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let live = std::fs::metadata(engine.data_dir().join("live")).unwrap();
-        assert_eq!((live.uid(), live.permissions().mode() & 0o777), (0, 0o700));
-    }
-    let listed = ok(&client, "sandbox_snapshot_list", json!({"sandbox_id": id})).await;
-    let kinds: Vec<bool> = listed["snapshots"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["memory_bytes"].is_u64())
-        .collect();
-    assert_eq!(kinds, vec![false, true], "{listed}");
-
-    for _ in 0..2 {
-        code(&client, &id, "x = 100").await;
-        let restored = ok(
-            &client,
-            "sandbox_snapshot_restore",
-            json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
-        )
-        .await;
-        let carried = restored["memory"]["carried"].as_array().unwrap();
-        assert!(
-            carried.contains(&json!("code context python")),
-            "{restored}"
-        );
-        assert!(carried.contains(&json!("job job_1")), "{restored}");
-        assert_eq!(code(&client, &id, "x").await["result"], "41");
-        let now = count(&client, &id).await;
-        assert!(
-            now >= at_snapshot && now < at_snapshot + 100,
-            "{at_snapshot} {now}"
-        );
-    }
-    // Restoring the files-only one resets the processes, as before.
-    let plain = ok(
-        &client,
-        "sandbox_snapshot_restore",
-        json!({"sandbox_id": id, "snapshot_id": files_only["id"]}),
-    )
-    .await;
-    assert!(plain["memory"].is_null(), "{plain}");
-    let fresh = code(&client, &id, "'x' in globals()").await;
-    assert_eq!(fresh["result"], "False", "{fresh}");
-    // Deleting the snapshot deletes its processes' images.
-    ok(
-        &client,
-        "sandbox_snapshot_delete",
-        json!({"sandbox_id": id, "snapshot_id": snap["id"]}),
-    )
-    .await;
-    let left = std::fs::read_dir(engine.data_dir().join("live"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(left, 0, "the snapshot's checkpoint is gone with it");
 }
 
 /// Hostile trees: each either comes through a fork intact or is left out with why, and the

@@ -41,20 +41,31 @@ async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_mad
     };
     // 4,000 files of 4 KiB: each copy takes long enough for the kill to land in the middle.
     run("mkdir -p /root/w && cd /root/w && python3 -c 'import os\nfor i in range(1, 4001): open(\"f%d\" % i, \"wb\").write(os.urandom(4096))' && echo before > marker").await;
-    // A job running keeps the sandbox on the copy path (stacking layers would stop it, and would
-    // leave the files in a shared layer that copies never touch): every copy below holds the
-    // 4,000 files, long enough to be caught in the middle. tests/forks/layers.rs crashes stacking.
+    // A job holding a TCP connection open keeps the sandbox on the copy path (stacking layers
+    // would restart it, which cuts the connection; and would leave the files in a shared layer
+    // that copies never touch): every copy below holds the 4,000 files, long enough to be caught
+    // in the middle. tests/forks/layers.rs crashes stacking.
     let busy = |url: String| {
         let id = id.clone();
         async move {
+            let held = "exec python3 -c 'import socket, time\ns = socket.socket()\ns.bind((\"127.0.0.1\", 0))\ns.listen()\nc = socket.create_connection(s.getsockname())\na, _ = s.accept()\ntime.sleep(600)'";
             let (status, job) = api(
                 &url,
                 "POST",
                 &format!("/v1/sandboxes/{id}/exec"),
-                Some(json!({"command": "sleep 600", "background": true})),
+                Some(json!({"command": held, "background": true})),
             )
             .await;
             assert_eq!(status, 200, "{job}");
+            let wait = "until awk '$4 == \"01\"' /proc/net/tcp | grep -q .; do sleep 0.05; done";
+            let (status, r) = api(
+                &url,
+                "POST",
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"command": wait, "timeout_ms": 60000})),
+            )
+            .await;
+            assert_eq!(status, 200, "{r}");
         }
     };
     busy(url.clone()).await;
@@ -67,6 +78,7 @@ async fn a_crash_during_a_fork_restore_snapshot_or_merge_leaves_nothing_half_mad
     .await;
     assert_eq!(status, 201, "{snap}");
     let snap_id = snap["id"].as_str().unwrap().to_string();
+    assert_eq!(snap["method"], "copy", "{snap}");
     run("echo after > /root/w/marker").await;
 
     for what in ["fork", "restore", "snapshot", "merge"] {

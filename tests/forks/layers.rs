@@ -1,7 +1,7 @@
 //! Stacked layers (the plain store: no btrfs): a fork or snapshot of a sandbox that runs nothing
 //! but its agent makes its files a read-only layer it and its copies share, copying nothing (and
-//! makes none when it wrote nothing since its last); a sandbox with something running is copied
-//! instead and keeps it; chains stay within the depth limit; a template made from a stacked sandbox has all its files; layers go when nothing
+//! makes none when it wrote nothing since its last); so does one whose processes CRIU carries
+//! over its restart; any other is copied instead and keeps what runs; chains stay within the depth limit; a template made from a stacked sandbox has all its files; layers go when nothing
 //! stacks on them; and a crash between the two steps of stacking loses nothing.
 
 use serde_json::json;
@@ -28,10 +28,11 @@ fn layers_in(engine: &TestEngine) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Only a sandbox whose stop ends nothing is stacked: one with a process running (a background
-/// job), or whose agent keeps a job's output or a REPL context, is copied and keeps them.
+/// Only a sandbox whose stop loses nothing is stacked: an idle one; one whose jobs and REPL
+/// contexts CRIU carries over its restart. One with an open TCP connection, or whose agent keeps
+/// a finished job's output, is copied and keeps them.
 #[tokio::test]
-async fn a_fork_stacks_layers_only_when_stopping_the_parent_ends_nothing() {
+async fn a_fork_stacks_layers_only_when_the_parent_loses_nothing() {
     require_sandboxes!();
     let engine = plain_engine().await;
     let client = engine.mcp().await;
@@ -86,7 +87,11 @@ async fn a_fork_stacks_layers_only_when_stopping_the_parent_ends_nothing() {
     let m = ok(&client, "sandbox_metrics", json!({"sandbox_id": kids[1]})).await;
     assert!(m["disk_bytes"].as_u64().unwrap() >= 5 << 20, "{m}");
 
-    // A process running: copied, and the process is still there after.
+    // A process running: with CRIU it is carried over the parent's restart, and the parent is
+    // stacked all the same (its children get the job too); without, copied. Either way the
+    // process is still there after.
+    let carries = engine.manager.driver().capabilities().live_state.available;
+    let busy = if carries { "layers" } else { "copy" };
     ok(
         &client,
         "sandbox_exec",
@@ -94,13 +99,42 @@ async fn a_fork_stacks_layers_only_when_stopping_the_parent_ends_nothing() {
     )
     .await;
     let forked = fork(parent.clone()).await;
-    assert_eq!(forked["method"], "copy", "{forked}");
+    assert_eq!(forked["method"], busy, "{forked}");
     assert_eq!(sh(&client, &parent, "pgrep -c sleep").await, "1\n");
-    sh(&client, &parent, "pkill sleep; true").await;
+    if carries {
+        assert_eq!(
+            forked["memory"]["carried"],
+            json!(["job job_1"]),
+            "{forked}"
+        );
+        for kid in ids(&forked) {
+            assert_eq!(sh(&client, &kid, "pgrep -c sleep").await, "1\n");
+        }
+    }
+    // An open TCP connection would be cut by a restore (its peer cannot be carried): copied,
+    // and the connection lives on.
+    let held = "exec python3 -c 'import socket, time\ns = socket.socket()\ns.bind((\"127.0.0.1\", 7000))\ns.listen()\nc = socket.create_connection((\"127.0.0.1\", 7000))\na, _ = s.accept()\ntime.sleep(600)'";
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": parent, "command": held, "background": true}),
+    )
+    .await;
+    sh(
+        &client,
+        &parent,
+        "until awk '$4 == \"01\"' /proc/net/tcp | grep -q .; do sleep 0.05; done",
+    )
+    .await;
+    let forked = fork(parent.clone()).await;
+    assert_eq!(forked["method"], "copy", "{forked}");
+    let open = sh(&client, &parent, "awk '$4 == \"01\"' /proc/net/tcp | wc -l").await;
+    assert_eq!(open, "2\n", "both ends of the connection are still open");
+    sh(&client, &parent, "pkill sleep; pkill python3; true").await;
     // A finished job's output is the agent's to keep: copied still.
     let forked = fork(parent.clone()).await;
     assert_eq!(forked["method"], "copy", "{forked}");
-    // A REPL context's state too.
+    // A REPL context's state: carried over the restart with CRIU, else copied.
     let c = ok(
         &client,
         "sandbox_code_context_create",
@@ -114,7 +148,7 @@ async fn a_fork_stacks_layers_only_when_stopping_the_parent_ends_nothing() {
     )
     .await;
     let forked = fork(kids[1].clone()).await;
-    assert_eq!(forked["method"], "copy", "{forked}");
+    assert_eq!(forked["method"], busy, "{forked}");
     let r = ok(
         &client,
         "sandbox_run_code",

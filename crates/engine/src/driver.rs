@@ -226,6 +226,19 @@ impl DriverHandle {
             .await;
     }
 
+    pub(crate) async fn copy_checkpoint(&self, from: &str, to: &str) -> Result<(), DriverError> {
+        let (from, to) = (from.to_string(), to.to_string());
+        self.isolated(move |d| d.copy_checkpoint(&from, &to)).await
+    }
+
+    pub(crate) async fn open_connections(&self, id: &str) -> Option<u64> {
+        let id = id.to_string();
+        self.isolated(move |d| Ok(d.open_connections(&id)))
+            .await
+            .ok()
+            .flatten()
+    }
+
     pub(crate) async fn egress_sockets(
         &self,
         id: &str,
@@ -287,6 +300,12 @@ impl DriverHandle {
 
     pub(crate) async fn can_stack(&self, from: FsRef) -> bool {
         self.stored(move |s| Ok(s.can_stack(&from)))
+            .await
+            .unwrap_or(false)
+    }
+
+    pub(crate) async fn can_stack_stopped(&self, from: FsRef) -> bool {
+        self.stored(move |s| Ok(s.can_stack_stopped(&from)))
             .await
             .unwrap_or(false)
     }

@@ -294,8 +294,6 @@ pub trait Isolation: Send + Sync + 'static {
         let _ = id;
         Box::pin(async { Ok(None) })
     }
-    /// Connects to `127.0.0.1:port` inside the sandbox by way of its agent (for drivers whose
-    /// engine cannot enter the sandbox's network namespace). `ConnectionRefused`: nothing listens.
     /// Dumps the running sandbox's process trees (code contexts, background jobs) as checkpoint
     /// `name` (kept where only the engine reads it), leaving them stopped until
     /// [`Self::continue_processes`]. Trees that cannot be carried are reported, not fatal.
@@ -339,6 +337,20 @@ pub trait Isolation: Send + Sync + 'static {
     fn no_live_state(&self) -> String {
         "this driver cannot checkpoint running processes".into()
     }
+    /// Copies checkpoint `from` as checkpoint `to` (a new name), without copying its images'
+    /// bytes where the store can: each may then be restored and dropped on its own.
+    fn copy_checkpoint(&self, from: &str, to: &str) -> Result<(), DriverError> {
+        let _ = (from, to);
+        Err(DriverError::Unsupported(self.no_live_state()))
+    }
+    /// TCP connections in the running sandbox's network that a restore of its processes would
+    /// close (any but listening and closed sockets); `None`: this driver cannot tell.
+    fn open_connections(&self, id: &str) -> Option<u64> {
+        let _ = id;
+        None
+    }
+    /// Connects to `127.0.0.1:port` inside the sandbox by way of its agent (for drivers whose
+    /// engine cannot enter the sandbox's network namespace). `ConnectionRefused`: nothing listens.
     fn connect_port<'a>(
         &'a self,
         _id: &'a str,
@@ -416,6 +428,13 @@ pub trait Storage: Send + Sync + 'static {
     /// Whether [`Self::stack_fs`] would stack `from`'s files rather than decline, and nothing
     /// but its agent runs in it (so stopping it for that ends nothing).
     fn can_stack(&self, from: &FsRef) -> bool {
+        let _ = from;
+        false
+    }
+
+    /// Whether [`Self::stack_fs`] would stack `from`'s files once it is stopped, whatever runs
+    /// in it now (its processes are then the caller's to carry over the stop).
+    fn can_stack_stopped(&self, from: &FsRef) -> bool {
         let _ = from;
         false
     }

@@ -227,6 +227,18 @@ impl AgentClient {
         matches!((jobs, contexts), (Some(j), Some(c)) if j.jobs.is_empty() && c.contexts.is_empty())
     }
 
+    /// Whether a running sandbox's agent holds no finished job (whose output and exit a restart
+    /// would lose; a running one's are carried with its processes). `false` when it does not
+    /// answer.
+    pub(crate) async fn keeps_no_finished_job(&self, id: &str, entry: &Entry) -> bool {
+        let jobs = self.ask_running(id, entry, ListJobs {}).await;
+        jobs.is_some_and(|j| {
+            j.jobs
+                .iter()
+                .all(|j| j.status == sandbox_mcp_protocol::JobState::Running)
+        })
+    }
+
     /// `call`'s answer from a running sandbox's agent, asked directly and briefly (not resumed,
     /// not counted as activity); `None` when it is not running or does not answer.
     async fn ask_running<C: Call>(&self, id: &str, entry: &Entry, call: C) -> Option<C::Reply> {

@@ -105,6 +105,10 @@ impl Lifecycle {
                         // A fork or memory snapshot cut short by a crash leaves the processes it
                         // was dumping stopped: they go on (once thawed, if frozen).
                         self.driver.continue_processes(&id).await;
+                        // Its processes live: a hibernation checkpoint left (a crash between
+                        // the dump and the stop, or after a wake's restore) is stale, and must
+                        // never be restored beside them.
+                        self.driver.drop_checkpoint(&checkpoint_of(&id)).await;
                     }
                     let runtime = match liveness {
                         Liveness::Gone => {

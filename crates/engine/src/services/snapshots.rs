@@ -33,6 +33,7 @@ mod forks;
 mod live;
 
 use live::Live;
+use live::Stacked;
 pub(crate) use live::memory_of;
 
 /// Most snapshots one sandbox keeps.
@@ -108,38 +109,48 @@ impl Snapshots {
 
     /// Stacks sandbox `id`'s files instead of copying them, where the store can and it loses
     /// nothing (see [`sandbox_mcp_model::driver::Storage::stack_fs`]): the files become a layer
-    /// it and `to` share, each with a new empty layer above. A running sandbox is stopped for
-    /// it and started again, so only when nothing but its agent runs (the driver checks) and the
-    /// agent keeps no job or REPL context; a stopped one must keep no processes to bring back. A sandbox mounting
-    /// a host folder keeps its files in its upper (a workspace's changes are read from there).
-    /// `None`: not here; clone instead. The caller holds the lifecycle lock (`runtime`).
-    async fn stacked(
+    /// it and `to` share, each with a new empty layer above. A running sandbox is stopped for it
+    /// and started again: as it is when nothing but its agent runs and the agent keeps no job or
+    /// REPL context, else with its processes carried over the restart
+    /// ([`Self::stacked_carrying`]). A stopped one must keep no processes to bring back. A
+    /// sandbox mounting a host folder keeps its files in its upper (a workspace's changes are
+    /// read from there). `None`: not here; clone instead. The caller holds the lifecycle lock
+    /// (`runtime`). `keep`: the checkpoint name under which the caller wants the processes.
+    pub(super) async fn stacked(
         &self,
         id: &str,
         entry: &Arc<Entry>,
         runtime: &mut Runtime,
         to: Vec<(String, CloneKind)>,
-    ) -> Result<Option<CloneMethod>, EngineError> {
+        keep: Option<&str>,
+    ) -> Result<Option<Stacked>, EngineError> {
         let from = Self::fs_of(entry, id);
         let workspace = lock(&entry.record)
             .volumes
             .iter()
             .any(|m| matches!(m.source, MountSource::Workspace { .. }));
-        if workspace || !self.driver.can_stack(from.clone()).await {
+        if workspace {
             return Ok(None);
         }
+        let alone = self.driver.can_stack(from.clone()).await;
         let restart = match *runtime {
-            Runtime::Running => {
-                // The driver saw nothing but the agent run; asked again after the agent, so a
-                // command that started meanwhile is seen.
-                let alone = self.making.agent.keeps_nothing(id, entry).await
-                    && self.driver.can_stack(from.clone()).await;
-                if !alone {
-                    return Ok(None);
-                }
+            // The driver saw nothing but the agent run; asked again after the agent, so a
+            // command that started meanwhile is seen.
+            Runtime::Running
+                if alone
+                    && self.making.agent.keeps_nothing(id, entry).await
+                    && self.driver.can_stack(from.clone()).await =>
+            {
                 true
             }
-            Runtime::Stopped if !self.driver.has_checkpoint(&checkpoint_of(id)).await => false,
+            Runtime::Running => {
+                return self
+                    .stacked_carrying(id, entry, runtime, (from, to), keep)
+                    .await;
+            }
+            Runtime::Stopped if alone && !self.driver.has_checkpoint(&checkpoint_of(id)).await => {
+                false
+            }
             _ => return Ok(None),
         };
         if restart {
@@ -155,7 +166,10 @@ impl Snapshots {
                 .restart_stopped(id, entry, runtime)
                 .await?;
         }
-        Ok(stacked?)
+        Ok(stacked?.map(|method| Stacked {
+            method,
+            carried: LiveReport::default(),
+        }))
     }
 
     fn fs_of(entry: &Entry, id: &str) -> FsRef {
@@ -285,14 +299,18 @@ impl Snapshots {
         self.making.records.put_snapshot(&snap).await?;
         let from = Self::fs_of(&entry, id);
         let to = vec![(snap.id.clone(), CloneKind::Snapshot)];
-        let stacked = match self.stacked(id, &entry, &mut runtime, to).await {
-            Ok(stacked) => stacked,
+        let keep = memory.then(|| memory_of(&snap.id));
+        let stacked = match self
+            .stacked(id, &entry, &mut runtime, to, keep.as_deref())
+            .await
+        {
+            Ok(stacked) => stacked.map(|s| s.method),
             Err(e) => {
                 self.drop_snapshot(&snap.id).await;
                 return Err(e);
             }
         };
-        // Stacked: nothing ran but the agent, so there were no processes to keep.
+        // Stacked: the processes, if any ran, were kept as the snapshot's memory on the way.
         let live = match (stacked, memory) {
             (None, true) => Some(
                 self.checkpoint_for(id, *runtime, &memory_of(&snap.id))

@@ -32,6 +32,14 @@ impl Isolation for NamespacesDriver {
         self.live_bytes(name)
     }
 
+    fn copy_checkpoint(&self, from: &str, to: &str) -> Result<(), DriverError> {
+        self.live_copy(from, to)
+    }
+
+    fn open_connections(&self, id: &str) -> Option<u64> {
+        self.live_connections(id)
+    }
+
     fn no_live_state(&self) -> String {
         match &self.criu {
             Ok(_) => String::new(),

@@ -3,6 +3,7 @@
 //! restoring them into a target whose agent made their new pipes and then takes them over.
 
 use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -80,6 +81,9 @@ impl NamespacesDriver {
             carried: Vec::new(),
             skipped: list.skipped,
         };
+        // Every process of the trees the agent named: any other (a command running now, one a
+        // job left behind) is not carried, and is said to be.
+        let mut accounted: HashSet<i32> = HashSet::from([agent]);
         for (i, tree) in list.trees.into_iter().enumerate() {
             let what = tree.kind.describe();
             let host = self
@@ -98,6 +102,8 @@ impl NamespacesDriver {
             }
             let sub = dir.join(format!("tree-{i}"));
             let dumped = dump_one(&criu, agent, root, &tree, &sub).await;
+            // Dumped, the tree is stopped: its processes are all there.
+            accounted.extend(criu::tree_pids(root));
             match dumped {
                 Ok(()) => report.carried.push(what),
                 Err(e) => {
@@ -105,6 +111,17 @@ impl NamespacesDriver {
                     report.skipped.push(format!("{what} ({e})"));
                 }
             }
+        }
+        let outside = self
+            .cgroups(id)
+            .pids()
+            .into_iter()
+            .filter(|p| !accounted.contains(p))
+            .count();
+        if outside > 0 {
+            report.skipped.push(format!(
+                "{outside} process(es) outside every job and code context (a command running now, or one a job left behind)"
+            ));
         }
         Ok(report)
     }
@@ -235,6 +252,38 @@ impl NamespacesDriver {
         Some(total)
     }
 
+    pub(super) fn live_copy(&self, from: &str, to: &str) -> Result<(), DriverError> {
+        let named = |n: &str| !n.is_empty() && !n.contains('/');
+        if !named(from) || !named(to) {
+            return Err(DriverError::io("copy a checkpoint")(io::Error::other(
+                "not a checkpoint's name",
+            )));
+        }
+        let (src, dst) = (self.live_dir(from), self.live_dir(to));
+        let copied = link_tree(&src, &dst);
+        if copied.is_err() {
+            let _ = fs::remove_dir_all(&dst);
+        }
+        copied.map_err(DriverError::io("copy a checkpoint"))
+    }
+
+    /// TCP sockets of the sandbox's network namespace that are neither listening nor closed.
+    pub(super) fn live_connections(&self, id: &str) -> Option<u64> {
+        let agent = self.agent_pid(id)?;
+        let mut open = 0;
+        for table in ["tcp", "tcp6"] {
+            let text = fs::read_to_string(format!("/proc/{agent}/net/{table}")).ok()?;
+            open += text
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().nth(3))
+                // 0A listening, 07 closed, 06 TIME_WAIT (no process holds it).
+                .filter(|st| !matches!(*st, "0A" | "07" | "06"))
+                .count() as u64;
+        }
+        Some(open)
+    }
+
     pub(super) fn live_drop(&self, name: &str) {
         if !name.is_empty() && !name.contains('/') {
             let _ = fs::remove_dir_all(self.live_dir(name));
@@ -272,4 +321,24 @@ async fn dump_one(criu: &Criu, agent: i32, root: i32, tree: &Tree, sub: &Path) -
     })
     .await
     .map_err(io::Error::other)?
+}
+
+/// A checkpoint's directory again at `dst` (new), its images hard-linked (a restore only reads
+/// them), each directory with its mode and owner.
+fn link_tree(src: &Path, dst: &Path) -> io::Result<()> {
+    let meta = fs::metadata(src)?;
+    fs::DirBuilder::new()
+        .mode(meta.permissions().mode() & 0o7777)
+        .create(dst)?;
+    std::os::unix::fs::chown(dst, Some(meta.uid()), Some(meta.gid()))?;
+    for entry in fs::read_dir(src)? {
+        let entry = entry?;
+        let to = dst.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            link_tree(&entry.path(), &to)?;
+        } else {
+            fs::hard_link(entry.path(), &to)?;
+        }
+    }
+    Ok(())
 }

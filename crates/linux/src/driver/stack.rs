@@ -76,12 +76,18 @@ impl NamespacesDriver {
     /// pid namespace's init: every other process there, orphans too, descends from it), so
     /// that stopping it for that ends nothing of the caller's.
     pub(super) fn stackable(&self, from: &FsRef) -> bool {
-        matches!(self.store, Store::Plain(_))
-            && self.dir(&from.name).is_dir()
-            && self.stack_of(&from.name).is_ok()
+        self.stackable_files(from)
             && self
                 .agent_pid(&from.name)
                 .is_none_or(|pid| !has_children(pid))
+    }
+
+    /// Whether `from`'s files can be stacked (once it is stopped): the plain store, and a stack
+    /// this driver can read.
+    pub(super) fn stackable_files(&self, from: &FsRef) -> bool {
+        matches!(self.store, Store::Plain(_))
+            && self.dir(&from.name).is_dir()
+            && self.stack_of(&from.name).is_ok()
     }
 
     /// See [`Storage::stack_fs`](sandbox_mcp_model::driver::Storage::stack_fs). Three ways, by

@@ -201,6 +201,10 @@ impl Storage for NamespacesDriver {
         self.stackable(from)
     }
 
+    fn can_stack_stopped(&self, from: &FsRef) -> bool {
+        self.stackable_files(from)
+    }
+
     fn stack_fs(
         &self,
         from: &FsRef,

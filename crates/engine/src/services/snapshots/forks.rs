@@ -247,9 +247,10 @@ impl Snapshots {
                 (c.id.clone(), CloneKind::Sandbox { limit_bytes })
             })
             .collect();
-        let (method, mut report) = match self.stacked(id, parent, runtime, to).await? {
-            // Nothing ran but the agent: there were no processes to carry.
-            Some(method) => (method, memory.then(LiveReport::default)),
+        let keep = memory.then_some(checkpoint.as_str());
+        let (method, mut report) = match self.stacked(id, parent, runtime, to, keep).await? {
+            // The processes, if any ran, were kept as `checkpoint` on the way.
+            Some(stacked) => (stacked.method, memory.then_some(stacked.carried)),
             None => {
                 self.copy_to_children(id, parent, *runtime, children, memory, &checkpoint)
                     .await?

@@ -3,11 +3,14 @@
 //! the sandbox go on after. A paused sandbox is thawed for the dump (as any call would resume it)
 //! and paused again.
 
-use sandbox_mcp_model::driver::LiveReport;
+use std::sync::Arc;
+
+use sandbox_mcp_model::driver::{CloneKind, CloneMethod, FsRef, LiveReport};
 
 use super::Snapshots;
 use crate::error::EngineError;
-use crate::services::registry::Runtime;
+use crate::services::lifecycle::checkpoint_of;
+use crate::services::registry::{Entry, Runtime};
 
 /// A checkpoint taken ahead of a copy of the files.
 pub(super) struct Live {
@@ -55,6 +58,66 @@ impl Snapshots {
             self.driver.freeze(id).await?;
         }
         Ok(())
+    }
+}
+
+/// Files stacked rather than copied ([`Snapshots::stacked`]).
+pub(in crate::services) struct Stacked {
+    pub(in crate::services) method: CloneMethod,
+    /// The processes carried over the sandbox's restart (none when only its agent ran).
+    pub(in crate::services) carried: LiveReport,
+}
+
+impl Snapshots {
+    /// [`Snapshots::stacked`] for a running sandbox with processes: they are dumped as its
+    /// hibernation checkpoint (and copied as `keep`, for the caller), the sandbox is stopped, its
+    /// files are stacked, and it is started again with them restored, as a wake does. A crash on
+    /// the way leaves it hibernated: the next call wakes it. Only where that loses nothing:
+    /// every process is in a tree that can be carried, the agent holds no finished job, and no
+    /// TCP connection is open (a restore closes them). Else `None`, with the sandbox going on
+    /// as it was, and the caller copies.
+    pub(super) async fn stacked_carrying(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+        runtime: &mut Runtime,
+        (from, to): (FsRef, Vec<(String, CloneKind)>),
+        keep: Option<&str>,
+    ) -> Result<Option<Stacked>, EngineError> {
+        if !self.driver.capabilities().live_state.available
+            || !self.driver.can_stack_stopped(from.clone()).await
+            || self.driver.open_connections(id).await != Some(0)
+            || !self.making.agent.keeps_no_finished_job(id, entry).await
+        {
+            return Ok(None);
+        }
+        let name = checkpoint_of(id);
+        self.driver.drop_checkpoint(&name).await;
+        let live = self.checkpoint_for(id, *runtime, &name).await;
+        let carried = match &live.report {
+            Ok(report) if report.skipped.is_empty() => match keep {
+                Some(keep) => self
+                    .driver
+                    .copy_checkpoint(&name, keep)
+                    .await
+                    .is_ok()
+                    .then(|| report.clone()),
+                None => Some(report.clone()),
+            },
+            _ => None,
+        };
+        let Some(carried) = carried else {
+            // Nothing lost: the sandbox goes on, and is copied instead.
+            self.after_checkpoint(id, &live).await?;
+            self.driver.drop_checkpoint(&name).await;
+            return Ok(None);
+        };
+        let lifecycle = &self.making.lifecycle;
+        lifecycle.stop_for_files(id, entry, runtime).await?;
+        let stacked = self.driver.stack_fs(from, to).await;
+        // Started again, its processes restored and their checkpoint dropped (a wake).
+        lifecycle.restart_stopped(id, entry, runtime).await?;
+        Ok(stacked?.map(|method| Stacked { method, carried }))
     }
 }
 
