@@ -513,3 +513,29 @@ async fn a_job_that_forks_all_the_time_goes_on_after_each_hibernation_and_in_for
         goes_on(child.as_str().unwrap(), &format!("in the fork {child}")).await;
     }
 }
+
+/// A process outside every job and code context (here a daemon whose job ended) cannot be
+/// carried: a hibernation says so and stops nothing, and a fork names it among what it left.
+#[tokio::test]
+async fn a_process_outside_every_job_is_named_and_never_lost() {
+    require_sandboxes!();
+    let Some((_engine, client)) = live_engine().await else {
+        return;
+    };
+    let id = create(&client).await;
+    background(&client, &id, "sleep 600 > /dev/null 2>&1 &").await;
+    sh(&client, &id, "until pgrep -x sleep; do sleep 0.05; done").await;
+    let hibernate = json!({"sandbox_id": id, "hibernate": true});
+    let refused = err(&client, "sandbox_pause", hibernate).await;
+    assert!(
+        refused.contains("1 process(es) outside every job and code context"),
+        "{refused}"
+    );
+    let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    assert_eq!(info["status"], "running", "{info}");
+    assert_eq!(sh(&client, &id, "pgrep -cx sleep").await, "1\n");
+    let forked = ok(&client, "sandbox_fork", json!({"sandbox_id": id})).await;
+    let skipped = forked["memory"]["skipped"].to_string();
+    assert!(skipped.contains("outside every job"), "{forked}");
+    assert_eq!(sh(&client, &id, "pgrep -cx sleep").await, "1\n");
+}

@@ -41,9 +41,12 @@ pub(crate) fn fork_figures(out: &mut Vec<Figure>) -> String {
          btrfs-progs, or `SANDBOX_MCP_DISK_LIMITS=off`) a sandbox that runs nothing but its \
          agent has its upper renamed into a read-only layer (method `layers`): it and each copy \
          get a new empty upper above it, so nothing is copied either, and a sandbox that wrote \
-         nothing since its last layer makes none. A sandbox with something running (a job, a \
-         REPL context, a terminal) is copied file by file instead (method `copy`): stacking \
-         stops its processes for a moment, which would end them. A fork's children start their \
+         nothing since its last layer makes none. A sandbox with jobs or REPL contexts \
+         running is stacked too where CRIU carries them: they are dumped, the sandbox is \
+         stopped, stacked and started again, and they are restored into it (its hibernation \
+         and wake, in one call). One that would lose something that way (an open TCP \
+         connection, which a restore closes; a finished job's output the agent holds; a \
+         terminal or a desktop) is copied file by file instead (method `copy`). A fork's children start their \
          agents in parallel, and the call returns once all of them are running. Every figure is \
          the wall time of HTTP API calls, with the issue's workspace (20,000 files of 5,000 \
          bytes, 100 MB) in the sandbox.",
@@ -58,7 +61,13 @@ pub(crate) fn fork_figures(out: &mut Vec<Figure>) -> String {
         eprintln!("fork figures with stacked layers FAILED: {why}");
         text.push_str(&format!(" Stacked layers were not measured: {why}."));
     }
-    if let Err(why) = copy_path(&plain, 3, out) {
+    if let Err(why) = busy_path(&plain, 10, out, false) {
+        eprintln!("fork figures of a busy sandbox with stacked layers FAILED: {why}");
+        text.push_str(&format!(
+            " A busy sandbox's stacked layers were not measured: {why}."
+        ));
+    }
+    if let Err(why) = busy_path(&plain, 3, out, true) {
         eprintln!("fork figures on the copy path FAILED: {why}");
         text.push_str(&format!(" The copy path was not measured: {why}."));
     }
@@ -66,41 +75,99 @@ pub(crate) fn fork_figures(out: &mut Vec<Figure>) -> String {
     text
 }
 
-/// The copy path: the same workspace, with a background job running in the sandbox.
-fn copy_path(engine: &Engine, runs: usize, out: &mut Vec<Figure>) -> Result<(), String> {
+/// A job holding a TCP connection open (a loopback one, inside the sandbox): a restore would
+/// close it, so a sandbox running it is copied.
+const CONNECTED: &str = "exec python3 -c 'import socket, time\ns = socket.socket()\ns.bind((\"127.0.0.1\", 0))\ns.listen()\nc = socket.create_connection(s.getsockname())\na, _ = s.accept()\ntime.sleep(3600)'";
+
+/// A busy sandbox: the same workspace with a background job running. `connected`: the job holds
+/// a TCP connection open, which keeps forks on the copy path; else its processes are carried
+/// over the sandbox's restart and its files stacked (with CRIU), `expect`ed of every call.
+fn busy_path(
+    engine: &Engine,
+    runs: usize,
+    out: &mut Vec<Figure>,
+    connected: bool,
+) -> Result<(), String> {
     let id = workspace(engine)?;
+    let command = if connected { CONNECTED } else { "sleep 3600" };
     let job = engine.call(
         "POST",
         &format!("/v1/sandboxes/{id}/exec"),
-        Some(json!({"command": "sleep 3600", "background": true})),
+        Some(json!({"command": command, "background": true})),
     )?;
     if job["job_id"].is_null() {
         return Err(format!("no background job started: {job}"));
     }
-    let note = |what: &str| {
-        format!("HTTP API call wall time, {WORKSPACE_NOTE} and a background job running; {what}")
+    let (path, expect, what) = if connected {
+        let wait = "until awk '$4 == \"01\"' /proc/net/tcp | grep -q .; do sleep 0.05; done";
+        engine.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"command": wait, "timeout_ms": 60000})),
+        )?;
+        (
+            "copy path",
+            "copy",
+            "a background job holding a TCP connection open",
+        )
+    } else {
+        (
+            "stacked layers, processes carried",
+            "layers",
+            "a background job running",
+        )
     };
-    let mut forks = Vec::new();
-    let mut snaps = Vec::new();
-    for _ in 0..runs {
+    let name = |what: &str| format!("Forks ({path}): {what}");
+    let note = |how: &str| format!("HTTP API call wall time, {WORKSPACE_NOTE} and {what}; {how}");
+    let fork = |count: u32| -> Result<f64, String> {
         let (d, r) = time(|| {
             engine.call(
                 "POST",
                 &format!("/v1/sandboxes/{id}/fork"),
-                Some(json!({"count": 1, "memory": false})),
+                Some(json!({"count": count, "memory": false})),
             )
         });
         let r = r?;
-        if r["method"] != "copy" {
-            return Err(format!("a fork of a busy sandbox did not copy: {r}"));
+        if r["method"] != expect {
+            return Err(format!(
+                "a fork of a busy sandbox did not use `{expect}`: {r}"
+            ));
         }
-        forks.push(ms(d));
         for c in r["ids"].as_array().into_iter().flatten() {
             engine.kill(c.as_str().unwrap_or(""));
         }
-        let snapshots = format!("/v1/sandboxes/{id}/snapshots");
+        Ok(ms(d))
+    };
+    let counts: &[u32] = if connected { &[1] } else { &[1, 8] };
+    for &count in counts {
+        let samples = (0..runs)
+            .map(|_| fork(count))
+            .collect::<Result<Vec<_>, _>>()?;
+        let target = match (connected, count) {
+            (true, _) => None,
+            (false, 1) => Some((100.0, "≤ 100 ms")),
+            (false, _) => Some((300.0, "≤ 300 ms")),
+        };
+        out.push(figure(
+            &name(&format!("fork n={count}, call → children running")),
+            "ms",
+            samples,
+            target,
+            &note(&format!(
+                "POST /v1/sandboxes/{{id}}/fork `count: {count}`; the children are killed after, untimed"
+            )),
+        ));
+    }
+    let mut snaps = Vec::new();
+    let snapshots = format!("/v1/sandboxes/{id}/snapshots");
+    for _ in 0..runs {
         let (d, r) = time(|| engine.call("POST", &snapshots, Some(json!({}))));
         let s = r?;
+        if s["method"] != expect {
+            return Err(format!(
+                "a snapshot of a busy sandbox did not use `{expect}`: {s}"
+            ));
+        }
         snaps.push(ms(d));
         engine.call(
             "DELETE",
@@ -109,19 +176,24 @@ fn copy_path(engine: &Engine, runs: usize, out: &mut Vec<Figure>) -> Result<(), 
         )?;
     }
     out.push(figure(
-        "Forks (copy path): fork n=1, call → child running",
-        "ms",
-        forks,
-        None,
-        &note("POST /v1/sandboxes/{id}/fork `count: 1`; the child is killed after, untimed"),
-    ));
-    out.push(figure(
-        "Forks (copy path): snapshot create",
+        &name("snapshot create"),
         "ms",
         snaps,
-        None,
+        (!connected).then_some((50.0, "≤ 50 ms")),
         &note("POST /v1/sandboxes/{id}/snapshots; deleted after, untimed"),
     ));
+    // The job lived through all of it.
+    let status = engine.call(
+        "GET",
+        &format!(
+            "/v1/sandboxes/{id}/jobs/{}",
+            job["job_id"].as_str().unwrap_or("")
+        ),
+        None,
+    )?;
+    if status["status"] != "running" {
+        return Err(format!("the job did not live through the forks: {status}"));
+    }
     engine.kill(&id);
     Ok(())
 }

@@ -219,24 +219,24 @@ impl AgentClient {
             .map_or(0, |list| list.contexts.len() as u64)
     }
 
-    /// Whether a running sandbox's agent keeps nothing a restart would lose: no job (running
-    /// or finished, whose output it holds) and no REPL context. `false` when it does not answer.
-    pub(crate) async fn keeps_nothing(&self, id: &str, entry: &Entry) -> bool {
+    /// What a running sandbox's agent keeps that a restart would lose, asked once.
+    pub(crate) async fn keeps(&self, id: &str, entry: &Entry) -> Keeps {
         let jobs = self.ask_running(id, entry, ListJobs {}).await;
         let contexts = self.ask_running(id, entry, ListContexts {}).await;
-        matches!((jobs, contexts), (Some(j), Some(c)) if j.jobs.is_empty() && c.contexts.is_empty())
-    }
-
-    /// Whether a running sandbox's agent holds no finished job (whose output and exit a restart
-    /// would lose; a running one's are carried with its processes). `false` when it does not
-    /// answer.
-    pub(crate) async fn keeps_no_finished_job(&self, id: &str, entry: &Entry) -> bool {
-        let jobs = self.ask_running(id, entry, ListJobs {}).await;
-        jobs.is_some_and(|j| {
-            j.jobs
-                .iter()
-                .all(|j| j.status == sandbox_mcp_protocol::JobState::Running)
-        })
+        let (Some(jobs), Some(contexts)) = (jobs, contexts) else {
+            return Keeps::Unknown;
+        };
+        if jobs.jobs.is_empty() && contexts.contexts.is_empty() {
+            Keeps::Nothing
+        } else if jobs
+            .jobs
+            .iter()
+            .all(|j| j.status == sandbox_mcp_protocol::JobState::Running)
+        {
+            Keeps::Running
+        } else {
+            Keeps::Finished
+        }
     }
 
     /// `call`'s answer from a running sandbox's agent, asked directly and briefly (not resumed,
@@ -343,4 +343,17 @@ impl AgentClient {
             Ok(Some(_))
         )
     }
+}
+
+/// What a running sandbox's agent keeps ([`AgentClient::keeps`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keeps {
+    /// No job and no REPL context: a restart loses nothing.
+    Nothing,
+    /// Running jobs and REPL contexts only: their processes are all there is to carry.
+    Running,
+    /// A finished job, whose output and exit only the agent holds.
+    Finished,
+    /// The agent did not answer (or the sandbox is not running).
+    Unknown,
 }

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use sandbox_mcp_model::record::MountSource;
 
 use super::Making;
+use super::agent::Keeps;
 use super::lifecycle::checkpoint_of;
 use super::registry::{Entry, Runtime};
 use crate::driver::DriverHandle;
@@ -133,17 +134,21 @@ impl Snapshots {
             return Ok(None);
         }
         let alone = self.driver.can_stack(from.clone()).await;
+        let keeps = match *runtime {
+            Runtime::Running => self.making.agent.keeps(id, entry).await,
+            _ => Keeps::Unknown,
+        };
         let restart = match *runtime {
             // The driver saw nothing but the agent run; asked again after the agent, so a
             // command that started meanwhile is seen.
             Runtime::Running
                 if alone
-                    && self.making.agent.keeps_nothing(id, entry).await
+                    && keeps == Keeps::Nothing
                     && self.driver.can_stack(from.clone()).await =>
             {
                 true
             }
-            Runtime::Running => {
+            Runtime::Running if matches!(keeps, Keeps::Nothing | Keeps::Running) => {
                 return self
                     .stacked_carrying(id, entry, runtime, (from, to), keep)
                     .await;
