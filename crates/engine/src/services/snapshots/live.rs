@@ -112,11 +112,33 @@ impl Snapshots {
             return Ok(None);
         };
         let lifecycle = &self.making.lifecycle;
-        lifecycle.stop_for_files(id, entry, runtime).await?;
+        let drop_kept = async || {
+            if let Some(keep) = keep {
+                self.driver.drop_checkpoint(keep).await;
+            }
+        };
+        if let Err(e) = lifecycle.stop_for_files(id, entry, runtime).await {
+            // Not stopped: it goes on as it was.
+            drop_kept().await;
+            if *runtime == Runtime::Running {
+                self.after_checkpoint(id, &live).await?;
+                self.driver.drop_checkpoint(&name).await;
+            }
+            return Err(e);
+        }
         let stacked = self.driver.stack_fs(from, to).await;
         // Started again, its processes restored and their checkpoint dropped (a wake).
-        lifecycle.restart_stopped(id, entry, runtime).await?;
-        Ok(stacked?.map(|method| Stacked { method, carried }))
+        let restarted = lifecycle.restart_stopped(id, entry, runtime).await;
+        match (stacked, restarted) {
+            (Ok(Some(method)), Ok(())) => Ok(Some(Stacked { method, carried })),
+            (stacked, restarted) => {
+                // The caller copies instead, or fails: the copy of the processes goes.
+                drop_kept().await;
+                restarted?;
+                stacked?;
+                Ok(None)
+            }
+        }
     }
 }
 
