@@ -365,6 +365,11 @@ async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     code(&client, &id, "x = 41\nbig = b'x' * (64 << 20)").await;
+    // Beside it, one with a daemon outside every job: it cannot be written down, so the idle
+    // policy leaves it running, daemon and all.
+    let kept = create(&client).await;
+    background(&client, &kept, "sleep 600 > /dev/null 2>&1 &").await;
+    sh(&client, &kept, "until pgrep -x sleep; do sleep 0.05; done").await;
     let mut hibernated = false;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -384,6 +389,9 @@ async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
     }
     assert!(hibernated, "the idle sandbox was not hibernated");
     assert_eq!(code(&client, &id, "x").await["result"], "41");
+    let (_, view) = api(&engine.url, "GET", &format!("/v1/sandboxes/{kept}"), None).await;
+    assert_eq!(view["status"], "running", "{view}");
+    assert_eq!(sh(&client, &kept, "pgrep -cx sleep").await, "1\n");
 }
 
 /// Hostile trees: each either comes through a fork intact or is left out with why, and the

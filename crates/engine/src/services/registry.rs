@@ -58,6 +58,9 @@ pub(crate) struct Entry {
     pub(crate) interruptions: AtomicU64,
     /// Set when a kill begins.
     pub(crate) killing: AtomicBool,
+    /// `last_active` when the idle policy last failed to hibernate the sandbox (something in it
+    /// cannot be written down): it is not dumped again for nothing until it is used again.
+    pub(crate) hibernate_refused: AtomicI64,
 }
 
 impl Entry {
@@ -85,6 +88,7 @@ impl Entry {
             previews: Mutex::new(BTreeMap::new()),
             interruptions: AtomicU64::new(0),
             killing: AtomicBool::new(false),
+            hibernate_refused: AtomicI64::new(i64::MIN),
         })
     }
 

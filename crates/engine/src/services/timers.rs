@@ -70,10 +70,12 @@ impl Timers {
                     tracing::debug!(sandbox = %id, "auto-pause skipped: {e}");
                 }
             }
+            let last_active = entry.last_active.load(Ordering::Relaxed);
             if let Some(idle) = self.idle_hibernate
                 && self.lifecycle.can_hibernate()
                 && entry.inflight.load(Ordering::Relaxed) == 0
-                && now - entry.last_active.load(Ordering::Relaxed) >= idle.as_millis() as i64
+                && now - last_active >= idle.as_millis() as i64
+                && entry.hibernate_refused.load(Ordering::Relaxed) != last_active
                 && entry
                     .lifecycle
                     .try_lock()
@@ -81,6 +83,11 @@ impl Timers {
             {
                 tracing::info!(sandbox = %id, "idle; hibernating");
                 if let Err(e) = self.lifecycle.hibernate_entry(&id, &entry).await {
+                    // Tried again once the sandbox has been used, not at every tick: each try
+                    // dumps its processes.
+                    entry
+                        .hibernate_refused
+                        .store(last_active, Ordering::Relaxed);
                     tracing::warn!(sandbox = %id, "auto-hibernate failed: {e}");
                 }
             }
