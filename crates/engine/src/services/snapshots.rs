@@ -130,12 +130,14 @@ impl Snapshots {
             .volumes
             .iter()
             .any(|m| matches!(m.source, MountSource::Workspace { .. }));
-        if workspace {
+        // The store first: on btrfs (which clones) nothing else is asked.
+        if workspace || !self.driver.can_stack_stopped(from.clone()).await {
             return Ok(None);
         }
         let alone = self.driver.can_stack(from.clone()).await;
+        let carries = self.driver.capabilities().live_state.available;
         let keeps = match *runtime {
-            Runtime::Running => self.making.agent.keeps(id, entry).await,
+            Runtime::Running if alone || carries => self.making.agent.keeps(id, entry).await,
             _ => Keeps::Unknown,
         };
         let restart = match *runtime {

@@ -69,13 +69,14 @@ pub(in crate::services) struct Stacked {
 }
 
 impl Snapshots {
-    /// [`Snapshots::stacked`] for a running sandbox whose agent keeps running jobs and REPL
-    /// contexts at most (no finished job's output): its processes are dumped as its
-    /// hibernation checkpoint (and copied as `keep`, for the caller), the sandbox is stopped, its
-    /// files are stacked, and it is started again with them restored, as a wake does. A crash on
-    /// the way leaves it hibernated: the next call wakes it. Only where that loses nothing:
-    /// every process is in a tree that can be carried, and no TCP connection is open (a restore
-    /// closes them). Else `None`, with the sandbox going on as it was, and the caller copies.
+    /// [`Snapshots::stacked`] for a running sandbox on a store that stacks, whose agent keeps
+    /// running jobs and REPL contexts at most (no finished job's output): its processes are
+    /// dumped as its hibernation checkpoint (and copied as `keep`, for the caller), the sandbox
+    /// is stopped, its files are stacked, and it is started again with them restored, as a wake
+    /// does. A crash on the way leaves it hibernated: the next call wakes it. Only where that
+    /// loses nothing: every process is in a tree that can be carried, and no TCP connection is
+    /// open (a restore closes them). Else `None`, with the sandbox going on as it was, and the
+    /// caller copies.
     pub(super) async fn stacked_carrying(
         &self,
         id: &str,
@@ -85,7 +86,6 @@ impl Snapshots {
         keep: Option<&str>,
     ) -> Result<Option<Stacked>, EngineError> {
         if !self.driver.capabilities().live_state.available
-            || !self.driver.can_stack_stopped(from.clone()).await
             || self.driver.open_connections(id).await != Some(0)
         {
             return Ok(None);
