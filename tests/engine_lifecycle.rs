@@ -14,8 +14,9 @@ async fn pause_freezes_and_exec_resumes_transparently() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    // A background counter: it must not advance while paused, and must continue after.
-    sh(&client, &id, "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &").await;
+    // A background counter: it must not advance while paused, and must continue after. Written
+    // whole (renamed into place), so a read never finds it empty.
+    sh(&client, &id, "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     ok(&client, "sandbox_pause", json!({"sandbox_id": id})).await;
     let cg = sandbox_mcp_linux::cgroups::Layout::detect().sandbox(&id);
@@ -276,7 +277,7 @@ async fn the_v1_freezer_pauses_too() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    sh(&client, &id, "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &").await;
+    sh(&client, &id, "nohup sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let v1 = layout.sandbox_with(&id, FreezeMethod::V1);
     v1.freeze().unwrap();

@@ -48,8 +48,10 @@ async fn code(client: &crate::common::McpClient, id: &str, code: &str) -> Value 
     .await
 }
 
-/// A counter job: one more in /tmp/count every 0.1 s.
-const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done";
+/// A counter job: one more in /tmp/count every 0.1 s, written whole (renamed into place: a
+/// reader never sees the file truncated and not yet written).
+const COUNTER: &str =
+    "i=0; while :; do i=$((i+1)); echo $i > /tmp/next; mv /tmp/next /tmp/count; sleep 0.1; done";
 
 async fn background(client: &crate::common::McpClient, id: &str, command: &str) {
     ok(
@@ -108,7 +110,7 @@ async fn a_fork_carries_the_parent_s_processes_into_each_child() {
     )
     .await;
     for command in [
-        "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done",
+        COUNTER,
         "mkdir -p /srv && echo served-by-the-parent > /srv/index.html && exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv",
     ] {
         background(&client, &id, command).await;
@@ -495,8 +497,8 @@ async fn a_job_that_forks_all_the_time_goes_on_after_each_hibernation_and_in_for
         return;
     };
     let id = create(&client).await;
-    let forking = "i=0; while :; do i=$((i+1)); echo $i > /tmp/next; mv /tmp/next /tmp/count; done";
-    background(&client, &id, forking).await;
+    let forking = COUNTER.replace("; sleep 0.1", "");
+    background(&client, &id, &forking).await;
     let goes_on = async |id: &str, when: &str| {
         let from = count(&client, id).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(30);

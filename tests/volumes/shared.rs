@@ -217,7 +217,8 @@ async fn a_hibernated_sandbox_keeps_its_volume_and_its_writer() {
     ok(&client, "volume_create", json!({"name": "log"})).await;
     let mount = json!([{"name": "log", "path": "/log"}]);
     let id = create_with(&client, mount.clone()).await;
-    let counter = "i=0; while :; do i=$((i+1)); echo $i > /log/count; sleep 0.1; done";
+    // Written whole (renamed into place): a reader never sees the file truncated and empty.
+    let counter = "i=0; while :; do i=$((i+1)); echo $i > /log/next; mv /log/next /log/count; sleep 0.1; done";
     ok(
         &client,
         "sandbox_exec",
