@@ -122,3 +122,50 @@ async fn round_trips(engine: &TestEngine, client: &McpClient, method: Option<&st
         .unwrap_or(0);
     assert_eq!(left, 0, "the snapshot's checkpoint is gone with it");
 }
+
+/// A hibernation checkpoint left beside live processes (a crash after a wake's restore, or
+/// between a dump and its stop) is stale: the next engine start drops it, so it is never
+/// restored on top of the processes it was taken from.
+#[tokio::test]
+async fn a_stale_hibernation_checkpoint_of_a_live_sandbox_is_dropped_at_start() {
+    require_sandboxes!();
+    let Some((engine, client)) = live_engine().await else {
+        return;
+    };
+    let id = create(&client).await;
+    background(&client, &id, COUNTER).await;
+    let snap = ok(
+        &client,
+        "sandbox_snapshot_create",
+        json!({"sandbox_id": id, "memory": true}),
+    )
+    .await;
+    // The snapshot's images, put where a hibernation's would be.
+    let live = engine.data_dir().join("live");
+    let kept = live.join(format!("snapshot-{}", snap["id"].as_str().unwrap()));
+    let stale = live.join(format!("hibernated-{id}"));
+    assert!(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&kept)
+            .arg(&stale)
+            .status()
+            .unwrap()
+            .success()
+    );
+    drop(client);
+    let dir = engine.stop().await;
+    let config = TestEngine::config_for(dir.path());
+    let engine = TestEngine::start_on(dir, config).await;
+    assert!(!stale.exists(), "the stale checkpoint is dropped");
+    assert!(kept.exists(), "the snapshot's memory stays");
+    let client = engine.mcp().await;
+    let jobs = crate::common::sh(&client, &id, "pgrep -c -f 'i=0; [w]hile'; true").await;
+    assert_eq!(jobs.trim(), "1", "one counter, not a restored second one");
+    let first = count(&client, &id).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(&client, &id).await <= first {
+        assert!(std::time::Instant::now() < deadline, "the counter stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
