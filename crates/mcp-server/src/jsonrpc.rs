@@ -275,10 +275,18 @@ impl IdScanner {
             self.value.push(b);
         }
         if self.in_string {
+            // A key is kept as written, escapes too: `"i\\d"` is not `id`.
+            let in_key = self.depth == 1 && self.state == State::Key && self.key.len() < 8;
             if self.escaped {
                 self.escaped = false;
+                if in_key {
+                    self.key.push(b);
+                }
             } else if b == b'\\' {
                 self.escaped = true;
+                if in_key {
+                    self.key.push(b);
+                }
             } else if b == b'"' {
                 self.in_string = false;
                 if self.depth == 1 && self.state == State::Key {
@@ -502,7 +510,12 @@ mod tests {
     }
 
     #[test]
-    fn finds_top_level_id_anywhere() {
+    fn a_key_with_an_escape_is_not_id() {
+        assert_eq!(scan(r#"{"i\\d":1,"id":"x"}"#), Some(json!("x")));
+    }
+
+    #[test]
+        fn finds_top_level_id_anywhere() {
         assert_eq!(
             scan(r#"{"jsonrpc":"2.0","id":7,"method":"x"}"#),
             Some(7.into())
