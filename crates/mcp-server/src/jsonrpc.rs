@@ -515,7 +515,7 @@ mod tests {
     }
 
     #[test]
-        fn finds_top_level_id_anywhere() {
+    fn finds_top_level_id_anywhere() {
         assert_eq!(
             scan(r#"{"jsonrpc":"2.0","id":7,"method":"x"}"#),
             Some(7.into())
