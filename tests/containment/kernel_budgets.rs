@@ -226,6 +226,46 @@ async fn a_sandbox_is_not_made_without_ptys_when_the_pool_is_spent() {
     assert_eq!(list["sandboxes"], json!([]), "{list}");
 }
 
+/// However few sandboxes an engine allows, each gets at most a hundredth of the host's ptys:
+/// before, an engine started with `--max-sandboxes 2` gave each of its two sandboxes half the
+/// pool, and while they lived every other engine's creates failed (a test of the quota, run
+/// beside others, did exactly that to them).
+#[tokio::test]
+async fn an_engine_allowing_few_sandboxes_leaves_the_hosts_ptys_to_the_others() {
+    require_own_ids!();
+    let registry = tempfile::tempdir().unwrap();
+    let pool = sandbox_mcp_linux::plan::pty_pool();
+    let path = registry_with_ptys_left(registry.path(), pool);
+    let small = TestEngine::start_with(|c| {
+        c.uid_registry = path.clone();
+        c.max_sandboxes = 2;
+    })
+    .await;
+    let small_client = small.mcp().await;
+    for _ in 0..2 {
+        create(&small_client).await;
+    }
+    let owner = std::fs::canonicalize(small.data_dir().join("sandboxes")).unwrap();
+    let held: u32 = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .filter(|l| l.ends_with(&*owner.to_string_lossy()))
+        .map(|l| l.split(' ').nth(1).unwrap().parse::<u32>().unwrap())
+        .sum();
+    assert!(
+        held <= 2 * pool / 100,
+        "two sandboxes of an engine allowing two hold {held} of the host's {pool} ptys"
+    );
+    let other = TestEngine::start_with(|c| c.uid_registry = path.clone()).await;
+    let client = other.mcp().await;
+    let id = create(&client).await;
+    let out = py(&client, &id, "import os\nos.openpty()\nprint('ok')").await;
+    assert_eq!(
+        out, "ok\n",
+        "a sandbox of another engine could not open a pty"
+    );
+}
+
 /// An engine whose data dir is deleted while its sandboxes live (here paused, as a clean stop
 /// leaves them) used to leave them running forever, holding their uid ranges and their share of
 /// the host's ptys, until new sandboxes got none. The next engine to claim a range reaps them.

@@ -168,11 +168,17 @@ pub fn pty_pool() -> u32 {
     read("max", 4096).saturating_sub(read("reserve", 1024))
 }
 
+/// The fewest sandboxes the host's ptys are shared out between, whatever an engine's
+/// `--max-sandboxes`: an engine that allows two sandboxes must not give each half of the pool
+/// that every engine on the host draws on (two such sandboxes would leave the others none).
+pub const PTY_SHARES: usize = 100;
+
 /// Each sandbox's share of the `pool` of ptys non-initial devpts instances may hold together
-/// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once. As root,
-/// the uid range registry grants it only while the pool lasts, across engines.
+/// (`kernel.pty.max - kernel.pty.reserve`), when at most `sandboxes` exist at once: never more
+/// than a [`PTY_SHARES`]th of it. As root, the uid range registry grants it only while the pool
+/// lasts, across engines.
 pub fn pty_share(pool: u32, sandboxes: usize) -> u32 {
-    pool / (sandboxes.max(1) as u32)
+    pool / (sandboxes.max(PTY_SHARES) as u32)
 }
 
 /// Where a sandbox's directories are, relative to its directory.
@@ -434,7 +440,11 @@ mod tests {
     fn ptys_are_partitioned_between_sandboxes() {
         assert_eq!(pty_share(3072, 100), 30);
         assert!(pty_share(3072, 100) * 100 <= 3072);
-        assert_eq!(pty_share(3072, 0), 3072);
+        assert_eq!(pty_share(3072, 1000), 3);
+        // An engine allowing few sandboxes gets no larger shares: before, `--max-sandboxes 2`
+        // gave each of its sandboxes half of the host's pool.
+        assert_eq!(pty_share(3072, 2), 30);
+        assert_eq!(pty_share(3072, 0), 30);
         assert_eq!(pty_share(0, 10), 0);
     }
 }

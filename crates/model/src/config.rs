@@ -51,10 +51,10 @@ pub struct EngineConfig {
     pub data_dir: PathBuf,
     /// Most sandboxes that may exist at once.
     pub max_sandboxes: usize,
-    /// Pause a running sandbox after this long without exec or file operations (`None`: never).
     /// Idle time after which a paused sandbox is hibernated: its processes written to disk and
     /// their memory freed (`None`: never; needs CRIU).
     pub idle_hibernate: Option<Duration>,
+    /// Pause a running sandbox after this long without exec or file operations (`None`: never).
     pub idle_pause: Option<Duration>,
     /// How often timers (auto-pause, auto-kill) are checked.
     pub tick: Duration,
