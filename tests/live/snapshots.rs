@@ -34,6 +34,58 @@ async fn a_memory_snapshot_of_a_busy_sandbox_on_stacked_layers_comes_back_too() 
     round_trips(&engine, &client, Some("layers")).await;
 }
 
+/// On the plain store a busy sandbox's snapshot answers before the sandbox is started again,
+/// and nothing in between sees it stopped: it is listed running, and a memory snapshot asked for
+/// at once waits for the restart and keeps the job (one that saw it stopped would keep no
+/// process), which a restore brings back.
+#[tokio::test]
+async fn a_snapshot_answers_before_the_restart_and_nothing_sees_the_sandbox_stopped() {
+    require_sandboxes!();
+    let engine = TestEngine::start_with(|c| c.disk_limits = DiskLimits::Off).await;
+    if !live(&engine) {
+        return;
+    }
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    background(&client, &id, COUNTER).await;
+    let mut kept = json!(null);
+    for _ in 0..3 {
+        let files = ok(
+            &client,
+            "sandbox_snapshot_create",
+            json!({"sandbox_id": id}),
+        )
+        .await;
+        assert_eq!(files["method"], "layers", "{files}");
+        let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+        assert_eq!(info["status"], "running", "{info}");
+        kept = ok(
+            &client,
+            "sandbox_snapshot_create",
+            json!({"sandbox_id": id, "memory": true}),
+        )
+        .await;
+        assert!(
+            kept["memory_bytes"].as_u64().is_some_and(|b| b > 0),
+            "{kept}"
+        );
+    }
+    let restored = ok(
+        &client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": id, "snapshot_id": kept["id"]}),
+    )
+    .await;
+    let carried = restored["memory"]["carried"].as_array().unwrap();
+    assert!(carried.contains(&json!("job job_1")), "{restored}");
+    let after = count(&client, &id).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(&client, &id).await <= after + 2 {
+        assert!(std::time::Instant::now() < deadline, "the counter stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Snapshots of a sandbox with a REPL context and a counter job, with memory and without, made
 /// by `method` when given; restores bring the processes back (or reset them), each time.
 async fn round_trips(engine: &TestEngine, client: &McpClient, method: Option<&str>) {

@@ -362,6 +362,32 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// [`Self::restart_stopped`] in a task of its own, holding the sandbox's lifecycle lock
+    /// (`runtime`) from the caller on, so no other transition or call sees it stopped between:
+    /// for a call that returns once what it made is kept, without waiting for the sandbox's
+    /// processes to come back. It is listed as running meanwhile: any call on it finds it so. A
+    /// failed start is logged and leaves it stopped and listed paused (its processes, if any, in
+    /// its hibernation checkpoint), as a crash would: its next call starts it.
+    pub(crate) fn restart_soon(
+        self: &Arc<Self>,
+        id: &str,
+        entry: &Arc<Entry>,
+        mut runtime: tokio::sync::OwnedMutexGuard<Runtime>,
+    ) {
+        if *runtime != Runtime::Stopped {
+            return;
+        }
+        // Listed as what every call finds: running (a call waits on the lock meanwhile).
+        entry.set_visible(Runtime::Running);
+        let (this, id, entry) = (self.clone(), id.to_string(), entry.clone());
+        self.transitions.spawn(async move {
+            if let Err(e) = this.restart_stopped(&id, &entry, &mut runtime).await {
+                entry.set_visible(*runtime);
+                tracing::warn!(sandbox = %id, "not started again yet: {e}; its next call starts it");
+            }
+        });
+    }
+
     /// Stops a running sandbox's processes and marks it so the next call restarts it.
     pub(crate) async fn stop_agent(&self, id: &str, entry: &Arc<Entry>) {
         let mut rt = entry.lifecycle.lock().await;

@@ -41,8 +41,9 @@ pub(crate) enum Runtime {
 pub(crate) struct Entry {
     pub(crate) record: Mutex<Record>,
     /// Lifecycle transitions of the sandbox are serialized by this lock; contents operations
-    /// (exec, files) run concurrently, outside it.
-    pub(crate) lifecycle: tokio::sync::Mutex<Runtime>,
+    /// (exec, files) run concurrently, outside it. Shared, so a transition can hand it to a task
+    /// that finishes after the call ([`super::lifecycle::Lifecycle::restart_soon`]).
+    pub(crate) lifecycle: Arc<tokio::sync::Mutex<Runtime>>,
     /// Mirror of `lifecycle` readable without awaiting (for listings).
     pub(crate) visible_status: Mutex<Status>,
     pub(crate) ready: AtomicBool,
@@ -78,7 +79,7 @@ impl Entry {
         };
         Arc::new(Self {
             record: Mutex::new(record),
-            lifecycle: tokio::sync::Mutex::new(runtime),
+            lifecycle: Arc::new(tokio::sync::Mutex::new(runtime)),
             visible_status: Mutex::new(status),
             ready: AtomicBool::new(ready),
             last_active: AtomicI64::new(last),

@@ -34,8 +34,8 @@ mod forks;
 mod live;
 
 use live::Live;
-use live::Stacked;
 pub(crate) use live::memory_of;
+use live::{Restart, Stacked};
 
 /// Most snapshots one sandbox keeps.
 pub const MAX_SNAPSHOTS: usize = 16;
@@ -116,14 +116,15 @@ impl Snapshots {
     /// ([`Self::stacked_carrying`]). A stopped one must keep no processes to bring back. A
     /// sandbox mounting a host folder keeps its files in its upper (a workspace's changes are
     /// read from there). `None`: not here; clone instead. The caller holds the lifecycle lock
-    /// (`runtime`). `keep`: the checkpoint name under which the caller wants the processes.
+    /// (`runtime`). `keep`: the checkpoint name under which the caller wants the processes;
+    /// `restart`: whether the sandbox is started again here or by the caller.
     pub(super) async fn stacked(
         &self,
         id: &str,
         entry: &Arc<Entry>,
         runtime: &mut Runtime,
         to: Vec<(String, CloneKind)>,
-        keep: Option<&str>,
+        (keep, restart): (Option<&str>, Restart),
     ) -> Result<Option<Stacked>, EngineError> {
         let from = Self::fs_of(entry, id);
         let workspace = lock(&entry.record)
@@ -140,7 +141,7 @@ impl Snapshots {
             Runtime::Running if alone || carries => self.making.agent.keeps(id, entry).await,
             _ => Keeps::Unknown,
         };
-        let restart = match *runtime {
+        let stop = match *runtime {
             // The driver saw nothing but the agent run; asked again after the agent, so a
             // command that started meanwhile is seen.
             Runtime::Running
@@ -152,7 +153,7 @@ impl Snapshots {
             }
             Runtime::Running if matches!(keeps, Keeps::Nothing | Keeps::Running) => {
                 return self
-                    .stacked_carrying(id, entry, runtime, (from, to), keep)
+                    .stacked_carrying(id, entry, runtime, (from, to), (keep, restart))
                     .await;
             }
             Runtime::Stopped if alone && !self.driver.has_checkpoint(&checkpoint_of(id)).await => {
@@ -160,14 +161,15 @@ impl Snapshots {
             }
             _ => return Ok(None),
         };
-        if restart {
+        if stop {
             self.making
                 .lifecycle
                 .stop_for_files(id, entry, runtime)
                 .await?;
         }
         let stacked = self.driver.stack_fs(from, to).await;
-        if restart {
+        let left_stopped = stop && restart == Restart::ByCaller && matches!(stacked, Ok(Some(_)));
+        if stop && !left_stopped {
             self.making
                 .lifecycle
                 .restart_stopped(id, entry, runtime)
@@ -176,6 +178,7 @@ impl Snapshots {
         Ok(stacked?.map(|method| Stacked {
             method,
             carried: LiveReport::default(),
+            stopped: left_stopped,
         }))
     }
 
@@ -271,7 +274,33 @@ impl Snapshots {
                 live.detail
             ))));
         }
-        let mut runtime = entry.lifecycle.lock().await;
+        let mut runtime = entry.lifecycle.clone().lock_owned().await;
+        let mut stopped = false;
+        let made = self
+            .snapshot_locked(
+                id,
+                &entry,
+                (&mut runtime, &mut stopped),
+                (name, memory, volumes),
+            )
+            .await;
+        if stopped {
+            // Stopped to stack its files: the snapshot answers once it is kept, and the
+            // sandbox's processes come back just after, before any other call on it.
+            self.making.lifecycle.restart_soon(id, &entry, runtime);
+        }
+        made
+    }
+
+    /// [`Self::snapshot_create_now`] under the sandbox's lifecycle lock (`runtime`); `stopped`
+    /// is set when its files were stacked and it is left stopped for the caller to start.
+    async fn snapshot_locked(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+        (runtime, stopped): (&mut Runtime, &mut bool),
+        (name, memory, volumes): (Option<String>, bool, bool),
+    ) -> Result<Snapshot, EngineError> {
         if *runtime == Runtime::Killed {
             return Err(EngineError::sandbox_not_found(id));
         }
@@ -304,14 +333,17 @@ impl Snapshots {
             memory_bytes: None,
         };
         self.making.records.put_snapshot(&snap).await?;
-        let from = Self::fs_of(&entry, id);
+        let from = Self::fs_of(entry, id);
         let to = vec![(snap.id.clone(), CloneKind::Snapshot)];
         let keep = memory.then(|| memory_of(&snap.id));
         let stacked = match self
-            .stacked(id, &entry, &mut runtime, to, keep.as_deref())
+            .stacked(id, entry, runtime, to, (keep.as_deref(), Restart::ByCaller))
             .await
         {
-            Ok(stacked) => stacked.map(|s| s.method),
+            Ok(stacked) => {
+                *stopped = stacked.as_ref().is_some_and(|s| s.stopped);
+                stacked.map(|s| s.method)
+            }
             Err(e) => {
                 self.drop_snapshot(&snap.id).await;
                 return Err(e);

@@ -9,7 +9,7 @@ use sandbox_mcp_model::driver::{CloneKind, CloneMethod, DriverError, LiveReport}
 use sandbox_mcp_model::ids;
 use sandbox_mcp_sys::lock;
 
-use super::{FORKED_FROM, Forked, MAX_FORKS, MAX_LABELS, Snapshots};
+use super::{FORKED_FROM, Forked, MAX_FORKS, MAX_LABELS, Restart, Snapshots};
 use crate::error::EngineError;
 use crate::services::registry::{Entry, Runtime};
 use crate::state::{Record, Status};
@@ -248,7 +248,10 @@ impl Snapshots {
             })
             .collect();
         let keep = memory.then_some(checkpoint.as_str());
-        let (method, mut report) = match self.stacked(id, parent, runtime, to, keep).await? {
+        let (method, mut report) = match self
+            .stacked(id, parent, runtime, to, (keep, Restart::Now))
+            .await?
+        {
             // The processes, if any ran, were kept as `checkpoint` on the way.
             Some(stacked) => (stacked.method, memory.then_some(stacked.carried)),
             None => {

@@ -66,6 +66,21 @@ pub(in crate::services) struct Stacked {
     pub(in crate::services) method: CloneMethod,
     /// The processes carried over the sandbox's restart (none when only its agent ran).
     pub(in crate::services) carried: LiveReport,
+    /// The sandbox was stopped for the stack and is left so, its processes (if any) in its
+    /// hibernation checkpoint: the caller starts it ([`Restart::ByCaller`]).
+    pub(in crate::services) stopped: bool,
+}
+
+/// Who starts a sandbox stopped to stack its files again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::services) enum Restart {
+    /// [`Snapshots::stacked`] does, before it returns (a fork: the parent goes on beside its
+    /// children).
+    Now,
+    /// Its caller does once what it made is kept, after a stack that succeeded (a snapshot:
+    /// [`crate::services::lifecycle::Lifecycle::restart_soon`]); after one that failed, it is
+    /// started again at once, as with `Now`.
+    ByCaller,
 }
 
 impl Snapshots {
@@ -83,7 +98,7 @@ impl Snapshots {
         entry: &Arc<Entry>,
         runtime: &mut Runtime,
         (from, to): (FsRef, Vec<(String, CloneKind)>),
-        keep: Option<&str>,
+        (keep, restart): (Option<&str>, Restart),
     ) -> Result<Option<Stacked>, EngineError> {
         if !self.driver.capabilities().live_state.available
             || self.driver.open_connections(id).await != Some(0)
@@ -127,10 +142,23 @@ impl Snapshots {
             return Err(e);
         }
         let stacked = self.driver.stack_fs(from, to).await;
+        if restart == Restart::ByCaller
+            && let Ok(Some(method)) = stacked
+        {
+            return Ok(Some(Stacked {
+                method,
+                carried,
+                stopped: true,
+            }));
+        }
         // Started again, its processes restored and their checkpoint dropped (a wake).
         let restarted = lifecycle.restart_stopped(id, entry, runtime).await;
         match (stacked, restarted) {
-            (Ok(Some(method)), Ok(())) => Ok(Some(Stacked { method, carried })),
+            (Ok(Some(method)), Ok(())) => Ok(Some(Stacked {
+                method,
+                carried,
+                stopped: false,
+            })),
             (stacked, restarted) => {
                 // The caller copies instead, or fails: the copy of the processes goes.
                 drop_kept().await;
