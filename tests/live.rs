@@ -532,20 +532,47 @@ async fn a_process_outside_every_job_is_named_and_never_lost() {
     let Some((_engine, client)) = live_engine().await else {
         return;
     };
-    let id = create(&client).await;
-    background(&client, &id, "sleep 600 > /dev/null 2>&1 &").await;
-    sh(&client, &id, "until pgrep -x sleep; do sleep 0.05; done").await;
+    outsider_kept(&client, None, ("sleep 600 > /dev/null 2>&1 &", true)).await;
+    // On the plain store a busy sandbox's files are stacked over a restart only when CRIU
+    // carries everything that runs. Here no job or context is kept, only a daemon a command
+    // left (a finished job would keep the copy path by itself): it is copied all the same, and
+    // the daemon goes on.
+    let plain = TestEngine::start_with(|c| {
+        c.disk_limits = sandbox_mcp_model::config::DiskLimits::Off;
+    })
+    .await;
+    let daemon = "setsid sleep 600 > /dev/null 2>&1 < /dev/null &";
+    outsider_kept(&plain.mcp().await, Some("copy"), (daemon, false)).await;
+}
+
+/// A daemon left behind by `leave` (run as a job, or as a command): hibernation refuses
+/// (naming it), a fork names it skipped (and is made by `method` when given), and it runs on.
+async fn outsider_kept(
+    client: &crate::common::McpClient,
+    method: Option<&str>,
+    (leave, as_job): (&str, bool),
+) {
+    let id = create(client).await;
+    if as_job {
+        background(client, &id, leave).await;
+    } else {
+        sh(client, &id, leave).await;
+    }
+    sh(client, &id, "until pgrep -x sleep; do sleep 0.05; done").await;
     let hibernate = json!({"sandbox_id": id, "hibernate": true});
-    let refused = err(&client, "sandbox_pause", hibernate).await;
+    let refused = err(client, "sandbox_pause", hibernate).await;
     assert!(
         refused.contains("1 process(es) outside every job and code context"),
         "{refused}"
     );
-    let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
+    let info = ok(client, "sandbox_info", json!({"sandbox_id": id})).await;
     assert_eq!(info["status"], "running", "{info}");
-    assert_eq!(sh(&client, &id, "pgrep -cx sleep").await, "1\n");
-    let forked = ok(&client, "sandbox_fork", json!({"sandbox_id": id})).await;
+    assert_eq!(sh(client, &id, "pgrep -cx sleep").await, "1\n");
+    let forked = ok(client, "sandbox_fork", json!({"sandbox_id": id})).await;
     let skipped = forked["memory"]["skipped"].to_string();
     assert!(skipped.contains("outside every job"), "{forked}");
-    assert_eq!(sh(&client, &id, "pgrep -cx sleep").await, "1\n");
+    if let Some(method) = method {
+        assert_eq!(forked["method"], method, "{forked}");
+    }
+    assert_eq!(sh(client, &id, "pgrep -cx sleep").await, "1\n");
 }

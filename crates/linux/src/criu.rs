@@ -47,9 +47,16 @@ pub struct Criu {
 /// 0700; one that is not a directory of this uid's alone (made by another user first, a
 /// symlink) is not used, and CRIU probes as before.
 fn kernel_cache() -> Option<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let uid = nix::unistd::geteuid().as_raw();
-    let dir = PathBuf::from(format!("/dev/shm/sandbox-mcp-criu-{uid}"));
+    own_dir(
+        PathBuf::from(format!("/dev/shm/sandbox-mcp-criu-{uid}")),
+        uid,
+    )
+}
+
+/// `dir`, made 0700 if missing, if it is a directory (not a symlink) of `uid`'s alone.
+fn own_dir(dir: PathBuf, uid: u32) -> Option<PathBuf> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
     let meta = std::fs::symlink_metadata(&dir).ok()?;
     (meta.is_dir() && meta.uid() == uid && meta.mode() & 0o777 == 0o700).then_some(dir)
@@ -442,6 +449,34 @@ mod tests {
     use nix::unistd::Pid;
 
     use super::*;
+
+    #[test]
+    fn the_kernel_cache_is_a_directory_of_the_engines_alone() {
+        use std::os::unix::fs::{PermissionsExt, symlink};
+        let base = tempfile::tempdir().unwrap();
+        let uid = nix::unistd::geteuid().as_raw();
+        let fresh = base.path().join("fresh");
+        assert_eq!(own_dir(fresh.clone(), uid), Some(fresh.clone()));
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        assert_eq!(
+            own_dir(fresh.clone(), uid),
+            Some(fresh.clone()),
+            "made before"
+        );
+        // One that others may enter, a symlink (even to a good one), or someone else's: unused.
+        let open = base.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(own_dir(open, uid), None);
+        let link = base.path().join("link");
+        symlink(&fresh, &link).unwrap();
+        assert_eq!(own_dir(link, uid), None);
+        assert_eq!(own_dir(fresh.clone(), uid + 1), None, "another uid's");
+        let file = base.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(own_dir(file, uid), None);
+    }
 
     #[test]
     fn a_child_is_its_tree_s_from_the_moment_it_exists() {
