@@ -158,23 +158,34 @@ fn busy_path(
             )),
         ));
     }
-    let mut snaps = Vec::new();
     let snapshots = format!("/v1/sandboxes/{id}/snapshots");
-    for _ in 0..runs {
-        let (d, r) = time(|| engine.call("POST", &snapshots, Some(json!({}))));
+    let exec = format!("/v1/sandboxes/{id}/exec");
+    // One snapshot, and an exec right after it when `then_exec`, timed together; the snapshot
+    // is deleted after, untimed.
+    let snapshot = |then_exec: bool| -> Result<f64, String> {
+        let (d, r) = time(|| {
+            let s = engine.call("POST", &snapshots, Some(json!({})))?;
+            if then_exec {
+                engine.call("POST", &exec, Some(json!({"command": "true"})))?;
+            }
+            Ok::<_, String>(s)
+        });
         let s = r?;
         if s["method"] != expect {
             return Err(format!(
                 "a snapshot of a busy sandbox did not use `{expect}`: {s}"
             ));
         }
-        snaps.push(ms(d));
         engine.call(
             "DELETE",
             &format!("{snapshots}/{}", s["id"].as_str().unwrap_or("")),
             None,
         )?;
-    }
+        Ok(ms(d))
+    };
+    let snaps = (0..runs)
+        .map(|_| snapshot(false))
+        .collect::<Result<Vec<_>, _>>()?;
     out.push(figure(
         &name("snapshot create"),
         "ms",
@@ -185,22 +196,9 @@ fn busy_path(
     if !connected {
         // A stacked snapshot answers before the sandbox has started again: what a caller that
         // goes on at once waits for in all.
-        let exec = format!("/v1/sandboxes/{id}/exec");
-        let mut both = Vec::new();
-        for _ in 0..runs {
-            let (d, r) = time(|| {
-                let s = engine.call("POST", &snapshots, Some(json!({})))?;
-                engine.call("POST", &exec, Some(json!({"command": "true"})))?;
-                Ok::<_, String>(s)
-            });
-            let s = r?;
-            both.push(ms(d));
-            engine.call(
-                "DELETE",
-                &format!("{snapshots}/{}", s["id"].as_str().unwrap_or("")),
-                None,
-            )?;
-        }
+        let both = (0..runs)
+            .map(|_| snapshot(true))
+            .collect::<Result<Vec<_>, _>>()?;
         out.push(figure(
             &name("snapshot create, then an exec `true` answered"),
             "ms",
