@@ -70,6 +70,17 @@ async fn count(client: &crate::common::McpClient, id: &str) -> u64 {
         .unwrap()
 }
 
+/// Waits (30 s at most) until sandbox `id`'s counter is more than `by` above what it reads
+/// now; fails with `what` if it is not.
+async fn counts_on(client: &crate::common::McpClient, id: &str, by: u64, what: &str) {
+    let from = count(client, id).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while count(client, id).await <= from + by {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A GET through a preview URL (`http://{host}:{port}/?preview_token=…`), body returned.
 async fn through_preview(url: &str) -> String {
     let rest = url.strip_prefix("http://").unwrap();
@@ -500,12 +511,7 @@ async fn a_job_that_forks_all_the_time_goes_on_after_each_hibernation_and_in_for
     let forking = COUNTER.replace("; sleep 0.1", "");
     background(&client, &id, &forking).await;
     let goes_on = async |id: &str, when: &str| {
-        let from = count(&client, id).await;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while count(&client, id).await <= from + 20 {
-            assert!(std::time::Instant::now() < deadline, "the job hangs {when}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        counts_on(&client, id, 20, &format!("the job hangs {when}")).await;
     };
     for round in 1..=4 {
         let hibernate = json!({"sandbox_id": id, "hibernate": true});

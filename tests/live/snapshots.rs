@@ -2,11 +2,9 @@
 //! on the engine's store, and on the plain one, where a busy sandbox's files are stacked and its
 //! processes carried over its restart.
 
-use std::time::Duration;
-
 use serde_json::json;
 
-use super::{COUNTER, background, code, count, live, live_engine};
+use super::{COUNTER, background, code, count, counts_on, live, live_engine};
 use crate::common::{McpClient, TestEngine, create, ok};
 use crate::require_sandboxes;
 use sandbox_mcp_model::config::DiskLimits;
@@ -78,12 +76,7 @@ async fn a_snapshot_answers_before_the_restart_and_nothing_sees_the_sandbox_stop
     .await;
     let carried = restored["memory"]["carried"].as_array().unwrap();
     assert!(carried.contains(&json!("job job_1")), "{restored}");
-    let after = count(&client, &id).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while count(&client, &id).await <= after + 2 {
-        assert!(std::time::Instant::now() < deadline, "the counter stopped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    counts_on(&client, &id, 2, "the counter stopped").await;
 }
 
 /// Snapshots of a sandbox with a REPL context and a counter job, with memory and without, made
@@ -110,12 +103,7 @@ async fn round_trips(engine: &TestEngine, client: &McpClient, method: Option<&st
         assert_eq!(snap["method"], method, "{snap}");
     }
     // The counter went on in the sandbox after each snapshot.
-    let after = count(client, &id).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while count(client, &id).await <= after + 2 {
-        assert!(std::time::Instant::now() < deadline, "the counter stopped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    counts_on(client, &id, 2, "the counter stopped").await;
     // Its images are the engine's alone: root's, in a directory no other user can enter.
     {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -214,10 +202,5 @@ async fn a_stale_hibernation_checkpoint_of_a_live_sandbox_is_dropped_at_start() 
     let client = engine.mcp().await;
     let jobs = crate::common::sh(&client, &id, "pgrep -c -f 'i=0; [w]hile'; true").await;
     assert_eq!(jobs.trim(), "1", "one counter, not a restored second one");
-    let first = count(&client, &id).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while count(&client, &id).await <= first {
-        assert!(std::time::Instant::now() < deadline, "the counter stopped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    counts_on(&client, &id, 0, "the counter stopped").await;
 }
