@@ -100,16 +100,18 @@ impl Snapshots {
         (from, to): (FsRef, Vec<(String, CloneKind)>),
         (keep, restart): (Option<&str>, Restart),
     ) -> Result<Option<Stacked>, EngineError> {
-        if !self.driver.capabilities().live_state.available
-            || self.driver.open_connections(id).await != Some(0)
-        {
+        if !self.driver.capabilities().live_state.available {
             return Ok(None);
         }
         let name = checkpoint_of(id);
         self.driver.drop_checkpoint(&name).await;
-        let live = self.checkpoint_for(id, *runtime, &name).await;
+        // Its connections are counted while it is dumped (a dump in vain if one is open).
+        let (open, live) = tokio::join!(
+            self.driver.open_connections(id),
+            self.checkpoint_for(id, *runtime, &name)
+        );
         let carried = match &live.report {
-            Ok(report) if report.skipped.is_empty() => match keep {
+            Ok(report) if report.skipped.is_empty() && open == Some(0) => match keep {
                 Some(keep) => self
                     .driver
                     .copy_checkpoint(&name, keep)
