@@ -44,7 +44,8 @@ pub(crate) fn fork_figures(out: &mut Vec<Figure>) -> String {
          nothing since its last layer makes none. A sandbox with jobs or REPL contexts \
          running is stacked too where CRIU carries them: they are dumped, the sandbox is \
          stopped, stacked and started again, and they are restored into it (its hibernation \
-         and wake, in one call). One that would lose something that way (an open TCP \
+         and wake: a fork returns after both, a snapshot once it is kept, before the wake, \
+         which a call right after it waits for). One that would lose something that way (an open TCP \
          connection, which a restore closes; a finished job's output the agent holds; a \
          terminal or a desktop) is copied file by file instead (method `copy`). A fork's children start their \
          agents in parallel, and the call returns once all of them are running. Every figure is \
