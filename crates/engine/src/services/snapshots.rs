@@ -336,8 +336,15 @@ impl Snapshots {
         let from = Self::fs_of(entry, id);
         let to = vec![(snap.id.clone(), CloneKind::Snapshot)];
         let keep = memory.then(|| memory_of(&snap.id));
+        // Started again after the answer, unless volumes are kept too: their copy (seconds for
+        // a large one) comes after the stack, and the sandbox must not stay stopped through it.
+        let restart = if volumes {
+            Restart::Now
+        } else {
+            Restart::ByCaller
+        };
         let stacked = match self
-            .stacked(id, entry, runtime, to, (keep.as_deref(), Restart::ByCaller))
+            .stacked(id, entry, runtime, to, (keep.as_deref(), restart))
             .await
         {
             Ok(stacked) => {
