@@ -140,7 +140,7 @@ fn measure_network(
         "Network: egress relay ÷ direct, 1 GiB download",
         "%",
         shares,
-        Some((80.0, "≥ 80% of direct")),
+        Some((85.0, "≥ 85% of direct")),
         "relay rate ÷ direct rate of each round's pair of downloads",
     ));
 
