@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use crate::common::{TestEngine, api, create, ok, sh, spawn_engine_process_env};
+use crate::common::{McpClient, TestEngine, api, create, ok, sh, spawn_engine_process_env};
 use crate::require_sandboxes;
 use sandbox_mcp_linux::driver::MAX_STACK;
 use sandbox_mcp_model::config::DiskLimits;
@@ -113,19 +113,7 @@ async fn a_fork_stacks_layers_only_when_the_parent_loses_nothing() {
     }
     // An open TCP connection would be cut by a restore (its peer cannot be carried): copied,
     // and the connection lives on.
-    let held = "exec python3 -c 'import socket, time\ns = socket.socket()\ns.bind((\"127.0.0.1\", 7000))\ns.listen()\nc = socket.create_connection((\"127.0.0.1\", 7000))\na, _ = s.accept()\ntime.sleep(600)'";
-    ok(
-        &client,
-        "sandbox_exec",
-        json!({"sandbox_id": parent, "command": held, "background": true}),
-    )
-    .await;
-    sh(
-        &client,
-        &parent,
-        "until awk '$4 == \"01\"' /proc/net/tcp | grep -q .; do sleep 0.05; done",
-    )
-    .await;
+    hold_a_connection(&client, &parent, "AF_INET", "127.0.0.1", "tcp").await;
     let forked = fork(parent.clone()).await;
     assert_eq!(forked["method"], "copy", "{forked}");
     let open = sh(&client, &parent, "awk '$4 == \"01\"' /proc/net/tcp | wc -l").await;
@@ -172,6 +160,40 @@ async fn a_fork_stacks_layers_only_when_the_parent_loses_nothing() {
     )
     .await;
     assert_eq!(sh(&client, &kids[0], "cat /root/w/f").await, "kid\n");
+    // An IPv6 connection (the namespace's other table) keeps a fork on the copy path too.
+    hold_a_connection(&client, &kids[0], "AF_INET6", "::1", "tcp6").await;
+    let forked = fork(kids[0].clone()).await;
+    assert_eq!(forked["method"], "copy", "{forked}");
+    let open = sh(
+        &client,
+        &kids[0],
+        "awk '$4 == \"01\"' /proc/net/tcp6 | wc -l",
+    )
+    .await;
+    assert_eq!(
+        open, "2\n",
+        "both ends of the IPv6 connection are still open"
+    );
+}
+
+/// Starts a job in `id` holding a TCP connection to itself over `address` (of socket `family`),
+/// and waits until `/proc/net/{table}` shows it established.
+async fn hold_a_connection(client: &McpClient, id: &str, family: &str, address: &str, table: &str) {
+    let held = format!(
+        "exec python3 -c 'import socket, time\ns = socket.socket(socket.{family})\ns.bind((\"{address}\", 7000))\ns.listen()\nc = socket.create_connection((\"{address}\", 7000))\na, _ = s.accept()\ntime.sleep(600)'"
+    );
+    ok(
+        client,
+        "sandbox_exec",
+        json!({"sandbox_id": id, "command": held, "background": true}),
+    )
+    .await;
+    sh(
+        client,
+        id,
+        &format!("until awk '$4 == \"01\"' /proc/net/{table} | grep -q .; do sleep 0.05; done"),
+    )
+    .await;
 }
 
 /// A chain of forks, each of the last child, stacks layers up to the depth limit, then merges
