@@ -275,6 +275,31 @@ fn fork_path(
         };
     let note = |what: &str| format!("HTTP API call wall time, {WORKSPACE_NOTE}; {what}");
 
+    // A description of a sandbox with many files: its disk use is a walk of them, which a
+    // description reuses while it is recent and a metrics call makes anew.
+    for (what, path, runs, detail) in [
+        (
+            "sandbox_info (GET /v1/sandboxes/{id})",
+            format!("/v1/sandboxes/{id}"),
+            100,
+            "back to back: disk use from a walk of the files reused while younger than 20 times what it took",
+        ),
+        (
+            "sandbox_metrics (GET …/metrics)",
+            format!("/v1/sandboxes/{id}/metrics"),
+            10,
+            "back to back: disk use walked anew each time",
+        ),
+    ] {
+        let mut samples = Vec::new();
+        for _ in 0..runs {
+            let (d, r) = time(|| engine.call("GET", &path, None));
+            r?;
+            samples.push(ms(d));
+        }
+        out.push(figure(&name(what), "ms", samples, None, &note(detail)));
+    }
+
     let fork = |count: u32| -> Result<(f64, Vec<String>), String> {
         let (d, r) = time(|| {
             engine.call(

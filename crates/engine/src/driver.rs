@@ -4,12 +4,14 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use sandbox_mcp_model::driver::{
     AgentConn, Capabilities, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef,
     Isolation, Liveness, SharedRecords, StartSpec, Storage, TemplateLayout, Usage,
 };
 
+use crate::disk_meter::{DiskMeter, Measured};
 use crate::error::EngineError;
 
 /// Runs `f` on the blocking pool.
@@ -35,6 +37,7 @@ pub struct DriverHandle {
     isolation: Arc<dyn Isolation>,
     storage: Arc<dyn Storage>,
     shared: Option<Arc<dyn SharedRecords>>,
+    disk: Arc<DiskMeter>,
 }
 
 impl DriverHandle {
@@ -44,6 +47,7 @@ impl DriverHandle {
             isolation: driver.isolation,
             storage: driver.storage,
             shared: driver.shared,
+            disk: Arc::default(),
         }
     }
 
@@ -152,14 +156,63 @@ impl DriverHandle {
 
     pub(crate) async fn destroy(&self, id: &str) -> Result<(), DriverError> {
         let id = id.to_string();
-        self.isolated(move |d| d.destroy(&id)).await
+        let meter = self.disk.clone();
+        self.isolated(move |d| {
+            let destroyed = d.destroy(&id);
+            meter.forget(&id);
+            destroyed
+        })
+        .await
     }
 
-    pub(crate) async fn usage(&self, id: &str) -> Usage {
-        let id = id.to_string();
-        self.isolated(move |d| Ok(d.usage(&id)))
-            .await
-            .unwrap_or_default()
+    /// Sandbox `id`'s resource use (all of it, or `brief`ly: what its description shows) and
+    /// what its files take, in one trip to the blocking pool. The walk of its files is left out
+    /// where a recent one may stand for it, unless the caller wants the figure as of now
+    /// (`fresh`): see [`crate::disk_meter`].
+    pub(crate) async fn usage_and_disk(&self, id: &str, brief: bool, fresh: bool) -> (Usage, u64) {
+        let (usage, bytes) = self.measure(id, Some(brief), fresh).await;
+        (usage.unwrap_or_default(), bytes)
+    }
+
+    /// What sandbox `id`'s files take as of now (a walk begun after this call, perhaps another
+    /// caller's).
+    pub(crate) async fn disk_bytes(&self, id: &str) -> u64 {
+        self.measure(id, None, true).await.1
+    }
+
+    async fn measure(&self, id: &str, usage: Option<bool>, fresh: bool) -> (Option<Usage>, u64) {
+        let asked = Instant::now();
+        let slot = self.disk.slot(id);
+        let last = slot.lock().await;
+        let reused = last.filter(|m| m.serves(asked, fresh));
+        // With nothing to write back, other callers need not wait for this one.
+        let mut last = reused.is_none().then_some(last);
+        let (isolation, storage, id) =
+            (self.isolation.clone(), self.storage.clone(), id.to_string());
+        let measured = tokio::task::spawn_blocking(move || {
+            let usage = usage.map(|brief| match brief {
+                true => isolation.usage_brief(&id),
+                false => isolation.usage(&id),
+            });
+            let disk = reused.unwrap_or_else(|| {
+                let started = Instant::now();
+                let bytes = storage.disk_bytes(&id);
+                Measured {
+                    started,
+                    took: started.elapsed(),
+                    bytes,
+                }
+            });
+            (usage, disk)
+        })
+        .await;
+        let Ok((usage, disk)) = measured else {
+            return (None, 0);
+        };
+        if let Some(last) = &mut last {
+            **last = Some(disk);
+        }
+        (usage, disk.bytes)
     }
 
     pub(crate) async fn processes(&self, id: &str) -> u64 {
@@ -254,13 +307,6 @@ impl DriverHandle {
         self.isolation.connect_port(id, port).await
     }
 
-    pub(crate) async fn disk_bytes(&self, id: &str) -> u64 {
-        let id = id.to_string();
-        self.stored(move |s| Ok(s.disk_bytes(&id)))
-            .await
-            .unwrap_or_default()
-    }
-
     pub(crate) async fn disk_charge(&self, id: &str) -> Option<u64> {
         let id = id.to_string();
         self.stored(move |s| Ok(s.disk_charge(&id)))
@@ -325,13 +371,24 @@ impl DriverHandle {
         limit_bytes: u64,
     ) -> Result<CloneMethod, DriverError> {
         let id = id.to_string();
-        self.stored(move |s| s.replace_fs(&id, &from, limit_bytes))
-            .await
+        let meter = self.disk.clone();
+        self.stored(move |s| {
+            let replaced = s.replace_fs(&id, &from, limit_bytes);
+            meter.forget(&id);
+            replaced
+        })
+        .await
     }
 
     pub(crate) async fn remove_fs(&self, name: &str) -> Result<(), DriverError> {
         let name = name.to_string();
-        self.stored(move |s| s.remove_fs(&name)).await
+        let meter = self.disk.clone();
+        self.stored(move |s| {
+            let removed = s.remove_fs(&name);
+            meter.forget(&name);
+            removed
+        })
+        .await
     }
 
     pub(crate) async fn fs_layers(

@@ -7,6 +7,7 @@
 //! and storage of a driver (known only by the model's interface); [`error`] is every way an
 //! operation fails, and the HTTP status and `error_code` each failure leaves the engine with.
 
+pub(crate) mod disk_meter;
 pub mod driver;
 pub mod error;
 pub mod manager;

@@ -241,14 +241,19 @@ fn disk_usage_within(dir: &Path, max_entries: usize, max_pending: usize) -> u64 
             if seen > max_entries {
                 return total;
             }
-            let path = entry.path();
-            let Ok(m) = path.symlink_metadata() else {
+            // Looked up by name in the open directory (it follows no symlink), not by a
+            // path the kernel would walk again from the root for every file.
+            let Ok(m) = entry.metadata() else {
                 continue;
             };
             total += m.blocks() * 512;
+            if !m.is_dir() {
+                continue;
+            }
             // A path past PATH_MAX cannot be read by path: not worth queueing.
+            let path = entry.path();
             let len = path.as_os_str().len();
-            if m.is_dir() && len < libc::PATH_MAX as usize {
+            if len < libc::PATH_MAX as usize {
                 if pending + len > max_pending {
                     return total;
                 }

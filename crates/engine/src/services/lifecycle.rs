@@ -201,10 +201,9 @@ impl Lifecycle {
     ) -> Result<SandboxView, EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
         let usage = if with_usage {
-            Some((
-                self.driver.usage(id).await,
-                self.driver.disk_bytes(id).await,
-            ))
+            // A description shows three figures of its use and a recent measurement of its
+            // files (see `crate::disk_meter`); `metrics` reads everything as of now.
+            Some(self.driver.usage_and_disk(id, true, false).await)
         } else {
             None
         };
@@ -227,10 +226,7 @@ impl Lifecycle {
 
     pub async fn metrics(&self, id: &str, tenant: Option<&str>) -> Result<Metrics, EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
-        let (usage, disk_bytes) = (
-            self.driver.usage(id).await,
-            self.driver.disk_bytes(id).await,
-        );
+        let (usage, disk_bytes) = self.driver.usage_and_disk(id, false, true).await;
         let record = entry.record();
         let capabilities = self.driver.capabilities();
         Ok(Metrics {
