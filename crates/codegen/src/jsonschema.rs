@@ -16,7 +16,31 @@
 //! `pattern` (ECMAScript, via regress), `minimum`/`maximum`, `minItems`/`maxItems`,
 //! `maxProperties`. Anything else is an annotation and ignored, as JSON Schema prescribes.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use serde_json::Value;
+
+/// Most patterns kept compiled. Our schemas have a handful; the rest of the room is for hosted
+/// servers' schemas, which are not ours to bound: past it a pattern is compiled each time.
+const MAX_COMPILED: usize = 256;
+
+/// `pattern` compiled, once per process: compiling one costs more than the rest of a call's
+/// checks, and every `tools/call` checks the same few.
+fn compiled(pattern: &str) -> Result<Arc<regress::Regex>, regress::Error> {
+    static COMPILED: LazyLock<Mutex<HashMap<String, Arc<regress::Regex>>>> =
+        LazyLock::new(Mutex::default);
+    let lock = || COMPILED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(re) = lock().get(pattern) {
+        return Ok(re.clone());
+    }
+    let re = Arc::new(regress::Regex::new(pattern)?);
+    let mut compiled = lock();
+    if compiled.len() < MAX_COMPILED {
+        compiled.insert(pattern.to_string(), re.clone());
+    }
+    Ok(re)
+}
 
 /// One violation, with a JSON-pointer-like location (`env.PATH`, `items[3]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,7 +232,7 @@ fn check_string(
         return;
     }
     if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
-        match regress::Regex::new(pattern) {
+        match compiled(pattern) {
             // The most common pattern, "no NUL anywhere", is named in words: a model can act
             // on "contains a NUL character" but not on a regular expression.
             Ok(_) if pattern == NO_NUL && s.contains('\0') => push(

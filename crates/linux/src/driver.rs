@@ -57,6 +57,9 @@ pub struct NamespacesDriver {
     exe: PathBuf,
     uid: u32,
     gid: u32,
+    /// How this host freezes a cgroup, probed once (two lookups in /sys) rather than each time
+    /// a sandbox's cgroups are named: `sandbox_info` names them on every call.
+    freeze: crate::cgroups::FreezeMethod,
     /// As root, uid ranges are allocated host-wide; unprivileged, there is only the caller's id.
     registry: Option<Registry>,
     /// A sandbox's share of the ptys (see [`plan::pty_share`]), and the pool it is drawn from.
@@ -168,6 +171,7 @@ impl NamespacesDriver {
         let pty_max = plan::pty_share(pty_pool, max_sandboxes);
         let driver = Self {
             sandboxes_dir,
+            freeze: layout.freeze_method(),
             layout,
             store,
             exe,
@@ -212,7 +216,7 @@ impl NamespacesDriver {
     }
 
     fn cgroups(&self, id: &str) -> Cgroups {
-        self.layout.sandbox(id)
+        self.layout.sandbox_with(id, self.freeze)
     }
 
     pub fn layout(&self) -> &Layout {

@@ -276,6 +276,11 @@ pub trait Isolation: Send + Sync + 'static {
     /// Kills every process and deletes the sandbox's filesystem and cgroups.
     fn destroy(&self, id: &str) -> Result<(), DriverError>;
     fn usage(&self, id: &str) -> Usage;
+    /// [`Self::usage`]'s `cpu_seconds`, `memory_bytes` and `pids` (the rest may be zero), where
+    /// reading fewer is cheaper: what a sandbox's description shows, read on every `sandbox_info`.
+    fn usage_brief(&self, id: &str) -> Usage {
+        self.usage(id)
+    }
     /// Processes the sandbox has (not threads, not exited ones awaiting their parent).
     fn processes(&self, id: &str) -> u64 {
         self.usage(id).pids

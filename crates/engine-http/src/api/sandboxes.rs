@@ -205,17 +205,13 @@ pub(super) async fn get(
     id: types::SandboxId,
 ) -> Result<types::Sandbox, EngineError> {
     let id: &str = &id;
-    let mut view = state
-        .manager
-        .lifecycle
-        .get(id, caller.tenant(), true)
-        .await?;
-    view.jobs = state
-        .manager
-        .agent
-        .jobs(id, caller.tenant())
-        .await
-        .unwrap_or_default();
+    // The agent's answer and the cgroup and file reads side by side (each checks the tenant).
+    let (view, jobs) = tokio::join!(
+        state.manager.lifecycle.get(id, caller.tenant(), true),
+        state.manager.agent.jobs(id, caller.tenant())
+    );
+    let mut view = view?;
+    view.jobs = jobs.unwrap_or_default();
     sandbox(&view)
 }
 

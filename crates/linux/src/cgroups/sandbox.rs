@@ -227,6 +227,16 @@ impl Cgroups {
     }
 
     pub fn usage(&self) -> Usage {
+        self.read_usage(true)
+    }
+
+    /// What `sandbox_info` shows, CPU time, memory now and processes: three files, where
+    /// [`Self::usage`] opens ten on a hybrid host (limits, peak and OOM kills too).
+    pub fn usage_brief(&self) -> Usage {
+        self.read_usage(false)
+    }
+
+    fn read_usage(&self, full: bool) -> Usage {
         let mut s = Usage::default();
         match &self.layout {
             Layout::None => {}
@@ -234,11 +244,13 @@ impl Cgroups {
                 if let Some(d) = self.v2_dir().and_then(|d| OpenDir::open(&d)) {
                     s.cpu_seconds = d.keyed("cpu.stat", "usage_usec").unwrap_or(0) as f64 / 1e6;
                     s.memory_bytes = d.u64("memory.current").unwrap_or(0);
-                    s.memory_peak_bytes = d.u64("memory.peak").unwrap_or(s.memory_bytes);
-                    s.memory_limit_bytes = d.u64("memory.max").unwrap_or(0);
                     s.pids = d.u64("pids.current").unwrap_or(0);
-                    s.pids_limit = d.u64("pids.max").unwrap_or(0);
-                    s.oom_kills = d.keyed("memory.events", "oom_kill").unwrap_or(0);
+                    if full {
+                        s.memory_peak_bytes = d.u64("memory.peak").unwrap_or(s.memory_bytes);
+                        s.memory_limit_bytes = d.u64("memory.max").unwrap_or(0);
+                        s.pids_limit = d.u64("pids.max").unwrap_or(0);
+                        s.oom_kills = d.keyed("memory.events", "oom_kill").unwrap_or(0);
+                    }
                 }
             }
             Layout::Hybrid {
@@ -252,6 +264,15 @@ impl Cgroups {
                 } else if let Some(d) = self.v2_dir() {
                     s.cpu_seconds =
                         read_keyed(&d.join("cpu.stat"), "usage_usec").unwrap_or(0) as f64 / 1e6;
+                }
+                if !full {
+                    // One file each: opening the directory first would be a second open.
+                    let one = |dir: &Option<PathBuf>, name: &str| {
+                        self.dir(dir).and_then(|d| read_u64(&d.join(name)))
+                    };
+                    s.memory_bytes = one(memory, "memory.usage_in_bytes").unwrap_or(0);
+                    s.pids = one(pids, "pids.current").unwrap_or(0);
+                    return s;
                 }
                 if let Some(d) = self.dir(memory).and_then(|d| OpenDir::open(&d)) {
                     s.memory_bytes = d.u64("memory.usage_in_bytes").unwrap_or(0);

@@ -276,6 +276,10 @@ impl Isolation for NamespacesDriver {
         self.cgroups(id).usage()
     }
 
+    fn usage_brief(&self, id: &str) -> Usage {
+        self.cgroups(id).usage_brief()
+    }
+
     fn processes(&self, id: &str) -> u64 {
         // cgroup.procs lists live processes; pids.current also counts threads, and killed
         // agents until the host's init reaps them.
