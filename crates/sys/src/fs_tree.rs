@@ -226,43 +226,103 @@ pub fn disk_usage(dir: &Path, max_entries: usize) -> u64 {
 const MAX_PENDING_PATH_BYTES: usize = 16 << 20;
 
 fn disk_usage_within(dir: &Path, max_entries: usize, max_pending: usize) -> u64 {
-    use std::os::unix::fs::MetadataExt;
+    let Ok(root) = open_dir(None, dir.as_os_str()) else {
+        return 0;
+    };
     let mut total = 0u64;
     let mut seen = 0usize;
-    let mut pending = dir.as_os_str().len();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        pending -= d.as_os_str().len();
-        let Ok(entries) = fs::read_dir(&d) else {
+    let mut pending = 0usize;
+    // Directories still to read, by their path below `dir`: each is opened from `root` by a
+    // lookup that refuses every symlink on the way ([`open_dir_beneath`]), so a directory the
+    // sandbox swaps for a link while the walk runs is not followed out of its tree.
+    let mut stack = vec![std::path::PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        pending -= rel.as_os_str().len();
+        let fd = match rel.as_os_str().is_empty() {
+            true => root.try_clone(),
+            false => open_dir_beneath_path(Some(&root), &rel),
+        };
+        let Some(mut stream) = fd.ok().and_then(|fd| Dir::from_fd(fd).ok()) else {
             continue;
         };
-        for entry in entries.flatten() {
+        let at = stream.as_fd().try_clone_to_owned();
+        let Ok(at) = at else {
+            continue;
+        };
+        for entry in stream.iter().flatten() {
+            let name: &CStr = entry.file_name();
+            if matches!(name.to_bytes(), b"." | b"..") {
+                continue;
+            }
             seen += 1;
             if seen > max_entries {
                 return total;
             }
-            // Looked up by name in the open directory (it follows no symlink), not by a
-            // path the kernel would walk again from the root for every file.
-            let Ok(m) = entry.metadata() else {
+            // Looked up by name in the open directory, never following a link.
+            let Ok(st) = fstatat(&at, name, AtFlags::AT_SYMLINK_NOFOLLOW) else {
                 continue;
             };
-            total += m.blocks() * 512;
-            if !m.is_dir() {
+            total += (st.st_blocks as u64).saturating_mul(512);
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
                 continue;
             }
-            // A path past PATH_MAX cannot be read by path: not worth queueing.
-            let path = entry.path();
-            let len = path.as_os_str().len();
+            let child = rel.join(OsStr::from_bytes(name.to_bytes()));
+            // A path past PATH_MAX cannot be looked up: not worth queueing.
+            let len = child.as_os_str().len();
             if len < libc::PATH_MAX as usize {
                 if pending + len > max_pending {
                     return total;
                 }
                 pending += len;
-                stack.push(path);
+                stack.push(child);
             }
         }
     }
     total
+}
+
+/// [`open_dir_beneath`] by path: `rel` below `root`, or without a root, the directory at `rel`
+/// itself (a path the engine chose; only its last name is not followed). An empty `rel` is
+/// `root` itself.
+pub fn open_dir_beneath_path(root: Option<&OwnedFd>, rel: &Path) -> io::Result<OwnedFd> {
+    match root {
+        None => open_dir(None, rel.as_os_str()),
+        Some(root) if rel.as_os_str().is_empty() => root.try_clone(),
+        Some(root) => {
+            let rel = CString::new(rel.as_os_str().as_bytes()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidInput, "a name contains a NUL byte")
+            })?;
+            Ok(open_dir_beneath(root.as_fd(), &rel)?)
+        }
+    }
+}
+
+/// Opens directory `rel` below `root` without crossing a symlink or leaving `root` (openat2's
+/// `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`; without openat2, one `O_NOFOLLOW` open per name).
+/// Sandbox code may be renaming and relinking the tree meanwhile: a directory swapped for a
+/// link is an error, never followed.
+pub fn open_dir_beneath(root: BorrowedFd<'_>, rel: &CStr) -> nix::Result<OwnedFd> {
+    use nix::fcntl::{OpenHow, ResolveFlag, openat2};
+    let how = OpenHow::new()
+        .flags(dir_flags())
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let mut tries = 0;
+    loop {
+        match openat2(root, rel, how) {
+            // A rename elsewhere raced the lookup: the kernel asks to try again.
+            Err(Errno::EAGAIN) if tries < 8 => tries += 1,
+            // No openat2 (an old kernel, or a seccomp filter): one name at a time.
+            Err(Errno::ENOSYS | Errno::EPERM) => break,
+            r => return r,
+        }
+    }
+    let mut fd = openat(root, c".", dir_flags(), Mode::empty())?;
+    for name in rel.to_bytes().split(|&c| c == b'/') {
+        if !name.is_empty() && name != b"." {
+            fd = openat(&fd, name, dir_flags(), Mode::empty())?;
+        }
+    }
+    Ok(fd)
 }
 
 #[cfg(test)]
@@ -407,6 +467,60 @@ mod tests {
         assert!(used > 0, "nothing counted");
         // (The temporary directory's own removal is recursive.)
         remove_tree(&root).unwrap();
+    }
+
+    #[test]
+    fn directories_are_never_opened_through_a_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("upper");
+        fs::create_dir_all(root.join("real/sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
+        std::os::unix::fs::symlink("real", root.join("rel")).unwrap();
+        let fd = open_dir(None, root.as_os_str()).unwrap();
+        assert!(open_dir_beneath(fd.as_fd(), c"real/sub").is_ok());
+        for path in [c"link", c"link/ssl", c"rel/sub", c"rel"] {
+            let e = open_dir_beneath(fd.as_fd(), path).unwrap_err();
+            assert!(
+                matches!(e, Errno::ENOENT | Errno::ENOTDIR | Errno::ELOOP),
+                "{path:?}: {e}"
+            );
+        }
+    }
+
+    /// A sandbox swapping one of its directories for a link to a host directory while the
+    /// engine measures it: the walk never counts what the link leads to.
+    #[test]
+    fn disk_usage_never_follows_a_directory_swapped_for_a_link() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let (tree, outside) = (dir.path().join("tree"), dir.path().join("outside"));
+        fs::create_dir_all(tree.join("d/e")).unwrap();
+        fs::create_dir_all(outside.join("e")).unwrap();
+        fs::write(outside.join("e/big"), vec![1u8; 8 << 20]).unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("l")).unwrap();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, tree) = (stop.clone(), tree.clone());
+            std::thread::spawn(move || {
+                let at = open_dir(None, tree.as_os_str()).unwrap();
+                let mut swaps = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    renameat2(&at, "d", &at, "l", RenameFlags::RENAME_EXCHANGE).unwrap();
+                    swaps += 1;
+                }
+                swaps
+            })
+        };
+        let most = (0..3000)
+            .map(|_| disk_usage(&tree, 1_000_000))
+            .max()
+            .unwrap();
+        stop.store(true, Ordering::Relaxed);
+        assert!(
+            swapper.join().unwrap() > 0,
+            "the directory was never swapped"
+        );
+        assert!(most < 8 << 20, "counted {most} bytes from outside the tree");
     }
 
     #[test]

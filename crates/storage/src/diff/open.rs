@@ -6,42 +6,18 @@
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 
 use nix::dir::Dir;
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2};
+use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{Mode, fstat};
+pub(crate) use sandbox_mcp_sys::fs_tree::open_dir_beneath as open_beneath;
 
 /// Set to `y` on a directory that hides the same directory in the layers below (`userxattr`).
 const OPAQUE: &CStr = c"user.overlay.opaque";
 /// Carried by an empty regular file that stands for a whiteout.
 pub(crate) const WHITEOUT: &CStr = c"user.overlay.whiteout";
-
-/// Opens directory `rel` below `root` without crossing a symlink or leaving `root`.
-pub(crate) fn open_beneath(root: BorrowedFd<'_>, rel: &CStr) -> nix::Result<OwnedFd> {
-    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let how = OpenHow::new()
-        .flags(flags)
-        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let mut tries = 0;
-    loop {
-        match openat2(root, rel, how) {
-            // A rename elsewhere raced the lookup: the kernel asks to try again.
-            Err(Errno::EAGAIN) if tries < 8 => tries += 1,
-            // No openat2 (an old kernel, or a seccomp filter): one name at a time.
-            Err(Errno::ENOSYS | Errno::EPERM) => break,
-            r => return r,
-        }
-    }
-    let mut fd = openat(root, c".", flags, Mode::empty())?;
-    for name in rel.to_bytes().split(|&c| c == b'/') {
-        if !name.is_empty() && name != b"." {
-            fd = openat(&fd, name, flags, Mode::empty())?;
-        }
-    }
-    Ok(fd)
-}
 
 /// Errors that mean a directory was replaced after its parent was read.
 pub(crate) fn vanished(e: Errno) -> bool {
@@ -112,29 +88,4 @@ pub(crate) fn fill(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
         }
     }
     Ok(n)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use std::fs;
-    use std::os::fd::AsFd;
-
-    use super::*;
-
-    #[test]
-    fn directories_are_never_opened_through_a_symlink() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path().join("upper");
-        fs::create_dir_all(root.join("real/sub")).unwrap();
-        std::os::unix::fs::symlink("/etc", root.join("link")).unwrap();
-        std::os::unix::fs::symlink("real", root.join("rel")).unwrap();
-        let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
-        let fd = openat(nix::fcntl::AT_FDCWD, &root, flags, Mode::empty()).unwrap();
-        assert!(open_beneath(fd.as_fd(), c"real/sub").is_ok());
-        for path in [c"link", c"link/ssl", c"rel/sub", c"rel"] {
-            let e = open_beneath(fd.as_fd(), path).unwrap_err();
-            assert!(vanished(e), "{path:?}: {e}");
-        }
-    }
 }
