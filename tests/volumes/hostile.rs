@@ -242,3 +242,75 @@ async fn applying_never_writes_outside_the_folder() {
     // And nothing outside it changed.
     assert_eq!(tree(&outside, false), outside_before);
 }
+
+/// The engine copies a volume while sandboxes that mount it run (a snapshot that keeps
+/// volumes, and its restore): one of them swapping a directory of the volume for a link to a
+/// host directory, as fast as it can, never gets a host file into the copy, nor a file of the
+/// copy written into the host directory.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_bent_while_the_engine_copies_it_never_reaches_the_host() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let outside = engine.dir.path().join("outside");
+    std::fs::create_dir_all(outside.join("e")).unwrap();
+    std::fs::write(outside.join("e/host-secret"), "host only").unwrap();
+    ok(&client, "volume_create", json!({"name": "v"})).await;
+    let mount = json!([{"name": "v", "path": "/data"}]);
+    let (a, b) = (
+        create_with(&client, mount.clone()).await,
+        create_with(&client, mount).await,
+    );
+    sh(
+        &client,
+        &a,
+        &format!(
+            "mkdir -p /data/d/e && for i in $(seq 50); do echo mine > /data/d/e/mine$i; done && ln -s {} /data/l",
+            outside.display()
+        ),
+    )
+    .await;
+    // renameat2(RENAME_EXCHANGE) of /data/d and /data/l, in a loop.
+    let swapper = "exec python3 -c 'import ctypes\nlibc = ctypes.CDLL(None)\nwhile True: libc.syscall(316, -100, b\"/data/d\", -100, b\"/data/l\", 2)'";
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": b, "command": swapper, "background": true}),
+    )
+    .await;
+    let mut snaps = Vec::new();
+    for _ in 0..5 {
+        let snap = ok(
+            &client,
+            "sandbox_snapshot_create",
+            json!({"sandbox_id": a, "volumes": true}),
+        )
+        .await;
+        snaps.push(snap["id"].as_str().unwrap().to_string());
+    }
+    for snap in &snaps {
+        // A restore may fail on a directory the swapper bent (it is refused, never followed).
+        let _ = crate::common::call(
+            &client,
+            "sandbox_snapshot_restore",
+            json!({"sandbox_id": a, "snapshot_id": snap}),
+        )
+        .await;
+    }
+    let kept = engine.data_dir().join("sandboxes/.volumes");
+    let found = std::process::Command::new("find")
+        .args([kept.as_os_str(), "-name".as_ref(), "host-secret".as_ref()])
+        .output()
+        .unwrap();
+    assert!(
+        found.stdout.is_empty(),
+        "a host file was copied into a volume: {}",
+        String::from_utf8_lossy(&found.stdout)
+    );
+    let written: Vec<_> = std::fs::read_dir(outside.join("e"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(written, ["host-secret"], "written into the host directory");
+}

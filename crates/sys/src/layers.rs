@@ -104,8 +104,10 @@ pub fn squash(trees: &[PathBuf], dest: &Path, owners: Owners) -> io::Result<u64>
     copier.finish()
 }
 
-/// Copies a sandbox's tree `from` (its uppers, stopped or frozen) to `to`, which must not
-/// exist, exactly: modes with setuid and setgid, whiteouts, opaque directories, hard links and
+/// Copies a sandbox's tree `from` (its uppers, stopped or frozen, so that the copy is one
+/// moment's; a volume that running sandboxes mount is copied too, and nothing outside either
+/// tree is read or written even then) to `to`, which must not exist (or, refilling a volume, is
+/// empty), exactly: modes with setuid and setgid, whiteouts, opaque directories, hard links and
 /// (with [`Owners::Same`]) host ids are kept, and so are modification times (a diff takes a file
 /// of the same size and time as unchanged without reading it), so the copy is the same filesystem. Sockets are
 /// not files to copy and are left out. Returns the bytes of file content copied. The copy path
@@ -146,11 +148,12 @@ struct Copier {
     /// Keep setuid and setgid bits (a copy of a sandbox for itself, not a template).
     exact: bool,
     bytes: u64,
-    /// Hard-linked files already copied: (device, inode) → the copy.
-    links: HashMap<(u64, u64), PathBuf>,
-    modes: Vec<(PathBuf, u32)>,
+    /// Hard-linked files already copied: (device, inode) → the copy (its tree's root and its
+    /// path below it).
+    links: HashMap<(u64, u64), Below>,
+    modes: Vec<(Below, u32)>,
     /// Directories whose times are set once everything in them is written (exact copies).
-    dir_times: Vec<(PathBuf, fs::Metadata)>,
+    dir_times: Vec<(Below, fs::Metadata)>,
     /// Copying a tree over the trees below it: what they left at a name is replaced.
     over: bool,
 }
@@ -185,28 +188,26 @@ impl Copier {
     /// writing entries changes times), each the topmost tree's. A directory a tree above
     /// replaced is gone.
     fn finish(self) -> io::Result<u64> {
-        let mut modes: HashMap<&PathBuf, u32> = HashMap::new();
-        for (path, mode) in &self.modes {
-            modes.insert(path, *mode);
+        let mut modes: HashMap<&Below, u32> = HashMap::new();
+        for (dir, mode) in &self.modes {
+            modes.insert(dir, *mode);
         }
-        for (path, _) in self.modes.iter().rev() {
-            if let Some(mode) = modes.remove(path) {
-                match fs::set_permissions(path, fs::Permissions::from_mode(mode)) {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    r => r?,
-                }
+        for (dir, _) in self.modes.iter().rev() {
+            if let Some(mode) = modes.remove(dir)
+                && let Some(fd) = dir.open()?
+            {
+                nix::sys::stat::fchmod(&fd, nix::sys::stat::Mode::from_bits_truncate(mode))?;
             }
         }
-        let mut times: HashMap<&PathBuf, &fs::Metadata> = HashMap::new();
-        for (path, meta) in &self.dir_times {
-            times.insert(path, meta);
+        let mut times: HashMap<&Below, &fs::Metadata> = HashMap::new();
+        for (dir, meta) in &self.dir_times {
+            times.insert(dir, meta);
         }
-        for (path, _) in self.dir_times.iter().rev() {
-            if let Some(meta) = times.remove(path) {
-                match keep_times(path, meta) {
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    r => r?,
-                }
+        for (dir, _) in self.dir_times.iter().rev() {
+            if let Some(meta) = times.remove(dir)
+                && let Some(fd) = dir.open()?
+            {
+                dir_times(&fd, meta)?;
             }
         }
         Ok(self.bytes)
@@ -225,31 +226,75 @@ impl Copier {
     }
 
     /// Copies the tree at `from` iteratively (a sandbox can make trees deep enough to overflow a
-    /// recursive walk's stack).
+    /// recursive walk's stack). Either tree may be one that sandbox code can still change (a
+    /// volume other sandboxes mount): every directory is opened beneath its tree's root without
+    /// crossing a symlink, and every entry is reached through its open directory
+    /// (`/proc/self/fd/N/name`), one name the calls below never follow. A directory swapped for
+    /// a link meanwhile is an error or is left out; nothing is read or written outside the two
+    /// trees.
     fn tree(&mut self, from: &Path, to: &Path) -> io::Result<()> {
-        let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
-        while let Some((src, dst)) = stack.pop() {
-            if dst.as_os_str().len() > MAX_PATH {
-                return Err(io::Error::other(TooDeep::at(&src, from)));
+        let src_root = crate::fs_tree::open_dir_beneath_path(None, from)?;
+        let mut dst_root: Option<std::os::fd::OwnedFd> = None;
+        let mut stack = vec![PathBuf::new()];
+        while let Some(rel) = stack.pop() {
+            if to.join(&rel).as_os_str().len() > MAX_PATH {
+                return Err(io::Error::other(TooDeep::at(&from.join(&rel), from)));
             }
+            // The directory itself, named through its open parent (the roots by their paths,
+            // which are the engine's).
+            let (parents, src, dst) = match (rel.parent(), rel.file_name(), &dst_root) {
+                (Some(parent), Some(name), Some(dst_root)) => {
+                    let sp = crate::fs_tree::open_dir_beneath_path(Some(&src_root), parent)?;
+                    let dp = crate::fs_tree::open_dir_beneath_path(Some(dst_root), parent)?;
+                    let (src, dst) = (at(&sp, name), at(&dp, name));
+                    (Some((sp, dp)), src, dst)
+                }
+                _ => (None, from.to_path_buf(), to.to_path_buf()),
+            };
             let meta = fs::symlink_metadata(&src)?;
+            if !meta.is_dir() {
+                // Replaced since its parent was read: not this tree's any more.
+                continue;
+            }
             if self.over {
                 self.replace(&src, &meta, &dst)?;
             }
-            self.dir(&src, &dst, &meta)?;
-            for entry in fs::read_dir(&src)? {
+            self.dir(&src, &dst, &meta, to, &rel)?;
+            drop(parents);
+            let dst_root = match &mut dst_root {
+                Some(fd) => &*fd,
+                None => dst_root.insert(crate::fs_tree::open_dir_beneath_path(None, to)?),
+            };
+            let sdir = crate::fs_tree::open_dir_beneath_path(Some(&src_root), &rel)?;
+            let ddir = crate::fs_tree::open_dir_beneath_path(Some(dst_root), &rel)?;
+            let mut listing = nix::dir::Dir::openat(
+                &sdir,
+                c".",
+                nix::fcntl::OFlag::O_RDONLY
+                    | nix::fcntl::OFlag::O_DIRECTORY
+                    | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )?;
+            for entry in listing.iter() {
                 let entry = entry?;
-                let (s, d) = (entry.path(), dst.join(entry.file_name()));
-                let meta = fs::symlink_metadata(&s)?;
+                let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes());
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let (s, d) = (at(&sdir, name), at(&ddir, name));
+                let Ok(meta) = fs::symlink_metadata(&s) else {
+                    // Gone since the directory was read.
+                    continue;
+                };
                 let ft = meta.file_type();
                 // A directory is looked at when it is taken off the stack.
                 if self.over && !ft.is_dir() {
                     self.replace(&s, &meta, &d)?;
                 }
                 if ft.is_dir() {
-                    stack.push((s, d));
+                    stack.push(rel.join(name));
                 } else if ft.is_file() {
-                    self.file(&s, &d, &meta)?;
+                    self.file(&s, &d, &meta, to, &rel.join(name))?;
                 } else if ft.is_symlink() {
                     std::os::unix::fs::symlink(fs::read_link(&s)?, &d)?;
                     self.chown(&d, &meta)?;
@@ -272,8 +317,17 @@ impl Copier {
         Ok(())
     }
 
-    fn dir(&mut self, src: &Path, dst: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    fn dir(
+        &mut self,
+        src: &Path,
+        dst: &Path,
+        meta: &fs::Metadata,
+        root: &Path,
+        rel: &Path,
+    ) -> io::Result<()> {
         match fs::DirBuilder::new().mode(0o700).create(dst) {
+            // Made by a tree below, or there already (the root); a link someone put there is
+            // refused when the directory is opened beneath the root.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             r => r?,
         }
@@ -282,20 +336,33 @@ impl Copier {
         }
         self.chown(dst, meta)?;
         let keep = if self.exact { 0o7777 } else { 0o1777 };
-        self.modes.push((dst.to_path_buf(), meta.mode() & keep));
+        let below = Below::new(root, rel);
+        self.modes.push((below.clone(), meta.mode() & keep));
         if self.exact {
-            self.dir_times.push((dst.to_path_buf(), meta.clone()));
+            self.dir_times.push((below, meta.clone()));
         }
         Ok(())
     }
 
-    fn file(&mut self, src: &Path, dst: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    fn file(
+        &mut self,
+        src: &Path,
+        dst: &Path,
+        meta: &fs::Metadata,
+        root: &Path,
+        rel: &Path,
+    ) -> io::Result<()> {
         if meta.nlink() > 1 {
             if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
-                return fs::hard_link(first, dst);
+                let (Some(parent), Some(name)) = (first.rel.parent(), first.rel.file_name()) else {
+                    return Err(io::Error::other("a hard link's first copy has no name"));
+                };
+                let root = crate::fs_tree::open_dir_beneath_path(None, &first.root)?;
+                let dir = crate::fs_tree::open_dir_beneath_path(Some(&root), parent)?;
+                return fs::hard_link(at(&dir, name), dst);
             }
             self.links
-                .insert((meta.dev(), meta.ino()), dst.to_path_buf());
+                .insert((meta.dev(), meta.ino()), Below::new(root, rel));
         }
         let mut input = fs::OpenOptions::new()
             .read(true)
@@ -324,6 +391,73 @@ impl Copier {
         }
         Ok(())
     }
+}
+
+/// A directory or file of a copy: the copy's root and its path below it, opened again beneath
+/// the root when needed (never by the whole path, which sandbox code could bend).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Below {
+    root: PathBuf,
+    rel: PathBuf,
+}
+
+impl Below {
+    fn new(root: &Path, rel: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            rel: rel.to_path_buf(),
+        }
+    }
+
+    /// The directory, open; `None` when it is gone or no longer a directory (a tree above
+    /// replaced it, or something else did).
+    fn open(&self) -> io::Result<Option<std::os::fd::OwnedFd>> {
+        let opened = crate::fs_tree::open_dir_beneath_path(None, &self.root).and_then(|root| {
+            match self.rel.as_os_str().is_empty() {
+                true => Ok(root),
+                false => crate::fs_tree::open_dir_beneath_path(Some(&root), &self.rel),
+            }
+        });
+        match opened {
+            Ok(fd) => Ok(Some(fd)),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// `name` in the open directory `dir`, as a path the kernel resolves through the descriptor
+/// (not by the directory's own path).
+fn at(dir: &std::os::fd::OwnedFd, name: &std::ffi::OsStr) -> PathBuf {
+    use std::os::fd::AsRawFd;
+    PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name)
+}
+
+/// Gives the open directory `dir` the access and modification times of `meta`.
+fn dir_times(dir: &std::os::fd::OwnedFd, meta: &fs::Metadata) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let times = [
+        libc::timespec {
+            tv_sec: meta.atime(),
+            tv_nsec: meta.atime_nsec(),
+        },
+        libc::timespec {
+            tv_sec: meta.mtime(),
+            tv_nsec: meta.mtime_nsec(),
+        },
+    ];
+    // SAFETY: an open descriptor and an array of two timespecs.
+    if unsafe { libc::futimens(dir.as_raw_fd(), times.as_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Gives `path` (never followed) the access and modification times of `meta`.

@@ -186,3 +186,111 @@ fn ids_are_stable_and_never_paths() {
     assert_eq!(a.len(), 32);
     assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
 }
+
+/// Exchanges directory `name` in `dir` with the symlink `link` beside it, over and over, until
+/// told to stop: sandbox code bending a tree the engine is copying. Returns how many swaps it
+/// made.
+fn swapping(
+    dir: &Path,
+    name: &'static str,
+    link: &'static str,
+) -> (
+    std::sync::Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<u64>,
+) {
+    use std::sync::atomic::Ordering;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, dir) = (stop.clone(), dir.to_path_buf());
+    let swapper = std::thread::spawn(move || {
+        let at = crate::fs_tree::open_dir_beneath_path(None, &dir).unwrap();
+        let mut swaps = 0;
+        while !flag.load(Ordering::Relaxed) {
+            let swapped = nix::fcntl::renameat2(
+                &at,
+                name,
+                &at,
+                link,
+                nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+            );
+            swaps += u64::from(swapped.is_ok());
+        }
+        swaps
+    });
+    (stop, swapper)
+}
+
+/// The source may be a tree sandbox code still changes (a volume other sandboxes mount): a
+/// directory swapped for a link to a host directory while it is copied never brings that
+/// directory's files into the copy.
+#[test]
+fn a_copy_never_reads_through_a_directory_swapped_for_a_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (tree, outside) = (tmp.path().join("tree"), tmp.path().join("outside"));
+    fs::create_dir_all(tree.join("d/e")).unwrap();
+    fs::write(tree.join("d/e/mine"), "mine").unwrap();
+    fs::create_dir_all(outside.join("e")).unwrap();
+    fs::write(outside.join("e/host-secret"), "secret").unwrap();
+    std::os::unix::fs::symlink(&outside, tree.join("l")).unwrap();
+    let (stop, swapper) = swapping(&tree, "d", "l");
+    for i in 0..300 {
+        let dest = tmp.path().join(format!("copy{i}"));
+        let _ = copy_tree(&tree, &dest, Owners::Keep);
+        let copied = String::from_utf8(
+            std::process::Command::new("find")
+                .arg(&dest)
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        assert!(
+            !copied.contains("host-secret"),
+            "copied from outside: {copied}"
+        );
+        crate::fs_tree::remove_tree(&dest).unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        swapper.join().unwrap() > 0,
+        "the directory was never swapped"
+    );
+}
+
+/// The destination may be such a tree too (a volume refilled from a snapshot): a directory the
+/// copy made, swapped for a link to a host directory, never has a file written through it.
+#[test]
+fn a_copy_never_writes_through_a_directory_swapped_for_a_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, dest, outside) = (
+        tmp.path().join("src"),
+        tmp.path().join("dest"),
+        tmp.path().join("outside"),
+    );
+    fs::create_dir_all(src.join("x")).unwrap();
+    for i in 0..20 {
+        fs::write(src.join(format!("x/planted{i}")), "#!/bin/sh\n").unwrap();
+    }
+    fs::create_dir_all(&outside).unwrap();
+    fs::create_dir_all(&dest).unwrap();
+    std::os::unix::fs::symlink(&outside, dest.join("l")).unwrap();
+    let (stop, swapper) = swapping(&dest, "x", "l");
+    for _ in 0..300 {
+        let _ = copy_tree(&src, &dest, Owners::Keep);
+        // Empty it again as a refill does, but for the link the swapper needs.
+        for entry in fs::read_dir(&dest).unwrap().flatten() {
+            if !entry.file_type().unwrap().is_symlink() {
+                crate::fs_tree::remove_tree(&entry.path()).unwrap();
+            }
+        }
+        if !dest.join("l").exists() && fs::symlink_metadata(dest.join("l")).is_err() {
+            std::os::unix::fs::symlink(&outside, dest.join("l")).unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        swapper.join().unwrap() > 0,
+        "the directory was never swapped"
+    );
+    let written: Vec<_> = fs::read_dir(&outside).unwrap().flatten().collect();
+    assert!(written.is_empty(), "written outside: {written:?}");
+}
