@@ -133,4 +133,37 @@ async fn bad_secrets_and_other_tenants_secrets_are_refused() {
     assert_eq!(r["secrets"].as_array().unwrap().len(), 1, "{r}");
     assert_eq!(r["secrets"][0]["name"], "theirs");
     assert!(!r.to_string().contains("t2-value"));
+    // A secret deleted while bound: a fork cannot bind it to the children. That is the
+    // sandbox's state, not a bad request (409, with the fix), and the fork makes nothing.
+    let r = set_secret(&engine, "gone", json!({"hosts": ["a.test"], "value": "v"})).await;
+    assert!(r.status().is_success());
+    let bound = create(&client).await;
+    ok(
+        &client,
+        "sandbox_attach_secret",
+        json!({"sandbox_id": bound, "env": "GONE", "secret": "gone"}),
+    )
+    .await;
+    let (status, _) = api(&engine.url, "DELETE", "/v1/secrets/gone", None).await;
+    assert!((200..300).contains(&status), "{status}");
+    let before = engine.manager.list(None, &[], None).len();
+    let fork = format!("/v1/sandboxes/{bound}/fork");
+    let (status, body) = api(&engine.url, "POST", &fork, Some(json!({"count": 2}))).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("sandbox_detach_secret"),
+        "{body}"
+    );
+    assert_eq!(engine.manager.list(None, &[], None).len(), before);
+    ok(
+        &client,
+        "sandbox_detach_secret",
+        json!({"sandbox_id": bound, "env": "GONE"}),
+    )
+    .await;
+    let (status, body) = api(&engine.url, "POST", &fork, Some(json!({"count": 1}))).await;
+    assert!((200..300).contains(&status), "{status}: {body}");
 }

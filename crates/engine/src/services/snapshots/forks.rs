@@ -195,7 +195,15 @@ impl Snapshots {
                 Ok(s) => s,
                 Err(e) => {
                     release(&slots).await;
-                    return Err(e);
+                    // The parent's own bindings, bound again: one that no longer binds (its
+                    // secret deleted since) is the parent's state, not the request's fault.
+                    return Err(match e {
+                        EngineError::InvalidArgument(m) => EngineError::Conflict(format!(
+                            "sandbox {} has a secret bound that its children cannot get: {m}; detach it (sandbox_detach_secret) or create the secret again, then fork",
+                            parent.id
+                        )),
+                        e => e,
+                    });
                 }
             };
             children.push(Record {
