@@ -440,10 +440,9 @@ fn at(dir: &std::os::fd::OwnedFd, name: &std::ffi::OsStr) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd())).join(name)
 }
 
-/// Gives the open directory `dir` the access and modification times of `meta`.
-fn dir_times(dir: &std::os::fd::OwnedFd, meta: &fs::Metadata) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let times = [
+/// The access and modification times of `meta`, as `utimensat` and `futimens` take them.
+fn times_of(meta: &fs::Metadata) -> [libc::timespec; 2] {
+    [
         libc::timespec {
             tv_sec: meta.atime(),
             tv_nsec: meta.atime_nsec(),
@@ -452,7 +451,13 @@ fn dir_times(dir: &std::os::fd::OwnedFd, meta: &fs::Metadata) -> io::Result<()> 
             tv_sec: meta.mtime(),
             tv_nsec: meta.mtime_nsec(),
         },
-    ];
+    ]
+}
+
+/// Gives the open directory `dir` the access and modification times of `meta`.
+fn dir_times(dir: &std::os::fd::OwnedFd, meta: &fs::Metadata) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let times = times_of(meta);
     // SAFETY: an open descriptor and an array of two timespecs.
     if unsafe { libc::futimens(dir.as_raw_fd(), times.as_ptr()) } < 0 {
         return Err(io::Error::last_os_error());
@@ -463,16 +468,7 @@ fn dir_times(dir: &std::os::fd::OwnedFd, meta: &fs::Metadata) -> io::Result<()> 
 /// Gives `path` (never followed) the access and modification times of `meta`.
 fn keep_times(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
     let p = cstr(path)?;
-    let times = [
-        libc::timespec {
-            tv_sec: meta.atime(),
-            tv_nsec: meta.atime_nsec(),
-        },
-        libc::timespec {
-            tv_sec: meta.mtime(),
-            tv_nsec: meta.mtime_nsec(),
-        },
-    ];
+    let times = times_of(meta);
     // SAFETY: a NUL-terminated path and an array of two timespecs.
     let r = unsafe {
         libc::utimensat(
