@@ -6,6 +6,9 @@ use serde_json::json;
 use crate::common::{TestEngine, create, ok, sh};
 use crate::{require_cgroups, require_sandboxes};
 
+/// 20,000 empty files: a walk slow enough for a description to reuse it.
+const MANY_FILES: &str = "mkdir /root/many && cd /root/many && seq 20000 | xargs touch";
+
 /// A description may reuse a recent walk of a sandbox's many files, but never one of files a
 /// restore has since replaced.
 #[tokio::test]
@@ -14,12 +17,8 @@ async fn a_description_after_a_restore_shows_the_restored_files() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    sh(
-        &client,
-        &id,
-        "mkdir /root/many && cd /root/many && seq 20000 | xargs touch && head -c 3000000 /dev/urandom > /root/blob",
-    )
-    .await;
+    let blob = "head -c 3000000 /dev/urandom > /root/blob";
+    sh(&client, &id, &format!("{MANY_FILES} && {blob}")).await;
     let snap = ok(
         &client,
         "sandbox_snapshot_create",
@@ -49,12 +48,7 @@ async fn metrics_report_usage_and_limits() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     // Many files make a walk slow enough for a description to reuse it; metrics never do.
-    sh(
-        &client,
-        &id,
-        "mkdir /root/many && cd /root/many && seq 20000 | xargs touch",
-    )
-    .await;
+    sh(&client, &id, MANY_FILES).await;
     let info = ok(&client, "sandbox_info", json!({"sandbox_id": id})).await;
     let described = info["usage"]["disk_bytes"].as_u64().unwrap();
     sh(
