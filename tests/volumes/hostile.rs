@@ -278,6 +278,14 @@ async fn a_volume_bent_while_the_engine_copies_it_never_reaches_the_host() {
         json!({"sandbox_id": b, "command": swapper, "background": true}),
     )
     .await;
+    // The copies below must race the swapper, not its start-up: wait until A sees /data/d as
+    // the link.
+    sh(
+        &client,
+        &a,
+        "for i in $(seq 2000); do [ -L /data/d ] && exit 0; sleep 0.01; done; exit 1",
+    )
+    .await;
     let mut snaps = Vec::new();
     for _ in 0..5 {
         let snap = ok(

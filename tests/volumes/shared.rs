@@ -435,3 +435,65 @@ async fn a_snapshot_asked_to_keep_volumes_puts_them_back() {
     .await;
     assert_eq!(kept(&volumes), 0);
 }
+
+/// A snapshot that keeps a volume copies it while the other sandboxes that mount it go on
+/// writing: files, directories and hard links made and deleted meanwhile never make it fail,
+/// and it keeps what stood still.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_is_kept_while_another_sandbox_writes_to_it() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    ok(&client, "volume_create", json!({"name": "busy"})).await;
+    let mount = json!([{"name": "busy", "path": "/k"}]);
+    let (a, b) = (
+        create_with(&client, mount.clone()).await,
+        create_with(&client, mount).await,
+    );
+    sh(&client, &a, "echo still > /k/still").await;
+    let writer = "import os, shutil\n\
+                  while True:\n    \
+                  os.makedirs('/k/d/s', exist_ok=True)\n    \
+                  for i in range(200):\n        \
+                  open(f'/k/d/s/f{i}', 'w').write('x')\n        \
+                  os.link(f'/k/d/s/f{i}', f'/k/d/h{i}')\n    \
+                  shutil.rmtree('/k/d')\n";
+    sh(
+        &client,
+        &b,
+        &format!("cat > /tmp/w.py <<'EOF'\n{writer}EOF"),
+    )
+    .await;
+    ok(
+        &client,
+        "sandbox_exec",
+        json!({"sandbox_id": b, "command": "exec python3 /tmp/w.py", "background": true}),
+    )
+    .await;
+    // The copies must race the writer, not its start-up.
+    sh(
+        &client,
+        &a,
+        "for i in $(seq 2000); do [ -d /k/d ] && exit 0; sleep 0.01; done; exit 1",
+    )
+    .await;
+    let mut snaps = Vec::new();
+    for _ in 0..5 {
+        let snap = ok(
+            &client,
+            "sandbox_snapshot_create",
+            json!({"sandbox_id": a, "volumes": true}),
+        )
+        .await;
+        snaps.push(snap["id"].as_str().unwrap().to_string());
+    }
+    ok(&client, "sandbox_kill", json!({"sandbox_id": b})).await;
+    sh(&client, &a, "rm -rf /k/still /k/d").await;
+    ok(
+        &client,
+        "sandbox_snapshot_restore",
+        json!({"sandbox_id": a, "snapshot_id": snaps[4]}),
+    )
+    .await;
+    assert_eq!(sh(&client, &a, "cat /k/still").await, "still\n");
+}

@@ -229,8 +229,10 @@ impl Copier {
     /// recursive walk's stack). Either tree may be one that sandbox code can still change (a
     /// volume other sandboxes mount): every directory is opened beneath its tree's root without
     /// crossing a symlink, and every entry is reached through its open directory
-    /// (`/proc/self/fd/N/name`), one name the calls below never follow. A directory swapped for
-    /// a link meanwhile is an error or is left out; nothing is read or written outside the two
+    /// (`/proc/self/fd/N/name`), one name the calls below never follow. What changes while it
+    /// is copied (deleted, or a directory swapped for a link, or the other way round) is left
+    /// out, as if the copy had reached it a moment earlier or later: the copy of a live volume
+    /// does not fail for what its sandboxes do, and nothing is read or written outside the two
     /// trees.
     fn tree(&mut self, from: &Path, to: &Path) -> io::Result<()> {
         let src_root = crate::fs_tree::open_dir_beneath_path(None, from)?;
@@ -244,14 +246,19 @@ impl Copier {
             // which are the engine's).
             let (parents, src, dst) = match (rel.parent(), rel.file_name(), &dst_root) {
                 (Some(parent), Some(name), Some(dst_root)) => {
-                    let sp = crate::fs_tree::open_dir_beneath_path(Some(&src_root), parent)?;
-                    let dp = crate::fs_tree::open_dir_beneath_path(Some(dst_root), parent)?;
+                    let sp = crate::fs_tree::open_dir_beneath_path(Some(&src_root), parent);
+                    let dp = crate::fs_tree::open_dir_beneath_path(Some(dst_root), parent);
+                    let (Some(sp), Some(dp)) = (left_out(sp)?, left_out(dp)?) else {
+                        continue;
+                    };
                     let (src, dst) = (at(&sp, name), at(&dp, name));
                     (Some((sp, dp)), src, dst)
                 }
                 _ => (None, from.to_path_buf(), to.to_path_buf()),
             };
-            let meta = fs::symlink_metadata(&src)?;
+            let Some(meta) = left_out(fs::symlink_metadata(&src))? else {
+                continue;
+            };
             if !meta.is_dir() {
                 // Replaced since its parent was read: not this tree's any more.
                 continue;
@@ -265,8 +272,11 @@ impl Copier {
                 Some(fd) => &*fd,
                 None => dst_root.insert(crate::fs_tree::open_dir_beneath_path(None, to)?),
             };
-            let sdir = crate::fs_tree::open_dir_beneath_path(Some(&src_root), &rel)?;
-            let ddir = crate::fs_tree::open_dir_beneath_path(Some(dst_root), &rel)?;
+            let sdir = crate::fs_tree::open_dir_beneath_path(Some(&src_root), &rel);
+            let ddir = crate::fs_tree::open_dir_beneath_path(Some(dst_root), &rel);
+            let (Some(sdir), Some(ddir)) = (left_out(sdir)?, left_out(ddir)?) else {
+                continue;
+            };
             let mut listing = nix::dir::Dir::openat(
                 &sdir,
                 c".",
@@ -296,7 +306,13 @@ impl Copier {
                 } else if ft.is_file() {
                     self.file(&s, &d, &meta, to, &rel.join(name))?;
                 } else if ft.is_symlink() {
-                    std::os::unix::fs::symlink(fs::read_link(&s)?, &d)?;
+                    let target = match fs::read_link(&s) {
+                        // No longer a link.
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => continue,
+                        r => left_out(r)?,
+                    };
+                    let Some(target) = target else { continue };
+                    std::os::unix::fs::symlink(target, &d)?;
                     self.chown(&d, &meta)?;
                     if self.exact {
                         keep_times(&d, &meta)?;
@@ -352,22 +368,33 @@ impl Copier {
         root: &Path,
         rel: &Path,
     ) -> io::Result<()> {
-        if meta.nlink() > 1 {
-            if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
-                let (Some(parent), Some(name)) = (first.rel.parent(), first.rel.file_name()) else {
-                    return Err(io::Error::other("a hard link's first copy has no name"));
-                };
-                let root = crate::fs_tree::open_dir_beneath_path(None, &first.root)?;
-                let dir = crate::fs_tree::open_dir_beneath_path(Some(&root), parent)?;
-                return fs::hard_link(at(&dir, name), dst);
+        if meta.nlink() > 1
+            && let Some(first) = self.links.get(&(meta.dev(), meta.ino()))
+        {
+            let (Some(parent), Some(name)) = (first.rel.parent(), first.rel.file_name()) else {
+                return Err(io::Error::other("a hard link's first copy has no name"));
+            };
+            let root = crate::fs_tree::open_dir_beneath_path(None, &first.root)?;
+            let dir = crate::fs_tree::open_dir_beneath_path(Some(&root), parent);
+            // Its first copy is out of reach when sandbox code bent the destination since (a
+            // refilled volume): this one is copied on its own below.
+            if let Some(dir) = left_out(dir)?
+                && let Some(linked) = left_out(fs::hard_link(at(&dir, name), dst))?
+            {
+                return Ok(linked);
             }
-            self.links
-                .insert((meta.dev(), meta.ino()), Below::new(root, rel));
         }
-        let mut input = fs::OpenOptions::new()
+        let input = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(src)?;
+            .open(src);
+        let Some(mut input) = left_out(input)? else {
+            return Ok(());
+        };
+        if !input.metadata()?.is_file() {
+            // Replaced by a directory or something else since it was looked at.
+            return Ok(());
+        }
         let mut output = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -381,6 +408,11 @@ impl Copier {
         output.set_permissions(fs::Permissions::from_mode(meta.mode() & keep))?;
         if self.exact {
             keep_times(dst, meta)?;
+        }
+        if meta.nlink() > 1 {
+            self.links
+                .entry((meta.dev(), meta.ino()))
+                .or_insert_with(|| Below::new(root, rel));
         }
         Ok(())
     }
@@ -430,6 +462,24 @@ impl Below {
             }
             Err(e) => Err(e),
         }
+    }
+}
+
+/// `None` for what a tree sandbox code still changes may do to an entry between its lookup
+/// and its use: deleted, or no longer a directory (`ENOTDIR`), or now a link (`ELOOP`, never
+/// followed). Such an entry is left out of the copy.
+fn left_out<T>(r: io::Result<T>) -> io::Result<Option<T>> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
