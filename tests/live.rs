@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use crate::common::{TestEngine, api, create, err, ok, sh};
 use crate::require_sandboxes;
 
+mod limits;
 mod snapshots;
 
 /// Whether this engine can carry processes; skips (naming CRIU) or, in CI, fails when not.
@@ -62,12 +63,12 @@ async fn background(client: &crate::common::McpClient, id: &str, command: &str) 
     .await;
 }
 
+/// The counter's last value; it is waited for (10 s at most) when the counter, just started in
+/// the background, has not written it yet.
 async fn count(client: &crate::common::McpClient, id: &str) -> u64 {
-    sh(client, id, "cat /tmp/count")
-        .await
-        .trim()
-        .parse()
-        .unwrap()
+    let read =
+        "for i in $(seq 500); do [ -f /tmp/count ] && break; sleep 0.02; done; cat /tmp/count";
+    sh(client, id, read).await.trim().parse().unwrap()
 }
 
 /// Waits (30 s at most) until sandbox `id`'s counter is more than `by` above what it reads

@@ -168,17 +168,17 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
         args.push("--external".into());
         args.push(format!("pipe[{ino}]:pipe{ino}"));
     }
-    // Named volumes: binds of a directory below the engine's store, which CRIU cannot place in
-    // the tree's mounts by itself. Marked external, they are left as they are; the restore joins
-    // a mount namespace that has them at the same places.
+    // Marked external, these mounts are left as they are; the restore joins a mount namespace
+    // that has its own at the same places:
+    // - named volumes: binds of a directory below the engine's store, which CRIU cannot place
+    //   in the tree's mounts by itself;
+    // - the sandbox's tmpfs mounts (`/dev`, `/dev/shm`): CRIU would otherwise archive each with
+    //   a `tar | gzip` it starts while the tree is stopped, for images no restore reads (the
+    //   target's tmpfs mounts are its own; a tree holding a file of them is not carried).
     let info = std::fs::read_to_string(format!("/proc/{}/mountinfo", d.root))?;
-    let volumes = sandbox_mcp_sys::mounts::mounts(&info)
-        .filter(|m| m.root != "/" && m.fstype != "devtmpfs")
-        .map(|m| m.point.to_string())
-        .collect::<Vec<_>>();
-    for (i, point) in volumes.iter().enumerate() {
+    for (i, point) in external_mounts(&info).iter().enumerate() {
         args.push("--external".into());
-        args.push(format!("mnt[{point}]:volume{i}"));
+        args.push(format!("mnt[{point}]:mount{i}"));
     }
     let netns = open(&format!("/proc/{}/ns/net", d.agent))?;
     // Reading another user namespace's rlimits takes CAP_SYS_RESOURCE over it. Where root lacks
@@ -210,6 +210,15 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
         });
     }
     run(cmd, d.dir, "dump")
+}
+
+/// The mount points of a tree's `mountinfo` its dump marks external (see [`dump`]): binds of
+/// a directory (named volumes) and tmpfs mounts, not the device nodes bound from the host.
+fn external_mounts(mountinfo: &str) -> Vec<String> {
+    sandbox_mcp_sys::mounts::mounts(mountinfo)
+        .filter(|m| m.fstype != "devtmpfs" && (m.root != "/" || m.fstype == "tmpfs"))
+        .map(|m| m.point.to_string())
+        .collect()
 }
 
 /// What to restore, and where.
@@ -476,6 +485,29 @@ mod tests {
         let file = base.path().join("file");
         std::fs::write(&file, "").unwrap();
         assert_eq!(own_dir(file, uid), None);
+    }
+
+    #[test]
+    fn volumes_and_tmpfs_mounts_are_external_and_device_nodes_are_not() {
+        // A sandbox's mounts as its processes see them (uid and sizes shortened).
+        let info = "\
+416 415 0:129 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+421 416 0:130 / /dev ro,nosuid,noexec,relatime - tmpfs tmpfs rw,size=64k,mode=755
+422 421 0:6 /null /dev/null rw,relatime - devtmpfs devtmpfs rw,mode=755
+429 421 0:132 / /dev/shm rw,nosuid,nodev,relatime - tmpfs tmpfs rw,size=262144k
+430 420 0:130 /.boot_id//deleted /proc/sys/kernel/random/boot_id ro,relatime - tmpfs tmpfs rw,size=64k
+431 416 254:0 /store/volumes/v /data rw,relatime - ext4 /dev/vda rw
+432 416 0:140 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+";
+        assert_eq!(
+            external_mounts(info),
+            [
+                "/dev",
+                "/dev/shm",
+                "/proc/sys/kernel/random/boot_id",
+                "/data"
+            ]
+        );
     }
 
     #[test]
