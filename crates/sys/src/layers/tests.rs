@@ -1,5 +1,8 @@
 //! Copies, captures and squashes of layer trees.
 
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+use super::copy::keep_times;
 use super::*;
 
 /// An upper as a sandbox leaves it: a setuid file `a/b/f` ("hello") hard-linked as `a/g`,
