@@ -4,8 +4,8 @@
 
 use serde_json::json;
 
-use super::create_with;
 use super::workspace::{apply_cli, make_repo, tree};
+use super::{create_with, keep_volumes_once};
 use crate::common::{TestEngine, err, exec, ok, sh};
 use crate::require_sandboxes;
 
@@ -278,24 +278,8 @@ async fn a_volume_bent_while_the_engine_copies_it_never_reaches_the_host() {
         json!({"sandbox_id": b, "command": swapper, "background": true}),
     )
     .await;
-    // The copies below must race the swapper, not its start-up: wait until A sees /data/d as
-    // the link.
-    sh(
-        &client,
-        &a,
-        "for i in $(seq 2000); do [ -L /data/d ] && exit 0; sleep 0.01; done; exit 1",
-    )
-    .await;
-    let mut snaps = Vec::new();
-    for _ in 0..5 {
-        let snap = ok(
-            &client,
-            "sandbox_snapshot_create",
-            json!({"sandbox_id": a, "volumes": true}),
-        )
-        .await;
-        snaps.push(snap["id"].as_str().unwrap().to_string());
-    }
+    // Once A sees /data/d as the link.
+    let snaps = keep_volumes_once(&client, &a, "[ -L /data/d ]", 5).await;
     for snap in &snaps {
         // A restore may fail on a directory the swapper bent (it is refused, never followed).
         let _ = crate::common::call(

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::create_with;
+use super::{create_with, keep_volumes_once};
 use crate::common::{TestEngine, err, exec, ok, sh};
 use crate::require_sandboxes;
 
@@ -470,23 +470,8 @@ async fn a_volume_is_kept_while_another_sandbox_writes_to_it() {
         json!({"sandbox_id": b, "command": "exec python3 /tmp/w.py", "background": true}),
     )
     .await;
-    // The copies must race the writer, not its start-up.
-    sh(
-        &client,
-        &a,
-        "for i in $(seq 2000); do [ -d /k/d ] && exit 0; sleep 0.01; done; exit 1",
-    )
-    .await;
-    let mut snaps = Vec::new();
-    for _ in 0..5 {
-        let snap = ok(
-            &client,
-            "sandbox_snapshot_create",
-            json!({"sandbox_id": a, "volumes": true}),
-        )
-        .await;
-        snaps.push(snap["id"].as_str().unwrap().to_string());
-    }
+    // Once the writer has begun.
+    let snaps = keep_volumes_once(&client, &a, "[ -d /k/d ]", 5).await;
     ok(&client, "sandbox_kill", json!({"sandbox_id": b})).await;
     sh(&client, &a, "rm -rf /k/still /k/d").await;
     ok(
