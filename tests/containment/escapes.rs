@@ -29,14 +29,19 @@ async fn host_files_are_not_visible() {
         out.ends_with("0\n0\ndone\n"),
         "/home, /mnt, /opt and /sys must be empty: {out}"
     );
-    // The engine's key lives in its memory and its data dir; neither is reachable. Search what is.
-    let found = exec(
+    // The engine's key lives in its memory and its data dir; neither is reachable. Search what is
+    // (the host's /usr among it: minutes on a busy machine, not the default minute).
+    let found = ok(
         &client,
-        &id,
-        &format!(
-            "grep -rls {} / --exclude-dir=proc 2>/dev/null | head",
-            crate::common::KEY
-        ),
+        "sandbox_exec",
+        json!({
+            "sandbox_id": id,
+            "command": format!(
+                "grep -rls {} / --exclude-dir=proc 2>/dev/null | head",
+                crate::common::KEY
+            ),
+            "timeout_ms": 600_000,
+        }),
     )
     .await;
     assert_eq!(found["stdout"], "", "{found}");
