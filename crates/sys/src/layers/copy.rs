@@ -9,9 +9,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{
-    MAX_PATH, OPAQUE, Owners, TooDeep, cstr, get_xattr, is_opaque, mark_opaque, mknod, whiteout,
-};
+use super::{MAX_PATH, Owners, TooDeep, cstr, is_opaque, mark_opaque, mknod, whiteout};
 
 pub(super) struct Copier {
     owners: Owners,
@@ -217,7 +215,7 @@ impl Copier {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             r => r?,
         }
-        if get_xattr(src, OPAQUE).is_some_and(|v| v == b"y") {
+        if is_opaque(src) {
             mark_opaque(dst)?;
         }
         self.chown(dst, meta)?;
