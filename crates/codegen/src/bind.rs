@@ -13,6 +13,7 @@ mod tool;
 
 use std::collections::BTreeMap;
 
+use crate::deferred::Deferred;
 use crate::model::{InventoryEntry, Registry, ToolDef};
 use crate::raw::RawFile;
 use crate::spec::Spec;
@@ -203,9 +204,9 @@ pub fn bind(spec: &Spec, files: &[RawFile]) -> Result<Registry, Vec<CodegenError
         api_title: spec.api.info.title.clone(),
         api_version: spec.api.info.version.clone(),
         tools,
-        inventory,
+        inventory: Deferred::new(inventory),
         toolsets,
-        profiles,
+        profiles: Deferred::new(profiles),
         narrowed: Default::default(),
     })
 }

@@ -18,6 +18,7 @@
 //!
 //! Every mistake is reported with the file, the tool and the fix, and all of them at once.
 
+pub mod deferred;
 pub mod jsonschema;
 pub mod model;
 

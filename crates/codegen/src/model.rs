@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::deferred::Deferred;
+
 /// Every tool the server offers and the operation inventory behind them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Registry {
@@ -14,14 +16,16 @@ pub struct Registry {
     pub api_version: String,
     /// Tools in the order `tools/list` returns them (file name, then position in the file).
     pub tools: Vec<ToolDef>,
-    /// Every operation of the spec: bound to which tools, or excluded and why.
-    pub inventory: Vec<InventoryEntry>,
+    /// Every operation of the spec: bound to which tools, or excluded and why (read on first
+    /// use: `sandbox-mcp tools` and the tests need it, a server does not).
+    pub inventory: Deferred<Vec<InventoryEntry>>,
     /// Named subsets of tools (`--tools core`), from the tools' `toolsets` keys.
     #[serde(default)]
     pub toolsets: BTreeMap<String, Vec<String>>,
-    /// Alternative tool surfaces (`--session-sandbox` uses `session`), from `[[profile]]` tables.
+    /// Alternative tool surfaces (`--session-sandbox` uses `session`), from `[[profile]]` tables
+    /// (read on first use).
     #[serde(default)]
-    pub profiles: BTreeMap<String, Profile>,
+    pub profiles: Deferred<BTreeMap<String, Profile>>,
     /// Per toolset, its tools whose schema leaves out arguments hidden there (`hide_in`); made
     /// by [`Registry::with_toolset_schemas`] when the registry is loaded, never stored.
     #[serde(skip)]

@@ -29,7 +29,7 @@ static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
             api_title: String::new(),
             api_version: String::new(),
             tools: Vec::new(),
-            inventory: Vec::new(),
+            inventory: Default::default(),
             toolsets: Default::default(),
             profiles: Default::default(),
             narrowed: Default::default(),
