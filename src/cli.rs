@@ -31,10 +31,7 @@ mod workspace;
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime_for(&cli).build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sandbox-mcp: cannot start the async runtime: {e}");
@@ -68,5 +65,27 @@ pub fn main() -> ExitCode {
             eprintln!("sandbox-mcp: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The stdio server answers one client: one worker thread serves it, where the default starts
+/// a worker per core before the first byte is read (64 threads on a 64-core host). An engine it
+/// comes to serve itself gets a pool of its own then (`local_engine`). Every other command gets
+/// a worker per core.
+fn runtime_for(cli: &Cli) -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if stdio_server(cli) {
+        builder.worker_threads(1);
+    }
+    builder.enable_all();
+    builder
+}
+
+/// Whether the command line asks for the stdio MCP server.
+fn stdio_server(cli: &Cli) -> bool {
+    match &cli.command {
+        None => cli.serve.http.is_none(),
+        Some(Command::Serve(args)) => args.http.is_none(),
+        Some(_) => false,
     }
 }

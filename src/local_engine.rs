@@ -5,14 +5,19 @@
 //! on the same data dir reads the published endpoint and attaches once it answers, so all of them
 //! share one set of sandboxes. Attaching is a client's concern, hence not in the engine; building
 //! one takes a driver, hence not in the MCP layer: the binary brings them together.
+//!
+//! The stdio server's own runtime has a single worker, for its one client; an engine it serves
+//! runs on a worker pool of its own, started when it takes the lock ([`Embedded::on_own_pool`]).
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
 
 use futures::future::BoxFuture;
 use sandbox_mcp_api::ApiKey;
-use sandbox_mcp_engine_http::local::{self, LocalError};
+use sandbox_mcp_engine_http::local::{self, EngineLock, LocalError};
 use sandbox_mcp_model::config::EngineConfig;
 use sandbox_mcp_server::backend::{LocalEngine, LocalEngines};
 
@@ -22,47 +27,64 @@ const ATTACH_TIMEOUT: Duration = Duration::from_secs(30);
 /// The MCP server's local engine for one data dir: what it starts or attaches to.
 pub struct Embedded {
     config: EngineConfig,
+    /// Where an engine this process serves runs.
+    pool: Pool,
+}
+
+/// The runtime an engine served by this process runs on.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Pool {
+    /// The caller's, sized for the engine already (`serve --http`, `run`, `servers`).
+    Caller,
+    /// One of its own, a worker per core, started only when the engine is: the caller's runtime
+    /// serves a single client with one worker (the stdio server).
+    Own,
 }
 
 impl Embedded {
     pub fn new(config: EngineConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            pool: Pool::Caller,
+        }
+    }
+
+    /// For a caller whose runtime has a single worker: an engine this process comes to serve
+    /// gets a worker pool of its own then. A server that attaches to another process's engine
+    /// starts none.
+    pub fn on_own_pool(config: EngineConfig) -> Self {
+        Self {
+            config,
+            pool: Pool::Own,
+        }
     }
 }
 
 impl LocalEngines for Embedded {
     fn start_or_attach(&self) -> BoxFuture<'_, Result<LocalEngine, String>> {
-        Box::pin(async move {
-            start_or_attach(&self.config)
-                .await
-                .map_err(|e| e.to_string())
-        })
+        Box::pin(async move { start_or_attach(&self.config, self.pool).await })
     }
 }
 
 /// Serves the engine here if no other process does for this data dir, else attaches to it.
-async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalError> {
-    local::prepare_data_dir(config).map_err(LocalError::file(
-        "create the data dir",
-        config.data_dir.clone(),
-    ))?;
+async fn start_or_attach(config: &EngineConfig, pool: Pool) -> Result<LocalEngine, String> {
+    let err = |e: LocalError| e.to_string();
+    local::prepare_data_dir(config)
+        .map_err(LocalError::file(
+            "create the data dir",
+            config.data_dir.clone(),
+        ))
+        .map_err(err)?;
     let started = Instant::now();
     loop {
-        match local::try_lock(config).map_err(LocalError::file("lock", config.lock_file()))? {
-            Some(lock) => {
-                let listener = TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .map_err(LocalError::Listen)?;
-                let driver = crate::wiring::driver_for(config)
-                    .await
-                    .map_err(LocalError::from)?;
-                let serving = local::serve(config, lock, listener, [], None, driver).await?;
-                return Ok(LocalEngine {
-                    url: serving.url().to_string(),
-                    key: ApiKey::new(serving.local_key()),
-                    stop: Some(Box::pin(serving.shutdown())),
-                });
+        match local::try_lock(config)
+            .map_err(LocalError::file("lock", config.lock_file()))
+            .map_err(err)?
+        {
+            Some(lock) if pool == Pool::Caller => {
+                return serve(config.clone(), lock).await.map_err(err);
             }
+            Some(lock) => return serve_on_own_pool(config.clone(), lock).await,
             None => {
                 if let Some(endpoint) = local::endpoint(config)
                     && healthy(&endpoint.url, &endpoint.key).await
@@ -77,10 +99,57 @@ async fn start_or_attach(config: &EngineConfig) -> Result<LocalEngine, LocalErro
             }
         }
         if started.elapsed() > ATTACH_TIMEOUT {
-            return Err(LocalError::Unresponsive(config.lock_file()));
+            return Err(err(LocalError::Unresponsive(config.lock_file())));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Serves the engine from this process, on the runtime this runs on.
+async fn serve(config: EngineConfig, lock: EngineLock) -> Result<LocalEngine, LocalError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(LocalError::Listen)?;
+    let driver = crate::wiring::driver_for(&config)
+        .await
+        .map_err(LocalError::from)?;
+    let serving = local::serve(&config, lock, listener, [], None, driver).await?;
+    Ok(LocalEngine {
+        url: serving.url().to_string(),
+        key: ApiKey::new(serving.local_key()),
+        stop: Some(Box::pin(serving.shutdown())),
+    })
+}
+
+/// Serves the engine from this process on the engine pool, which it starts the first time. Its
+/// sockets, tasks and driver live there; the caller reaches it over HTTP like any other, and its
+/// stop runs there too.
+async fn serve_on_own_pool(config: EngineConfig, lock: EngineLock) -> Result<LocalEngine, String> {
+    static POOL: OnceLock<Result<Runtime, String>> = OnceLock::new();
+    // Never dropped (a static): a runtime cannot be dropped from async code, and the process
+    // ends with it.
+    let pool = POOL
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .thread_name("engine")
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start the engine's worker threads: {e}"))
+        })
+        .as_ref()
+        .map_err(String::clone)?;
+    let mut engine = pool
+        .spawn(serve(config, lock))
+        .await
+        .map_err(|e| format!("the engine's start failed: {e}"))?
+        .map_err(|e| e.to_string())?;
+    if let Some(stop) = engine.stop.take() {
+        let pool = pool.handle().clone();
+        engine.stop = Some(Box::pin(async move {
+            let _ = pool.spawn(stop).await;
+        }));
+    }
+    Ok(engine)
 }
 
 /// Whether the engine at `url` answers its health check with `key`.

@@ -58,6 +58,15 @@ impl Server {
         self.0.send(&message);
     }
 
+    /// How many of the server's threads have this name (`/proc/PID/task/*/comm`).
+    fn threads_named(&self, name: &str) -> usize {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", self.child.id())).unwrap();
+        tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
     /// The next line on stdout, which must be a JSON-RPC message.
     fn recv(&mut self) -> Value {
         let line = self.read_line();

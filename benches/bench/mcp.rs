@@ -137,6 +137,28 @@ pub(crate) fn mcp_figures(engine: &Engine, out: &mut Vec<Figure>, with_peer: boo
         Some((5.0, "≤ 5 ms")),
         "stdio, release binary, remote engine",
     ));
+    // What a client waits for before it can offer a tool: process start → initialize → the
+    // first tools/list answered (the registry is read in the background meanwhile).
+    let samples: Vec<f64> = (0..40)
+        .map(|_| {
+            let (d, (mcp, r)) = time(|| {
+                let mut mcp = Mcp::spawn(&engine.url);
+                mcp.initialize();
+                let r = mcp.request("tools/list", json!({}));
+                (mcp, r)
+            });
+            drop(mcp);
+            assert!(r["result"]["tools"].is_array(), "{r}");
+            ms(d)
+        })
+        .collect();
+    out.push(figure(
+        "MCP: process start → first tools/list answered",
+        "ms",
+        samples,
+        None,
+        "stdio, release binary, remote engine: initialize, then the full tools/list; what a client waits for before it can offer a tool",
+    ));
     let mut mcp = Mcp::spawn(&engine.url);
     mcp.initialize();
     let samples = list_samples(&mut mcp, 300, &mut ours);

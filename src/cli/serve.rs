@@ -10,6 +10,7 @@ use sandbox_mcp_server::tooldefs::registry;
 
 use super::args::ServeArgs;
 use super::process;
+use crate::local_engine::Embedded;
 
 pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The registry is parsed and the tools built on a thread of their own while the rest starts:
@@ -25,9 +26,12 @@ pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let backend = match &args.url {
         Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
             .map_err(anyhow::Error::msg)?,
-        None => Backend::local(std::sync::Arc::new(crate::local_engine::Embedded::new(
+        // The stdio server's runtime has one worker (`cli::runtime_for`); an engine it serves
+        // runs on a pool of its own.
+        None if args.http.is_none() => Backend::local(std::sync::Arc::new(Embedded::on_own_pool(
             args.engine.config(),
         ))),
+        None => Backend::local(std::sync::Arc::new(Embedded::new(args.engine.config()))),
     };
     tracing::debug!(
         control_plane = args.url.as_deref().unwrap_or("the local engine"),

@@ -20,15 +20,23 @@ async fn embedded_engine_serves_tools_and_is_shared_by_a_second_server() {
         let envs = [("SANDBOX_MCP_DATA_DIR", data.as_str())];
         let mut first = Server::spawn(&envs);
         first.initialize("2025-06-18");
+        // The stdio server serves its client with one worker thread (its runtime's threads are
+        // that worker and the two that block on stdin and stdout), not one per core; the engine
+        // it serves runs on a pool of its own.
+        assert!(first.threads_named("tokio-rt-worker") <= 3);
         first.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}}));
         let created = first.recv();
         let id = created["result"]["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert!(first.threads_named("engine") >= cores, "a worker per core");
         // A second MCP server on the same data dir shares the first one's engine.
         let mut second = Server::spawn(&envs);
         second.initialize("2025-06-18");
         second.send(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "sandbox_exec", "arguments": {"sandbox_id": id, "command": "echo shared"}}}));
         let r = second.recv();
         assert_eq!(r["result"]["structuredContent"]["stdout"], "shared\n", "{r}");
+        // It attached: it starts no engine pool.
+        assert_eq!(second.threads_named("engine"), 0);
         // The owner exits; the second takes over and the sandbox (paused) comes back on use.
         assert!(first.close_and_wait().success());
         second.send(json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "sandbox_exec", "arguments": {"sandbox_id": id, "command": "echo still here"}}}));
