@@ -26,7 +26,12 @@ fn valid_args(tool: &str) -> Value {
         .unwrap()
         .input_schema;
     let mut args = serde_json::Map::new();
-    for name in schema["required"].as_array().into_iter().flatten() {
+    for name in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let name = name.as_str().unwrap();
         let value = match name {
             "sandbox_id" => json!(SANDBOX),

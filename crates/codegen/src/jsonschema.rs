@@ -67,6 +67,13 @@ pub fn validate(schema: &Value, value: &Value) -> Vec<Violation> {
     out
 }
 
+/// [`validate`] against a schema that is an object (a tool's input schema).
+pub fn validate_object(schema: &serde_json::Map<String, Value>, value: &Value) -> Vec<Violation> {
+    let mut out = Vec::new();
+    check_schema(schema, value, "", &mut out);
+    out
+}
+
 const MAX_VIOLATIONS: usize = 10;
 /// Values are quoted in messages, but never at a length that would flood a model's context.
 const MAX_QUOTED: usize = 60;
@@ -136,10 +143,18 @@ fn join(path: &str, key: &str) -> String {
 }
 
 fn check(schema: &Value, value: &Value, path: &str, out: &mut Vec<Violation>) {
-    let Some(schema) = schema.as_object() else {
-        return; // `true` or an empty schema accepts anything
-    };
+    // `true` or an empty schema accepts anything.
+    if let Some(schema) = schema.as_object() {
+        check_schema(schema, value, path, out);
+    }
+}
 
+fn check_schema(
+    schema: &serde_json::Map<String, Value>,
+    value: &Value,
+    path: &str,
+    out: &mut Vec<Violation>,
+) {
     if let Some(expected) = schema.get("type") {
         let allowed: Vec<&str> = match expected {
             Value::String(s) => vec![s.as_str()],

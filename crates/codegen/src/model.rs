@@ -3,6 +3,7 @@
 //! serde.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -45,6 +46,19 @@ pub struct Profile {
     pub tools: Vec<ToolDef>,
 }
 
+/// A JSON Schema object, shared: the MCP tool the model is shown holds this very one, so
+/// building the tools at start copies no schema.
+pub type Schema = Arc<serde_json::Map<String, serde_json::Value>>;
+
+/// A schema from a JSON value; anything but an object (never made by the build) is the empty
+/// schema.
+pub fn schema(value: serde_json::Value) -> Schema {
+    match value {
+        serde_json::Value::Object(map) => Arc::new(map),
+        _ => Schema::default(),
+    }
+}
+
 /// One MCP tool bound to one API operation.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ToolDef {
@@ -58,9 +72,9 @@ pub struct ToolDef {
     pub path: String,
     pub annotations: Annotations,
     /// JSON Schema of the arguments: `type: object`, every `$ref` inlined, constraints kept.
-    pub input_schema: serde_json::Value,
+    pub input_schema: Schema,
     /// JSON Schema of `structuredContent` on success.
-    pub output_schema: serde_json::Value,
+    pub output_schema: Schema,
     /// Where each argument goes in the HTTP request.
     pub args: Vec<ArgDef>,
     /// Output caps applied to the response before the model sees it.
@@ -163,19 +177,14 @@ impl Registry {
                             list.len() - 1
                         }
                     };
-                    let t = &mut list[idx];
-                    if let Some(props) = t
-                        .input_schema
-                        .get_mut("properties")
-                        .and_then(|p| p.as_object_mut())
+                    // This tool's own copy of the schema, from the first argument it hides.
+                    let schema = Arc::make_mut(&mut list[idx].input_schema);
+                    if let Some(props) =
+                        schema.get_mut("properties").and_then(|p| p.as_object_mut())
                     {
                         props.remove(&arg.name);
                     }
-                    if let Some(req) = t
-                        .input_schema
-                        .get_mut("required")
-                        .and_then(|r| r.as_array_mut())
-                    {
+                    if let Some(req) = schema.get_mut("required").and_then(|r| r.as_array_mut()) {
                         req.retain(|r| r.as_str() != Some(arg.name.as_str()));
                     }
                 }

@@ -36,12 +36,8 @@ fn integers_as_integers(schema: &Value, value: &mut Value) {
             }
         }
         Value::Object(map) => {
-            for (k, v) in map.iter_mut() {
-                if let Some(s) = schema["properties"].get(k) {
-                    integers_as_integers(s, v);
-                } else if schema["additionalProperties"].is_object() {
-                    integers_as_integers(&schema["additionalProperties"], v);
-                }
+            if let Some(schema) = schema.as_object() {
+                integers_in_object(schema, map);
             }
         }
         Value::Array(items) if schema["items"].is_object() => {
@@ -53,6 +49,19 @@ fn integers_as_integers(schema: &Value, value: &mut Value) {
     }
 }
 
+/// [`integers_as_integers`] for the members of an object, by its schema's `properties` and
+/// `additionalProperties`.
+fn integers_in_object(schema: &Map<String, Value>, map: &mut Map<String, Value>) {
+    let extra = schema.get("additionalProperties").filter(|s| s.is_object());
+    for (k, v) in map.iter_mut() {
+        if let Some(s) = schema.get("properties").and_then(|p| p.get(k)) {
+            integers_as_integers(s, v);
+        } else if let Some(extra) = extra {
+            integers_as_integers(extra, v);
+        }
+    }
+}
+
 impl Args {
     /// Validates `raw` against the schema the model was shown and applies defaults
     /// (including those of hidden arguments). Returns one message per problem.
@@ -60,17 +69,19 @@ impl Args {
         let mut map = raw.unwrap_or_default();
         // `null` for an optional argument means "not given" (the API's optional fields are
         // nullable; the model is shown the plain type, but some clients send nulls anyway).
-        let required = tool.input_schema["required"].as_array();
+        let required = tool.input_schema.get("required").and_then(Value::as_array);
         map.retain(|name, v| {
             !v.is_null() || required.is_some_and(|r| r.iter().any(|n| n == name.as_str()))
         });
         let value = Value::Object(map);
-        let violations = jsonschema::validate(&tool.input_schema, &value);
+        let violations = jsonschema::validate_object(&tool.input_schema, &value);
         if !violations.is_empty() {
             return Err(violations.iter().map(ToString::to_string).collect());
         }
         let mut value = value;
-        integers_as_integers(&tool.input_schema, &mut value);
+        if let Value::Object(map) = &mut value {
+            integers_in_object(&tool.input_schema, map);
+        }
         let Value::Object(mut map) = value else {
             return Err(vec!["arguments must be an object".into()]);
         };
@@ -182,5 +193,43 @@ impl Args {
         }
         serde_json::from_value(Value::Object(body))
             .map_err(|e| CallFailure::InvalidArgs(format!("invalid arguments: {e}")))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn whole_floats_become_integers_where_the_schema_says_integer_at_any_depth() {
+        let schema = json!({
+            "type": "object",
+            "properties": {
+                "timeout_ms": {"type": "integer"},
+                "ratio": {"type": "number"},
+                "shape": {"type": "object", "properties": {"cpus": {"type": ["integer", "null"]}}},
+                "ports": {"type": "array", "items": {"type": "integer"}},
+                "limits": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+        });
+        let Value::Object(schema) = schema else {
+            unreachable!()
+        };
+        let mut args = json!({
+            "timeout_ms": 5000.0,
+            "ratio": 2.0,
+            "shape": {"cpus": 2.0},
+            "ports": [80.0, 8080.5],
+            "limits": {"pids": 64.0},
+            "unknown": 1.0,
+        });
+        integers_in_object(&schema, args.as_object_mut().unwrap());
+        assert_eq!(
+            serde_json::to_string(&args).unwrap(),
+            r#"{"timeout_ms":5000,"ratio":2.0,"shape":{"cpus":2},"ports":[80,8080.5],"limits":{"pids":64},"unknown":1.0}"#
+        );
     }
 }

@@ -154,10 +154,9 @@ pub struct CallContext {
 #[derive(Clone, Debug)]
 pub(crate) struct RequestTenant(pub Option<String>);
 
-/// The MCP tool as the model sees it: everything comes from the registry.
+/// The MCP tool as the model sees it: everything comes from the registry (the schemas are the
+/// registry's own, shared).
 pub fn to_mcp_tool(def: &ToolDef) -> Tool {
-    let object =
-        |v: &serde_json::Value| -> JsonObject { v.as_object().cloned().unwrap_or_default() };
     let annotations = ToolAnnotations::new()
         .read_only(def.annotations.read_only)
         .destructive(def.annotations.destructive)
@@ -166,10 +165,10 @@ pub fn to_mcp_tool(def: &ToolDef) -> Tool {
     Tool::new_with_raw(
         def.name.clone(),
         Some(Cow::Owned(def.description.clone())),
-        Arc::new(object(&def.input_schema)),
+        def.input_schema.clone(),
     )
     .with_title(def.title.clone())
-    .with_raw_output_schema(Arc::new(object(&def.output_schema)))
+    .with_raw_output_schema(def.output_schema.clone())
     .with_annotations(annotations)
 }
 

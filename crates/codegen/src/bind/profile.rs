@@ -2,6 +2,8 @@
 //! hidden from the model and filled in by the server, which then needs the profile's own
 //! messages for a session that is gone or missing.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::Ctx;
@@ -92,23 +94,14 @@ pub(crate) fn bind_profile(
             {
                 a.hidden = true;
                 a.required = false;
-                if let Some(props) = t
-                    .input_schema
-                    .get_mut("properties")
-                    .and_then(Value::as_object_mut)
-                {
+                let schema = Arc::make_mut(&mut t.input_schema);
+                if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
                     props.remove(arg);
                 }
-                if let Some(req) = t
-                    .input_schema
-                    .get_mut("required")
-                    .and_then(Value::as_array_mut)
-                {
+                if let Some(req) = schema.get_mut("required").and_then(Value::as_array_mut) {
                     req.retain(|v| v.as_str() != Some(arg.as_str()));
-                    if req.is_empty()
-                        && let Some(o) = t.input_schema.as_object_mut()
-                    {
-                        o.remove("required");
+                    if req.is_empty() {
+                        schema.remove("required");
                     }
                 }
                 t.session_arg = Some(arg.clone());

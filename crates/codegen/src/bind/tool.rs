@@ -11,7 +11,7 @@ use super::Ctx;
 use super::errors::{check_errors, fits};
 use super::schema::{build_args, build_caps, build_image};
 use crate::did_you_mean;
-use crate::model::{Annotations, ToolDef};
+use crate::model::{Annotations, ToolDef, schema};
 use crate::raw::{RawAnnotations, RawFile, RawTool};
 use crate::spec::{Location, Operation};
 
@@ -190,8 +190,8 @@ pub(crate) fn bind_tool(ctx: &mut Ctx<'_>, file: &RawFile, raw: &RawTool) -> Opt
         method: op.method.clone(),
         path: op.path.clone(),
         annotations,
-        input_schema,
-        output_schema,
+        input_schema: schema(input_schema),
+        output_schema: schema(output_schema),
         args,
         caps,
         errors,
