@@ -131,7 +131,7 @@ async fn execute(
         Ok(e) => e,
         Err(e) => return Failure::from(e).into_response(),
     };
-    let lines = events.flat_map(|event| {
+    let lines = crate::lines::whole_lines(events).flat_map(|event| {
         let out: Vec<axum::body::Bytes> = match event {
             Ok(Event::Output(o)) => {
                 let kind = match o.stream {

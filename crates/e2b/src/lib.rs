@@ -15,6 +15,7 @@ mod control;
 mod envd;
 mod files;
 mod jupyter;
+mod lines;
 mod process;
 mod token;
 mod user;
