@@ -74,18 +74,39 @@ pub fn main() -> ExitCode {
 /// a worker per core.
 fn runtime_for(cli: &Cli) -> tokio::runtime::Builder {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if stdio_server(cli) {
-        builder.worker_threads(1);
+    if let Some(workers) = worker_threads(cli) {
+        builder.worker_threads(workers);
     }
     builder.enable_all();
     builder
 }
 
-/// Whether the command line asks for the stdio MCP server.
-fn stdio_server(cli: &Cli) -> bool {
-    match &cli.command {
+/// The runtime's worker threads for a command line; `None`: one per core.
+fn worker_threads(cli: &Cli) -> Option<usize> {
+    let stdio = match &cli.command {
         None => cli.serve.http.is_none(),
         Some(Command::Serve(args)) => args.http.is_none(),
         Some(_) => false,
+    };
+    stdio.then_some(1)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_stdio_server_runs_on_one_worker() {
+        let workers = |args: &[&str]| worker_threads(&Cli::try_parse_from(args).unwrap());
+        assert_eq!(workers(&["sandbox-mcp"]), Some(1));
+        assert_eq!(workers(&["sandbox-mcp", "serve"]), Some(1));
+        assert_eq!(workers(&["sandbox-mcp", "--tools", "core"]), Some(1));
+        assert_eq!(workers(&["sandbox-mcp", "--http", "127.0.0.1:0"]), None);
+        assert_eq!(
+            workers(&["sandbox-mcp", "serve", "--http", "127.0.0.1:0"]),
+            None
+        );
+        assert_eq!(workers(&["sandbox-mcp", "engine"]), None);
     }
 }

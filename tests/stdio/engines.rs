@@ -20,13 +20,11 @@ async fn embedded_engine_serves_tools_and_is_shared_by_a_second_server() {
         let envs = [("SANDBOX_MCP_DATA_DIR", data.as_str())];
         let mut first = Server::spawn(&envs);
         first.initialize("2025-06-18");
-        // The stdio server serves its client with one worker thread (its runtime's threads are
-        // that worker and the two that block on stdin and stdout), not one per core; the engine
-        // it serves runs on a pool of its own.
-        assert!(first.threads_named("tokio-rt-worker") <= 3);
         first.send(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sandbox_create", "arguments": {}}}));
         let created = first.recv();
         let id = created["result"]["structuredContent"]["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_string();
+        // The engine it serves runs on a pool of its own, a worker per core (its own runtime
+        // has one worker: `cli::tests`).
         let cores = std::thread::available_parallelism().unwrap().get();
         assert!(first.threads_named("engine") >= cores, "a worker per core");
         // A second MCP server on the same data dir shares the first one's engine.
