@@ -93,6 +93,7 @@ async fn start_or_attach(config: &EngineConfig, pool: Pool) -> Result<LocalEngin
                     return Ok(LocalEngine {
                         url: endpoint.url,
                         key: ApiKey::new(endpoint.key),
+                        in_process: None,
                         stop: None,
                     });
                 }
@@ -117,13 +118,14 @@ async fn serve(config: EngineConfig, lock: EngineLock) -> Result<LocalEngine, Lo
     Ok(LocalEngine {
         url: serving.url().to_string(),
         key: ApiKey::new(serving.local_key()),
+        in_process: Some(serving.in_process()),
         stop: Some(Box::pin(serving.shutdown())),
     })
 }
 
 /// Serves the engine from this process on the engine pool, which it starts the first time. Its
-/// sockets, tasks and driver live there; the caller reaches it over HTTP like any other, and its
-/// stop runs there too.
+/// sockets, tasks and driver live there, as do the requests the caller hands it in process (each
+/// runs as a task on the engine's runtime), and its stop runs there too.
 async fn serve_on_own_pool(config: EngineConfig, lock: EngineLock) -> Result<LocalEngine, String> {
     static POOL: OnceLock<Result<Runtime, String>> = OnceLock::new();
     // Never dropped (a static): a runtime cannot be dropped from async code, and the process

@@ -31,6 +31,7 @@ mod fuzz_replay;
 mod hang_ups;
 mod hosted;
 mod http_transport;
+mod in_process;
 mod kubernetes;
 mod live;
 mod mcp_calls;

@@ -87,6 +87,11 @@ impl TestEngine {
         self.dir.path().join("data")
     }
 
+    /// The engine's API for a client in this process ([`sandbox_mcp_api::connect_to`]).
+    pub fn in_process(&self) -> sandbox_mcp_api::InProcess {
+        self.server.as_ref().unwrap().in_process()
+    }
+
     /// The generated API client, authenticated.
     pub fn client(&self) -> Client {
         connect(&self.url, Some(&ApiKey::new(KEY))).unwrap()

@@ -10,6 +10,7 @@
 pub mod auth;
 #[cfg(feature = "server")]
 pub mod server;
+mod transport;
 #[cfg(feature = "layers")]
 pub mod unread;
 
@@ -35,6 +36,7 @@ mod generated {
 }
 
 pub use generated::{ByteStream, Client, Error, ResponseValue, types};
+pub use transport::{InProcess, LocalAnswer, Transport};
 
 use std::time::Duration;
 
@@ -72,6 +74,18 @@ pub fn connect_as(
     key: Option<&ApiKey>,
     tenant: Option<&str>,
 ) -> Result<Client, reqwest::Error> {
+    connect_to(base_url, key, tenant, None)
+}
+
+/// Like [`connect_as`], calling `local` (the engine this process serves at `base_url`) in the
+/// process when given: see [`Transport`]. `base_url` stays the way for requests that need a
+/// connection of their own.
+pub fn connect_to(
+    base_url: &str,
+    key: Option<&ApiKey>,
+    tenant: Option<&str>,
+    local: Option<InProcess>,
+) -> Result<Client, reqwest::Error> {
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(tenant) = tenant
         && let Ok(value) = reqwest::header::HeaderValue::from_str(tenant)
@@ -86,7 +100,7 @@ pub fn connect_as(
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
     let http = http_builder_for(base_url)
-        .default_headers(headers)
+        .default_headers(headers.clone())
         .connect_timeout(Duration::from_secs(5))
         .pool_idle_timeout(Duration::from_secs(60))
         .tcp_nodelay(true)
@@ -95,6 +109,7 @@ pub fn connect_as(
     Ok(Client::new_with_client(
         base_url.trim_end_matches('/'),
         http,
+        Transport::new(headers, local),
     ))
 }
 

@@ -70,7 +70,11 @@ pub fn generate_client(spec_path: &Path, out_dir: &Path) -> Result<(), Vec<Codeg
     let mut settings = progenitor::GenerationSettings::default();
     settings
         .with_interface(progenitor::InterfaceStyle::Builder)
-        .with_map_type("::std::collections::BTreeMap");
+        .with_map_type("::std::collections::BTreeMap")
+        // How a request reaches the engine (over HTTP, or in this process): the API crate's
+        // `Transport`, used by its own `exec` hook.
+        .with_inner_type(quote::quote!(crate::Transport))
+        .with_hooks(progenitor::HooksMode::Expected);
     let client = progenitor::Generator::new(&settings)
         .generate_tokens(&spec.api)
         .map_err(|e| one(&spec_file, format!("the client generator failed: {e}")))?;

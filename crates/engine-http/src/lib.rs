@@ -7,6 +7,7 @@
 //! dir when the MCP server embeds it.
 
 pub mod api;
+mod in_process;
 pub mod local;
 pub mod preview;
 pub mod server;

@@ -81,6 +81,11 @@ impl Serving {
         &self.url
     }
 
+    /// The API for a client in this process, without a socket.
+    pub fn in_process(&self) -> sandbox_mcp_api::InProcess {
+        self.server.in_process()
+    }
+
     /// The key published for local processes.
     pub fn local_key(&self) -> &str {
         &self.local_key

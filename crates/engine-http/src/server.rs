@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::api::{self, AppState, Keys};
 use crate::preview;
+use sandbox_mcp_api::InProcess;
 use sandbox_mcp_engine::manager::Manager;
 
 /// A running engine HTTP server.
@@ -17,6 +19,9 @@ pub struct EngineServer {
     pub manager: Arc<Manager>,
     stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The API for callers in this process, and the requests they have under way.
+    local: InProcess,
+    local_calls: TaskTracker,
 }
 
 impl EngineServer {
@@ -68,6 +73,8 @@ impl EngineServer {
             None => None,
         };
         let app = api::router(state);
+        let local_calls = TaskTracker::new();
+        let local = crate::in_process::serve(app.clone(), stop.clone(), local_calls.clone());
         let shutdown = stop.clone();
         let server = tokio::spawn(async move {
             // Answers that stream (exec output, NDJSON) are several writes: without TCP_NODELAY
@@ -97,15 +104,24 @@ impl EngineServer {
             manager,
             stop,
             tasks,
+            local,
+            local_calls,
         })
+    }
+
+    /// The API for a client in this process, without a socket ([`sandbox_mcp_api::connect_to`]).
+    pub fn in_process(&self) -> InProcess {
+        self.local.clone()
     }
 
     /// Stops accepting requests, lets in-flight ones finish, and pauses the sandboxes.
     pub async fn shutdown(self) {
         self.stop.cancel();
+        self.local_calls.close();
         for task in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
         }
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.local_calls.wait()).await;
         self.manager.shutdown().await;
     }
 }

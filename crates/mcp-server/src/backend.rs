@@ -16,11 +16,12 @@ use tokio::sync::watch;
 use futures::future::BoxFuture;
 
 use crate::call::CallFailure;
-use sandbox_mcp_api::{ApiKey, Client, connect_as};
+use sandbox_mcp_api::{ApiKey, Client, InProcess, connect_to};
 
 /// The engine an MCP server uses when it is given no URL: served from this process, or shared
 /// with the process that already serves the data dir. The binary provides it, since it knows how
-/// to build an engine and its drivers; this layer only reaches it over HTTP.
+/// to build an engine and its drivers; this layer only calls its API (over HTTP, or in process
+/// through the same router when this process serves it).
 pub trait LocalEngines: Send + Sync + 'static {
     /// Serves the engine here if no other process does, else attaches to it; why not, in words
     /// for the log and the caller.
@@ -31,6 +32,9 @@ pub trait LocalEngines: Send + Sync + 'static {
 pub struct LocalEngine {
     pub url: String,
     pub key: ApiKey,
+    /// The engine's API without a socket, when this process serves it: calls skip the loopback
+    /// hop (`url` stays the way for requests that need a connection of their own).
+    pub in_process: Option<InProcess>,
     /// Stops the engine, when this process serves it (sandboxes are paused, not killed).
     pub stop: Option<BoxFuture<'static, ()>>,
 }
@@ -58,6 +62,7 @@ enum Mode {
 struct Endpoint {
     url: String,
     key: Option<ApiKey>,
+    in_process: Option<InProcess>,
     generation: u64,
 }
 
@@ -110,6 +115,7 @@ impl Backend {
         let endpoint = Endpoint {
             url: url.to_string(),
             key,
+            in_process: None,
             generation: 0,
         };
         Ok(Self::with_mode(Mode::Remote, Some(Ok(endpoint))))
@@ -140,6 +146,7 @@ impl Backend {
                 let endpoint = Endpoint {
                     url: engine.url.clone(),
                     key: Some(engine.key.clone()),
+                    in_process: engine.in_process.clone(),
                     generation,
                 };
                 *slot = Some(engine);
@@ -174,7 +181,13 @@ impl Backend {
             return Ok(handle.clone());
         }
         let client = Arc::new(
-            connect_as(&endpoint.url, endpoint.key.as_ref(), tenant).map_err(|e| {
+            connect_to(
+                &endpoint.url,
+                endpoint.key.as_ref(),
+                tenant,
+                endpoint.in_process.clone(),
+            )
+            .map_err(|e| {
                 CallFailure::Unreachable(format!("cannot build the engine client: {e}"))
             })?,
         );
