@@ -7,7 +7,8 @@
 //! one takes a driver, hence not in the MCP layer: the binary brings them together.
 //!
 //! The stdio server's own runtime has a single worker, for its one client; an engine it serves
-//! runs on a worker pool of its own, started when it takes the lock ([`Embedded::on_own_pool`]).
+//! runs on a worker pool of its own, started when it takes the lock ([`Embedded::new`] sees the
+//! runtime it is called on).
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -34,30 +35,39 @@ pub struct Embedded {
 /// The runtime an engine served by this process runs on.
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Pool {
-    /// The caller's, sized for the engine already (`serve --http`, `run`, `servers`).
+    /// The caller's, with a worker per core already (`serve --http`, `run`, `servers`).
     Caller,
     /// One of its own, a worker per core, started only when the engine is: the caller's runtime
-    /// serves a single client with one worker (the stdio server).
+    /// has fewer (the stdio server serves its single client with one).
     Own,
 }
 
 impl Embedded {
+    /// The local engine for `config`, for a caller on a tokio runtime. An engine this process
+    /// comes to serve runs on that runtime when it has a worker per core; on one with fewer (the
+    /// stdio server's single worker, for its one client) it gets a pool of its own then. A
+    /// server that attaches to another process's engine starts none.
     pub fn new(config: EngineConfig) -> Self {
+        let workers = tokio::runtime::Handle::try_current()
+            .map_or(0, |runtime| runtime.metrics().num_workers());
         Self {
             config,
-            pool: Pool::Caller,
+            pool: pool_for(workers, cores()),
         }
     }
+}
 
-    /// For a caller whose runtime has a single worker: an engine this process comes to serve
-    /// gets a worker pool of its own then. A server that attaches to another process's engine
-    /// starts none.
-    pub fn on_own_pool(config: EngineConfig) -> Self {
-        Self {
-            config,
-            pool: Pool::Own,
-        }
+/// Where an engine goes for a runtime with `workers` workers on `cores` cores.
+fn pool_for(workers: usize, cores: usize) -> Pool {
+    if workers < cores {
+        Pool::Own
+    } else {
+        Pool::Caller
     }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 impl LocalEngines for Embedded {
@@ -169,4 +179,37 @@ async fn healthy(url: &str, key: &str) -> bool {
         .send()
         .await
         .is_ok_and(|r| r.status().is_success())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_gets_its_own_pool_only_under_a_runtime_with_fewer_workers_than_cores() {
+        assert_eq!(pool_for(1, 2), Pool::Own);
+        assert_eq!(pool_for(1, 64), Pool::Own);
+        assert_eq!(pool_for(2, 2), Pool::Caller);
+        assert_eq!(pool_for(1, 1), Pool::Caller);
+        // Outside any runtime (no workers), the engine would need one of its own.
+        assert_eq!(pool_for(0, 1), Pool::Own);
+    }
+
+    #[test]
+    fn the_stdio_servers_runtime_puts_its_engine_on_a_pool_of_its_own() {
+        let config = EngineConfig::new(std::path::PathBuf::from("/nonexistent"));
+        let on = |builder: &mut tokio::runtime::Builder| {
+            builder
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async { Embedded::new(config.clone()).pool })
+        };
+        // The command line's runtime, as `cli` builds it for the stdio server and for HTTP.
+        let stdio = on(tokio::runtime::Builder::new_multi_thread().worker_threads(1));
+        let http = on(&mut tokio::runtime::Builder::new_multi_thread());
+        assert_eq!(stdio, pool_for(1, cores()));
+        assert_eq!(http, Pool::Caller);
+    }
 }

@@ -26,11 +26,8 @@ pub(super) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let backend = match &args.url {
         Some(url) => Backend::remote(url, args.api_key.clone().map(ApiKey::new))
             .map_err(anyhow::Error::msg)?,
-        // The stdio server's runtime has one worker (`cli::runtime_for`); an engine it serves
-        // runs on a pool of its own.
-        None if args.http.is_none() => Backend::local(std::sync::Arc::new(Embedded::on_own_pool(
-            args.engine.config(),
-        ))),
+        // The stdio server's runtime has one worker (`cli::worker_threads`); an engine it serves
+        // runs on a pool of its own (`Embedded::new` sees the runtime).
         None => Backend::local(std::sync::Arc::new(Embedded::new(args.engine.config()))),
     };
     tracing::debug!(
