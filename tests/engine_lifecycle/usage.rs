@@ -74,3 +74,54 @@ async fn metrics_report_usage_and_limits() {
     assert_eq!(base["default"], true);
     assert_eq!(base["shape"]["memory_mb"], 1024);
 }
+
+/// A description of a sandbox nobody touches may reuse a walk of its few files for a second, but
+/// what a command did through the engine is counted by the very next description, and what a
+/// background process writes on its own is counted soon after.
+#[tokio::test]
+async fn a_description_counts_what_the_last_call_wrote_at_once() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    let disk = async || {
+        ok(&client, "sandbox_info", json!({"sandbox_id": id})).await["usage"]["disk_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    // Quiet: described twice in a row (the second may reuse the first's walk).
+    let before = disk().await;
+    assert!(disk().await >= before.saturating_sub(64 * 1024));
+    for n in 1..=3u64 {
+        sh(
+            &client,
+            &id,
+            &format!("head -c 2000000 /dev/urandom > /root/blob{n}"),
+        )
+        .await;
+        let now = disk().await;
+        assert!(
+            now >= before + n * 2_000_000,
+            "write {n} is counted by the next description: {before} then {now}"
+        );
+    }
+    // Written by a process of the sandbox's own, with no call of the engine since.
+    let counted = disk().await;
+    sh(
+        &client,
+        &id,
+        "(sleep 0.5; head -c 2000000 /dev/urandom > /root/late) >/dev/null 2>&1 &",
+    )
+    .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if disk().await >= counted + 2_000_000 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a background write is never counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -3,10 +3,15 @@
 //! on every call, so a measurement is reused while it is younger than [`REUSE_FACTOR`] times
 //! what it took (at most [`MAX_REUSE`]): asking in a loop costs the engine at most a
 //! twentieth of a core per sandbox, and a sandbox with few files is measured on every call
-//! anyway (a few microseconds make a window far shorter than any caller's loop). Callers that
-//! need the figure as of now (`sandbox_metrics`, the disk check before a snapshot) say so, and
-//! share a walk only with one that started after they asked. Either way one walk of a sandbox
-//! runs at a time: concurrent callers wait for it rather than start their own.
+//! anyway (a few microseconds make a window far shorter than any caller's loop), unless nothing
+//! went through the engine to it since: a sandbox no call of the engine has touched since a walk
+//! began (no command, file or code call started or ended, none under way) reuses that walk for
+//! up to [`QUIET_REUSE`]. So what a caller did through the engine is always counted by the next
+//! description, and what its processes write on their own is counted within a second; 50
+//! clients describing 50 quiet sandboxes in a loop no longer walk each on every call. Callers
+//! that need the figure as of now (`sandbox_metrics`, the disk check before a snapshot) say so,
+//! and share a walk only with one that started after they asked. Either way one walk of a
+//! sandbox runs at a time: concurrent callers wait for it rather than start their own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,24 +21,36 @@ use std::time::{Duration, Instant};
 pub(crate) const REUSE_FACTOR: u32 = 20;
 /// ... and never longer than this.
 pub(crate) const MAX_REUSE: Duration = Duration::from_secs(30);
+/// How long a walk stands, however cheap, for a sandbox the engine has not touched since it
+/// began.
+pub(crate) const QUIET_REUSE: Duration = Duration::from_secs(1);
 
 /// One walk's result.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Measured {
     /// When the walk began: a file written before it is counted.
     pub started: Instant,
+    /// The same moment on the clock the sandbox's activity is stamped with (ms).
+    pub started_ms: i64,
     pub took: Duration,
     pub bytes: u64,
 }
 
 impl Measured {
     /// Whether this measurement may stand for one asked for at `asked`, by a caller that
-    /// wants it as of now (`fresh`) or accepts a recent one.
-    pub(crate) fn serves(&self, asked: Instant, fresh: bool) -> bool {
+    /// wants it as of now (`fresh`) or accepts a recent one. `last_active`: when a call of the
+    /// engine last started or ended in the sandbox (ms), `None` while one is under way or when
+    /// the caller cannot tell.
+    pub(crate) fn serves(&self, asked: Instant, fresh: bool, last_active: Option<i64>) -> bool {
         if self.started >= asked {
             return true;
         }
-        !fresh && self.started.elapsed() < (self.took * REUSE_FACTOR).min(MAX_REUSE)
+        if fresh {
+            return false;
+        }
+        let age = self.started.elapsed();
+        let quiet = last_active.is_some_and(|at| at < self.started_ms);
+        age < (self.took * REUSE_FACTOR).min(MAX_REUSE) || (quiet && age < QUIET_REUSE)
     }
 }
 
@@ -77,9 +94,12 @@ impl DiskMeter {
 mod tests {
     use super::*;
 
+    const NOW_MS: i64 = 1_000_000;
+
     fn measured(ago: Duration, took: Duration) -> Measured {
         Measured {
             started: Instant::now() - ago,
+            started_ms: NOW_MS - ago.as_millis() as i64,
             took,
             bytes: 1,
         }
@@ -90,20 +110,40 @@ mod tests {
         let asked = Instant::now();
         let ms = Duration::from_millis;
         // A 50 ms walk 500 ms ago stands; 1.5 s ago it does not.
-        assert!(measured(ms(500), ms(50)).serves(asked, false));
-        assert!(!measured(ms(1500), ms(50)).serves(asked, false));
+        assert!(measured(ms(500), ms(50)).serves(asked, false, None));
+        assert!(!measured(ms(1500), ms(50)).serves(asked, false, None));
         // A cheap walk is redone at once.
-        assert!(!measured(ms(1), Duration::from_micros(20)).serves(asked, false));
+        assert!(!measured(ms(1), Duration::from_micros(20)).serves(asked, false, None));
         // However slow, never past MAX_REUSE.
-        assert!(!measured(MAX_REUSE + ms(1), Duration::from_secs(60)).serves(asked, false));
+        assert!(!measured(MAX_REUSE + ms(1), Duration::from_secs(60)).serves(asked, false, None));
         // A caller that wants it as of now takes only a walk begun after it asked.
-        assert!(!measured(ms(500), ms(50)).serves(asked, true));
+        assert!(!measured(ms(500), ms(50)).serves(asked, true, None));
         let later = Measured {
             started: asked + ms(1),
+            started_ms: NOW_MS + 1,
             took: ms(1),
             bytes: 1,
         };
-        assert!(later.serves(asked, true));
+        assert!(later.serves(asked, true, None));
+    }
+
+    #[test]
+    fn a_cheap_walk_stands_for_a_second_only_while_the_engine_leaves_the_sandbox_alone() {
+        let asked = Instant::now();
+        let ms = Duration::from_millis;
+        let cheap = |ago| measured(ago, Duration::from_micros(20));
+        let walked_at = |ago: Duration| NOW_MS - ago.as_millis() as i64;
+        // Last touched before the walk began: it stands up to QUIET_REUSE.
+        let before = Some(walked_at(ms(300)) - 5);
+        assert!(cheap(ms(300)).serves(asked, false, before));
+        assert!(!cheap(QUIET_REUSE + ms(1)).serves(asked, false, before));
+        // A call that started or ended since the walk began (even in its first millisecond),
+        // or one under way: walked again.
+        assert!(!cheap(ms(300)).serves(asked, false, Some(walked_at(ms(300)))));
+        assert!(!cheap(ms(300)).serves(asked, false, Some(walked_at(ms(100)))));
+        assert!(!cheap(ms(300)).serves(asked, false, None));
+        // Never for a caller that wants the figure as of now.
+        assert!(!cheap(ms(300)).serves(asked, true, before));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use sandbox_mcp_model::driver::{
     AgentConn, Capabilities, CloneKind, CloneMethod, Driver, DriverError, FsLayers, FsRef,
     Isolation, Liveness, SharedRecords, StartSpec, Storage, TemplateLayout, Usage,
 };
+use sandbox_mcp_model::ids;
 
 use crate::disk_meter::{DiskMeter, Measured};
 use crate::error::EngineError;
@@ -168,23 +169,36 @@ impl DriverHandle {
     /// Sandbox `id`'s resource use (all of it, or `brief`ly: what its description shows) and
     /// what its files take, in one trip to the blocking pool. The walk of its files is left out
     /// where a recent one may stand for it, unless the caller wants the figure as of now
-    /// (`fresh`): see [`crate::disk_meter`].
-    pub(crate) async fn usage_and_disk(&self, id: &str, brief: bool, fresh: bool) -> (Usage, u64) {
-        let (usage, bytes) = self.measure(id, Some(brief), fresh).await;
+    /// (`fresh`): see [`crate::disk_meter`]. `last_active`: when a call of the engine last
+    /// started or ended in it, `None` while one is under way.
+    pub(crate) async fn usage_and_disk(
+        &self,
+        id: &str,
+        brief: bool,
+        fresh: bool,
+        last_active: Option<i64>,
+    ) -> (Usage, u64) {
+        let (usage, bytes) = self.measure(id, Some(brief), fresh, last_active).await;
         (usage.unwrap_or_default(), bytes)
     }
 
     /// What sandbox `id`'s files take as of now (a walk begun after this call, perhaps another
     /// caller's).
     pub(crate) async fn disk_bytes(&self, id: &str) -> u64 {
-        self.measure(id, None, true).await.1
+        self.measure(id, None, true, None).await.1
     }
 
-    async fn measure(&self, id: &str, usage: Option<bool>, fresh: bool) -> (Option<Usage>, u64) {
+    async fn measure(
+        &self,
+        id: &str,
+        usage: Option<bool>,
+        fresh: bool,
+        last_active: Option<i64>,
+    ) -> (Option<Usage>, u64) {
         let asked = Instant::now();
         let slot = self.disk.slot(id);
         let last = slot.lock().await;
-        let reused = last.filter(|m| m.serves(asked, fresh));
+        let reused = last.filter(|m| m.serves(asked, fresh, last_active));
         // With nothing to write back, other callers need not wait for this one.
         let mut last = reused.is_none().then_some(last);
         let (isolation, storage, id) =
@@ -195,10 +209,11 @@ impl DriverHandle {
                 false => isolation.usage(&id),
             });
             let disk = reused.unwrap_or_else(|| {
-                let started = Instant::now();
+                let (started, started_ms) = (Instant::now(), ids::now_ms());
                 let bytes = storage.disk_bytes(&id);
                 Measured {
                     started,
+                    started_ms,
                     took: started.elapsed(),
                     bytes,
                 }

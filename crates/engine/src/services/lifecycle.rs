@@ -203,7 +203,13 @@ impl Lifecycle {
         let usage = if with_usage {
             // A description shows three figures of its use and a recent measurement of its
             // files (see `crate::disk_meter`); `metrics` reads everything as of now.
-            Some(self.driver.usage_and_disk(id, true, false).await)
+            let last_active = (entry.inflight.load(Ordering::Acquire) == 0)
+                .then(|| entry.last_active.load(Ordering::Acquire));
+            Some(
+                self.driver
+                    .usage_and_disk(id, true, false, last_active)
+                    .await,
+            )
         } else {
             None
         };
@@ -226,7 +232,7 @@ impl Lifecycle {
 
     pub async fn metrics(&self, id: &str, tenant: Option<&str>) -> Result<Metrics, EngineError> {
         let entry = self.registry.lookup(id, tenant).await?;
-        let (usage, disk_bytes) = self.driver.usage_and_disk(id, false, true).await;
+        let (usage, disk_bytes) = self.driver.usage_and_disk(id, false, true, None).await;
         let record = entry.record();
         let capabilities = self.driver.capabilities();
         Ok(Metrics {
