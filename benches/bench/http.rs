@@ -8,20 +8,28 @@ use serde_json::{Value, json};
 use crate::figures::{Figure, figure, ms, percentile};
 use crate::servers::{Engine, KEY, bin};
 
-/// `sandbox-mcp serve --http` on a free port in front of `engine`, with one tenant key.
+/// `sandbox-mcp serve --http` on a free port, with one tenant key: in front of an engine process
+/// of its own, or serving its own engine (no `SANDBOX_MCP_URL`, the default deployment).
 struct HttpMcp {
     child: Child,
     url: String,
     token: String,
+    /// The engine's API (where the sandboxes are made) and its key.
+    engine_url: String,
+    engine_key: String,
     _dir: tempfile::TempDir,
 }
 
 impl HttpMcp {
-    fn start(engine: &Engine) -> HttpMcp {
-        let dir = tempfile::tempdir().unwrap();
+    fn start(engine: Option<&Engine>) -> HttpMcp {
+        let dir = tempfile::Builder::new()
+            .prefix("smcph")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let data = dir.path().join("data");
         let keys = Command::new(bin())
             .args(["keys", "create", "--tenant", "bench"])
-            .env("SANDBOX_MCP_DATA_DIR", dir.path())
+            .env("SANDBOX_MCP_DATA_DIR", &data)
             .output()
             .unwrap();
         let token = String::from_utf8(keys.stdout).unwrap().trim().to_string();
@@ -30,7 +38,8 @@ impl HttpMcp {
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new(bin())
+        let mut command = Command::new(bin());
+        command
             .args([
                 "serve",
                 "--http",
@@ -38,26 +47,77 @@ impl HttpMcp {
                 "--rate-limit",
                 "0",
             ])
-            .env("SANDBOX_MCP_DATA_DIR", dir.path())
-            .env("SANDBOX_MCP_URL", &engine.url)
-            .env("SANDBOX_MCP_API_KEY", KEY)
+            .env("SANDBOX_MCP_DATA_DIR", &data)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let http = HttpMcp {
-            child,
-            url: format!("http://127.0.0.1:{port}/mcp"),
-            token,
-            _dir: dir,
-        };
+            .stderr(Stdio::null());
+        match engine {
+            Some(engine) => {
+                command
+                    .env("SANDBOX_MCP_URL", &engine.url)
+                    .env("SANDBOX_MCP_API_KEY", KEY);
+            }
+            // The engine's settings, as `Engine::start` gives its own.
+            None => {
+                command
+                    .env_remove("SANDBOX_MCP_URL")
+                    .env("SANDBOX_MCP_MAX_SANDBOXES", "1000")
+                    .env("SANDBOX_MCP_IDLE_PAUSE", "0");
+            }
+        }
+        let child = command.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(Instant::now() < deadline, "HTTP MCP server did not start");
             std::thread::sleep(Duration::from_millis(20));
         }
-        http
+        let (engine_url, engine_key) = match engine {
+            Some(engine) => (engine.url.clone(), KEY.to_string()),
+            // The embedded engine publishes where it listens for other local processes.
+            None => loop {
+                let published = std::fs::read_to_string(data.join("engine.json"))
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Value>(&t).ok());
+                if let Some(e) = published {
+                    break (
+                        e["url"].as_str().unwrap().to_string(),
+                        e["key"].as_str().unwrap().to_string(),
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the embedded engine did not start"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            },
+        };
+        HttpMcp {
+            child,
+            url: format!("http://127.0.0.1:{port}/mcp"),
+            token,
+            engine_url,
+            engine_key,
+            _dir: dir,
+        }
+    }
+
+    /// A call to the engine's API, as the bench tenant.
+    fn engine(&self, method: reqwest::Method, path: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = Engine::http()
+                .request(method.clone(), format!("{}{path}", self.engine_url))
+                .bearer_auth(&self.engine_key)
+                .header("x-sandbox-tenant", "bench")
+                .json(&json!({}))
+                .send();
+            match r {
+                Ok(r) => return r.json().unwrap_or(Value::Null),
+                // The embedded engine publishes its address just before it answers.
+                Err(e) => assert!(Instant::now() < deadline, "engine: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// POSTs one JSON-RPC message; the response message (from JSON or the SSE stream) and the
@@ -111,21 +171,26 @@ impl Drop for HttpMcp {
     }
 }
 
-/// 50 concurrent sessions over Streamable HTTP, each calling a tool in a loop.
+/// 50 concurrent sessions over Streamable HTTP, each calling a tool in a loop: first against
+/// `serve --http` serving its own engine (the default, and the targets: its calls reach
+/// the engine in process), then in front of `engine`, a process of its own (each call crosses
+/// loopback to it).
 pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
+    load(&HttpMcp::start(None), "", true, out);
+    load(
+        &HttpMcp::start(Some(engine)),
+        ", engine in a process of its own",
+        false,
+        out,
+    );
+}
+
+fn load(server: &HttpMcp, topology: &str, targets: bool, out: &mut Vec<Figure>) {
     const SESSIONS: usize = 50;
-    let server = HttpMcp::start(engine);
     // Sandboxes belong to the bench tenant; the engine's own key acts for it with the header.
     let ids: Vec<String> = (0..SESSIONS)
         .map(|_| {
-            let r = Engine::http()
-                .post(format!("{}/v1/sandboxes", engine.url))
-                .bearer_auth(KEY)
-                .header("x-sandbox-tenant", "bench")
-                .json(&json!({}))
-                .send()
-                .unwrap();
-            r.json::<Value>().unwrap()["id"]
+            server.engine(reqwest::Method::POST, "/v1/sandboxes")["id"]
                 .as_str()
                 .unwrap()
                 .to_string()
@@ -143,7 +208,6 @@ pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
             .enable_all()
             .build()
             .unwrap();
-        let server = &server;
         let (samples, wall) = runtime.block_on(async {
             let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(SESSIONS + 1));
             let sessions: Vec<_> = ids
@@ -188,22 +252,27 @@ pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
         let throughput = samples.len() as f64 / wall.as_secs_f64();
         let p99 = percentile(&mut samples.clone(), 0.99);
         out.push(figure(
-            &format!("HTTP MCP: tools/call {label}, {SESSIONS} concurrent sessions"),
+            &format!("HTTP MCP: tools/call {label}, {SESSIONS} concurrent sessions{topology}"),
             "ms",
             samples,
             None,
             &format!(
-                "latency per call; p99 {p99:.3} ms; Streamable HTTP with bearer auth, SSE responses; the clients: one async runtime of 2 threads, a connection per session"
+                "latency per call; p99 {p99:.3} ms; Streamable HTTP with bearer auth, SSE responses; {}; the clients: one async runtime of 2 threads, a connection per session",
+                if targets {
+                    "`serve --http` serving its own engine, reached in process"
+                } else {
+                    "`serve --http` in front of `sandbox-mcp engine` over loopback"
+                }
             ),
         ));
         // The targets for sandbox_info: ≥ 4,000 calls/s and p99 ≤ 25 ms.
-        let (rate_target, p99_target) = if tool == "sandbox_info" {
+        let (rate_target, p99_target) = if tool == "sandbox_info" && targets {
             (Some((4000.0, "≥ 4,000 calls/s")), Some((25.0, "≤ 25 ms")))
         } else {
             (None, None)
         };
         out.push(Figure {
-            name: format!("HTTP MCP: {label} throughput, {SESSIONS} concurrent sessions"),
+            name: format!("HTTP MCP: {label} throughput, {SESSIONS} concurrent sessions{topology}"),
             unit: "calls/s",
             median: throughput,
             p95: f64::NAN,
@@ -215,7 +284,9 @@ pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
             ),
         });
         out.push(Figure {
-            name: format!("HTTP MCP: {label} p99 latency, {SESSIONS} concurrent sessions"),
+            name: format!(
+                "HTTP MCP: {label} p99 latency, {SESSIONS} concurrent sessions{topology}"
+            ),
             unit: "ms",
             median: p99,
             p95: f64::NAN,
@@ -225,10 +296,10 @@ pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
                 SESSIONS * calls
             ),
         });
-        eprintln!("HTTP MCP {label}: {throughput:.0} calls/s, p99 {p99:.3} ms");
+        eprintln!("HTTP MCP {label}{topology}: {throughput:.0} calls/s, p99 {p99:.3} ms");
     }
     for id in ids {
-        engine.kill(&id);
+        server.engine(reqwest::Method::DELETE, &format!("/v1/sandboxes/{id}"));
     }
 }
 
