@@ -199,6 +199,16 @@ impl DriverHandle {
         let slot = self.disk.slot(id);
         let last = slot.lock().await;
         let reused = last.filter(|m| m.serves(asked, fresh, last_active));
+        // With no walk to make, what is left is at most a description's three small cgroup
+        // files, which never block: read in place (like `oom_kills_now`), not worth a trip to
+        // the blocking pool and back.
+        if let Some(disk) = reused
+            && usage != Some(false)
+        {
+            drop(last);
+            let usage = usage.map(|_| self.isolation.usage_brief(id));
+            return (usage, disk.bytes);
+        }
         // With nothing to write back, other callers need not wait for this one.
         let mut last = reused.is_none().then_some(last);
         let (isolation, storage, id) =

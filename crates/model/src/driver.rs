@@ -277,7 +277,9 @@ pub trait Isolation: Send + Sync + 'static {
     fn destroy(&self, id: &str) -> Result<(), DriverError>;
     fn usage(&self, id: &str) -> Usage;
     /// [`Self::usage`]'s `cpu_seconds`, `memory_bytes` and `pids` (the rest may be zero), where
-    /// reading fewer is cheaper: what a sandbox's description shows, read on every `sandbox_info`.
+    /// reading fewer is cheaper: what a sandbox's description shows, read on every `sandbox_info`,
+    /// on the engine's async threads when no walk of its files is due: it must not block (a few
+    /// small kernel files at most).
     fn usage_brief(&self, id: &str) -> Usage {
         self.usage(id)
     }
