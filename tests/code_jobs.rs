@@ -506,3 +506,30 @@ async fn cancelling_run_code_interrupts_it_and_keeps_the_context() {
     assert!(a > 0, "the loop ran and its state was kept");
     assert_eq!(a, b, "the cancelled loop is no longer running");
 }
+
+/// A description of a sandbox with no jobs may skip asking its agent for a while, but a job
+/// started through the engine is listed by the very next description, however soon.
+#[tokio::test]
+async fn a_job_is_listed_by_the_next_description_after_descriptions_of_none() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    for _ in 0..3 {
+        let id = create(&client).await;
+        let jobs =
+            async || ok(&client, "sandbox_info", json!({"sandbox_id": id})).await["jobs"].clone();
+        // Described in a loop with none: from here on the answer may be reused.
+        for _ in 0..3 {
+            let none = jobs().await;
+            assert!(none.as_array().is_none_or(Vec::is_empty), "{none}");
+        }
+        let started = ok(
+            &client,
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": "sleep 600", "background": true}),
+        )
+        .await;
+        let listed = jobs().await;
+        assert_eq!(listed[0]["job_id"], started["job_id"], "{listed}");
+    }
+}

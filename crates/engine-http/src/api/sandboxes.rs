@@ -208,7 +208,7 @@ pub(super) async fn get(
     // The agent's answer and the cgroup and file reads side by side (each checks the tenant).
     let (view, jobs) = tokio::join!(
         state.manager.lifecycle.get(id, caller.tenant(), true),
-        state.manager.agent.jobs(id, caller.tenant())
+        state.manager.agent.described_jobs(id, caller.tenant())
     );
     let mut view = view?;
     view.jobs = jobs.unwrap_or_default();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::Stream;
 use sandbox_mcp_model::driver::{AgentConn, DriverError, Liveness};
+use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::{
     AgentError, Attach, Attached, Call, ExecSpec, Frame, JobInfo, KillAll, ListContexts, ListJobs,
     Ping, read_frame_limited, write_frame,
@@ -212,6 +213,35 @@ impl AgentClient {
         Some(list.jobs)
     }
 
+    /// [`Self::jobs`] for a description, which may skip the trip to the agent: an answer of no
+    /// jobs stands for up to [`NO_JOBS_REUSE_MS`] while no call of the engine has started or
+    /// ended in the sandbox since it was asked (none is under way). Every job is started by
+    /// such a call (a command in the background, an attached process), so one started through
+    /// the engine is listed by the next description; jobs a snapshot restore brings back are
+    /// listed within a second. A description of a quiet sandbox in a loop then costs its agent
+    /// one connection a second, not one per call.
+    pub async fn described_jobs(&self, id: &str, tenant: Option<&str>) -> Option<Vec<JobInfo>> {
+        let entry = self.registry.lookup(id, tenant).await.ok()?;
+        if *lock(&entry.visible_status) != Status::Running {
+            return None;
+        }
+        let quiet_since = |at: i64| {
+            entry.inflight.load(Ordering::Acquire) == 0
+                && entry.last_active.load(Ordering::Acquire) < at
+        };
+        let now = ids::now_ms();
+        let seen = entry.no_jobs_at.load(Ordering::Acquire);
+        if (0..NO_JOBS_REUSE_MS).contains(&now.saturating_sub(seen)) && quiet_since(seen) {
+            return Some(Vec::new());
+        }
+        let quiet = quiet_since(now);
+        let list = self.ask_running(id, &entry, ListJobs {}).await?;
+        if quiet && list.jobs.is_empty() {
+            entry.no_jobs_at.store(now, Ordering::Release);
+        }
+        Some(list.jobs)
+    }
+
     /// REPL contexts alive in a running sandbox (0 when it is not running).
     pub(crate) async fn context_count(&self, id: &str, entry: &Entry) -> u64 {
         self.ask_running(id, entry, ListContexts {})
@@ -344,6 +374,10 @@ impl AgentClient {
         )
     }
 }
+
+/// How long (ms) an agent's answer of no jobs stands for a quiet sandbox's description
+/// ([`AgentClient::described_jobs`]).
+const NO_JOBS_REUSE_MS: i64 = 1000;
 
 /// What a running sandbox's agent keeps ([`AgentClient::keeps`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

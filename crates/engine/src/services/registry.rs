@@ -62,6 +62,9 @@ pub(crate) struct Entry {
     /// `last_active` when the idle policy last failed to hibernate the sandbox (something in it
     /// cannot be written down): it is not dumped again for nothing until it is used again.
     pub(crate) hibernate_refused: AtomicI64,
+    /// When (ms) its agent, asked while no call of the engine was under way, said it had no
+    /// jobs (`i64::MIN`: never): see [`super::agent::AgentClient::described_jobs`].
+    pub(crate) no_jobs_at: AtomicI64,
 }
 
 impl Entry {
@@ -90,6 +93,7 @@ impl Entry {
             interruptions: AtomicU64::new(0),
             killing: AtomicBool::new(false),
             hibernate_refused: AtomicI64::new(i64::MIN),
+            no_jobs_at: AtomicI64::new(i64::MIN),
         })
     }
 
