@@ -225,16 +225,13 @@ impl AgentClient {
         if *lock(&entry.visible_status) != Status::Running {
             return None;
         }
-        let quiet_since = |at: i64| {
-            entry.inflight.load(Ordering::Acquire) == 0
-                && entry.last_active.load(Ordering::Acquire) < at
-        };
+        let untouched_since = |at: i64| entry.quiet_since().is_some_and(|active| active < at);
         let now = ids::now_ms();
         let seen = entry.no_jobs_at.load(Ordering::Acquire);
-        if (0..NO_JOBS_REUSE_MS).contains(&now.saturating_sub(seen)) && quiet_since(seen) {
+        if (0..NO_JOBS_REUSE_MS).contains(&now.saturating_sub(seen)) && untouched_since(seen) {
             return Some(Vec::new());
         }
-        let quiet = quiet_since(now);
+        let quiet = untouched_since(now);
         let list = self.ask_running(id, &entry, ListJobs {}).await?;
         if quiet && list.jobs.is_empty() {
             entry.no_jobs_at.store(now, Ordering::Release);

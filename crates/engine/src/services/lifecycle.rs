@@ -203,11 +203,9 @@ impl Lifecycle {
         let usage = if with_usage {
             // A description shows three figures of its use and a recent measurement of its
             // files (see `crate::disk_meter`); `metrics` reads everything as of now.
-            let last_active = (entry.inflight.load(Ordering::Acquire) == 0)
-                .then(|| entry.last_active.load(Ordering::Acquire));
             Some(
                 self.driver
-                    .usage_and_disk(id, true, false, last_active)
+                    .usage_and_disk(id, true, false, entry.quiet_since())
                     .await,
             )
         } else {

@@ -97,6 +97,14 @@ impl Entry {
         })
     }
 
+    /// When a call of the engine last started or ended in the sandbox (ms), or `None` while one
+    /// is under way. Caches of what only such a call can change (a description's walk of the
+    /// files, its agent's "no jobs") stand while this is older than they are.
+    pub(crate) fn quiet_since(&self) -> Option<i64> {
+        (self.inflight.load(Ordering::Acquire) == 0)
+            .then(|| self.last_active.load(Ordering::Acquire))
+    }
+
     /// The record as callers see it: with its latest activity and visible status.
     pub(crate) fn record(&self) -> Record {
         let mut r = lock(&self.record).clone();
