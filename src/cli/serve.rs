@@ -68,9 +68,9 @@ async fn serve_stdio(
     let io = sandbox_mcp_server::stdio::frame(
         tokio::io::stdin(),
         tokio::io::stdout(),
-        |input, output| async move {
+        |transport| async move {
             use rmcp::ServiceExt;
-            let running = server.serve((input, output)).await?;
+            let running = server.serve(transport).await?;
             running.waiting().await?;
             Ok(())
         },
