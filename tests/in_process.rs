@@ -50,7 +50,8 @@ fn status<T: std::fmt::Debug>(result: Result<T, sandbox_mcp_api::Error<types::Er
 
 /// Keys and tenants hold in process as over HTTP; answers stream; a call
 /// dropped midway kills its command, as a hung-up connection does; a WebSocket (which needs a
-/// connection) still goes over HTTP; a stopped engine answers 503.
+/// connection) still goes over HTTP; a stopping engine answers 503 to new calls and finishes
+/// the one under way before it is gone.
 #[tokio::test]
 async fn in_process_calls_meet_every_check_stream_and_are_cancelled_by_dropping() {
     require_cgroups!();
@@ -154,10 +155,64 @@ async fn in_process_calls_meet_every_check_stream_and_are_cancelled_by_dropping(
         "an upgrade cannot have gone in process"
     );
 
-    // Once the engine stops, an in-process call is told so.
-    let _ = acme.kill_sandbox().sandbox_id(id.as_str()).send().await;
-    let _ = engine.stop().await;
-    let refused = acme.health().send().await.unwrap_err();
+    // A call under way when the engine stops is finished before the engine is gone (its
+    // shutdown waits for it), and calls after the stop are told the engine is going.
+    let under_way = tokio::spawn({
+        let (acme, id) = (acme.clone(), id.clone());
+        async move {
+            let answer = run(&acme, &id, "touch /tmp/began; sleep 2; echo finished").await;
+            (answer, Instant::now())
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while run(&acme, &id, "test -e /tmp/began && echo yes")
+        .await
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the call's command never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let config = TestEngine::config_for(engine.dir.path());
+    let stop_began = Instant::now();
+    let stopping = tokio::spawn(async move {
+        let dir = engine.stop().await;
+        (dir, Instant::now())
+    });
+    let refused = loop {
+        match acme.health().send().await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the engine never stopped taking calls"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
     assert_eq!(refused.status().map(|s| s.as_u16()), Some(503), "{refused}");
     assert!(refused.to_string().contains("shutting down"), "{refused}");
+    let (answer, answered) = under_way.await.unwrap();
+    assert_eq!(answer, "finished\n");
+    let (dir, stopped) = stopping.await.unwrap();
+    assert!(
+        stop_began < answered,
+        "the call ended before the stop began: nothing was tested"
+    );
+    assert!(
+        answered <= stopped,
+        "the engine stopped before its call was answered"
+    );
+
+    // Gone with its sandbox.
+    let engine = TestEngine::start_on(dir, config).await;
+    let _ = engine
+        .client()
+        .kill_sandbox()
+        .sandbox_id(id.as_str())
+        .send()
+        .await;
 }

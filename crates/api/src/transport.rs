@@ -33,7 +33,8 @@ impl InProcess {
         Self(Arc::new(serve))
     }
 
-    fn call(&self, request: http::Request<reqwest::Body>) -> LocalAnswer {
+    /// The engine's answer to `request`, as it would come over a connection.
+    pub fn call(&self, request: http::Request<reqwest::Body>) -> LocalAnswer {
         (self.0)(request)
     }
 }

@@ -73,3 +73,36 @@ impl<T> Drop for Aborting<T> {
         self.0.abort();
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use axum::routing::get;
+
+    use super::*;
+
+    async fn buggy() -> &'static str {
+        panic!("a handler's bug")
+    }
+
+    fn get_request(path: &str) -> http::Request<reqwest::Body> {
+        http::Request::get(path)
+            .body(reqwest::Body::from(""))
+            .unwrap()
+    }
+
+    /// A handler that panics fails its own request with a 500; the engine goes on answering.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panicking_handler_fails_its_request_with_a_500_and_nothing_else() {
+        let app = Router::new()
+            .route("/panics", get(buggy))
+            .route("/ok", get(|| async { "ok" }));
+        let local = serve(app, CancellationToken::new(), TaskTracker::new());
+        let answer = local.call(get_request("/panics")).await;
+        assert_eq!(answer.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        for _ in 0..3 {
+            let answer = local.call(get_request("/ok")).await;
+            assert_eq!(answer.status(), http::StatusCode::OK);
+        }
+    }
+}
