@@ -59,18 +59,19 @@ struct KubeEngine {
     child: Child,
     url: String,
     log: PathBuf,
-    data: tempfile::TempDir,
+    /// Its data dir, whose sandbox store goes with it.
+    data: crate::common::TempData,
 }
 
 impl KubeEngine {
     async fn start(rig: &Rig, ns: &Namespace, extra: &[(&str, &str)]) -> KubeEngine {
-        let data = tempfile::tempdir().unwrap();
-        let log = data.path().join("engine.log");
+        let data = crate::common::TempData::new();
+        let log = data.dir.path().join("engine.log");
         let env = rig.engine_env(&ns.name);
         let mut env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (&**k, &**v)).collect();
         env.extend_from_slice(extra);
         let (child, url) = spawn_engine_logged(
-            data.path(),
+            &data.data(),
             &env,
             std::fs::File::create(&log).unwrap().into(),
         )
@@ -96,7 +97,7 @@ impl KubeEngine {
             .append(true)
             .open(&self.log)
             .unwrap();
-        (self.child, self.url) = spawn_engine_logged(self.data.path(), &env, file.into()).await;
+        (self.child, self.url) = spawn_engine_logged(&self.data.data(), &env, file.into()).await;
     }
 
     async fn mcp(&self) -> McpClient {

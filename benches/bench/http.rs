@@ -172,6 +172,8 @@ impl Drop for HttpMcp {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The store its own engine mounted (a loop-mounted image off btrfs) goes with the dir.
+        sandbox_mcp_linux::disk::release(&self._dir.path().join("data/sandboxes"));
     }
 }
 

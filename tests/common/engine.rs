@@ -1,7 +1,7 @@
 //! A real engine in this process on a temporary data dir, serving HTTP on loopback; and a
 //! temporary data dir for engines run as processes of their own.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,7 +63,8 @@ impl TestEngine {
         Self::start_on(dir, config).await
     }
 
-    pub async fn start_on(dir: tempfile::TempDir, config: EngineConfig) -> Self {
+    pub async fn start_on(dir: impl Into<tempfile::TempDir>, config: EngineConfig) -> Self {
+        let dir = dir.into();
         show_warnings();
         sandbox_mcp_engine_http::local::prepare_data_dir(&config).unwrap();
         let manager = open_manager(&config).await.unwrap();
@@ -127,13 +128,21 @@ impl TestEngine {
         )
     }
 
-    /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir.
-    pub async fn stop(mut self) -> tempfile::TempDir {
+    /// Stops serving and pauses sandboxes, like a clean engine shutdown; keeps the data dir for
+    /// another engine ([`Self::start_on`]). Whatever is not handed on goes when the result is
+    /// dropped.
+    pub async fn stop(mut self) -> Stopped {
         if let Some(server) = self.server.take() {
             server.shutdown().await;
         }
         self.cleanup = false;
-        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+        Stopped {
+            dir: Some(std::mem::replace(
+                &mut self.dir,
+                tempfile::tempdir().unwrap(),
+            )),
+            driver: self.manager.driver().clone(),
+        }
     }
 
     /// An MCP client connected in-process to a real MCP server that uses this engine.
@@ -175,12 +184,46 @@ impl Drop for TestEngine {
         for record in self.manager.list(None, &[], None) {
             let _ = driver.destroy(&record.id);
         }
-        if let Ok(entries) = std::fs::read_dir(self.data_dir().join("sandboxes")) {
-            for e in entries.flatten() {
-                let _ = driver.destroy(&e.file_name().to_string_lossy());
-            }
+        leave_nothing(driver, &self.data_dir());
+    }
+}
+
+/// Destroys the sandboxes a data dir still has and unmounts its sandbox store (a loop-mounted
+/// image where the directory is not on btrfs): what an engine leaves on the machine.
+fn leave_nothing(driver: &dyn sandbox_mcp_model::driver::Isolation, data: &Path) {
+    if let Ok(entries) = std::fs::read_dir(data.join("sandboxes")) {
+        for e in entries.flatten() {
+            let _ = driver.destroy(&e.file_name().to_string_lossy());
         }
-        sandbox_mcp_linux::disk::release(&self.data_dir().join("sandboxes"));
+    }
+    sandbox_mcp_linux::disk::release(&data.join("sandboxes"));
+}
+
+/// The data dir of a stopped [`TestEngine`]: another engine starts on it with
+/// [`TestEngine::start_on`]; dropped instead, it takes the stopped engine's sandboxes and its
+/// store's mount with it, as dropping a running `TestEngine` does.
+pub struct Stopped {
+    dir: Option<tempfile::TempDir>,
+    driver: sandbox_mcp_engine::driver::DriverHandle,
+}
+
+impl Stopped {
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().unwrap().path()
+    }
+}
+
+impl From<Stopped> for tempfile::TempDir {
+    fn from(mut stopped: Stopped) -> Self {
+        stopped.dir.take().unwrap()
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.dir {
+            leave_nothing(self.driver.isolation(), &dir.path().join("data"));
+        }
     }
 }
 

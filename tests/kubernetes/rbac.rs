@@ -98,13 +98,15 @@ async fn the_engine_runs_with_only_the_documented_rbac() {
     rig.kubectl_ok(&["create", "serviceaccount", "-n", &ns.name, "nobody"]);
     let token = sa_token(rig, &ns, "nobody").await;
     let kubeconfig = token_kubeconfig(rig, &token, &ns);
-    let data = tempfile::tempdir().unwrap();
+    // An engine that stops at its start has mounted its sandbox store by then: it goes with
+    // the directory.
+    let data = crate::common::TempData::new();
     let env = rig.engine_env(&ns.name);
     let out = Command::new(BIN)
         .args(["engine", "--listen", "127.0.0.1:0"])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .env("KUBECONFIG", kubeconfig.path())
-        .env("SANDBOX_MCP_DATA_DIR", data.path())
+        .env("SANDBOX_MCP_DATA_DIR", data.data())
         .env("SANDBOX_MCP_ENGINE_KEYS", KEY)
         .stdin(Stdio::null())
         .output()
