@@ -160,7 +160,7 @@ async fn in_process_calls_meet_every_check_stream_and_are_cancelled_by_dropping(
     let under_way = tokio::spawn({
         let (acme, id) = (acme.clone(), id.clone());
         async move {
-            let answer = run(&acme, &id, "touch /tmp/began; sleep 2; echo finished").await;
+            let answer = run(&acme, &id, "touch /tmp/began; sleep 4; echo finished").await;
             (answer, Instant::now())
         }
     });

@@ -11,7 +11,7 @@
 //! rmcp's messages are written by [`Transport`]: each is serialized into one buffer and handed
 //! to the writer, without rmcp's line codec (which writes a message piece by piece into its frame
 //! buffer) or a second copy through a pipe. The answer to `tools/list`, the largest message a
-//! session sends (over 100 KB for every tool) and the same each time, is serialized once and
+//! session sends (about 130 KB with all tools) and the same each time, is serialized once and
 //! reused while the list is unchanged.
 
 use std::sync::Arc;
