@@ -181,11 +181,12 @@ impl Transport {
             line.extend_from_slice(b"}\n");
             return Ok(line);
         }
-        let line = serde_json::to_vec(message)?;
-        let mut line = jsonrpc::add_null_id(&line).unwrap_or(line);
-        if line.last() != Some(&b'\n') {
-            line.push(b'\n');
+        let mut line = serde_json::to_vec(message)?;
+        // A mended line comes with its newline.
+        if let Some(mended) = jsonrpc::add_null_id(&line) {
+            return Ok(mended);
         }
+        line.push(b'\n');
         Ok(line)
     }
 }
