@@ -38,20 +38,31 @@ pub struct Criu {
     /// Where CRIU run with `--unprivileged` (every restore) keeps what it learnt of the kernel
     /// ([`kernel_cache`]); `None`: it probes the kernel again each run.
     pub cache: Option<PathBuf>,
+    /// Where CRIU run as root (dumps, and the `criu check` above) keeps it: mounted on `/run`
+    /// for CRIU alone ([`with_own_run`]); a directory of its own, since what CRIU learns as
+    /// root is not what it learns unprivileged.
+    pub root_cache: Option<PathBuf>,
 }
 
-/// A directory of the engine's own on a tmpfs (`/dev/shm`), for CRIU's kernel-feature cache.
-/// CRIU keeps that cache only on a tmpfs (it must not outlive a reboot): as root in `/run`, and
-/// with `--unprivileged` in `$XDG_RUNTIME_DIR`, which the engine's clean environment lacks, so
-/// every restore probed the kernel anew (about 7 ms of each run here). The directory is made
-/// 0700; one that is not a directory of this uid's alone (made by another user first, a
-/// symlink) is not used, and CRIU probes as before.
-fn kernel_cache() -> Option<PathBuf> {
+/// Directories of the engine's own on a tmpfs (`/dev/shm`), for CRIU's kernel-feature cache:
+/// one for its unprivileged runs, and `root` in it for its runs as root. CRIU keeps that cache
+/// only on a tmpfs (it must not outlive a reboot): as root in `/run`, and with `--unprivileged`
+/// in `$XDG_RUNTIME_DIR`, which the engine's clean environment lacks. Without them every
+/// restore probed the kernel anew (about 7 ms of each run here), and every dump on a host whose
+/// `/run` is no tmpfs (most containers, this one) about 30 ms, most of it the `iptables`,
+/// `ip6tables` and `nft` runs CRIU starts to learn what it can lock — while the sandbox's other
+/// processes are stopped. Each directory is made 0700; one that is not a directory of this
+/// uid's alone (made by another user first, a symlink) is not used, and CRIU probes as before.
+fn kernel_cache() -> (Option<PathBuf>, Option<PathBuf>) {
     let uid = nix::unistd::geteuid().as_raw();
-    own_dir(
+    let Some(dir) = own_dir(
         PathBuf::from(format!("/dev/shm/sandbox-mcp-criu-{uid}")),
         uid,
-    )
+    ) else {
+        return (None, None);
+    };
+    let root = own_dir(dir.join("root"), uid);
+    (Some(dir), root)
 }
 
 /// `dir`, made 0700 if missing, if it is a directory (not a symlink) of `uid`'s alone.
@@ -92,9 +103,25 @@ pub fn probe(explicit: Option<&Path>) -> Result<Criu, String> {
             path.display()
         ));
     }
-    let check = Command::new(&path)
-        .arg("check")
-        .stdin(Stdio::null())
+    let (cache, root_cache) = kernel_cache();
+    check(&path, root_cache.as_deref())?;
+    Ok(Criu {
+        path,
+        version,
+        cache,
+        root_cache,
+    })
+}
+
+/// Runs `criu check` (as root: in a `/run` of `run` when given, where it leaves its kernel
+/// cache for the dumps to come); the error says why CRIU cannot work here.
+fn check(path: &Path, run: Option<&Path>) -> Result<(), String> {
+    let mut cmd = Command::new(path);
+    cmd.arg("check").stdin(Stdio::null());
+    if let Some(dir) = run {
+        with_own_run(&mut cmd, dir);
+    }
+    let check = cmd
         .output()
         .map_err(|e| format!("cannot run {} check: {e}", path.display()))?;
     let said = format!(
@@ -113,11 +140,37 @@ pub fn probe(explicit: Option<&Path>) -> Result<Criu, String> {
             path.display()
         ));
     }
-    Ok(Criu {
-        path,
-        version,
-        cache: kernel_cache(),
-    })
+    Ok(())
+}
+
+/// Runs `cmd` in a mount namespace of its own whose `/run` is `dir`, every other mount the
+/// host's: CRIU run as root keeps its kernel cache in `/run` only, and only if that is a tmpfs
+/// ([`kernel_cache`]). The host's mounts are made slaves there first, so nothing mounted in
+/// that namespace reaches the host, while an unmount on the host still reaches it. Where the
+/// namespace cannot be made (no CAP_SYS_ADMIN), CRIU runs as before and probes the kernel.
+fn with_own_run(cmd: &mut Command, dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(dir) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return;
+    };
+    // SAFETY: runs between fork and exec; only system calls on strings made before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let (none, data) = (std::ptr::null(), std::ptr::null());
+            if libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(
+                    none,
+                    c"/".as_ptr(),
+                    none,
+                    libc::MS_REC | libc::MS_SLAVE,
+                    data,
+                ) == 0
+            {
+                libc::mount(dir.as_ptr(), c"/run".as_ptr(), none, libc::MS_BIND, data);
+            }
+            Ok(())
+        });
+    }
 }
 
 fn find_on_path() -> Option<PathBuf> {
@@ -208,6 +261,9 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
             }
             Ok(())
         });
+    }
+    if let (None, Some(dir)) = (owner, &criu.root_cache) {
+        with_own_run(&mut cmd, dir);
     }
     run(cmd, d.dir, "dump")
 }
@@ -485,6 +541,44 @@ mod tests {
         let file = base.path().join("file");
         std::fs::write(&file, "").unwrap();
         assert_eq!(own_dir(file, uid), None);
+    }
+
+    /// CRIU run as root leaves its kernel cache in the directory given as its `/run`, even where
+    /// the host's `/run` is no tmpfs, and the host never sees that directory mounted. Skips
+    /// without root or a working CRIU; fails so in CI.
+    #[test]
+    fn criu_as_root_keeps_its_kernel_cache_in_a_run_of_its_own() {
+        let criu = match probe(None) {
+            Ok(c) if nix::unistd::geteuid().is_root() => c,
+            other => {
+                let why = other.err().unwrap_or_else(|| "not root".into());
+                assert!(
+                    std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
+                    "CRIU as root is required here (.ci/run builds it): {why}"
+                );
+                eprintln!("SKIPPED: CRIU's kernel cache needs root and CRIU: {why}");
+                return;
+            }
+        };
+        let run = tempfile::tempdir_in("/dev/shm").unwrap();
+        let name = run
+            .path()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .contains(&name)
+        };
+        check(&criu.path, Some(run.path())).unwrap();
+        assert!(
+            run.path().join("criu.kdat").is_file(),
+            "criu check left no kernel cache in its /run"
+        );
+        assert!(!mounted(), "the host sees CRIU's /run mounted");
     }
 
     #[test]
