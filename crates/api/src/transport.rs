@@ -61,7 +61,7 @@ impl Transport {
     }
 
     /// Whether requests go to an engine in this process.
-    pub fn is_in_process(&self) -> bool {
+    pub(crate) fn is_in_process(&self) -> bool {
         self.local.is_some()
     }
 }
