@@ -192,7 +192,7 @@ pub(crate) fn http_figures(engine: &Engine, out: &mut Vec<Figure>) {
 }
 
 /// The label of the last load: `sandbox_info` on sandboxes each running a background job.
-const WITH_JOB: &str = "sandbox_info, each sandbox running a background job";
+const WITH_JOB: &str = "sandbox_info (each sandbox running a background job)";
 
 fn load(server: &HttpMcp, topology: &str, targets: bool, out: &mut Vec<Figure>) {
     const SESSIONS: usize = 50;
