@@ -25,10 +25,10 @@ pub struct Criu {
 /// one for its unprivileged runs, and `root` in it for its runs as root. CRIU keeps that cache
 /// only on a tmpfs (it must not outlive a reboot): as root in `/run`, and with `--unprivileged`
 /// in `$XDG_RUNTIME_DIR`, which the engine's clean environment lacks. Without them every
-/// restore probed the kernel anew (about 7 ms of each run here), and every dump on a host whose
-/// `/run` is no tmpfs (most containers, this one) about 30 ms, most of it the `iptables`,
-/// `ip6tables` and `nft` runs CRIU starts to learn what it can lock — while the sandbox's other
-/// processes are stopped. Each directory is made 0700; one that is not a directory of this
+/// restore probed the kernel anew (about 7 ms of each run here), and so did every dump on a host
+/// whose `/run` is no tmpfs (most containers, this one), starting `iptables`, `ip6tables` and
+/// `nft` to learn what it can lock, while the sandbox's other processes are stopped: 30 ms of a
+/// dump run by hand here, 12 ms of the parent's stop in a fork with memory (benchmarks-ab-live). Each directory is made 0700; one that is not a directory of this
 /// uid's alone (made by another user first, a symlink) is not used, and CRIU probes as before.
 fn kernel_cache() -> (Option<PathBuf>, Option<PathBuf>) {
     let uid = nix::unistd::geteuid().as_raw();
@@ -123,7 +123,8 @@ fn check(path: &Path, run: Option<&Path>) -> Result<(), String> {
 /// Runs `cmd` in a mount namespace of its own whose `/run` is `dir`, every other mount the
 /// host's: CRIU run as root keeps its kernel cache in `/run` only, and only if that is a tmpfs
 /// ([`kernel_cache`]). The host's mounts are made slaves there first, so nothing mounted in
-/// that namespace reaches the host, while an unmount on the host still reaches it. Where the
+/// that namespace reaches the host (and an unmount on the host, of a mount it shares, still
+/// reaches it). Where the
 /// namespace cannot be made (no CAP_SYS_ADMIN), CRIU runs as before and probes the kernel.
 pub(super) fn with_own_run(cmd: &mut Command, dir: &Path) {
     use std::os::unix::ffi::OsStrExt;
