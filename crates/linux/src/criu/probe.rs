@@ -28,8 +28,9 @@ pub struct Criu {
 /// restore probed the kernel anew (about 7 ms of each run here), and so did every dump on a host
 /// whose `/run` is no tmpfs (most containers, this one), starting `iptables`, `ip6tables` and
 /// `nft` to learn what it can lock, while the sandbox's other processes are stopped: 30 ms of a
-/// dump run by hand here, 12 ms of the parent's stop in a fork with memory (benchmarks-ab-live). Each directory is made 0700; one that is not a directory of this
-/// uid's alone (made by another user first, a symlink) is not used, and CRIU probes as before.
+/// dump run by hand here, 12 ms of the parent's stop in a fork with memory (benchmarks-ab-live).
+/// Each directory is made 0700; one that is not a directory of this uid's alone (made by another
+/// user first, a symlink) is not used, and CRIU probes as before.
 fn kernel_cache() -> (Option<PathBuf>, Option<PathBuf>) {
     let uid = nix::unistd::geteuid().as_raw();
     let Some(dir) = own_dir(
