@@ -89,7 +89,6 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
     // (`--unprivileged` is what CRIU calls that).
     let as_owner = !has_sys_resource();
     let owner = if as_owner {
-        args.push("--unprivileged".into());
         let meta = std::fs::metadata(format!("/proc/{}", d.root))?;
         let (uid, gid) = (
             std::os::unix::fs::MetadataExt::uid(&meta),
@@ -101,7 +100,7 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
         None
     };
     let netns_fd = netns.as_raw_fd();
-    let mut cmd = criu_command(criu, &args);
+    let mut cmd = criu_command(criu, &args, as_owner);
     // SAFETY: runs between fork and exec; only system calls on integers and open descriptors.
     unsafe {
         cmd.pre_exec(move || {
@@ -111,9 +110,6 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
             }
             Ok(())
         });
-    }
-    if let (None, Some(dir)) = (owner, &criu.root_cache) {
-        with_own_run(&mut cmd, dir);
     }
     run(cmd, d.dir, "dump")
 }
@@ -170,7 +166,6 @@ pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
         "-o".into(),
         "criu.log".into(),
         "-v2".into(),
-        "--unprivileged".into(),
         "--restore-detached".into(),
         "--tcp-close".into(),
         "--manage-cgroups=ignore".into(),
@@ -197,7 +192,7 @@ pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
     let (netns_fd, cgroupns_fd) = (netns.as_raw_fd(), cgroupns.as_raw_fd());
     let procs_fds: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
     let landlock = ruleset.as_ref().map(|f| f.as_raw_fd());
-    let mut cmd = criu_command(criu, &args);
+    let mut cmd = criu_command(criu, &args, true);
     // SAFETY: runs between fork and exec; only system calls on integers and open descriptors
     // prepared before the fork.
     unsafe {
@@ -227,9 +222,12 @@ pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
     out
 }
 
-fn criu_command(criu: &Criu, args: &[String]) -> Command {
+/// CRIU with `args`, a clean environment and its kernel cache: run `--unprivileged`, it finds
+/// the cache through `XDG_RUNTIME_DIR`; run as root, in a `/run` of its own.
+fn criu_command(criu: &Criu, args: &[String], unprivileged: bool) -> Command {
     let mut cmd = Command::new(&criu.path);
     cmd.args(args)
+        .args(unprivileged.then_some("--unprivileged"))
         .env_clear()
         .env(
             "PATH",
@@ -238,8 +236,12 @@ fn criu_command(criu: &Criu, args: &[String]) -> Command {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    if let Some(dir) = &criu.cache {
-        cmd.env("XDG_RUNTIME_DIR", dir);
+    match (unprivileged, &criu.cache, &criu.root_cache) {
+        (true, Some(dir), _) => {
+            cmd.env("XDG_RUNTIME_DIR", dir);
+        }
+        (false, _, Some(dir)) => with_own_run(&mut cmd, dir),
+        _ => {}
     }
     cmd
 }
