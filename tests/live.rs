@@ -13,6 +13,7 @@ use crate::require_sandboxes;
 
 mod limits;
 mod snapshots;
+mod stopped;
 
 /// Whether this engine can carry processes; skips (naming CRIU) or, in CI, fails when not.
 fn live(engine: &TestEngine) -> bool {

@@ -19,11 +19,12 @@
 
 pub mod images;
 mod probe;
+mod rpc;
 
 pub use probe::{Criu, INSTALL_HINT, probe};
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -43,34 +44,27 @@ pub struct Dump<'a> {
     pub dir: &'a Path,
 }
 
+/// What a dump's caller does at two moments of it, CRIU waiting for each (see [`rpc`]).
+pub struct Moments<'a> {
+    /// Every process of the tree is seized and frozen; CRIU's code enters none before this
+    /// returns.
+    pub frozen: &'a mut dyn FnMut(),
+    /// CRIU's code has left every process of the tree (still frozen).
+    pub cured: &'a mut dyn FnMut(),
+}
+
 /// Dumps one tree, leaving its processes stopped (the caller continues them once the files
 /// are copied, so both are one moment's).
-pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
+pub fn dump(criu: &Criu, d: &Dump<'_>, at: Moments<'_>) -> io::Result<()> {
     let pidns = std::fs::metadata(format!("/proc/{}/ns/pid", d.agent))
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))?;
-    let mut args: Vec<String> = vec![
-        "dump".into(),
-        "-t".into(),
-        d.root.to_string(),
-        "-D".into(),
-        d.dir.display().to_string(),
-        "-o".into(),
-        "criu.log".into(),
-        "-v2".into(),
-        "--leave-stopped".into(),
-        // Established TCP connections are dumped (the network is locked meanwhile) so the tree
-        // can be; the restore closes them (below): a peer outside cannot be cloned.
-        "--tcp-established".into(),
-        "--manage-cgroups=ignore".into(),
-        "--external".into(),
-        "mnt[]".into(),
-        "--external".into(),
-        format!("pid[{pidns}]:pidns"),
-    ];
-    for ino in d.pipes.iter().filter(|i| **i != 0) {
-        args.push("--external".into());
-        args.push(format!("pipe[{ino}]:pipe{ino}"));
-    }
+    let mut external: Vec<String> = vec!["mnt[]".into(), format!("pid[{pidns}]:pidns")];
+    external.extend(
+        d.pipes
+            .iter()
+            .filter(|i| **i != 0)
+            .map(|ino| format!("pipe[{ino}]:pipe{ino}")),
+    );
     // Marked external, these mounts are left as they are; the restore joins a mount namespace
     // that has its own at the same places:
     // - named volumes: binds of a directory below the engine's store, which CRIU cannot place
@@ -80,8 +74,7 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
     //   target's tmpfs mounts are its own; a tree holding a file of them is not carried).
     let info = std::fs::read_to_string(format!("/proc/{}/mountinfo", d.root))?;
     for (i, point) in external_mounts(&info).iter().enumerate() {
-        args.push("--external".into());
-        args.push(format!("mnt[{point}]:mount{i}"));
+        external.push(format!("mnt[{point}]:mount{i}"));
     }
     let netns = open(&format!("/proc/{}/ns/net", d.agent))?;
     // Reading another user namespace's rlimits takes CAP_SYS_RESOURCE over it. Where root lacks
@@ -99,11 +92,33 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
     } else {
         None
     };
-    let netns_fd = netns.as_raw_fd();
-    let mut cmd = criu_command(criu, &args, as_owner);
+    let images = d
+        .dir
+        .to_str()
+        .ok_or_else(|| io::Error::other("the checkpoint's directory is not UTF-8"))?;
+    let request = rpc::dump_request(&rpc::DumpOptions {
+        pid: d.root,
+        images_dir: images,
+        log_file: "criu.log",
+        log_level: 2,
+        leave_stopped: true,
+        // Established TCP connections are dumped (the network is locked meanwhile) so the tree
+        // can be; the restore closes them: a peer outside cannot be cloned.
+        tcp_established: true,
+        manage_cgroups_ignore: true,
+        external: &external,
+        unprivileged: as_owner,
+    });
+    let (ours, theirs) = seqpacket_pair()?;
+    let (netns_fd, theirs_fd) = (netns.as_raw_fd(), theirs.as_raw_fd());
+    let mut cmd = criu_command(criu, &["swrk".into(), theirs_fd.to_string()], as_owner);
     // SAFETY: runs between fork and exec; only system calls on integers and open descriptors.
     unsafe {
         cmd.pre_exec(move || {
+            // CRIU's end of the socket, at the number its command line names, survives the exec.
+            if libc::fcntl(theirs_fd, libc::F_SETFD, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
             setns(netns_fd, libc::CLONE_NEWNET)?;
             if let Some(uid) = owner {
                 become_keeping_caps(uid)?;
@@ -111,7 +126,116 @@ pub fn dump(criu: &Criu, d: &Dump<'_>) -> io::Result<()> {
             Ok(())
         });
     }
-    run(cmd, d.dir, "dump")
+    let child = cmd.spawn()?;
+    drop((theirs, netns));
+    let answer = converse(&ours, &request, at);
+    drop(ours);
+    let out = child.wait_with_output()?;
+    match answer {
+        Ok(Some(true)) if out.status.success() => Ok(()),
+        Ok(_) => Err(failure(d.dir, "dump", &out)),
+        Err(_) if !out.status.success() => Err(failure(d.dir, "dump", &out)),
+        Err(e) => Err(io::Error::other(format!("criu dump: {e}"))),
+    }
+}
+
+/// Sends `request` and answers CRIU's notifications until its response: whether the dump
+/// succeeded, `None` if CRIU ended without one. The moments are two of its notifications:
+/// `query-ext-files` comes once the tree is seized and frozen, before the first process is
+/// dumped; `post-dump`, once every one is, its parasite gone.
+///
+/// A dump that succeeded without `query-ext-files` (a CRIU older than its RPC's, which 4.0
+/// has) is refused: nothing said when the rest of the sandbox had to stop.
+fn converse(sock: &OwnedFd, request: &[u8], at: Moments<'_>) -> io::Result<Option<bool>> {
+    send_packet(sock, request)?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut frozen = false;
+    loop {
+        let n = recv_packet(sock, &mut buf)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        match rpc::parse_response(&buf[..n])? {
+            rpc::Response::Notify(action) => {
+                match action.as_str() {
+                    "query-ext-files" => {
+                        (at.frozen)();
+                        frozen = true;
+                    }
+                    "post-dump" => (at.cured)(),
+                    _ => {}
+                }
+                send_packet(sock, &rpc::notify_done())?;
+            }
+            rpc::Response::Done { success: true } if !frozen => {
+                return Err(io::Error::other(
+                    "criu never said when the tree was frozen (CRIU 4.0 or later is needed)",
+                ));
+            }
+            rpc::Response::Done { success } => return Ok(Some(success)),
+        }
+    }
+}
+
+fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair fills the two descriptors, which we then own.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn send_packet(sock: &OwnedFd, packet: &[u8]) -> io::Result<()> {
+    // SAFETY: send from a live buffer on a descriptor we hold.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            packet.as_ptr().cast(),
+            packet.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One packet into `buf`; its length, 0 at the end. A packet larger than `buf` is an error.
+fn recv_packet(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: recv into a live buffer of its length, on a descriptor we hold.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_TRUNC,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        let n = n as usize;
+        if n > buf.len() {
+            return Err(io::Error::other("criu sent an RPC packet over 64 KiB"));
+        }
+        return Ok(n);
+    }
 }
 
 /// The mount points of a tree's `mountinfo` its dump marks external (see [`dump`]): binds of
@@ -246,12 +370,17 @@ fn criu_command(criu: &Criu, args: &[String], unprivileged: bool) -> Command {
     cmd
 }
 
-/// Runs CRIU to its end; a failure carries CRIU's own last errors (from its log).
+/// Runs CRIU to its end; a failure carries CRIU's own last errors (see [`failure`]).
 fn run(mut cmd: Command, dir: &Path, what: &str) -> io::Result<()> {
     let out = cmd.output()?;
     if out.status.success() {
         return Ok(());
     }
+    Err(failure(dir, what, &out))
+}
+
+/// A failed run of CRIU, said with its last errors: from its log, else its standard error.
+fn failure(dir: &Path, what: &str, out: &std::process::Output) -> io::Error {
     let log = std::fs::read_to_string(dir.join("criu.log")).unwrap_or_default();
     let errors: Vec<&str> = log
         .lines()
@@ -272,7 +401,7 @@ fn run(mut cmd: Command, dir: &Path, what: &str) -> io::Result<()> {
     } else {
         errors.join("; ")
     };
-    Err(io::Error::other(format!("criu {what} failed: {said}")))
+    io::Error::other(format!("criu {what} failed: {said}"))
 }
 
 fn open(path: &str) -> io::Result<OwnedFd> {

@@ -27,8 +27,8 @@ pub struct Criu {
 /// in `$XDG_RUNTIME_DIR`, which the engine's clean environment lacks. Without them every
 /// restore probed the kernel anew (about 7 ms of each run here), and so did every dump on a host
 /// whose `/run` is no tmpfs (most containers, this one), starting `iptables`, `ip6tables` and
-/// `nft` to learn what it can lock, while the sandbox's other processes are stopped (30 ms of a
-/// 200 MB dump run by hand). Where root lacks CAP_SYS_RESOURCE, dumps run `--unprivileged` too
+/// `nft` to learn what it can lock, before it seizes anything (30 ms of a 200 MB dump run by
+/// hand). Where root lacks CAP_SYS_RESOURCE, dumps run `--unprivileged` too
 /// (see `dump`) and use the first directory.
 /// Each directory is made 0700; one that is not a directory of this uid's alone (made by another
 /// user first, a symlink) is not used, and CRIU probes as before.

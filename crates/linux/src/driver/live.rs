@@ -35,31 +35,6 @@ impl NamespacesDriver {
             .ok_or_else(|| DriverError::Agent("the sandbox's agent is not running".into()))
     }
 
-    /// Stops every process of the sandbox but the agent and the tree of `root` (SIGSTOP,
-    /// repeated until no new process appears), so nothing else runs while CRIU's code is inside
-    /// a dumped process. Whether a process is the tree's is asked of each one as it is about to
-    /// be stopped: a child the tree forks meanwhile is the tree's, and one stopped here would be
-    /// dumped stopped and come back stopped, its parent waiting on it for ever.
-    fn stop_others(&self, id: &str, agent: i32, root: i32) {
-        let mut stopped = HashSet::new();
-        for _ in 0..16 {
-            let fresh: Vec<i32> = self
-                .cgroups(id)
-                .pids()
-                .into_iter()
-                .filter(|p| *p != agent && *p != root && !stopped.contains(p))
-                .filter(|p| !criu::descends_from(*p, root))
-                .collect();
-            if fresh.is_empty() {
-                break;
-            }
-            for p in fresh {
-                let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
-                stopped.insert(p);
-            }
-        }
-    }
-
     pub(super) async fn live_checkpoint(
         &self,
         id: &str,
@@ -84,24 +59,31 @@ impl NamespacesDriver {
         // Every process of the trees the agent named: any other (a command running now, one a
         // job left behind) is not carried, and is said to be.
         let mut accounted: HashSet<i32> = HashSet::from([agent]);
+        let pids = self.cgroups(id).pids();
+        let roots: Vec<Option<i32>> = list
+            .trees
+            .iter()
+            .map(|tree| {
+                pids.iter()
+                    .copied()
+                    .find(|p| *p != agent && criu::inner_pid(*p) == Some(tree.pid))
+            })
+            .collect();
         for (i, tree) in list.trees.into_iter().enumerate() {
             let what = tree.kind.describe();
-            let host = self
-                .cgroups(id)
-                .pids()
-                .into_iter()
-                .find(|p| *p != agent && criu::inner_pid(*p) == Some(tree.pid));
-            let Some(root) = host else {
+            let Some(root) = roots[i] else {
                 report.skipped.push(format!("{what} (its process is gone)"));
                 continue;
             };
-            self.stop_others(id, agent, root);
-            // The tree runs (stopped for an earlier tree's dump, it is continued for its own).
+            // The tree runs (stopped for an earlier tree's dump, it is continued for its own);
+            // the rest of the sandbox is stopped once CRIU has frozen it.
             for p in criu::tree_pids(root) {
                 let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
             }
+            let next = roots[i + 1..].iter().flatten().next().copied();
             let sub = dir.join(format!("tree-{i}"));
-            let dumped = dump_one(&criu, agent, root, &tree, &sub).await;
+            let cgroups = self.cgroups(id);
+            let dumped = dump_one(&criu, cgroups, agent, (root, next), &tree, &sub).await;
             // Dumped, the tree is stopped: its processes are all there.
             accounted.extend(criu::tree_pids(root));
             match dumped {
@@ -322,8 +304,42 @@ fn sockets_in_use(sockstat: &str, label: &str) -> Option<u64> {
     None
 }
 
-/// Dumps one tree into `sub` (made here) and records what it is beside the images.
-async fn dump_one(criu: &Criu, agent: i32, root: i32, tree: &Tree, sub: &Path) -> io::Result<()> {
+/// Stops every process of the sandbox but the agent and the tree of `root` (SIGSTOP, repeated
+/// until no new process appears), so nothing else runs while CRIU's code is inside a dumped
+/// process. Whether a process is the tree's is asked of each one as it is about to be stopped:
+/// a child the tree forked is the tree's, and one stopped here would be dumped stopped and come
+/// back stopped, its parent waiting on it for ever.
+fn stop_others(cgroups: &Cgroups, agent: i32, root: i32) {
+    let mut stopped = HashSet::new();
+    for _ in 0..16 {
+        let fresh: Vec<i32> = cgroups
+            .pids()
+            .into_iter()
+            .filter(|p| *p != agent && *p != root && !stopped.contains(p))
+            .filter(|p| !criu::descends_from(*p, root))
+            .collect();
+        if fresh.is_empty() {
+            break;
+        }
+        for p in fresh {
+            let _ = kill(Pid::from_raw(p), Signal::SIGSTOP);
+            stopped.insert(p);
+        }
+    }
+}
+
+/// Dumps one tree into `sub` (made here) and records what it is beside the images. The rest of
+/// the sandbox is stopped once CRIU has frozen the tree, before its code enters it (or after a
+/// dump that failed before that), and stays so, but for the tree to dump `next`: it runs again
+/// as soon as CRIU's code has left this one.
+async fn dump_one(
+    criu: &Criu,
+    cgroups: Cgroups,
+    agent: i32,
+    (root, next): (i32, Option<i32>),
+    tree: &Tree,
+    sub: &Path,
+) -> io::Result<()> {
     fs::DirBuilder::new().mode(0o700).create(sub)?;
     fs::write(
         sub.join(TREE_FILE),
@@ -332,7 +348,8 @@ async fn dump_one(criu: &Criu, agent: i32, root: i32, tree: &Tree, sub: &Path) -
     let pipes: Vec<u64> = tree.pipes.iter().map(|p| p.inode).collect();
     let (criu, sub, root_pid) = (criu.clone(), sub.to_path_buf(), tree.pid);
     tokio::task::spawn_blocking(move || {
-        criu::dump(
+        let mut stopped = false;
+        let dumped = criu::dump(
             &criu,
             &criu::Dump {
                 agent,
@@ -340,7 +357,22 @@ async fn dump_one(criu: &Criu, agent: i32, root: i32, tree: &Tree, sub: &Path) -
                 pipes: &pipes,
                 dir: &sub,
             },
-        )?;
+            criu::Moments {
+                frozen: &mut || {
+                    stop_others(&cgroups, agent, root);
+                    stopped = true;
+                },
+                cured: &mut || {
+                    for p in next.map(criu::tree_pids).unwrap_or_default() {
+                        let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
+                    }
+                },
+            },
+        );
+        if !stopped {
+            stop_others(&cgroups, agent, root);
+        }
+        dumped?;
         criu::images::join_target_namespaces(&sub, root_pid)?;
         // The restore reads the images once it is in the target's user namespace, as the
         // target's root, through the directory's descriptor: readable by all, the directory
