@@ -12,6 +12,7 @@ use crate::common::{TestEngine, api, create, err, ok, sh};
 use crate::require_sandboxes;
 
 mod limits;
+mod pids;
 mod snapshots;
 mod stopped;
 

@@ -291,6 +291,8 @@ pub fn restore(criu: &Criu, r: Restore<'_>) -> io::Result<()> {
         "criu.log".into(),
         "-v2".into(),
         "--restore-detached".into(),
+        // Stopped until the caller continues it, once every tree is back (see `live_restore`).
+        "--leave-stopped".into(),
         "--tcp-close".into(),
         "--manage-cgroups=ignore".into(),
         "--inherit-fd".into(),

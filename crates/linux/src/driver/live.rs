@@ -158,6 +158,11 @@ impl NamespacesDriver {
                 Err(e) => report.skipped.push(format!("{what} ({e})")),
             }
         }
+        // Each tree came back stopped: one restored before another must not run yet, since a
+        // process it starts takes the lowest free pid of the namespace, which may be one a tree
+        // restored after it needs back. Now every one runs (the sandbox, just started, has no
+        // other process but its agent).
+        self.live_continue(id);
         Ok(report)
     }
 
