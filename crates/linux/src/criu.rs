@@ -19,12 +19,13 @@
 
 pub mod images;
 mod probe;
+mod proto;
 mod rpc;
 
 pub use probe::{Criu, INSTALL_HINT, probe};
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -109,7 +110,7 @@ pub fn dump(criu: &Criu, d: &Dump<'_>, at: Moments<'_>) -> io::Result<()> {
         external: &external,
         unprivileged: as_owner,
     });
-    let (ours, theirs) = seqpacket_pair()?;
+    let (ours, theirs) = rpc::seqpacket_pair()?;
     let (netns_fd, theirs_fd) = (netns.as_raw_fd(), theirs.as_raw_fd());
     let mut cmd = criu_command(criu, &["swrk".into(), theirs_fd.to_string()], as_owner);
     // SAFETY: runs between fork and exec; only system calls on integers and open descriptors.
@@ -128,7 +129,7 @@ pub fn dump(criu: &Criu, d: &Dump<'_>, at: Moments<'_>) -> io::Result<()> {
     }
     let child = cmd.spawn()?;
     drop((theirs, netns));
-    let answer = converse(&ours, &request, at);
+    let answer = rpc::converse(&ours, &request, at);
     drop(ours);
     let out = child.wait_with_output()?;
     match answer {
@@ -136,105 +137,6 @@ pub fn dump(criu: &Criu, d: &Dump<'_>, at: Moments<'_>) -> io::Result<()> {
         Ok(_) => Err(failure(d.dir, "dump", &out)),
         Err(_) if !out.status.success() => Err(failure(d.dir, "dump", &out)),
         Err(e) => Err(io::Error::other(format!("criu dump: {e}"))),
-    }
-}
-
-/// Sends `request` and answers CRIU's notifications until its response: whether the dump
-/// succeeded, `None` if CRIU ended without one. The moments are two of its notifications:
-/// `query-ext-files` comes once the tree is seized and frozen, before the first process is
-/// dumped; `post-dump`, once every one is, its parasite gone.
-///
-/// A dump that succeeded without `query-ext-files` (a CRIU older than its RPC's, which 4.0
-/// has) is refused: nothing said when the rest of the sandbox had to stop.
-fn converse(sock: &OwnedFd, request: &[u8], at: Moments<'_>) -> io::Result<Option<bool>> {
-    send_packet(sock, request)?;
-    let mut buf = vec![0u8; 64 << 10];
-    let mut frozen = false;
-    loop {
-        let n = recv_packet(sock, &mut buf)?;
-        if n == 0 {
-            return Ok(None);
-        }
-        match rpc::parse_response(&buf[..n])? {
-            rpc::Response::Notify(action) => {
-                match action.as_str() {
-                    "query-ext-files" => {
-                        (at.frozen)();
-                        frozen = true;
-                    }
-                    "post-dump" => (at.cured)(),
-                    _ => {}
-                }
-                send_packet(sock, &rpc::notify_done())?;
-            }
-            rpc::Response::Done { success: true } if !frozen => {
-                return Err(io::Error::other(
-                    "criu never said when the tree was frozen (CRIU 4.0 or later is needed)",
-                ));
-            }
-            rpc::Response::Done { success } => return Ok(Some(success)),
-        }
-    }
-}
-
-fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: socketpair fills the two descriptors, which we then own.
-    if unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    } < 0
-    {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both are fresh descriptors nothing else owns.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-fn send_packet(sock: &OwnedFd, packet: &[u8]) -> io::Result<()> {
-    // SAFETY: send from a live buffer on a descriptor we hold.
-    let n = unsafe {
-        libc::send(
-            sock.as_raw_fd(),
-            packet.as_ptr().cast(),
-            packet.len(),
-            libc::MSG_NOSIGNAL,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// One packet into `buf`; its length, 0 at the end. A packet larger than `buf` is an error.
-fn recv_packet(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: recv into a live buffer of its length, on a descriptor we hold.
-        let n = unsafe {
-            libc::recv(
-                sock.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_TRUNC,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        let n = n as usize;
-        if n > buf.len() {
-            return Err(io::Error::other("criu sent an RPC packet over 64 KiB"));
-        }
-        return Ok(n);
     }
 }
 

@@ -16,6 +16,8 @@
 use std::io;
 use std::path::Path;
 
+use super::proto::{Value, decode, encode};
+
 /// `task_kobj_ids_entry` fields: pid, ipc, uts, mnt, user and cgroup namespace ids.
 const JOINED_NS_FIELDS: [u64; 6] = [5, 7, 8, 9, 10, 11];
 /// `inventory_entry.root_ids`.
@@ -107,101 +109,10 @@ fn write_image(path: &Path, image: &Image) -> io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-#[derive(Debug, Clone, PartialEq)]
-enum Value {
-    Varint(u64),
-    Bytes(Vec<u8>),
-    Fixed64([u8; 8]),
-    Fixed32([u8; 4]),
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct Field {
-    number: u64,
-    value: Value,
-}
-
-fn varint(b: &[u8], i: &mut usize) -> io::Result<u64> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *b.get(*i).ok_or_else(|| bad("truncated varint"))?;
-        *i += 1;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte < 0x80 {
-            return Ok(v);
-        }
-    }
-    Err(bad("varint too long"))
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn decode(b: &[u8]) -> io::Result<Vec<Field>> {
-    let mut i = 0;
-    let mut fields = Vec::new();
-    let take = |i: &mut usize, n: usize| -> io::Result<Vec<u8>> {
-        let s = b.get(*i..*i + n).ok_or_else(|| bad("truncated field"))?;
-        *i += n;
-        Ok(s.to_vec())
-    };
-    while i < b.len() {
-        let key = varint(b, &mut i)?;
-        let value = match key & 7 {
-            0 => Value::Varint(varint(b, &mut i)?),
-            1 => {
-                let s = take(&mut i, 8)?;
-                Value::Fixed64([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]])
-            }
-            2 => {
-                let n = varint(b, &mut i)? as usize;
-                Value::Bytes(take(&mut i, n)?)
-            }
-            5 => {
-                let s = take(&mut i, 4)?;
-                Value::Fixed32([s[0], s[1], s[2], s[3]])
-            }
-            _ => return Err(bad("unknown wire type")),
-        };
-        fields.push(Field {
-            number: key >> 3,
-            value,
-        });
-    }
-    Ok(fields)
-}
-
-fn encode(fields: &[Field]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for f in fields {
-        let wire = match f.value {
-            Value::Varint(_) => 0,
-            Value::Fixed64(_) => 1,
-            Value::Bytes(_) => 2,
-            Value::Fixed32(_) => 5,
-        };
-        put_varint(&mut out, f.number << 3 | wire);
-        match &f.value {
-            Value::Varint(v) => put_varint(&mut out, *v),
-            Value::Fixed64(b) => out.extend_from_slice(b),
-            Value::Fixed32(b) => out.extend_from_slice(b),
-            Value::Bytes(b) => {
-                put_varint(&mut out, b.len() as u64);
-                out.extend_from_slice(b);
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::super::proto::Field;
     use super::*;
 
     #[test]

@@ -11,10 +11,14 @@
 //! CRIU's start, its seizing of the tree and its exit no longer stop the rest of the sandbox: the
 //! bench's "parent stopped" went from 102 to 88 ms (docs/benchmarks-ab-live.md).
 //!
-//! Protocol buffers by hand: the request uses a dozen scalar and string fields, and a response
-//! is read for three of its fields, skipping the rest by wire type.
+//! The messages go through `proto` (shared with the images): the request sets a dozen fields, and
+//! a response is read for three, the rest skipped by wire type.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use super::Moments;
+use super::proto::{Field, Value, decode, encode};
 
 /// The fields of `criu_opts` a dump sets.
 pub(super) struct DumpOptions<'a> {
@@ -38,42 +42,38 @@ const NOTIFY: u64 = 6;
 
 /// The dump's request.
 pub(super) fn dump_request(o: &DumpOptions<'_>) -> Vec<u8> {
-    let mut opts = Vec::new();
-    // images_dir_fd is required; -1 says the directory is named by images_dir.
-    varint_field(&mut opts, 1, -1i64 as u64);
-    varint_field(&mut opts, 2, o.pid as i64 as u64);
-    // leave_running, overridden by leave_stopped (below) where CRIU knows it.
-    bool_field(&mut opts, 3, o.leave_stopped);
-    bool_field(&mut opts, 5, o.tcp_established);
-    varint_field(&mut opts, 9, u64::from(o.log_level));
-    bytes_field(&mut opts, 10, o.log_file.as_bytes());
-    bool_field(&mut opts, 12, true);
+    let flag = |number, on: bool| Field::varint(number, u64::from(on));
+    let mut opts = vec![
+        // images_dir_fd is required; -1 says the directory is named by images_dir.
+        Field::varint(1, -1i64 as u64),
+        Field::varint(2, o.pid as i64 as u64),
+        // leave_running, overridden by leave_stopped (below) where CRIU knows it.
+        flag(3, o.leave_stopped),
+        flag(5, o.tcp_established),
+        Field::varint(9, u64::from(o.log_level)),
+        Field::bytes(10, o.log_file.as_bytes()),
+        flag(12, true),
+    ];
     if o.manage_cgroups_ignore {
-        varint_field(&mut opts, 34, 0);
+        opts.push(Field::varint(34, 0));
     }
-    for e in o.external {
-        bytes_field(&mut opts, 37, e.as_bytes());
-    }
-    bool_field(&mut opts, 67, o.unprivileged);
-    bytes_field(&mut opts, 68, o.images_dir.as_bytes());
-    bool_field(&mut opts, 69, o.leave_stopped);
-    let mut req = Vec::new();
-    varint_field(&mut req, 1, DUMP);
-    bytes_field(&mut req, 2, &opts);
-    req
+    opts.extend(o.external.iter().map(|e| Field::bytes(37, e.as_bytes())));
+    opts.extend([
+        flag(67, o.unprivileged),
+        Field::bytes(68, o.images_dir.as_bytes()),
+        flag(69, o.leave_stopped),
+    ]);
+    encode(&[Field::varint(1, DUMP), Field::bytes(2, &encode(&opts))])
 }
 
 /// The answer to a notification: done, go on.
-pub(super) fn notify_done() -> Vec<u8> {
-    let mut req = Vec::new();
-    varint_field(&mut req, 1, NOTIFY);
-    bool_field(&mut req, 3, true);
-    req
+fn notify_done() -> Vec<u8> {
+    encode(&[Field::varint(1, NOTIFY), Field::varint(3, 1)])
 }
 
 /// What CRIU sent.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Response {
+enum Response {
     /// It stopped at this action and waits for [`notify_done`].
     Notify(String),
     /// The dump's end: whether it succeeded (its errors are in its log).
@@ -81,16 +81,16 @@ pub(super) enum Response {
 }
 
 /// Reads one `criu_resp`.
-pub(super) fn parse_response(packet: &[u8]) -> io::Result<Response> {
+fn parse_response(packet: &[u8]) -> io::Result<Response> {
     let (mut kind, mut success, mut notify) = (None, false, None);
-    for field in Fields(packet) {
-        match field? {
+    for field in decode(packet)? {
+        match (field.number, field.value) {
             (1, Value::Varint(v)) => kind = Some(v),
             (2, Value::Varint(v)) => success = v != 0,
             (5, Value::Bytes(b)) => {
-                for inner in Fields(b) {
-                    if let (1, Value::Bytes(name)) = inner? {
-                        notify = Some(String::from_utf8_lossy(name).into_owned());
+                for inner in decode(&b)? {
+                    if let (1, Value::Bytes(name)) = (inner.number, inner.value) {
+                        notify = Some(String::from_utf8_lossy(&name).into_owned());
                     }
                 }
             }
@@ -112,106 +112,206 @@ fn malformed(what: &str) -> io::Error {
     )
 }
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn varint_field(out: &mut Vec<u8>, field: u64, v: u64) {
-    varint(out, field << 3);
-    varint(out, v);
-}
-
-fn bool_field(out: &mut Vec<u8>, field: u64, v: bool) {
-    varint_field(out, field, u64::from(v));
-}
-
-fn bytes_field(out: &mut Vec<u8>, field: u64, b: &[u8]) {
-    varint(out, (field << 3) | 2);
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
-
-enum Value<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    /// A fixed-width field (wire types 1 and 5), not read.
-    Fixed,
-}
-
-/// The fields of one message, in order; an error ends it.
-struct Fields<'a>(&'a [u8]);
-
-impl<'a> Fields<'a> {
-    fn read_varint(&mut self) -> io::Result<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = self
-                .0
-                .split_first()
-                .ok_or_else(|| malformed("a truncated message"))?;
-            self.0 = rest;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
+/// Sends `request` and answers CRIU's notifications until its response: whether the dump
+/// succeeded, `None` if CRIU ended without one. The moments are two of its notifications:
+/// `query-ext-files` comes once the tree is seized and frozen, before the first process is
+/// dumped; `post-dump`, once every one is, its parasite gone.
+///
+/// A dump that succeeded without `query-ext-files` is refused: nothing said when the rest of
+/// the sandbox had to stop. (It came to CRIU's RPC with `images_dir` and `leave_stopped`, which
+/// the request needs anyway: a CRIU without them fails the dump, or leaves the tree running.)
+pub(super) fn converse(
+    sock: &OwnedFd,
+    request: &[u8],
+    at: Moments<'_>,
+) -> io::Result<Option<bool>> {
+    send_packet(sock, request)?;
+    let mut buf = vec![0u8; 64 << 10];
+    let mut frozen = false;
+    loop {
+        let n = recv_packet(sock, &mut buf)?;
+        if n == 0 {
+            return Ok(None);
+        }
+        match parse_response(&buf[..n])? {
+            Response::Notify(action) => {
+                match action.as_str() {
+                    "query-ext-files" => {
+                        (at.frozen)();
+                        frozen = true;
+                    }
+                    "post-dump" => (at.cured)(),
+                    _ => {}
+                }
+                send_packet(sock, &notify_done())?;
             }
+            Response::Done { success: true } if !frozen => {
+                return Err(io::Error::other(
+                    "criu never said when the tree was frozen (CRIU 4.0 or later is needed)",
+                ));
+            }
+            Response::Done { success } => return Ok(Some(success)),
         }
-        Err(malformed("a varint longer than 10 bytes"))
-    }
-
-    fn take(&mut self, n: u64) -> io::Result<&'a [u8]> {
-        let all: &'a [u8] = self.0;
-        let n = usize::try_from(n).map_err(|_| malformed("a field longer than memory"))?;
-        if n > all.len() {
-            return Err(malformed("a truncated message"));
-        }
-        let (head, rest) = all.split_at(n);
-        self.0 = rest;
-        Ok(head)
     }
 }
 
-impl<'a> Iterator for Fields<'a> {
-    type Item = io::Result<(u64, Value<'a>)>;
+pub(super) fn seqpacket_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: socketpair fills the two descriptors, which we then own.
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both are fresh descriptors nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
 
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.0.is_empty() {
-            return None;
+fn send_packet(sock: &OwnedFd, packet: &[u8]) -> io::Result<()> {
+    // SAFETY: send from a live buffer on a descriptor we hold.
+    let n = unsafe {
+        libc::send(
+            sock.as_raw_fd(),
+            packet.as_ptr().cast(),
+            packet.len(),
+            libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One packet into `buf`; its length, 0 at the end. A packet larger than `buf` is an error.
+fn recv_packet(sock: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: recv into a live buffer of its length, on a descriptor we hold.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_TRUNC,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
         }
-        let field = (|| {
-            let key = self.read_varint()?;
-            let value = match key & 7 {
-                0 => Value::Varint(self.read_varint()?),
-                1 => {
-                    self.take(8)?;
-                    Value::Fixed
-                }
-                2 => {
-                    let n = self.read_varint()?;
-                    Value::Bytes(self.take(n)?)
-                }
-                5 => {
-                    self.take(4)?;
-                    Value::Fixed
-                }
-                _ => return Err(malformed("a field of an unknown wire type")),
-            };
-            Ok((key >> 3, value))
-        })();
-        if field.is_err() {
-            self.0 = &[];
+        let n = n as usize;
+        if n > buf.len() {
+            return Err(io::Error::other("criu sent an RPC packet over 64 KiB"));
         }
-        Some(field)
+        return Ok(n);
     }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
     use super::*;
+
+    /// Plays CRIU at the other end of a socket: takes the request, sends each notification of
+    /// `script` and waits for its answer (checking, at `query-ext-files`, that `frozen` was set
+    /// before the answer came), then sends the dump's response (`None`: hangs up instead).
+    /// Gives back the request it got.
+    fn criu_says(
+        script: &'static [&'static str],
+        done: Option<bool>,
+        frozen: Arc<AtomicBool>,
+    ) -> (OwnedFd, std::thread::JoinHandle<Vec<u8>>) {
+        let (ours, theirs) = seqpacket_pair().unwrap();
+        let criu = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            let n = recv_packet(&theirs, &mut buf).unwrap();
+            let request = buf[..n].to_vec();
+            for action in script {
+                let notify = encode(&[Field::bytes(1, action.as_bytes())]);
+                let packet = encode(&[
+                    Field::varint(1, NOTIFY),
+                    Field::varint(2, 1),
+                    Field::bytes(5, &notify),
+                ]);
+                send_packet(&theirs, &packet).unwrap();
+                let n = recv_packet(&theirs, &mut buf).unwrap();
+                assert_eq!(buf[..n], notify_done(), "the answer to {action}");
+                if *action == "query-ext-files" {
+                    assert!(frozen.load(Ordering::SeqCst), "answered before the stop");
+                }
+            }
+            if let Some(success) = done {
+                let packet = encode(&[Field::varint(1, DUMP), Field::varint(2, success.into())]);
+                send_packet(&theirs, &packet).unwrap();
+            }
+            request
+        });
+        (ours, criu)
+    }
+
+    /// `converse` with moments that log themselves (and set `frozen`).
+    fn converse_logged(
+        sock: &OwnedFd,
+        frozen: &AtomicBool,
+    ) -> (io::Result<Option<bool>>, Vec<&'static str>) {
+        let log = RefCell::new(Vec::new());
+        let answer = converse(
+            sock,
+            b"the request",
+            Moments {
+                frozen: &mut || {
+                    frozen.store(true, Ordering::SeqCst);
+                    log.borrow_mut().push("frozen");
+                },
+                cured: &mut || log.borrow_mut().push("cured"),
+            },
+        );
+        (answer, log.into_inner())
+    }
+
+    #[test]
+    fn the_moments_run_at_their_notifications_before_criu_goes_on() {
+        let frozen = Arc::new(AtomicBool::new(false));
+        let script = &["pre-dump", "query-ext-files", "post-dump"];
+        let (sock, criu) = criu_says(script, Some(true), frozen.clone());
+        let (answer, log) = converse_logged(&sock, &frozen);
+        assert_eq!(answer.unwrap(), Some(true));
+        assert_eq!(log, ["frozen", "cured"]);
+        assert_eq!(criu.join().unwrap(), b"the request");
+
+        // A failed dump is said so; a CRIU that hangs up has no answer.
+        let frozen = Arc::new(AtomicBool::new(false));
+        let (sock, criu) = criu_says(&["pre-dump"], Some(false), frozen.clone());
+        assert_eq!(converse_logged(&sock, &frozen).0.unwrap(), Some(false));
+        criu.join().unwrap();
+        let (sock, criu) = criu_says(&[], None, frozen.clone());
+        assert_eq!(converse_logged(&sock, &frozen).0.unwrap(), None);
+        criu.join().unwrap();
+    }
+
+    #[test]
+    fn a_dump_that_never_said_the_tree_was_frozen_is_refused() {
+        let frozen = Arc::new(AtomicBool::new(false));
+        let (sock, criu) = criu_says(&["pre-dump", "post-dump"], Some(true), frozen.clone());
+        let (answer, log) = converse_logged(&sock, &frozen);
+        let e = answer.unwrap_err().to_string();
+        assert!(e.contains("never said when the tree was frozen"), "{e}");
+        assert_eq!(log, ["cured"]);
+        criu.join().unwrap();
+    }
 
     #[test]
     fn a_dump_request_carries_its_options_as_criu_opts_fields() {
@@ -227,19 +327,20 @@ mod tests {
             external: &external,
             unprivileged: false,
         });
-        let fields: Vec<(u64, Value)> = Fields(&req).map(Result::unwrap).collect();
-        assert!(matches!(fields[0], (1, Value::Varint(DUMP))));
-        let (2, Value::Bytes(opts)) = fields[1] else {
+        let fields = decode(&req).unwrap();
+        assert_eq!(fields[0], Field::varint(1, DUMP));
+        let Value::Bytes(opts) = &fields[1].value else {
             panic!("no criu_opts")
         };
-        let mut seen = Vec::new();
-        for f in Fields(opts) {
-            match f.unwrap() {
-                (n, Value::Varint(v)) => seen.push(format!("{n}={v}")),
-                (n, Value::Bytes(b)) => seen.push(format!("{n}={}", String::from_utf8_lossy(b))),
-                (n, Value::Fixed) => seen.push(format!("{n}=fixed")),
-            }
-        }
+        let seen: Vec<String> = decode(opts)
+            .unwrap()
+            .into_iter()
+            .map(|f| match f.value {
+                Value::Varint(v) => format!("{}={v}", f.number),
+                Value::Bytes(b) => format!("{}={}", f.number, String::from_utf8_lossy(&b)),
+                other => format!("{}={other:?}", f.number),
+            })
+            .collect();
         assert_eq!(
             seen,
             [
@@ -264,25 +365,35 @@ mod tests {
 
     #[test]
     fn responses_are_read_for_their_kind_and_unknown_fields_are_skipped() {
-        // type NOTIFY, success, notify { script: "query-ext-files", pid (fixed-width, as if) }.
-        let mut notify = Vec::new();
-        bytes_field(&mut notify, 1, b"query-ext-files");
-        notify.extend_from_slice(&[0x15, 1, 2, 3, 4]);
-        let mut packet = Vec::new();
-        varint_field(&mut packet, 1, NOTIFY);
-        bool_field(&mut packet, 2, true);
-        bytes_field(&mut packet, 5, &notify);
-        packet.extend_from_slice(&[0x59, 0, 0, 0, 0, 0, 0, 0, 0]); // field 11, 64-bit
+        // type NOTIFY, success, notify { script: "query-ext-files", pid (fixed-width, as if) },
+        // and a field of 64 bits.
+        let notify = encode(&[
+            Field::bytes(1, b"query-ext-files"),
+            Field {
+                number: 2,
+                value: Value::Fixed32([1, 2, 3, 4]),
+            },
+        ]);
+        let packet = encode(&[
+            Field::varint(1, NOTIFY),
+            Field::varint(2, 1),
+            Field::bytes(5, &notify),
+            Field {
+                number: 11,
+                value: Value::Fixed64([0; 8]),
+            },
+        ]);
         assert_eq!(
             parse_response(&packet).unwrap(),
             Response::Notify("query-ext-files".into())
         );
 
-        let mut done = Vec::new();
-        varint_field(&mut done, 1, DUMP);
-        bool_field(&mut done, 2, false);
-        varint_field(&mut done, 7, 5);
-        bytes_field(&mut done, 9, b"Error (criu/cr-dump.c:1): it went wrong\n");
+        let done = encode(&[
+            Field::varint(1, DUMP),
+            Field::varint(2, 0),
+            Field::varint(7, 5),
+            Field::bytes(9, b"Error (criu/cr-dump.c:1): it went wrong\n"),
+        ]);
         assert_eq!(
             parse_response(&done).unwrap(),
             Response::Done { success: false }
@@ -291,13 +402,14 @@ mod tests {
 
     #[test]
     fn malformed_responses_are_errors_not_panics() {
-        let mut notify_without_name = Vec::new();
-        varint_field(&mut notify_without_name, 1, NOTIFY);
+        let notify_without_name = encode(&[Field::varint(1, NOTIFY)]);
         let too_long = [[0x08].as_slice(), &[0xff; 10], &[1]].concat();
+        let huge = [[0x0a].as_slice(), &[0xff; 9], &[1]].concat();
         for bad in [
             &[][..],
             &[0x08][..],       // a key without its value
             &[0x0a, 5, 1][..], // a string longer than the packet
+            &huge[..],         // a string longer than memory
             &[0x0b][..],       // wire type 3
             &too_long[..],     // a varint of 11 bytes
             &notify_without_name[..],

@@ -353,7 +353,6 @@ async fn dump_one(
     let pipes: Vec<u64> = tree.pipes.iter().map(|p| p.inode).collect();
     let (criu, sub, root_pid) = (criu.clone(), sub.to_path_buf(), tree.pid);
     tokio::task::spawn_blocking(move || {
-        let mut stopped = false;
         let dumped = criu::dump(
             &criu,
             &criu::Dump {
@@ -363,10 +362,7 @@ async fn dump_one(
                 dir: &sub,
             },
             criu::Moments {
-                frozen: &mut || {
-                    stop_others(&cgroups, agent, root);
-                    stopped = true;
-                },
+                frozen: &mut || stop_others(&cgroups, agent, root),
                 cured: &mut || {
                     for p in next.map(criu::tree_pids).unwrap_or_default() {
                         let _ = kill(Pid::from_raw(p), Signal::SIGCONT);
@@ -374,7 +370,9 @@ async fn dump_one(
                 },
             },
         );
-        if !stopped {
+        // A dump that succeeded was frozen (and the rest stopped then); one that failed may
+        // have ended before, and the rest is stopped now all the same.
+        if dumped.is_err() {
             stop_others(&cgroups, agent, root);
         }
         dumped?;
