@@ -9,7 +9,8 @@
 //! of it, so the engine stops the sandbox's other processes there instead of before CRIU starts;
 //! and `post-dump`, once its code has left every process, where the next tree to dump may run.
 //! CRIU's start, its seizing of the tree and its exit no longer stop the rest of the sandbox: the
-//! bench's "parent stopped" went from 102 to 88 ms (docs/benchmarks-ab-live.md).
+//! bench's "parent stopped" was 0.85–0.92 of what it had been in two same-run A/B runs
+//! (docs/benchmarks-ab-live.md is the later).
 //!
 //! The messages go through `proto` (shared with the images): the request sets a dozen fields, and
 //! a response is read for three, the rest skipped by wire type.
