@@ -107,17 +107,20 @@ mod tests {
 
     #[test]
     fn a_measurement_is_reused_in_proportion_to_its_cost() {
-        let asked = Instant::now();
+        // Each walk is asked about as soon as it is made: a walk made "1 ms ago" must not have
+        // begun after the question, however long the test took to get there.
+        let now = Instant::now;
         let ms = Duration::from_millis;
         // A 50 ms walk 500 ms ago stands; 1.5 s ago it does not.
-        assert!(measured(ms(500), ms(50)).serves(asked, false, None));
-        assert!(!measured(ms(1500), ms(50)).serves(asked, false, None));
+        assert!(measured(ms(500), ms(50)).serves(now(), false, None));
+        assert!(!measured(ms(1500), ms(50)).serves(now(), false, None));
         // A cheap walk is redone at once.
-        assert!(!measured(ms(1), Duration::from_micros(20)).serves(asked, false, None));
+        assert!(!measured(ms(1), Duration::from_micros(20)).serves(now(), false, None));
         // However slow, never past MAX_REUSE.
-        assert!(!measured(MAX_REUSE + ms(1), Duration::from_secs(60)).serves(asked, false, None));
+        assert!(!measured(MAX_REUSE + ms(1), Duration::from_secs(60)).serves(now(), false, None));
         // A caller that wants it as of now takes only a walk begun after it asked.
-        assert!(!measured(ms(500), ms(50)).serves(asked, true, None));
+        assert!(!measured(ms(500), ms(50)).serves(now(), true, None));
+        let asked = now();
         let later = Measured {
             started: asked + ms(1),
             started_ms: NOW_MS + 1,
@@ -129,21 +132,20 @@ mod tests {
 
     #[test]
     fn a_cheap_walk_stands_for_a_second_only_while_the_engine_leaves_the_sandbox_alone() {
-        let asked = Instant::now();
         let ms = Duration::from_millis;
         let cheap = |ago| measured(ago, Duration::from_micros(20));
         let walked_at = |ago: Duration| NOW_MS - ago.as_millis() as i64;
         // Last touched before the walk began: it stands up to QUIET_REUSE.
         let before = Some(walked_at(ms(300)) - 5);
-        assert!(cheap(ms(300)).serves(asked, false, before));
-        assert!(!cheap(QUIET_REUSE + ms(1)).serves(asked, false, before));
+        assert!(cheap(ms(300)).serves(Instant::now(), false, before));
+        assert!(!cheap(QUIET_REUSE + ms(1)).serves(Instant::now(), false, before));
         // A call that started or ended since the walk began (even in its first millisecond),
         // or one under way: walked again.
-        assert!(!cheap(ms(300)).serves(asked, false, Some(walked_at(ms(300)))));
-        assert!(!cheap(ms(300)).serves(asked, false, Some(walked_at(ms(100)))));
-        assert!(!cheap(ms(300)).serves(asked, false, None));
+        assert!(!cheap(ms(300)).serves(Instant::now(), false, Some(walked_at(ms(300)))));
+        assert!(!cheap(ms(300)).serves(Instant::now(), false, Some(walked_at(ms(100)))));
+        assert!(!cheap(ms(300)).serves(Instant::now(), false, None));
         // Never for a caller that wants the figure as of now.
-        assert!(!cheap(ms(300)).serves(asked, true, before));
+        assert!(!cheap(ms(300)).serves(Instant::now(), true, before));
     }
 
     #[test]
