@@ -100,13 +100,6 @@ pub fn dump(criu: &Criu, d: &Dump<'_>, at: Moments<'_>) -> io::Result<()> {
     let request = rpc::dump_request(&rpc::DumpOptions {
         pid: d.root,
         images_dir: images,
-        log_file: "criu.log",
-        log_level: 2,
-        leave_stopped: true,
-        // Established TCP connections are dumped (the network is locked meanwhile) so the tree
-        // can be; the restore closes them: a peer outside cannot be cloned.
-        tcp_established: true,
-        manage_cgroups_ignore: true,
         external: &external,
         unprivileged: as_owner,
     });

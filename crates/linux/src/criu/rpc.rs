@@ -21,18 +21,10 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use super::Moments;
 use super::proto::{Field, Value, decode, encode};
 
-/// The fields of `criu_opts` a dump sets.
+/// What differs between dumps; the rest of `criu_opts` is the same for every one (below).
 pub(super) struct DumpOptions<'a> {
     pub pid: i32,
     pub images_dir: &'a str,
-    pub log_file: &'a str,
-    pub log_level: u32,
-    /// Sent with `leave_running`, which CRIU reads first: the tree stays stopped where CRIU
-    /// reads both, and runs on (is not killed) where it would not know `leave_stopped`.
-    pub leave_stopped: bool,
-    pub tcp_established: bool,
-    /// `criu_cg_mode`: `IGNORE` is 0.
-    pub manage_cgroups_ignore: bool,
     pub external: &'a [String],
     pub unprivileged: bool,
 }
@@ -48,21 +40,24 @@ pub(super) fn dump_request(o: &DumpOptions<'_>) -> Vec<u8> {
         // images_dir_fd is required; -1 says the directory is named by images_dir.
         Field::varint(1, -1i64 as u64),
         Field::varint(2, o.pid as i64 as u64),
-        // leave_running, overridden by leave_stopped (below) where CRIU knows it.
-        flag(3, o.leave_stopped),
-        flag(5, o.tcp_established),
-        Field::varint(9, u64::from(o.log_level)),
-        Field::bytes(10, o.log_file.as_bytes()),
+        // leave_running, overridden by leave_stopped (69) where CRIU knows it: a CRIU that did
+        // not would leave the tree running rather than kill it (its default after a dump).
+        flag(3, true),
+        // tcp_established: dumped (the network locked meanwhile) so the tree can be; the
+        // restore closes them, a peer outside cannot be cloned.
+        flag(5, true),
+        Field::varint(9, 2),
+        Field::bytes(10, b"criu.log"),
+        // notify_scripts: the stops `converse` answers.
         flag(12, true),
+        // manage_cgroups_mode IGNORE.
+        Field::varint(34, 0),
     ];
-    if o.manage_cgroups_ignore {
-        opts.push(Field::varint(34, 0));
-    }
     opts.extend(o.external.iter().map(|e| Field::bytes(37, e.as_bytes())));
     opts.extend([
         flag(67, o.unprivileged),
         Field::bytes(68, o.images_dir.as_bytes()),
-        flag(69, o.leave_stopped),
+        flag(69, true),
     ]);
     encode(&[Field::varint(1, DUMP), Field::bytes(2, &encode(&opts))])
 }
@@ -320,11 +315,6 @@ mod tests {
         let req = dump_request(&DumpOptions {
             pid: 2753,
             images_dir: "/d",
-            log_file: "criu.log",
-            log_level: 2,
-            leave_stopped: true,
-            tcp_established: true,
-            manage_cgroups_ignore: true,
             external: &external,
             unprivileged: false,
         });
