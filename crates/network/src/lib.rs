@@ -35,8 +35,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Names remembered per sandbox (address → the name it was resolved for).
 const MAX_NAMES: usize = 4096;
-/// Large copy buffers one sandbox's connections may hold at once (each 256 KiB, one per
-/// direction that keeps a small buffer full): its fast transfers, 4 MiB of the engine at most.
+/// Lanes of 256 KiB of copy buffer one sandbox's connections may hold at once: a direction that
+/// keeps its buffer full takes them while they are free (one transfer may grow to all of them),
+/// so its fast transfers cost the engine 4 MiB at most.
 pub const FAST_LANES: usize = 16;
 /// Connections of one sandbox decrypted at once (to a bound secret's host): each holds TLS and
 /// HTTP state on both sides, so they are fewer than plain ones.
