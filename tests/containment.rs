@@ -56,17 +56,6 @@ fn sandbox_dir(engine: &TestEngine, id: &str) -> PathBuf {
     engine.data_dir().join("sandboxes").join(id)
 }
 
-/// The host pid of a sandbox's agent.
-fn agent_pid(engine: &TestEngine, id: &str) -> i32 {
-    std::fs::read_to_string(engine.data_dir().join("agents").join(format!("{id}.pid")))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 fn proc_field(pid: i32, file: &str, key: &str) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .unwrap()

@@ -219,16 +219,7 @@ async fn a_dead_agent_restarts_on_next_use() {
     )
     .await;
     // Kill the agent from the host, as a crash would.
-    let pid_file = engine.data_dir().join("agents").join(format!("{id}.pid"));
-    let pid: i32 = std::fs::read_to_string(pid_file)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    engine.crash_agent(&id).await;
     // The next call restarts the agent, with the files intact, without failing.
     assert_eq!(exec(&client, &id, "cat /root/keep").await["stdout"], "yes");
 }

@@ -88,6 +88,43 @@ impl TestEngine {
         self.dir.path().join("data")
     }
 
+    /// The host pid of a sandbox's agent (from the file the engine keeps beside it).
+    pub fn agent_pid(&self, id: &str) -> i32 {
+        std::fs::read_to_string(self.data_dir().join("agents").join(format!("{id}.pid")))
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    /// Kills a sandbox's agent from the host, as a crash (an OOM kill) would, and returns its
+    /// pid once it has died. Its exit runs in the sandbox's cgroup, which a busy machine may
+    /// throttle for a while: a call made before it ends reaches a dying agent, not a dead one.
+    pub async fn crash_agent(&self, id: &str) -> i32 {
+        let pid = self.agent_pid(id);
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            // Gone, or a zombie: its descriptors (the socket it listened on) are closed.
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, after) = stat.rsplit_once(") ")?;
+                    after.chars().next()
+                });
+            if matches!(state, None | Some('Z' | 'X')) {
+                return pid;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "agent {pid} of {id} was not dead 10 s after SIGKILL (state {state:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// The engine's API for a client in this process ([`sandbox_mcp_api::connect_to`]).
     pub fn in_process(&self) -> sandbox_mcp_api::InProcess {
         self.server.as_ref().unwrap().in_process()

@@ -2,14 +2,12 @@
 //! or reconfigure it (as root or not), a restarted agent loads nothing from the sandbox, and one
 //! that stops answering is stopped and restarted from outside.
 
-use std::time::Duration;
-
 use serde_json::json;
 
 use crate::common::{TestEngine, create, err, ok, sh};
 use crate::{require_cgroups, require_sandboxes};
 
-use super::{agent_pid, proc_field, py};
+use super::{proc_field, py};
 
 /// Everything sandbox code might try on its agent (PID 1); prints what worked.
 const AGENT_ATTACKS: &str = "\
@@ -37,7 +35,7 @@ async fn sandbox_code_cannot_signal_trace_limit_or_reconfigure_the_agent() {
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
     let id = create(&client).await;
-    let pid = agent_pid(&engine, &id);
+    let pid = engine.agent_pid(&id);
     let oom_before = std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj")).unwrap();
     let files_before = proc_field(pid, "limits", "Max open files");
     let out = sh(
@@ -178,16 +176,14 @@ async fn a_restarted_agent_loads_nothing_from_the_sandbox() {
         "the preload works for the sandbox's own programs"
     );
     // The agent dies (as after an OOM kill); the next call starts a new one.
-    let old = agent_pid(&engine, &id);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::SIGKILL).unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let old = engine.crash_agent(&id).await;
     let out = sh(
         &client,
         &id,
         "ls /tmp/ | grep loaded-into; head -c 0 /etc/ld.so.preload",
     )
     .await;
-    assert_ne!(agent_pid(&engine, &id), old, "the agent was restarted");
+    assert_ne!(engine.agent_pid(&id), old, "the agent was restarted");
     assert_eq!(
         out, "loaded-into-command\n",
         "the restarted agent (PID 1) must load nothing from the sandbox's filesystem"
@@ -201,7 +197,7 @@ async fn an_agent_that_stops_answering_is_stopped_and_restarted_from_outside() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     sh(&client, &id, "echo kept > /root/file").await;
-    let pid = agent_pid(&engine, &id);
+    let pid = engine.agent_pid(&id);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGSTOP).unwrap();
     let message = err(
         &client,
@@ -212,5 +208,5 @@ async fn an_agent_that_stops_answering_is_stopped_and_restarted_from_outside() {
     assert!(message.contains("stopped answering"), "{message}");
     // Not trusted again: the next call runs under a fresh agent, on the same files.
     assert_eq!(sh(&client, &id, "cat /root/file").await, "kept\n");
-    assert_ne!(agent_pid(&engine, &id), pid);
+    assert_ne!(engine.agent_pid(&id), pid);
 }

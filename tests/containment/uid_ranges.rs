@@ -4,7 +4,7 @@
 use crate::common::{TestEngine, create, sh};
 use sandbox_mcp_model::config::DiskLimits;
 
-use super::{agent_pid, proc_field, sandbox_dir};
+use super::{proc_field, sandbox_dir};
 
 #[tokio::test]
 async fn two_engines_on_one_host_get_disjoint_uid_ranges() {
@@ -14,7 +14,7 @@ async fn two_engines_on_one_host_get_disjoint_uid_ranges() {
     let (c1, c2) = (one.mcp().await, two.mcp().await);
     let (a, b) = (create(&c1).await, create(&c2).await);
     let range = |engine: &TestEngine, id: &str| {
-        let status = proc_field(agent_pid(engine, id), "status", "Uid:");
+        let status = proc_field(engine.agent_pid(id), "status", "Uid:");
         let uid: u32 = status.split_whitespace().nth(1).unwrap().parse().unwrap();
         (uid - UID_BASE) / UID_RANGE
     };
@@ -56,7 +56,7 @@ async fn a_sandbox_whose_cleanup_fails_keeps_its_uid_range() {
     let client = engine.mcp().await;
     let id = create(&client).await;
     sh(&client, &id, "echo x > /root/pinned").await;
-    let uid: u32 = proc_field(agent_pid(&engine, &id), "status", "Uid:")
+    let uid: u32 = proc_field(engine.agent_pid(&id), "status", "Uid:")
         .split_whitespace()
         .nth(1)
         .unwrap()
