@@ -100,8 +100,9 @@ impl TestEngine {
     }
 
     /// Kills a sandbox's agent from the host, as a crash (an OOM kill) would, and returns its
-    /// pid once it has died. Its exit runs in the sandbox's cgroup, which a busy machine may
-    /// throttle for a while: a call made before it ends reaches a dying agent, not a dead one.
+    /// pid once it has died. Its exit needs CPU time that a busy machine may not give it at once
+    /// (CI once saw it take over 200 ms): a call made before it ends reaches a dying agent, which
+    /// accepts the connection and then closes it, not a dead one.
     pub async fn crash_agent(&self, id: &str) -> i32 {
         let pid = self.agent_pid(id);
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
