@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::{BIN, KEY, TestEngine, create, exec, ok, sh};
+use crate::common::{BIN, KEY, TestEngine, create, exec, exec_streamed, ok, sh};
 use crate::{require_cgroups, require_sandboxes};
 
 mod usage;
@@ -206,11 +206,16 @@ async fn kill_9_of_the_engine_loses_nothing_acknowledged() {
     }
 }
 
+/// A call made as soon as the agent is killed restarts it and is answered, the crash unseen:
+/// while the agent dies its socket may still be open, and a connection made then is reset with
+/// the request unread, which the engine sends again to the new agent. A plain call, a streamed
+/// one and a file read, each right after a crash, three times over.
 #[tokio::test]
 async fn a_dead_agent_restarts_on_next_use() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
     let client = engine.mcp().await;
+    let api = engine.client();
     let id = create(&client).await;
     ok(
         &client,
@@ -218,10 +223,26 @@ async fn a_dead_agent_restarts_on_next_use() {
         json!({"sandbox_id": id, "path": "keep", "content": "yes"}),
     )
     .await;
-    // Kill the agent from the host, as a crash would.
-    engine.crash_agent(&id).await;
-    // The next call restarts the agent, with the files intact, without failing.
-    assert_eq!(exec(&client, &id, "cat /root/keep").await["stdout"], "yes");
+    for round in 0..3 {
+        // Killed from the host, as a crash would.
+        engine.crash_agent(&id);
+        let answer = exec(&client, &id, "cat /root/keep").await;
+        assert_eq!(answer["stdout"], "yes", "round {round}: {answer}");
+
+        engine.crash_agent(&id);
+        let lines = exec_streamed(&api, &id, "cat /root/keep").await;
+        let last = lines.last().unwrap();
+        assert_eq!(last["result"]["stdout"], "yes", "round {round}: {lines:?}");
+
+        engine.crash_agent(&id);
+        let read = ok(
+            &client,
+            "sandbox_files_read",
+            json!({"sandbox_id": id, "path": "keep"}),
+        )
+        .await;
+        assert!(read.to_string().contains("yes"), "round {round}: {read}");
+    }
 }
 
 #[tokio::test]

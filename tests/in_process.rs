@@ -3,10 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use serde_json::json;
 
-use crate::common::{KEY, TestEngine};
+use crate::common::{KEY, TestEngine, exec_streamed};
 use crate::require_cgroups;
 use sandbox_mcp_api::{ApiKey, Client, connect_to, types};
 
@@ -87,23 +86,13 @@ async fn in_process_calls_meet_every_check_stream_and_are_cancelled_by_dropping(
     assert!(listed.sandboxes.is_empty(), "{listed:?}");
 
     // A streamed answer arrives in process as NDJSON lines ending in the result.
-    let stream = acme
-        .exec_command_stream()
-        .sandbox_id(id.as_str())
-        .body(exec("for i in 1 2 3; do echo line$i; done"))
-        .send()
-        .await
-        .unwrap()
-        .into_inner();
-    let mut bytes = Vec::new();
-    let mut stream = stream.into_inner();
-    while let Some(chunk) = stream.next().await {
-        bytes.extend_from_slice(&chunk.unwrap());
-    }
-    let text = String::from_utf8(bytes).unwrap();
-    let last: serde_json::Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(last["type"], "result", "{text}");
-    assert_eq!(last["result"]["stdout"], "line1\nline2\nline3\n", "{text}");
+    let lines = exec_streamed(&acme, &id, "for i in 1 2 3; do echo line$i; done").await;
+    let last = lines.last().unwrap();
+    assert_eq!(last["type"], "result", "{lines:?}");
+    assert_eq!(
+        last["result"]["stdout"], "line1\nline2\nline3\n",
+        "{lines:?}"
+    );
 
     // A call dropped midway: its command is killed, as when a client hangs up.
     let call = {

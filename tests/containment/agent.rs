@@ -176,7 +176,7 @@ async fn a_restarted_agent_loads_nothing_from_the_sandbox() {
         "the preload works for the sandbox's own programs"
     );
     // The agent dies (as after an OOM kill); the next call starts a new one.
-    let old = engine.crash_agent(&id).await;
+    let old = engine.crash_agent(&id);
     let out = sh(
         &client,
         &id,

@@ -122,6 +122,13 @@ where
     W: AsyncWrite + Unpin,
     T: Serialize,
 {
+    w.write_all(&encode_frame(value)?).await?;
+    w.flush().await
+}
+
+/// One frame as the bytes [`write_frame`] sends: for a request that may be sent again
+/// ([`ExchangeError::not_taken`]) without encoding it twice.
+pub fn encode_frame<T: Serialize>(value: &T) -> std::io::Result<Vec<u8>> {
     let body = serde_json::to_vec(value)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
     if body.len() > MAX_FRAME {
@@ -133,19 +140,42 @@ where
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_be_bytes());
     frame.extend_from_slice(&body);
-    w.write_all(&frame).await?;
-    w.flush().await
+    Ok(frame)
 }
 
 /// Why an exchange with an agent ended without its reply or its error.
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
+    /// The request could not be written whole: the agent never had all of it.
     #[error("the sandbox's agent hung up: {0}")]
     HungUp(#[source] std::io::Error),
+    /// The connection was reset before any answer: the agent's end closed with the request
+    /// still unread (a unix socket that closes with data in its queue, or a listener that
+    /// closes with connections it never accepted, resets them: the window while an agent
+    /// dies). An agent that has read a request ends the connection cleanly instead.
+    #[error("the sandbox's agent closed the connection before reading the request: {0}")]
+    Unread(#[source] std::io::Error),
     #[error("the sandbox's agent closed the connection (it may have run out of memory)")]
     Closed,
     #[error("the sandbox's agent broke the protocol: {0}")]
     Broken(#[source] std::io::Error),
+}
+
+impl ExchangeError {
+    /// A failed read, after `answered` frames of the agent's answer.
+    pub fn reading(e: std::io::Error, answered: bool) -> Self {
+        if !answered && e.kind() == std::io::ErrorKind::ConnectionReset {
+            Self::Unread(e)
+        } else {
+            Self::Broken(e)
+        }
+    }
+
+    /// Whether the agent cannot have acted on the request, which it never had whole: sending
+    /// it again (to a restarted agent) does not run anything twice.
+    pub fn not_taken(&self) -> bool {
+        matches!(self, Self::HungUp(_) | Self::Unread(_))
+    }
 }
 
 /// One exchange with an agent on `conn`: sends `call` and reads frames until its reply or the
@@ -160,16 +190,44 @@ where
     C: Call,
 {
     let limit = call.reply_limit();
-    write_frame(conn, &call.into())
-        .await
-        .map_err(ExchangeError::HungUp)?;
+    let request = encode_frame(&call.into()).map_err(ExchangeError::HungUp)?;
+    exchange_frame(conn, &request, limit).await
+}
+
+/// Sends a request already encoded ([`encode_frame`]); if this fails, the agent never had all
+/// of it.
+pub async fn send_frame<W: AsyncWrite + Unpin>(
+    conn: &mut W,
+    request: &[u8],
+) -> Result<(), ExchangeError> {
+    async {
+        conn.write_all(request).await?;
+        conn.flush().await
+    }
+    .await
+    .map_err(ExchangeError::HungUp)
+}
+
+/// [`exchange`] of a request already encoded ([`encode_frame`]), whose reply frames may be
+/// up to `limit` bytes.
+pub async fn exchange_frame<S, R>(
+    conn: &mut S,
+    request: &[u8],
+    limit: usize,
+) -> Result<Result<R, AgentError>, ExchangeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    R: for<'de> Deserialize<'de>,
+{
+    send_frame(conn, request).await?;
+    let mut answered = false;
     loop {
-        match read_frame_limited::<_, Frame<C::Reply>>(conn, limit).await {
-            Ok(Some(Frame::Output(_))) => continue,
+        match read_frame_limited::<_, Frame<R>>(conn, limit).await {
+            Ok(Some(Frame::Output(_))) => answered = true,
             Ok(Some(Frame::Reply(reply))) => return Ok(Ok(reply)),
             Ok(Some(Frame::Error(e))) => return Ok(Err(e)),
             Ok(None) => return Err(ExchangeError::Closed),
-            Err(e) => return Err(ExchangeError::Broken(e)),
+            Err(e) => return Err(ExchangeError::reading(e, answered)),
         }
     }
 }
@@ -231,5 +289,92 @@ mod tests {
             serde_json::to_value(&request).unwrap(),
             serde_json::json!({"op": "kill_job", "job_id": "job_1"})
         );
+    }
+
+    /// A listening socket at a fresh path, removed when dropped.
+    struct Listening(std::path::PathBuf, std::os::unix::net::UnixListener);
+
+    impl Listening {
+        fn new(name: &str) -> Self {
+            let path = std::env::temp_dir().join(format!("frame-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+            Self(path, listener)
+        }
+
+        async fn connect(&self) -> tokio::net::UnixStream {
+            tokio::net::UnixStream::connect(&self.0).await.unwrap()
+        }
+    }
+
+    impl Drop for Listening {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    /// What an exchange of a `ReadFile` (a request of some size) reports when the far end does
+    /// `agent` with the connection, once the request is on its way.
+    async fn exchange_against(
+        name: &str,
+        agent: impl FnOnce(std::os::unix::net::UnixListener) + Send + 'static,
+    ) -> ExchangeError {
+        let listening = Listening::new(name);
+        let mut conn = listening.connect().await;
+        let request = ReadFile {
+            path: "x".repeat(1000),
+            max_bytes: 1,
+        };
+        let limit = request.reply_limit();
+        let frame = encode_frame(&Request::from(request)).unwrap();
+        conn.write_all(&frame).await.unwrap();
+        let listener = listening.1.try_clone().unwrap();
+        drop(listening);
+        std::thread::spawn(move || agent(listener)).join().unwrap();
+        // What is left of the exchange once the request is written: its answer.
+        let mut answered = false;
+        loop {
+            match read_frame_limited::<_, Frame<Deleted>>(&mut conn, limit).await {
+                Ok(Some(Frame::Output(_))) => answered = true,
+                Ok(None) => return ExchangeError::Closed,
+                Err(e) => return ExchangeError::reading(e, answered),
+                Ok(Some(other)) => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_the_agent_never_read_is_told_from_one_it_read() {
+        // The agent's listener closes with the connection still in its queue (an agent that
+        // dies before accepting it): reset, the request untaken.
+        let e = exchange_against("never-accepted", drop).await;
+        assert!(
+            matches!(e, ExchangeError::Unread(_)) && e.not_taken(),
+            "{e:?}"
+        );
+        // Accepted, and closed with half of the request read.
+        let e = exchange_against("half-read", |l| {
+            let (mut c, _) = l.accept().unwrap();
+            std::io::Read::read_exact(&mut c, &mut [0u8; 500]).unwrap();
+        })
+        .await;
+        assert!(e.not_taken(), "{e:?}");
+        // Read whole, then closed without a word (an agent that dies running it): taken, and
+        // never to be sent again.
+        let e = exchange_against("read-whole", |l| {
+            let (mut c, _) = l.accept().unwrap();
+            let mut len = [0u8; 4];
+            std::io::Read::read_exact(&mut c, &mut len).unwrap();
+            let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+            std::io::Read::read_exact(&mut c, &mut body).unwrap();
+        })
+        .await;
+        assert!(
+            matches!(e, ExchangeError::Closed) && !e.not_taken(),
+            "{e:?}"
+        );
+        // A reset after some output can only come from a broken agent: never untaken.
+        let e = ExchangeError::reading(std::io::ErrorKind::ConnectionReset.into(), true);
+        assert!(!e.not_taken(), "{e:?}");
     }
 }

@@ -129,6 +129,7 @@ where
         }
         Err(ExchangeError::Broken(_)) => {}
         Err(ExchangeError::HungUp(e)) => panic!("a write to memory failed: {e}"),
+        Err(ExchangeError::Unread(e)) => panic!("memory reset the connection: {e}"),
     }
 }
 

@@ -11,10 +11,11 @@ use futures::Stream;
 use sandbox_mcp_model::driver::{AgentConn, DriverError, Liveness};
 use sandbox_mcp_model::ids;
 use sandbox_mcp_protocol::{
-    AgentError, Attach, Attached, Call, ExecSpec, Frame, JobInfo, KillAll, ListContexts, ListJobs,
-    Ping, read_frame_limited, write_frame,
+    AgentError, Attach, Attached, Call, ExchangeError, ExecSpec, Frame, JobInfo, KillAll,
+    ListContexts, ListJobs, Ping, encode_frame, exchange_frame, read_frame_limited, send_frame,
 };
 use sandbox_mcp_sys::lock;
+use serde::de::DeserializeOwned;
 
 use super::lifecycle::Lifecycle;
 use super::registry::{Entry, InFlight, Registry};
@@ -83,18 +84,52 @@ impl AgentClient {
         deadline: Duration,
     ) -> Result<C::Reply, EngineError> {
         let (entry, _inflight, mut conn) = self.agent_conn(id, tenant).await?;
-        let mut call = call;
-        call.add_env(&bound_env(&entry));
-        let since = entry.interruptions.load(Ordering::Acquire);
-        let exchange = exchange(&mut conn, call);
-        match tokio::time::timeout(deadline, exchange).await {
-            Ok(Ok(answer)) => answer.map_err(EngineError::from),
-            Ok(Err(e)) => Err(self
-                .interrupted(id, &entry, since)
-                .await
-                .unwrap_or_else(|| e.into())),
+        let request = Encoded::new(&entry, call)?;
+        let answer = self.deliver(id, &entry, &mut conn, &request);
+        match tokio::time::timeout(deadline, answer).await {
+            Ok(answer) => answer,
             Err(_) => Err(self.timed_out(id, &entry, deadline).await),
         }
+    }
+
+    /// Sends `request` on `conn` and reads the answer. An agent that never took the request
+    /// (its connection reset unread: the moment an agent dies) is treated as one that refused
+    /// the connection — the sandbox is repaired and the request goes, once more, to its new
+    /// agent — so a caller never sees the crash. Any other failure is the caller's error, said
+    /// as what happened ([`Self::interrupted`]).
+    async fn deliver<R: DeserializeOwned>(
+        &self,
+        id: &str,
+        entry: &Arc<Entry>,
+        conn: &mut AgentConn,
+        request: &Encoded,
+    ) -> Result<R, EngineError> {
+        let since = entry.interruptions.load(Ordering::Acquire);
+        let mut answer = exchange_frame(conn, &request.frame, request.limit).await;
+        if let Err(e) = &answer
+            && self.resendable(id, entry, e, since)
+        {
+            *conn = self.revive(id, entry).await?;
+            answer = exchange_frame(conn, &request.frame, request.limit).await;
+        }
+        match answer {
+            Ok(reply) => reply.map_err(EngineError::from),
+            Err(e) => Err(self
+                .interrupted(id, entry, since)
+                .await
+                .unwrap_or_else(|| DriverError::Agent(e.to_string()).into())),
+        }
+    }
+
+    /// Whether a request that failed with `e` goes again to a new agent: the agent never took
+    /// it, and no deliberate stop of the sandbox's processes (a restore, a merge, a kill) came
+    /// since `since` — that is the caller's to hear of.
+    fn resendable(&self, id: &str, entry: &Entry, e: &ExchangeError, since: u64) -> bool {
+        let resend = e.not_taken() && entry.interruptions.load(Ordering::Acquire) == since;
+        if resend {
+            tracing::debug!(sandbox = %id, "the agent did not take a request ({e}); sending it to a new one");
+        }
+        resend
     }
 
     /// Sends `call` and returns the agent's output as it arrives, ending with the reply.
@@ -113,39 +148,28 @@ impl AgentClient {
         C::Reply: Send + 'static,
     {
         let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
-        let mut call = call;
-        call.add_env(&bound_env(&entry));
-        let limit = call.reply_limit();
-        write_frame(&mut conn, &call.into())
-            .await
-            .map_err(|e| EngineError::Sandbox(format!("the sandbox's agent hung up: {e}")))?;
+        let request = Encoded::new(&entry, call)?;
         let until = tokio::time::Instant::now() + deadline;
         let since = entry.interruptions.load(Ordering::Acquire);
-        let state = Some((conn, inflight, entry, self.clone(), id.to_string()));
-        Ok(futures::stream::unfold(state, move |state| async move {
-            let (mut conn, inflight, entry, client, id) = state?;
-            let frame = tokio::time::timeout_at(
-                until,
-                read_frame_limited::<_, Frame<C::Reply>>(&mut conn, limit),
-            )
-            .await;
-            match frame {
-                Ok(Ok(Some(Frame::Output(output)))) => Some((
-                    Ok(Event::Output(output)),
-                    Some((conn, inflight, entry, client, id)),
-                )),
-                Ok(Ok(Some(Frame::Reply(reply)))) => Some((Ok(Event::Reply(reply)), None)),
-                Ok(Ok(Some(Frame::Error(e)))) => Some((Err(EngineError::from(e)), None)),
-                Ok(Ok(None)) | Ok(Err(_)) => {
-                    let error = client.interrupted(&id, &entry, since).await.unwrap_or_else(|| {
-                        EngineError::Sandbox(
-                            "the sandbox's agent closed the connection (it may have run out of memory)".into(),
-                        )
-                    });
-                    Some((Err(error), None))
-                }
-                Err(_) => Some((Err(client.timed_out(&id, &entry, deadline).await), None)),
-            }
+        let sent = send_frame(&mut conn, &request.frame).await;
+        let mut streaming = Streaming {
+            conn,
+            _inflight: inflight,
+            entry,
+            client: self.clone(),
+            id: id.to_string(),
+            limit: request.limit,
+            until,
+            deadline,
+            since,
+            resend: Some(request),
+            answered: false,
+        };
+        if let Err(e) = sent {
+            streaming.resend_after(e).await?;
+        }
+        Ok(futures::stream::unfold(Some(streaming), |s| async move {
+            s?.next().await
         }))
     }
 
@@ -155,18 +179,17 @@ impl AgentClient {
         &self,
         id: &str,
         tenant: Option<&str>,
-        mut spec: Attach,
+        spec: Attach,
     ) -> Result<Attachment, EngineError> {
         let (entry, inflight, mut conn) = self.agent_conn(id, tenant).await?;
-        spec.add_env(&bound_env(&entry));
-        match tokio::time::timeout(AGENT_TIMEOUT, exchange(&mut conn, spec)).await {
-            Ok(Ok(Ok(attached))) => Ok(Attachment {
+        let request = Encoded::new(&entry, spec)?;
+        let attached = self.deliver(id, &entry, &mut conn, &request);
+        match tokio::time::timeout(AGENT_TIMEOUT, attached).await {
+            Ok(attached) => Ok(Attachment {
                 conn,
-                attached,
+                attached: attached?,
                 _inflight: inflight,
             }),
-            Ok(Ok(Err(e))) => Err(e.into()),
-            Ok(Err(e)) => Err(e.into()),
             Err(_) => Err(self.timed_out(id, &entry, AGENT_TIMEOUT).await),
         }
     }
@@ -296,13 +319,17 @@ impl AgentClient {
                 self.registry.forget(id, Some(why.clone())).await;
                 return Err(EngineError::Gone(why));
             }
-            Err(_) => {
-                self.note_agent_failure(id, &entry).await;
-                self.lifecycle.ensure_running(id, &entry).await?;
-                self.driver.connect(id).await?
-            }
+            Err(_) => self.revive(id, &entry).await?,
         };
         Ok((entry, inflight, conn))
+    }
+
+    /// A connection to a new agent, after the sandbox's would not take one: a dead agent is
+    /// noted ([`Self::note_agent_failure`]) and the sandbox restarted on its files.
+    async fn revive(&self, id: &str, entry: &Arc<Entry>) -> Result<AgentConn, EngineError> {
+        self.note_agent_failure(id, entry).await;
+        self.lifecycle.ensure_running(id, entry).await?;
+        Ok(self.driver.connect(id).await?)
     }
 
     /// After the agent hung up on a call: the error to give when the engine stopped the
@@ -369,6 +396,90 @@ impl AgentClient {
             tokio::time::timeout(Duration::from_secs(2), ping).await,
             Ok(Some(_))
         )
+    }
+}
+
+/// A streamed call under way ([`AgentClient::stream`]).
+struct Streaming {
+    conn: AgentConn,
+    /// The sandbox is in use while its output streams.
+    _inflight: InFlight,
+    entry: Arc<Entry>,
+    client: Arc<AgentClient>,
+    id: String,
+    /// The most a frame of the answer may hold.
+    limit: usize,
+    /// When the answer must be complete, `deadline` after the call.
+    until: tokio::time::Instant,
+    deadline: Duration,
+    /// The sandbox's `interruptions` when the call began.
+    since: u64,
+    /// The request, while it may go again to a new agent: until any answer, once.
+    resend: Option<Encoded>,
+    /// Whether any of the answer came.
+    answered: bool,
+}
+
+impl Streaming {
+    /// The next event of the answer, and what is left of the call (`None` once it ended).
+    async fn next<R: DeserializeOwned>(
+        mut self,
+    ) -> Option<(Result<Event<R>, EngineError>, Option<Self>)> {
+        loop {
+            let read = read_frame_limited::<_, Frame<R>>(&mut self.conn, self.limit);
+            let error = match tokio::time::timeout_at(self.until, read).await {
+                Ok(Ok(Some(Frame::Output(output)))) => {
+                    (self.answered, self.resend) = (true, None);
+                    return Some((Ok(Event::Output(output)), Some(self)));
+                }
+                Ok(Ok(Some(Frame::Reply(reply)))) => return Some((Ok(Event::Reply(reply)), None)),
+                Ok(Ok(Some(Frame::Error(e)))) => return Some((Err(e.into()), None)),
+                Ok(Ok(None)) => ExchangeError::Closed,
+                Ok(Err(e)) => ExchangeError::reading(e, self.answered),
+                Err(_) => {
+                    let (id, entry) = (&self.id, &self.entry);
+                    let error = self.client.timed_out(id, entry, self.deadline).await;
+                    return Some((Err(error), None));
+                }
+            };
+            if let Err(why) = self.resend_after(error).await {
+                return Some((Err(why), None));
+            }
+        }
+    }
+
+    /// After the answer failed with `error`: the request sent again to a new agent, if the
+    /// agent never took it ([`AgentClient::deliver`]), or the caller's error.
+    async fn resend_after(&mut self, error: ExchangeError) -> Result<(), EngineError> {
+        let (client, id, entry) = (&self.client, self.id.as_str(), &self.entry);
+        let request = self.resend.take();
+        let Some(request) = request.filter(|_| client.resendable(id, entry, &error, self.since))
+        else {
+            let why = client.interrupted(id, entry, self.since).await;
+            return Err(why.unwrap_or_else(|| DriverError::Agent(error.to_string()).into()));
+        };
+        self.conn = client.revive(id, entry).await?;
+        send_frame(&mut self.conn, &request.frame)
+            .await
+            .map_err(|e| DriverError::Agent(e.to_string()).into())
+    }
+}
+
+/// A request to an agent, encoded once (it may be sent twice: [`AgentClient::deliver`]).
+struct Encoded {
+    frame: Vec<u8>,
+    /// The most a frame of its answer may hold.
+    limit: usize,
+}
+
+impl Encoded {
+    /// `call` for the sandbox of `entry`, with its bound secrets' environment.
+    fn new<C: Call>(entry: &Entry, mut call: C) -> Result<Self, EngineError> {
+        call.add_env(&bound_env(entry));
+        let limit = call.reply_limit();
+        let frame = encode_frame(&call.into())
+            .map_err(|e| DriverError::Agent(format!("cannot send the request: {e}")))?;
+        Ok(Self { frame, limit })
     }
 }
 
