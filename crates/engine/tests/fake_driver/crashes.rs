@@ -32,6 +32,24 @@ async fn an_agent_that_dies_mid_command_is_reported_and_restarted_on_its_files()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_agent_read_is_never_sent_again() {
+    let engine = Engine::open().await;
+    let id = engine.create().await;
+    // The agent reads the command, runs its first part and dies, with no answer at all: the
+    // engine cannot tell how far it went, so it does not run it again.
+    let err = engine
+        .exec(&id, "echo ran >> /root/runs; agent-crash")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Sandbox(m) if m.contains("closed the connection")),
+        "{err:?}"
+    );
+    assert_eq!(engine.run(&id, "cat runs").await, "ran\n");
+    assert_eq!(engine.fake.starts(&id), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_died_between_calls_is_restarted_before_the_next() {
     let engine = Engine::open().await;
     let id = engine.create().await;
