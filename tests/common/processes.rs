@@ -82,12 +82,28 @@ pub async fn api(base: &str, method: &str, path: &str, body: Option<Value>) -> (
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// An engine process of a test: killed when dropped, and the sandboxes it leaves with it.
+/// Sandboxes outlive their engine by design (the next one adopts them); a test must leave none
+/// behind, even when it fails.
+pub struct EngineProcess {
+    child: std::process::Child,
+    data: std::path::PathBuf,
+}
+
+impl Drop for EngineProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        super::kill_left_behind(&self.data);
+    }
+}
+
 /// An engine process run as user `nobody` on a data dir in `dir` (which it is given), with
 /// `args` added; and an MCP client for it once it answers.
 pub async fn unprivileged_engine(
     dir: &std::path::Path,
     args: &[&str],
-) -> (std::process::Child, McpClient) {
+) -> (EngineProcess, McpClient) {
     use std::os::unix::process::CommandExt;
     let nobody = 65534;
     std::os::unix::fs::chown(dir, Some(nobody), Some(nobody)).unwrap();
@@ -105,6 +121,10 @@ pub async fn unprivileged_engine(
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let engine = EngineProcess {
+        child: engine,
+        data: dir.join("data"),
+    };
     let backend =
         Backend::remote(&format!("http://127.0.0.1:{port}"), Some(ApiKey::new(KEY))).unwrap();
     let client = mcp_for(backend, Default::default(), "all").await;

@@ -122,14 +122,13 @@ async fn unprivileged_the_agent_is_out_of_reach_too() {
         );
         return;
     }
-    let (mut engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
+    let (engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
     let id = create(&client).await;
     let out = sh(&client, &id, &format!("{AGENT_ATTACKS}\necho done")).await;
     let traced = py(&client, &id, TRACE_ATTACKS).await;
     let own = sh(&client, &id, "prlimit --nofile=64 sh -c 'ulimit -n'").await;
     let alive = sh(&client, &id, "echo alive").await;
-    let _ = engine.kill();
-    let _ = engine.wait();
+    drop(engine);
     assert_eq!(
         out, "done\n",
         "sandbox code reached the unprivileged agent:\n{out}"

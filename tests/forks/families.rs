@@ -230,7 +230,7 @@ async fn an_unprivileged_engine_forks_snapshots_and_merges_by_stacking_and_copyi
         .prefix("smcp")
         .tempdir_in("/tmp")
         .unwrap();
-    let (mut engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
+    let (engine, client) = crate::common::unprivileged_engine(dir.path(), &[]).await;
     let id = create(&client).await;
     sh(
         &client,
@@ -272,8 +272,7 @@ async fn an_unprivileged_engine_forks_snapshots_and_merges_by_stacking_and_copyi
     )
     .await;
     let after_restore = sh(&client, &id, "cat /root/p/f; stat -c %a /root/p/f").await;
-    let _ = engine.kill();
-    let _ = engine.wait();
+    drop(engine);
     // A restore of a stacked snapshot copies nothing either.
     for v in [&snap, &forked, &restored] {
         assert_eq!(v["method"], "layers", "{v}");

@@ -25,7 +25,7 @@ async fn unprivileged_engine_filters_the_same_way_and_serves_previews() {
         .tempdir_in("/tmp")
         .unwrap();
     let (dns, allow) = (net.dns.to_string(), format!("{}/32", net.net_ip));
-    let (mut engine, client) = unprivileged_engine(
+    let (engine, client) = unprivileged_engine(
         dir.path(),
         &[
             "--dns-upstream",
@@ -126,6 +126,5 @@ async fn unprivileged_engine_filters_the_same_way_and_serves_previews() {
     .unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"name\": \"rootless\""), "{answer}");
-    let _ = engine.kill();
-    let _ = engine.wait();
+    drop(engine);
 }

@@ -328,7 +328,7 @@ async fn an_unprivileged_engine_mounts_volumes_and_workspaces() {
     std::os::unix::fs::chown(&repo, Some(65534), Some(65534)).unwrap();
     std::os::unix::fs::chown(repo.join("a.txt"), Some(65534), Some(65534)).unwrap();
     let workspace = format!("repo={}", repo.display());
-    let (mut engine, client) =
+    let (engine, client) =
         crate::common::unprivileged_engine(dir.path(), &["--workspace", &workspace]).await;
     let quota = err(&client, "volume_create", json!({"name": "v", "size_mb": 8})).await;
     assert!(quota.contains("cannot enforce volume quotas"), "{quota}");
@@ -366,8 +366,7 @@ async fn an_unprivileged_engine_mounts_volumes_and_workspaces() {
     for id in [&a, &b] {
         ok(&client, "sandbox_kill", json!({"sandbox_id": id})).await;
     }
-    let _ = engine.kill();
-    let _ = engine.wait();
+    drop(engine);
 }
 
 #[tokio::test(flavor = "multi_thread")]
