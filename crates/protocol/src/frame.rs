@@ -373,6 +373,17 @@ mod tests {
             matches!(e, ExchangeError::Closed) && !e.not_taken(),
             "{e:?}"
         );
+        // Written after the agent's end is gone: the write fails, the request untaken.
+        let listening = Listening::new("closed-before-write");
+        let mut conn = listening.connect().await;
+        drop(listening);
+        let e = send_frame(&mut conn, &encode_frame(&Request::from(Ping {})).unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, ExchangeError::HungUp(_)) && e.not_taken(),
+            "{e:?}"
+        );
         // A reset after some output can only come from a broken agent: never untaken.
         let e = ExchangeError::reading(std::io::ErrorKind::ConnectionReset.into(), true);
         assert!(!e.not_taken(), "{e:?}");
