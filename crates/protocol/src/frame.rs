@@ -220,6 +220,19 @@ where
     R: for<'de> Deserialize<'de>,
 {
     send_frame(conn, request).await?;
+    read_answer(conn, limit).await
+}
+
+/// The agent's answer to a request sent on `conn`: its reply or its error, after any output
+/// frames (skipped), each frame up to `limit` bytes.
+pub async fn read_answer<S, R>(
+    conn: &mut S,
+    limit: usize,
+) -> Result<Result<R, AgentError>, ExchangeError>
+where
+    S: AsyncRead + Unpin,
+    R: for<'de> Deserialize<'de>,
+{
     let mut answered = false;
     loop {
         match read_frame_limited::<_, Frame<R>>(conn, limit).await {
@@ -332,15 +345,8 @@ mod tests {
         drop(listening);
         std::thread::spawn(move || agent(listener)).join().unwrap();
         // What is left of the exchange once the request is written: its answer.
-        let mut answered = false;
-        loop {
-            match read_frame_limited::<_, Frame<Deleted>>(&mut conn, limit).await {
-                Ok(Some(Frame::Output(_))) => answered = true,
-                Ok(None) => return ExchangeError::Closed,
-                Err(e) => return ExchangeError::reading(e, answered),
-                Ok(Some(other)) => panic!("{other:?}"),
-            }
-        }
+        let answer = read_answer::<_, Deleted>(&mut conn, limit).await;
+        answer.expect_err("the far end never answers")
     }
 
     #[tokio::test]
