@@ -197,13 +197,17 @@ fn run(cmd: &mut Command) -> io::Result<()> {
 /// store was released while paused sandboxes kept it alive) is mounted again rather than a second
 /// one attached: the kernel then hands back the same filesystem, which those sandboxes still use.
 fn mount_image(image: &Path, sandboxes_dir: &Path) -> io::Result<()> {
-    if let Some(device) = attached_loop_device(image) {
+    // A device still attached to the image holds the store as a previous engine mounted it, which
+    // its paused sandboxes may still use: that device is mounted again, never a second one of the
+    // same filesystem. It is held open until mounted, so that it can neither go (with its last
+    // user, as autoclear detaches it) nor be attached to another image in between.
+    if let Some(held) = HeldLoop::of(image) {
         return run(Command::new("mount")
             .arg("-t")
             .arg("btrfs")
             .arg("-o")
             .arg("noatime")
-            .arg(device)
+            .arg(&held.path)
             .arg(sandboxes_dir));
     }
     run(Command::new("mount")
@@ -215,18 +219,63 @@ fn mount_image(image: &Path, sandboxes_dir: &Path) -> io::Result<()> {
         .arg(sandboxes_dir))
 }
 
-/// The loop device whose backing file is `image`, if one is attached.
-fn attached_loop_device(image: &Path) -> Option<PathBuf> {
-    let image = fs::canonicalize(image).ok()?;
-    let entries = fs::read_dir("/sys/block").ok()?;
-    entries.flatten().find_map(|entry| {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("loop") {
-            return None;
-        }
-        let backing = fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
-        (Path::new(backing.trim_end()) == image).then(|| PathBuf::from("/dev").join(name))
-    })
+/// A loop device attached to a store image, open: while it is, the device stays attached to
+/// that image (autoclear detaches a device at its last close, and an attached device is never
+/// given to another file).
+struct HeldLoop {
+    path: PathBuf,
+    _open: fs::File,
+}
+
+/// The head of the kernel's `struct loop_info64` (232 bytes), which `LOOP_GET_STATUS64` fills.
+#[repr(C)]
+struct LoopInfo64 {
+    /// The backing file's device and inode numbers.
+    lo_device: u64,
+    lo_inode: u64,
+    _rest: [u8; 216],
+}
+
+nix::ioctl_read_bad!(loop_get_status64, 0x4C05, LoopInfo64);
+
+impl HeldLoop {
+    /// The loop device attached to `image`, if one is: found by its backing file's name in
+    /// sysfs, then checked once open (that file's device and inode numbers), since it may have
+    /// gone, or been attached to another image, in between.
+    fn of(image: &Path) -> Option<Self> {
+        let meta = fs::metadata(image).ok()?;
+        let image = fs::canonicalize(image).ok()?;
+        let entries = fs::read_dir("/sys/block").ok()?;
+        entries.flatten().find_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with("loop") {
+                return None;
+            }
+            let backing = fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            if Path::new(backing.trim_end()) != image {
+                return None;
+            }
+            Self::open(&Path::new("/dev").join(name), &meta)
+        })
+    }
+
+    /// Loop device `device`, open, if it is attached to the file `meta` describes.
+    fn open(device: &Path, meta: &fs::Metadata) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let open = fs::File::open(device).ok()?;
+        let mut info = LoopInfo64 {
+            lo_device: 0,
+            lo_inode: 0,
+            _rest: [0; 216],
+        };
+        // SAFETY: LOOP_GET_STATUS64 writes one loop_info64 (`LoopInfo64`'s size and layout) on
+        // an open device; a device with no file attached fails with ENXIO and writes nothing.
+        unsafe { loop_get_status64(open.as_raw_fd(), &mut info) }.ok()?;
+        (info.lo_device == meta.dev() && info.lo_inode == meta.ino()).then(|| Self {
+            path: device.to_path_buf(),
+            _open: open,
+        })
+    }
 }
 
 fn find_mkfs() -> Option<PathBuf> {
@@ -516,6 +565,7 @@ pub fn remove_dir(store: &Store, parent: &Path, name: &str) -> io::Result<()> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -535,5 +585,116 @@ mod tests {
             assert!(vol_args(bad).is_err(), "{bad:?}");
         }
         assert!(vol_args(&"x".repeat(4088)).is_err());
+    }
+
+    /// A made (not mounted) store image in a scratch dir, as `<dir>/sandboxes.img` beside an
+    /// empty `<dir>/sandboxes`; `None` (a skip, a failure in CI) without root, btrfs or mkfs.
+    fn scratch_image(test: &str) -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+        let mkfs = find_mkfs();
+        if !nix::unistd::geteuid().is_root() || !kernel_has_btrfs() || mkfs.is_none() {
+            assert!(
+                std::env::var_os("SANDBOX_MCP_REQUIRE_SANDBOX").is_none(),
+                "{test}: root, btrfs and mkfs.btrfs are required here"
+            );
+            eprintln!("SKIPPED {test}: needs root, btrfs and mkfs.btrfs (loop-mounted stores)");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("sandboxes.img");
+        let mount = dir.path().join("sandboxes");
+        fs::create_dir(&mount).unwrap();
+        fs::File::create(&image)
+            .unwrap()
+            .set_len(MIN_IMAGE / 8)
+            .unwrap();
+        run(Command::new(mkfs.unwrap()).arg("-q").arg("-f").arg(&image)).unwrap();
+        Some((dir, image, mount))
+    }
+
+    /// Waits (up to 10 s) until no loop device is attached to `image`.
+    fn wait_detached(image: &Path) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while HeldLoop::of(image).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a loop device outlived its store's last user"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// The race a new engine ran into when the previous one's last sandbox was still dying: the
+    /// store's device, found attached, went with that sandbox before it was mounted, and the
+    /// mount failed ("bad superblock"), so the engine did not start. Held open once found, the
+    /// device stays attached to its image until mounted: the same filesystem, mounted.
+    #[test]
+    fn a_store_device_whose_last_user_goes_meanwhile_is_still_the_one_mounted() {
+        let test = "a_store_device_whose_last_user_goes_meanwhile_is_still_the_one_mounted";
+        let Some((_dir, image, mount)) = scratch_image(test) else {
+            return;
+        };
+        mount_image(&image, &mount).unwrap();
+        fs::write(mount.join("kept"), "the store's own file").unwrap();
+        // A sandbox's process: in a mount namespace of its own, working in the store.
+        let mut user = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "600"])
+            .current_dir(&mount)
+            .spawn()
+            .unwrap();
+        let comm = format!("/proc/{}/comm", user.id());
+        while fs::read_to_string(&comm).unwrap_or_default().trim() != "sleep" {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        // The engine stops: its mount goes, the sandbox keeps the store and its device.
+        release(&mount);
+        assert!(!mounted_at(&mount));
+        // The next engine finds the device; then the store's last user goes.
+        let held = HeldLoop::of(&image).expect("the device of a store still in use");
+        user.kill().unwrap();
+        user.wait().unwrap();
+        assert!(
+            HeldLoop::of(&image).is_some(),
+            "the device was detached while held"
+        );
+        run(Command::new("mount")
+            .args(["-t", "btrfs", "-o", "noatime"])
+            .arg(&held.path)
+            .arg(&mount))
+        .unwrap();
+        drop(held);
+        assert_eq!(
+            fs::read_to_string(mount.join("kept")).unwrap(),
+            "the store's own file"
+        );
+        // Let go, the device goes with its last user.
+        release(&mount);
+        wait_detached(&image);
+    }
+
+    /// A device attached to another image is never taken for this one's, however its sysfs name
+    /// read a moment before: the open device's backing file is what counts.
+    #[test]
+    fn a_loop_device_of_another_image_is_never_taken_for_this_ones() {
+        let test = "a_loop_device_of_another_image_is_never_taken_for_this_ones";
+        let Some((_dir, image, mount)) = scratch_image(test) else {
+            return;
+        };
+        let Some((_other_dir, other, other_mount)) = scratch_image(test) else {
+            return;
+        };
+        mount_image(&other, &other_mount).unwrap();
+        let device = HeldLoop::of(&other).expect("the other image's device");
+        assert!(HeldLoop::of(&image).is_none());
+        assert!(HeldLoop::open(&device.path, &fs::metadata(&image).unwrap()).is_none());
+        assert!(HeldLoop::open(&device.path, &fs::metadata(&other).unwrap()).is_some());
+        // Mounting this image attaches a device of its own, whatever the other holds.
+        mount_image(&image, &mount).unwrap();
+        let own = HeldLoop::of(&image).expect("this image's device");
+        assert_ne!(own.path, device.path);
+        drop((own, device));
+        release(&mount);
+        release(&other_mount);
+        wait_detached(&image);
+        wait_detached(&other);
     }
 }
