@@ -195,6 +195,28 @@ pub fn mounted(path: &std::path::Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(path.as_str()))
 }
 
+/// The sandboxes kept on data dir `data` while no engine runs on it, as `id status`: their
+/// records. (Not the store's directories, which are unmounted when the engine stops.)
+pub fn sandbox_records(data: &std::path::Path) -> Vec<String> {
+    let path = data.join("state.db");
+    if !path.exists() {
+        return Vec::new();
+    }
+    let db = rusqlite::Connection::open(path).unwrap();
+    let mut query = db.prepare("SELECT id, status FROM sandboxes").unwrap();
+    query
+        .query_map([], |r| {
+            Ok(format!(
+                "{} {}",
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
 /// Kills and deletes every sandbox an engine process left on `data` (after `kill -9`, say), and
 /// lets go of its store.
 pub fn kill_left_behind(data: &std::path::Path) {

@@ -7,7 +7,7 @@ use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use super::*;
-use crate::common::{BIN, REFERENCE_SERVERS};
+use crate::common::{BIN, REFERENCE_SERVERS, sandbox_records};
 
 /// `sandbox-mcp run [flags] -- COMMAND` on a data dir of its own, as an MCP client starts it.
 fn run_command(data: &std::path::Path, net: &TestNet, name: &str) -> tokio::process::Command {
@@ -30,11 +30,16 @@ async fn every_reference_server_works_through_run() {
     let net = crate::require_testnet!();
     let data = tempfile::tempdir().unwrap();
     for (name, _, _) in REFERENCE_SERVERS {
+        // Its stderr goes to a file, so that a run that fails says why.
+        let log = data.path().join(format!("{name}.stderr"));
         let (transport, _) = TokioChildProcess::builder(run_command(data.path(), &net, name))
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
             .spawn()
             .unwrap();
-        let client = ().serve(transport).await.unwrap_or_else(|e| panic!("run {name}: {e}"));
+        let client = ().serve(transport).await.unwrap_or_else(|e| {
+            let said = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("run {name}: {e}; its stderr:\n{said}")
+        });
         exercise(client.peer(), name, "").await;
         if name == "everything" {
             // The host's environment stays on the host.
@@ -49,10 +54,8 @@ async fn every_reference_server_works_through_run() {
         client.cancel().await.unwrap();
     }
     // Every run ended its sandbox (and its engine, which no other process shares).
-    let left = std::fs::read_dir(data.path().join("sandboxes"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(left, 0, "a run left its sandbox behind");
+    let left = sandbox_records(data.path());
+    assert!(left.is_empty(), "a run left its sandbox behind: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -149,28 +152,8 @@ async fn a_server_that_speaks_streamable_http_itself_is_proxied_per_session() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_ends_run_and_its_sandbox() {
     crate::require_reference_servers!();
-    use std::io::{BufRead, BufReader, Write};
     let data = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(BIN)
-        .env("SANDBOX_MCP_DATA_DIR", data.path())
-        .env_remove("SANDBOX_MCP_URL")
-        .args(["run", "--"])
-        .args(reference_command("time"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    writeln!(
-        stdin,
-        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
-    )
-    .unwrap();
-    let mut line = String::new();
-    stdout.read_line(&mut line).unwrap();
-    assert!(line.contains("mcp-time"), "{line}");
+    let (mut child, _stdin, _stdout) = initialized_run(data.path(), Stdio::null());
     let sandboxes = || {
         std::fs::read_dir(data.path().join("sandboxes"))
             .map(|d| {
@@ -199,5 +182,74 @@ async fn sigterm_ends_run_and_its_sandbox() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status:?}");
-    assert_eq!(sandboxes(), 0, "run left its sandbox behind");
+    let left = sandbox_records(data.path());
+    assert!(left.is_empty(), "run left its sandbox behind: {left:?}");
+}
+
+/// Two `run`s on one data dir share the engine the first one serves, and the second's server
+/// speaks through it. When the first ends, so does that engine and the second's stream: the
+/// second ends too, saying why and what to do, and kills its sandbox (taking the engine over to
+/// do it) rather than leave it paused with nothing to end it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_whose_engine_ends_with_another_run_says_so_and_leaves_no_sandbox() {
+    crate::require_reference_servers!();
+    use std::io::Read;
+    let data = tempfile::tempdir().unwrap();
+    let log = |name: &str| Stdio::from(std::fs::File::create(data.path().join(name)).unwrap());
+    // The first answers once its engine is up and serving it; the second attaches to that.
+    let (mut first, first_in, _first_out) = initialized_run(data.path(), log("first.stderr"));
+    let (mut second, _second_in, mut second_out) =
+        initialized_run(data.path(), log("second.stderr"));
+    drop(first_in);
+    assert!(first.wait().unwrap().success());
+    let mut rest = String::new();
+    second_out.read_to_string(&mut rest).unwrap();
+    let status = second.wait().unwrap();
+    let said = std::fs::read_to_string(data.path().join("second.stderr")).unwrap();
+    let left = sandbox_records(data.path());
+    crate::common::kill_left_behind(data.path());
+    assert!(!status.success(), "{status:?}: {said}");
+    assert!(
+        said.contains("another sandbox-mcp process on this data dir")
+            && said.contains("SANDBOX_MCP_DATA_DIR"),
+        "{said}"
+    );
+    assert!(
+        left.is_empty(),
+        "the second run's sandbox was left: {left:?}"
+    );
+}
+
+/// `sandbox-mcp run -- mcp-server-time` on data dir `data`, its stderr to `stderr`, once it has
+/// answered `initialize`: its engine is up and its server runs.
+fn initialized_run(
+    data: &std::path::Path,
+    stderr: Stdio,
+) -> (
+    std::process::Child,
+    std::process::ChildStdin,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::{BufRead, Write};
+    let mut child = std::process::Command::new(BIN)
+        .env("SANDBOX_MCP_DATA_DIR", data)
+        .env_remove("SANDBOX_MCP_URL")
+        .args(["run", "--"])
+        .args(reference_command("time"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
+    )
+    .unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("mcp-time"), "{line}");
+    (child, stdin, stdout)
 }

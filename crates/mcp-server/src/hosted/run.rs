@@ -10,7 +10,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::ServerSpec;
 use super::attach::{Input, attach};
-use crate::backend::Backend;
+use crate::backend::{Backend, Handle};
 
 /// Runs server `name` until it exits, its client hangs up (EOF on stdin), or `stop` resolves;
 /// the sandbox is killed in every case. Returns the server's exit status as a process's (128 +
@@ -26,10 +26,39 @@ pub async fn run(
     let id = spec.create_sandbox(&client, name).await?;
     tracing::info!(sandbox = %id, server = name, "started the server's sandbox");
     let outcome = relay(&client, &id, spec, stop).await;
-    if let Err(e) = client.kill_sandbox().sandbox_id(id.as_str()).send().await {
-        tracing::warn!(sandbox = %id, "could not kill the server's sandbox: {}", crate::call::error_text(e));
+    let took_over = end_sandbox(backend, &handle, &id).await;
+    outcome.map_err(|e| {
+        if took_over {
+            format!(
+                "{e}; the sandbox engine it ran on went away (another sandbox-mcp process on this data dir served it, and ended), and its sandbox was killed. Start the server again; to keep it from ending with another process, give it a data dir of its own (SANDBOX_MCP_DATA_DIR)"
+            )
+        } else {
+            e
+        }
+    })
+}
+
+/// Kills the server's sandbox. When the engine went away meanwhile (another process on the
+/// data dir served it and ended, pausing the sandbox), this process takes the engine over, as
+/// the stdio server does, and kills the sandbox with it: none is left behind paused, with no
+/// one to end it. Returns whether it took the engine over.
+async fn end_sandbox(backend: &Backend, handle: &Handle, id: &str) -> bool {
+    let kill = |client: std::sync::Arc<sandbox_mcp_api::Client>| async move {
+        crate::call::respond(client.kill_sandbox().sandbox_id(id).send().await)
+    };
+    let mut killed = kill(handle.client.clone()).await;
+    let took_over =
+        matches!(&killed, Err(f) if f.is_connect_failure()) && backend.recover(handle).await;
+    if took_over {
+        killed = match backend.client(None).await {
+            Ok(now) => kill(now.client).await,
+            Err(f) => Err(f),
+        };
     }
-    outcome
+    if let Err(f) = killed {
+        tracing::warn!(sandbox = %id, "could not kill the server's sandbox: {}", f.text());
+    }
+    took_over
 }
 
 async fn relay(
