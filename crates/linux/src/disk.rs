@@ -197,10 +197,8 @@ fn run(cmd: &mut Command) -> io::Result<()> {
 /// store was released while paused sandboxes kept it alive) is mounted again rather than a second
 /// one attached: the kernel then hands back the same filesystem, which those sandboxes still use.
 fn mount_image(image: &Path, sandboxes_dir: &Path) -> io::Result<()> {
-    // A device still attached to the image holds the store as a previous engine mounted it, which
-    // its paused sandboxes may still use: that device is mounted again, never a second one of the
-    // same filesystem. It is held open until mounted, so that it can neither go (with its last
-    // user, as autoclear detaches it) nor be attached to another image in between.
+    // The device is held open until mounted, so that it can neither go meanwhile (with the last
+    // of those sandboxes, as autoclear detaches it) nor be attached to another image.
     if let Some(held) = HeldLoop::of(image) {
         return run(Command::new("mount")
             .arg("-t")
