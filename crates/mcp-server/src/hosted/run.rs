@@ -26,39 +26,55 @@ pub async fn run(
     let id = spec.create_sandbox(&client, name).await?;
     tracing::info!(sandbox = %id, server = name, "started the server's sandbox");
     let outcome = relay(&client, &id, spec, stop).await;
-    let took_over = end_sandbox(backend, &handle, &id).await;
-    outcome.map_err(|e| {
-        if took_over {
-            format!(
-                "{e}; the sandbox engine it ran on went away (another sandbox-mcp process on this data dir served it, and ended), and its sandbox was killed. Start the server again; to keep it from ending with another process, give it a data dir of its own (SANDBOX_MCP_DATA_DIR)"
-            )
-        } else {
-            e
-        }
+    let ended = end_sandbox(backend, &handle, &id).await;
+    outcome.map_err(|e| match ended {
+        Ended::Here => e,
+        Ended::Elsewhere(killed) => format!(
+            "{e}; the sandbox engine it ran on went away (another sandbox-mcp process on this data dir served it, and ended), {killed}. Start the server again; to keep it from ending with another process, give it a data dir of its own (SANDBOX_MCP_DATA_DIR)"
+        ),
     })
+}
+
+/// Where the server's sandbox was killed.
+enum Ended {
+    /// By the engine the server ran on (or the kill failed there: logged).
+    Here,
+    /// By the engine this process took over or attached to after that one went away: says
+    /// whether the sandbox was killed.
+    Elsewhere(String),
 }
 
 /// Kills the server's sandbox. When the engine went away meanwhile (another process on the
 /// data dir served it and ended, pausing the sandbox), this process takes the engine over, as
 /// the stdio server does, and kills the sandbox with it: none is left behind paused, with no
-/// one to end it. Returns whether it took the engine over.
-async fn end_sandbox(backend: &Backend, handle: &Handle, id: &str) -> bool {
+/// one to end it.
+async fn end_sandbox(backend: &Backend, handle: &Handle, id: &str) -> Ended {
     let kill = |client: std::sync::Arc<sandbox_mcp_api::Client>| async move {
         crate::call::respond(client.kill_sandbox().sandbox_id(id).send().await)
     };
-    let mut killed = kill(handle.client.clone()).await;
-    let took_over =
+    let killed = kill(handle.client.clone()).await;
+    let moved =
         matches!(&killed, Err(f) if f.is_connect_failure()) && backend.recover(handle).await;
-    if took_over {
-        killed = match backend.client(None).await {
+    let killed = if moved {
+        match backend.client(None).await {
             Ok(now) => kill(now.client).await,
             Err(f) => Err(f),
-        };
+        }
+    } else {
+        killed
+    };
+    let failure = killed.err().map(|f| {
+        let why = f.text();
+        tracing::warn!(sandbox = %id, "could not kill the server's sandbox: {why}");
+        why
+    });
+    match (moved, failure) {
+        (false, _) => Ended::Here,
+        (true, None) => Ended::Elsewhere("and its sandbox was killed".into()),
+        (true, Some(why)) => Ended::Elsewhere(format!(
+            "and its sandbox {id} could not be killed ({why}): it stays paused until the sandbox_kill tool of a sandbox-mcp on this data dir ends it"
+        )),
     }
-    if let Err(f) = killed {
-        tracing::warn!(sandbox = %id, "could not kill the server's sandbox: {}", f.text());
-    }
-    took_over
 }
 
 async fn relay(
