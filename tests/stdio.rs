@@ -6,7 +6,6 @@
 //! and [`settings`] (help, RUST_LOG, flags).
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -86,16 +85,6 @@ impl Server {
 
     fn close_and_wait(&mut self) -> std::process::ExitStatus {
         drop(self.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the server did not exit after stdin closed"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        crate::common::exit_within(&mut self.child, 20, "the server after stdin closed")
     }
 }

@@ -13,6 +13,26 @@ use sandbox_mcp_testkit::engine::{self, free_port};
 use super::{BIN, KEY};
 use super::{McpClient, call, mcp_for};
 
+/// `child`'s exit status once it has exited: `what` must happen within `secs` seconds, or the
+/// child is killed and the test fails.
+pub fn exit_within(
+    child: &mut std::process::Child,
+    secs: u64,
+    what: &str,
+) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what}: the process did not exit within {secs} s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// An engine process on `data` (a new port each time), ready to serve.
 pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Child, String) {
     spawn_engine_process_env(data, &[]).await

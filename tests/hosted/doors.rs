@@ -7,7 +7,7 @@ use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use super::*;
-use crate::common::{BIN, REFERENCE_SERVERS, sandbox_records};
+use crate::common::{BIN, REFERENCE_SERVERS, exit_within, sandbox_records};
 
 /// `sandbox-mcp run [flags] -- COMMAND` on a data dir of its own, as an MCP client starts it.
 fn run_command(data: &std::path::Path, net: &TestNet, name: &str) -> tokio::process::Command {
@@ -173,14 +173,7 @@ async fn sigterm_ends_run_and_its_sandbox() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "run did not exit on SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(&mut child, 60, "run on SIGTERM");
     assert!(status.success(), "{status:?}");
     let left = sandbox_records(data.path());
     assert!(left.is_empty(), "run left its sandbox behind: {left:?}");
@@ -193,18 +186,14 @@ async fn sigterm_ends_run_and_its_sandbox() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_whose_engine_ends_with_another_run_says_so_and_leaves_no_sandbox() {
     crate::require_reference_servers!();
-    use std::io::Read;
     let data = tempfile::tempdir().unwrap();
     let log = |name: &str| Stdio::from(std::fs::File::create(data.path().join(name)).unwrap());
     // The first answers once its engine is up and serving it; the second attaches to that.
     let (mut first, first_in, _first_out) = initialized_run(data.path(), log("first.stderr"));
-    let (mut second, _second_in, mut second_out) =
-        initialized_run(data.path(), log("second.stderr"));
+    let (mut second, _second_in, _second_out) = initialized_run(data.path(), log("second.stderr"));
     drop(first_in);
-    assert!(first.wait().unwrap().success());
-    let mut rest = String::new();
-    second_out.read_to_string(&mut rest).unwrap();
-    let status = second.wait().unwrap();
+    assert!(exit_within(&mut first, 60, "the first run at EOF").success());
+    let status = exit_within(&mut second, 60, "the second run once its engine went");
     let said = std::fs::read_to_string(data.path().join("second.stderr")).unwrap();
     let left = sandbox_records(data.path());
     crate::common::kill_left_behind(data.path());

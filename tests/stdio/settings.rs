@@ -148,17 +148,11 @@ fn an_unknown_toolset_ends_the_server_at_start_with_the_choices() {
         stdin,
         r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
     );
-    let started = std::time::Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(20),
-            "the server kept running with an unknown toolset"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    };
+    let status = crate::common::exit_within(
+        &mut child,
+        20,
+        "the server must not keep running with an unknown toolset",
+    );
     drop(stdin);
     let mut err = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
