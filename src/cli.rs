@@ -62,10 +62,16 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sandbox-mcp: {e:#}");
+            eprintln!("sandbox-mcp: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes in one line, each said once: a message that already ends with its
+/// cause's words (most of ours quote it) does not get them again.
+pub fn error_text(e: &anyhow::Error) -> String {
+    sandbox_mcp_engine::error::chain(e.as_ref())
 }
 
 /// The stdio server answers one client: one worker thread serves it, where the default starts

@@ -19,7 +19,7 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sandbox-mcp: {e:#}");
+            eprintln!("sandbox-mcp: {}", sandbox_mcp::cli::error_text(&e));
             ExitCode::FAILURE
         }
     }

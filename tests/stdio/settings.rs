@@ -1,5 +1,6 @@
 //! Settings: `--help` documents every setting, RUST_LOG is applied or refused by name, a malformed
-//! URL fails at startup with an example, and subcommands refuse flags that are not theirs.
+//! URL fails at startup with an example, an engine that cannot start says why once, and
+//! subcommands refuse flags that are not theirs.
 
 use std::process::Command;
 
@@ -85,6 +86,28 @@ fn a_malformed_url_fails_at_startup_with_an_example() {
         );
         assert!(out.stdout.is_empty(), "{url}: stdout carries only JSON-RPC");
     }
+}
+
+/// An engine that cannot start says why, each cause once: the driver's reason is quoted by the
+/// message that wraps it, and is not printed again after it.
+#[test]
+fn an_engine_that_cannot_start_says_why_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d".repeat(120));
+    let out = Command::new(BIN)
+        .args(["engine", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .env("SANDBOX_MCP_ENGINE_KEYS", crate::common::KEY)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "it started anyway");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot set up the sandbox driver")
+            && err.matches("is too long for unix sockets").count() == 1,
+        "{err}"
+    );
 }
 
 /// Each subcommand takes only its own flags: a flag of another one is an error, never silently
