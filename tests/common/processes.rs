@@ -38,12 +38,15 @@ pub async fn spawn_engine_process(data: &std::path::Path) -> (std::process::Chil
     spawn_engine_process_env(data, &[]).await
 }
 
-/// [`spawn_engine_process`] with more environment variables (settings).
+/// [`spawn_engine_process`] with more environment variables (settings). Its log is kept aside
+/// (an unnamed file), for the failure of an engine that does not start to quote.
 pub async fn spawn_engine_process_env(
     data: &std::path::Path,
     env: &[(&str, &str)],
 ) -> (std::process::Child, String) {
-    spawn_engine_logged(data, env, std::process::Stdio::null()).await
+    let log = tempfile::tempfile().unwrap();
+    let stderr = log.try_clone().unwrap().into();
+    spawn_engine(data, env, (stderr, Some(log)), |_| {}).await
 }
 
 /// [`spawn_engine_process_env`] with the engine's log going to `stderr`.
@@ -52,7 +55,7 @@ pub async fn spawn_engine_logged(
     env: &[(&str, &str)],
     stderr: std::process::Stdio,
 ) -> (std::process::Child, String) {
-    spawn_engine_with(data, env, stderr, |_| {}).await
+    spawn_engine(data, env, (stderr, None), |_| {}).await
 }
 
 /// [`spawn_engine_logged`], with the command adjusted by `configure` before it runs (limits
@@ -63,6 +66,17 @@ pub async fn spawn_engine_with(
     stderr: std::process::Stdio,
     configure: impl FnOnce(&mut std::process::Command),
 ) -> (std::process::Child, String) {
+    spawn_engine(data, env, (stderr, None), configure).await
+}
+
+/// Starts the engine and waits until it serves. One that exits first, or does not serve within
+/// 30 s, fails the test at once, with its log when `log` is where it writes.
+async fn spawn_engine(
+    data: &std::path::Path,
+    env: &[(&str, &str)],
+    (stderr, log): (std::process::Stdio, Option<std::fs::File>),
+    configure: impl FnOnce(&mut std::process::Command),
+) -> (std::process::Child, String) {
     let port = free_port();
     let mut command = engine::command(BIN, data, KEY, port);
     command
@@ -70,10 +84,19 @@ pub async fn spawn_engine_with(
         .stdout(std::process::Stdio::null())
         .stderr(stderr);
     configure(&mut command);
-    let child = command.spawn().unwrap();
+    let mut child = command.spawn().unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let said = |log: Option<std::fs::File>| {
+        use std::io::{Read, Seek};
+        let mut text = String::new();
+        if let Some(mut log) = log {
+            let _ = log.rewind();
+            let _ = log.read_to_string(&mut text);
+        }
+        text
+    };
     while http
         .get(format!("{url}/v1/health"))
         .bearer_auth(KEY)
@@ -81,7 +104,19 @@ pub async fn spawn_engine_with(
         .await
         .is_err()
     {
-        assert!(std::time::Instant::now() < deadline, "engine did not start");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "the engine exited before it served ({status}); its log:\n{}",
+                said(log)
+            );
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "the engine did not serve within 30 s; its log:\n{}",
+                said(log)
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     (child, url)
