@@ -201,7 +201,7 @@ impl Backend {
 
     /// After `failed` could not connect: for a local engine, take over or re-attach.
     /// Returns whether a different endpoint is now available (the caller retries once).
-    pub(crate) async fn recover(&self, failed: &Handle) -> bool {
+    async fn recover(&self, failed: &Handle) -> bool {
         if matches!(self.inner.mode, Mode::Remote) {
             return false;
         }
@@ -219,6 +219,30 @@ impl Backend {
             self.resolve_local().await;
         }
         current(self).is_some_and(|g| g != failed.generation)
+    }
+
+    /// `call` with `handle`'s client; when it could not connect and the local engine was taken
+    /// over or re-attached meanwhile ([`Self::recover`]), once more with the new client for
+    /// `tenant`. Says whether it went to a new engine.
+    pub(crate) async fn with_recovery<T, F, Fut>(
+        &self,
+        handle: &Handle,
+        tenant: Option<&str>,
+        call: F,
+    ) -> (Result<T, CallFailure>, bool)
+    where
+        F: Fn(Arc<Client>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, CallFailure>>,
+    {
+        match call(handle.client.clone()).await {
+            Err(f) if f.is_connect_failure() && self.recover(handle).await => {
+                match self.client(tenant).await {
+                    Ok(now) => (call(now.client).await, true),
+                    Err(f) => (Err(f), true),
+                }
+            }
+            other => (other, false),
+        }
     }
 
     /// Stops the engine this process owns, if any (sandboxes are kept, paused).

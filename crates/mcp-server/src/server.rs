@@ -321,17 +321,14 @@ impl SandboxMcp {
         tenant: Option<&str>,
     ) -> Result<serde_json::Value, CallFailure> {
         let handle = self.backend.client(tenant).await?;
-        match self
-            .dispatch_once(&handle.client, def, args, progress.clone())
-            .await
-        {
-            Err(f) if f.is_connect_failure() && self.backend.recover(&handle).await => {
-                let handle = self.backend.client(tenant).await?;
-                self.dispatch_once(&handle.client, def, args, progress)
-                    .await
-            }
-            other => other,
-        }
+        let (result, _) = self
+            .backend
+            .with_recovery(&handle, tenant, |client| {
+                let progress = progress.clone();
+                async move { self.dispatch_once(&client, def, args, progress).await }
+            })
+            .await;
+        result
     }
 
     async fn dispatch_once(

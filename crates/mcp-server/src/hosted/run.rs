@@ -49,20 +49,11 @@ enum Ended {
 /// the stdio server does, and kills the sandbox with it: none is left behind paused, with no
 /// one to end it.
 async fn end_sandbox(backend: &Backend, handle: &Handle, id: &str) -> Ended {
-    let kill = |client: std::sync::Arc<sandbox_mcp_api::Client>| async move {
-        crate::call::respond(client.kill_sandbox().sandbox_id(id).send().await)
-    };
-    let killed = kill(handle.client.clone()).await;
-    let moved =
-        matches!(&killed, Err(f) if f.is_connect_failure()) && backend.recover(handle).await;
-    let killed = if moved {
-        match backend.client(None).await {
-            Ok(now) => kill(now.client).await,
-            Err(f) => Err(f),
-        }
-    } else {
-        killed
-    };
+    let (killed, moved) = backend
+        .with_recovery(handle, None, |client| async move {
+            crate::call::respond(client.kill_sandbox().sandbox_id(id).send().await)
+        })
+        .await;
     let failure = killed.err().map(|f| {
         let why = f.text();
         tracing::warn!(sandbox = %id, "could not kill the server's sandbox: {why}");
