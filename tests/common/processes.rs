@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use sandbox_mcp_api::ApiKey;
 use sandbox_mcp_server::backend::Backend;
@@ -11,7 +11,7 @@ use sandbox_mcp_server::backend::Backend;
 use sandbox_mcp_testkit::engine::{self, free_port};
 
 use super::{BIN, KEY};
-use super::{McpClient, call, mcp_for};
+use super::{McpClient, mcp_for};
 
 /// `child`'s exit status once it has exited: `what` must happen within `secs` seconds, or the
 /// child is killed and the test fails.
@@ -69,8 +69,7 @@ pub async fn spawn_engine_with(
     spawn_engine(data, env, (stderr, None), configure).await
 }
 
-/// Starts the engine and waits until it serves. One that exits first, or does not serve within
-/// 30 s, fails the test at once, with its log when `log` is where it writes.
+/// Starts the engine and waits until it [serves](serving).
 async fn spawn_engine(
     data: &std::path::Path,
     env: &[(&str, &str)],
@@ -86,6 +85,13 @@ async fn spawn_engine(
     configure(&mut command);
     let mut child = command.spawn().unwrap();
     let url = format!("http://127.0.0.1:{port}");
+    serving(&mut child, &url, log).await;
+    (child, url)
+}
+
+/// Waits until engine process `child` serves at `url`. One that exits first, or does not serve
+/// within 30 s, fails the test at once, quoting `log` when that is where it writes.
+async fn serving(child: &mut std::process::Child, url: &str, log: Option<std::fs::File>) {
     let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let said = |log: Option<std::fs::File>| {
@@ -119,7 +125,6 @@ async fn spawn_engine(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    (child, url)
 }
 
 /// Calls the engine API at `base` with the test key: the status, and the body as JSON (`Null`
@@ -163,6 +168,7 @@ pub async fn unprivileged_engine(
     let nobody = 65534;
     std::os::unix::fs::chown(dir, Some(nobody), Some(nobody)).unwrap();
     let port = free_port();
+    let log = tempfile::tempfile().unwrap();
     let engine = std::process::Command::new(BIN)
         .args(["engine", "--listen", &format!("127.0.0.1:{port}")])
         .args(args)
@@ -173,24 +179,17 @@ pub async fn unprivileged_engine(
         .uid(nobody)
         .gid(nobody)
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(log.try_clone().unwrap())
         .spawn()
         .unwrap();
-    let engine = EngineProcess {
+    let mut engine = EngineProcess {
         child: engine,
         data: dir.join("data"),
     };
-    let backend =
-        Backend::remote(&format!("http://127.0.0.1:{port}"), Some(ApiKey::new(KEY))).unwrap();
+    let url = format!("http://127.0.0.1:{port}");
+    serving(&mut engine.child, &url, Some(log)).await;
+    let backend = Backend::remote(&url, Some(ApiKey::new(KEY))).unwrap();
     let client = mcp_for(backend, Default::default(), "all").await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while call(&client, "sandbox_list", json!({})).await.is_error == Some(true) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the unprivileged engine did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     (engine, client)
 }
 
