@@ -12,6 +12,9 @@ use sandbox_mcp_server::tooldefs::registry;
 
 pub type McpClient = RunningService<RoleClient, ()>;
 
+/// An `initialize` request as one JSON-RPC line (without its newline), for a server on stdio.
+pub const INITIALIZE_LINE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+
 /// An rmcp client and our server connected through an in-memory duplex pipe.
 pub async fn mcp_for(backend: Backend, settings: ServerSettings, tools: &str) -> McpClient {
     mcp_with_handler(backend, settings, tools, ()).await

@@ -232,11 +232,7 @@ fn initialized_run(
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    writeln!(
-        stdin,
-        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
-    )
-    .unwrap();
+    writeln!(stdin, "{}", crate::common::INITIALIZE_LINE).unwrap();
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();
     assert!(line.contains("mcp-time"), "{line}");

@@ -167,10 +167,7 @@ fn an_unknown_toolset_ends_the_server_at_start_with_the_choices() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let _ = writeln!(
-        stdin,
-        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{{"name":"t","version":"0"}}}}}}"#
-    );
+    let _ = writeln!(stdin, "{}", crate::common::INITIALIZE_LINE);
     let status = crate::common::exit_within(
         &mut child,
         20,
