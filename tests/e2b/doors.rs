@@ -247,6 +247,45 @@ async fn an_envd_token_opens_its_own_sandbox_only() {
     assert_eq!(ok.status(), 200);
     assert!(ok.text().await.unwrap().contains("\"42\""));
     assert_eq!(execute(&b, &traffic_a).await.unwrap().status(), 401);
+    // Sent as a traffic token to envd's routes, it opens none of them, whatever port the request
+    // claims: the port header is the client's to set.
+    let as_traffic = [
+        ("E2B-Traffic-Access-Token", traffic_a.as_str()),
+        ("E2b-Sandbox-Port", "49999"),
+    ];
+    let body =
+        enveloped(&json!({"process": {"cmd": "touch", "args": ["/tmp/ran"]}, "stdin": false}));
+    let (status, bytes) = envd(
+        &engine,
+        &a,
+        &as_traffic,
+        "/process.Process/Start",
+        "application/connect+json",
+        body,
+    )
+    .await;
+    let f = frames(&bytes);
+    assert_eq!(status, 200);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].1["error"]["code"], "unauthenticated", "{f:?}");
+    for (method, path) in [
+        (reqwest::Method::GET, "/files?path=/etc/hostname"),
+        (reqwest::Method::POST, "/files?path=/tmp/ran"),
+    ] {
+        let mut r = http()
+            .request(method.clone(), format!("{}{path}", engine.e2b))
+            .header("E2b-Sandbox-Id", a.clone());
+        for (k, v) in as_traffic {
+            r = r.header(k, v);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 401, "{method} {path}");
+    }
+    assert_eq!(
+        get(&token_a, &a).await.unwrap().status(),
+        404,
+        "still nothing ran"
+    );
     // A killed sandbox answers as E2B's proxy does.
     let (status, _) = control(
         &engine,

@@ -83,9 +83,28 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// The sandbox a request is for: named, its token right, and known to the engine (a paused one
-/// is resumed by the first call that needs its agent, as on the engine's own API).
+/// Which of a sandbox's services a request is for, by its route: envd (processes, files,
+/// watches) or the code interpreter (E2B's port 49999).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Service {
+    Envd,
+    Interpreter,
+}
+
+/// The sandbox an envd request is for: named, its envd token right, and known to the engine (a
+/// paused one is resumed by the first call that needs its agent, as on the engine's own API).
 pub(crate) async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox, Refusal> {
+    sandbox_for(door, headers, Service::Envd).await
+}
+
+/// The sandbox a request for `service` is for. The envd token opens every service; the traffic
+/// token, which the SDKs send to a sandbox's ports, opens the code interpreter alone. Which
+/// service is the route's, never a header's: `E2b-Sandbox-Port` is the client's to set.
+pub(crate) async fn sandbox_for(
+    door: &Door,
+    headers: &HeaderMap,
+    service: Service,
+) -> Result<Sandbox, Refusal> {
     let id = headers
         .get("e2b-sandbox-id")
         .and_then(|v| v.to_str().ok())
@@ -97,11 +116,8 @@ pub(crate) async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox,
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
     };
-    // The envd token opens everything of the sandbox; the traffic token, which the SDKs send to
-    // its ports, opens the code interpreter's calls (port 49999) only.
-    let to_port = header("e2b-sandbox-port") == "49999";
     let opened = door.tokens.opens(id, header("x-access-token"))
-        || (to_port
+        || (service == Service::Interpreter
             && door
                 .tokens
                 .opens_traffic(id, header("e2b-traffic-access-token")));

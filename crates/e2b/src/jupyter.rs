@@ -19,8 +19,13 @@ use sandbox_mcp_protocol::{
     Stream,
 };
 
-use crate::envd::sandbox;
+use crate::envd::{Refusal, Sandbox, Service, sandbox_for};
 use crate::{Door, Failure};
+
+/// The sandbox a code interpreter call is for: its envd token or its traffic token opens it.
+async fn sandbox(door: &Door, headers: &HeaderMap) -> Result<Sandbox, Refusal> {
+    sandbox_for(door, headers, Service::Interpreter).await
+}
 
 /// A cell's deadline when the client names none, and the most it may name (E2B's default).
 const CELL_TIMEOUT_MS: u64 = 300_000;
