@@ -74,6 +74,8 @@ async fn a_secrets_own_host_cannot_hand_its_value_back() {
         ("cookie", "", "withheld"),
         ("reason", "", "reason"),
         ("gzip", "--compressed", "encoded"),
+        ("te-gzip", "", "encoded"),
+        ("te-gzip-close", "", "encoded"),
         ("split", "", "cut"),
         ("late", "", "cut"),
     ] {

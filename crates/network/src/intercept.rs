@@ -393,6 +393,8 @@ async fn forward(
     // as a non-standard reason phrase are not carried.)
     let (head, body) = response.into_parts();
     let mut headers = head.headers;
+    // Read before the hop-by-hop headers go: a transfer coding is one of them.
+    let coded = coding(&headers);
     crate::proxy::strip_hop_by_hop(&mut headers, false);
     if !guard.is_empty() {
         if let Some(secret) = guard.in_headers(&headers) {
@@ -401,11 +403,7 @@ async fn forward(
             );
             return refuse(row, StatusCode::BAD_GATEWAY, why);
         }
-        if let Some(encoding) = headers
-            .get(header::CONTENT_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .filter(|e| !e.trim().eq_ignore_ascii_case("identity"))
-        {
+        if let Some(encoding) = coded {
             let why = format!(
                 "the response from {host} came {encoding}-encoded although identity was asked; the engine must read a response to a secret's host to keep the value from coming back, so it was withheld"
             );
@@ -434,6 +432,25 @@ async fn forward(
     *out.status_mut() = head.status;
     *out.headers_mut() = headers;
     out
+}
+
+/// A coding of a response's body other than none: a `Content-Encoding` but `identity`, or a
+/// `Transfer-Encoding` but `chunked` (which the client has undone; `gzip, chunked` leaves gzip),
+/// named as the response named it. A value that is not text counts as one.
+fn coding(headers: &http::HeaderMap) -> Option<String> {
+    let named = |name: header::HeaderName, none: &'static str| {
+        headers.get_all(name).iter().find_map(move |v| {
+            let Ok(text) = v.to_str() else {
+                return Some("an unreadable".to_string());
+            };
+            text.split(',')
+                .map(str::trim)
+                .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(none))
+                .map(str::to_string)
+        })
+    };
+    named(header::CONTENT_ENCODING, "identity")
+        .or_else(|| named(header::TRANSFER_ENCODING, "chunked"))
 }
 
 /// The values a response from `host` must not carry: those of the secrets bound in the sandbox
