@@ -106,10 +106,16 @@ async fn serve_http(
         );
     }
     let oauth = oauth_settings(&args.oauth, &config.data_dir, keys.clone())?;
+    // The public URL's host is the server's own name, with OAuth or without (a proxy that ends
+    // TLS passes it on in `Host`).
+    let mut allowed_hosts = args.allow_hosts.clone();
+    if let Some(url) = &args.oauth.public_url {
+        allowed_hosts.push(sandbox_mcp_oauth::public_url_host(url).map_err(anyhow::Error::msg)?);
+    }
     let opts = HttpOptions {
         listen,
         dev: args.dev,
-        allowed_hosts: args.allow_hosts.clone(),
+        allowed_hosts,
         allowed_origins: args.allow_origins.clone(),
         rate_limit: args.rate_limit,
         session_idle: Duration::from_secs(args.session_idle_timeout.max(1)),

@@ -1,4 +1,5 @@
-//! The binary: the keys CLI, `--dev` refused off loopback, and a graceful shutdown on SIGTERM.
+//! The binary: the keys CLI, `--dev` refused off loopback, `--public-url`'s host accepted, and a
+//! graceful shutdown on SIGTERM.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -106,12 +107,21 @@ fn spawn_http_server(
     engine: &TestEngine,
     extra: &[&str],
 ) -> (std::process::Child, String) {
+    spawn_http_server_at(data, &engine.url, extra)
+}
+
+/// The same, pointed at the engine at `engine_url`.
+fn spawn_http_server_at(
+    data: &std::path::Path,
+    engine_url: &str,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(BIN)
         .args(["serve", "--http", "127.0.0.1:0"])
         .args(extra)
         .env("SANDBOX_MCP_DATA_DIR", data)
-        .env("SANDBOX_MCP_URL", &engine.url)
+        .env("SANDBOX_MCP_URL", engine_url)
         .env("SANDBOX_MCP_API_KEY", KEY)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -133,6 +143,38 @@ fn spawn_http_server(
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     (child, addr)
+}
+
+/// Behind a proxy that ends TLS, clients reach a keys-only server by its public name: the host of
+/// `--public-url` is accepted without OAuth, and other names still get 403.
+#[tokio::test]
+async fn the_public_urls_host_is_accepted_without_oauth() {
+    let data = tempfile::tempdir().unwrap();
+    // The Host check comes before any engine call: no engine listens at this URL.
+    let (mut child, url) = spawn_http_server_at(
+        data.path(),
+        "http://127.0.0.1:9",
+        &["--public-url", "https://MCP.Proxy.example:8443"],
+    );
+    let http = sandbox_mcp_api::http_builder().no_proxy().build().unwrap();
+    let post = |host: &'static str| {
+        http.post(url.as_str())
+            .header("host", host)
+            .header("accept", "application/json, text/event-stream")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}))
+            .send()
+    };
+    for (host, want) in [
+        ("mcp.proxy.example", 401),
+        ("mcp.proxy.example:443", 401),
+        ("evil.example", 403),
+        ("mcp.proxy.example.evil.example", 403),
+    ] {
+        let r = post(host).await.unwrap();
+        assert_eq!(r.status().as_u16(), want, "Host: {host}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

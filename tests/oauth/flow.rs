@@ -454,6 +454,17 @@ fn oauth_flags_are_checked_at_start() {
             ],
             "no path",
         ),
+        // Checked without OAuth too: the server accepts its host either way.
+        (
+            vec![
+                "serve",
+                "--http",
+                "127.0.0.1:0",
+                "--public-url",
+                "https://mcp.example.com/mcp",
+            ],
+            "no path",
+        ),
         (
             vec![
                 "serve",

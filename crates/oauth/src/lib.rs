@@ -232,9 +232,7 @@ impl OAuth {
 
     /// The host name the public URL names, to be accepted in `Host` and `Origin`.
     pub fn public_host(&self) -> Option<String> {
-        let u = reqwest::Url::parse(self.public_url.as_deref()?).ok()?;
-        u.host_str()
-            .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+        public_url_host(self.public_url.as_deref()?).ok()
     }
 
     /// The server's base URL (no trailing slash): the public URL, or `http://` and the request's
@@ -322,6 +320,19 @@ impl OAuth {
     }
 }
 
+/// The host of `--public-url` (checked as [`check_public_url`] does), lowercased: the HTTP
+/// server accepts it in `Host` and `Origin` whether or not OAuth is on.
+pub fn public_url_host(url: &str) -> Result<String, String> {
+    let origin = check_public_url(url)?;
+    reqwest::Url::parse(&origin)
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| h.trim_matches(['[', ']']).to_ascii_lowercase())
+        })
+        .ok_or_else(|| format!("--public-url {url:?} names no host"))
+}
+
 /// `--public-url`: an http(s) origin, without a path, query or fragment.
 fn check_public_url(url: &str) -> Result<String, String> {
     let u = reqwest::Url::parse(url).map_err(|e| format!("--public-url {url:?}: {e}"))?;
@@ -363,5 +374,11 @@ mod tests {
         );
         assert!(check_public_url("https://mcp.example.com/x").is_err());
         assert!(check_public_url("ftp://x").is_err());
+        assert_eq!(
+            public_url_host("https://MCP.example.com:8443").unwrap(),
+            "mcp.example.com"
+        );
+        assert_eq!(public_url_host("http://[::1]:80/").unwrap(), "::1");
+        assert!(public_url_host("https://mcp.example.com/mcp").is_err());
     }
 }
