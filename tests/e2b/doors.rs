@@ -314,6 +314,51 @@ async fn an_envd_token_opens_its_own_sandbox_only() {
     );
 }
 
+/// A create that names no timeout gets E2B's default (15 s), as E2B's API does; a refresh that
+/// names no duration, the same from then.
+#[tokio::test]
+async fn a_create_or_refresh_without_a_timeout_gets_e2bs_default() {
+    require_sandboxes!();
+    let engine = E2bEngine::start(KEYS).await;
+    let seconds = |v: &Value, field: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[field].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis()
+    };
+    let (status, made) = control(
+        &engine,
+        "key-alpha",
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "base"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+    let path = format!("/sandboxes/{id}");
+    let (status, read) = control(&engine, "key-alpha", reqwest::Method::GET, &path, None).await;
+    assert_eq!(status, 200, "{read}");
+    assert_eq!(
+        seconds(&read, "endAt") - seconds(&read, "startedAt"),
+        15_000,
+        "{read}"
+    );
+    let before = chrono::Utc::now().timestamp_millis();
+    let (status, body) = control(
+        &engine,
+        "key-alpha",
+        reqwest::Method::POST,
+        &format!("{path}/refreshes"),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(status, 204, "{body}");
+    let (_, read) = control(&engine, "key-alpha", reqwest::Method::GET, &path, None).await;
+    let left = seconds(&read, "endAt") - before;
+    assert!((14_000..=16_000).contains(&left), "{read}");
+    control(&engine, "key-alpha", reqwest::Method::DELETE, &path, None).await;
+}
+
 #[tokio::test]
 async fn what_has_no_meaning_here_and_bad_input_get_clear_errors() {
     require_sandboxes!();
