@@ -261,10 +261,14 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
         };
         let path = fill(template);
         let body: Option<Value> = body.map(|b| serde_json::from_str(&fill(b)).unwrap());
-        let send = |auth: bool, path: String| {
+        // `tenant`: the operator's key narrowed to that tenant, which owns none of these.
+        let send_as = |auth: bool, tenant: Option<&str>, path: String| {
             let mut req = http.request(method.parse().unwrap(), format!("{}{path}", engine.url));
             if auth {
                 req = req.bearer_auth(KEY);
+            }
+            if let Some(t) = tenant {
+                req = req.header("x-sandbox-tenant", t);
             }
             if let Some(b) = &body {
                 req = req.json(b);
@@ -280,6 +284,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             }
             req.send()
         };
+        let send = |auth: bool, path: String| send_as(auth, None, path);
         // Unauthenticated: 401 in the Error shape.
         let resp = send(false, path.clone()).await.unwrap();
         assert_eq!(resp.status().as_u16(), 401, "{op_id}");
@@ -293,7 +298,7 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
             let unknown = path
                 .replace(&id, "sbx_0000000000000000000000000b")
                 .replace(&desktop, "sbx_0000000000000000000000000b");
-            let resp = send(true, unknown).await.unwrap();
+            let resp = send(true, unknown.clone()).await.unwrap();
             assert_eq!(resp.status().as_u16(), 404, "{op_id}");
             let v: Value = resp.json().await.unwrap();
             assert!(
@@ -301,6 +306,24 @@ async fn every_operation_is_routed_and_answers_its_documented_shapes() {
                 "{op_id}: {v}"
             );
             assert_eq!(v["error_code"], "not_found");
+            // The same sandbox as another tenant: answered exactly as an unknown one is to that
+            // tenant (404; 403 where the operation is the operator's alone), the ids aside, and
+            // before anything of it is read or done: the real call below finds it as it was.
+            let as_intruder = |path: String| async {
+                let r = send_as(true, Some("intruder"), path).await.unwrap();
+                let status = r.status().as_u16();
+                let v: Value = r.json().await.unwrap();
+                let message = v["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .replace(&id, "ID")
+                    .replace(&desktop, "ID")
+                    .replace("sbx_0000000000000000000000000b", "ID");
+                (status, v["error_code"].clone(), message)
+            };
+            let theirs = as_intruder(path.clone()).await;
+            assert!(matches!(theirs.0, 403 | 404), "{op_id}: {theirs:?}");
+            assert_eq!(theirs, as_intruder(unknown.clone()).await, "{op_id}");
         }
         if *op_id == "get_job" {
             // A job to look at (and then kill).

@@ -17,6 +17,8 @@ mod sdk;
 pub struct E2bEngine {
     child: std::process::Child,
     pub e2b: String,
+    /// The engine's own API (`/v1`), which takes the same keys.
+    pub api: String,
     data: tempfile::TempDir,
 }
 
@@ -40,10 +42,11 @@ impl E2bEngine {
             ("SANDBOX_MCP_ENGINE_KEYS_FILE", keys.to_str().unwrap()),
         ];
         env.extend_from_slice(more);
-        let (child, _) = spawn_engine_process_env(&data.path().join("data"), &env).await;
+        let (child, api) = spawn_engine_process_env(&data.path().join("data"), &env).await;
         E2bEngine {
             child,
             e2b: format!("http://{e2b}"),
+            api,
             data,
         }
     }

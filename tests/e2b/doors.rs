@@ -171,6 +171,27 @@ async fn one_key_never_reaches_another_tenants_sandboxes() {
     );
     let (status, listed) = control(&engine, "key-beta", M::GET, "/v2/sandboxes", None).await;
     assert_eq!((status, listed), (StatusCode::OK, json!([])));
+    // A key bound to a tenant cannot name another with X-Sandbox-Tenant (only an unbound key may
+    // narrow itself), at the door or on the engine's own API.
+    for (base, get, list) in [
+        (&engine.e2b, format!("/sandboxes/{id}"), "/v2/sandboxes"),
+        (&engine.api, format!("/v1/sandboxes/{id}"), "/v1/sandboxes"),
+    ] {
+        let as_alpha = |path: &str| {
+            http()
+                .get(format!("{base}{path}"))
+                .header("X-API-KEY", "key-beta")
+                .bearer_auth("key-beta")
+                .header("X-Sandbox-Tenant", "alpha")
+                .send()
+        };
+        let r = as_alpha(&get).await.unwrap();
+        assert_eq!(r.status(), 404, "{base}{get}");
+        let r = as_alpha(list).await.unwrap();
+        assert_eq!(r.status(), 200, "{base}{list}");
+        let body: Value = r.json().await.unwrap();
+        assert!(!body.to_string().contains(&id), "{base}{list}: {body}");
+    }
     let (_, listed) = control(&engine, "key-alpha", M::GET, "/v2/sandboxes", None).await;
     assert_eq!(listed[0]["sandboxID"], id.as_str(), "{listed}");
     // Still there and running for its own tenant.

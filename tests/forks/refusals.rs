@@ -85,6 +85,57 @@ async fn bad_forks_restores_and_diffs_are_refused_and_make_nothing() {
         .unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(count(&engine), 2);
+    // The other tenant's own sandbox, naming ours as the second sandbox or snapshot of a diff, a
+    // merge or a template: unknown to it, and nothing is made or read.
+    let r = tenant("POST", "/v1/sandboxes".into(), json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let theirs = r.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (path, body) in [
+        (
+            format!("/v1/sandboxes/{theirs}/diff"),
+            json!({"against": b}),
+        ),
+        (
+            format!("/v1/sandboxes/{theirs}/diff"),
+            json!({"against": snap_id}),
+        ),
+        (
+            format!("/v1/sandboxes/{theirs}/merge"),
+            json!({"source_id": b}),
+        ),
+        (
+            "/v1/templates".to_string(),
+            json!({"name": "taken", "from_sandbox": b}),
+        ),
+    ] {
+        let r = tenant("POST", path.clone(), body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            404,
+            "{path} {body}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    let r = tenant("GET", "/v1/templates/taken".into(), json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = tenant("DELETE", format!("/v1/sandboxes/{theirs}"), json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(count(&engine), 2);
     // A made-up snapshot, a malformed `against`, `..`, a self-merge: each refused with the fix.
     let nothing = "snap_00000000000000000000000000";
     for (tool, args, expected) in [
