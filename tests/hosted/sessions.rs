@@ -242,12 +242,29 @@ async fn tenants_see_only_their_own_servers_and_sessions() {
     );
     // Both use the operator's shared server, each in a sandbox of its own; those sandboxes are
     // the operator's, so neither tenant can exec into one (and read its environment).
-    let (_, _) = raw(&hosted, "/servers/shared-time/mcp", &alice)
+    let (alices_shared, _) = raw(&hosted, "/servers/shared-time/mcp", &alice)
         .open("2025-11-25")
         .await;
     let (_, _) = raw(&hosted, "/servers/shared-time/mcp", &bob)
         .open("2025-11-25")
         .await;
+    // A server both may use: alice's session on it is still unknown to bob, who can neither
+    // call through it nor end it; alice's goes on.
+    let (status, _) = raw(&hosted, "/servers/shared-time/mcp", &bob)
+        .call(Some(&alices_shared), 3, "tools/list", json!({}))
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        raw(&hosted, "/servers/shared-time/mcp", &bob)
+            .delete(&alices_shared)
+            .await,
+        404
+    );
+    let (status, listed) = raw(&hosted, "/servers/shared-time/mcp", &alice)
+        .call(Some(&alices_shared), 4, "tools/list", json!({}))
+        .await;
+    assert_eq!(status, 200, "{listed}");
+    assert!(listed.to_string().contains("get_current_time"), "{listed}");
     let owners = |name: &str| -> Vec<Option<String>> {
         let label = [(
             sandbox_mcp_server::hosted::SERVER_LABEL.to_string(),

@@ -13,7 +13,7 @@ use crate::require_sandboxes;
 use super::{Url, get, needs_previews, preview, raw, read_head, start_app, token_header};
 
 /// Two sandboxes serve the same port, each at its own URL; one's token opens only its own
-/// preview; public previews need none; a deleted one stops answering (and its WebSocket closes);
+/// preview (not another sandbox's, nor another port's of its own); public previews need none; a deleted one stops answering (and its WebSocket closes);
 /// a port with no server gets a page saying to start one; a paused sandbox wakes up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn previews_are_per_sandbox_public_on_request_and_deletable() {
@@ -84,6 +84,11 @@ async fn previews_are_per_sandbox_public_on_request_and_deletable() {
             .as_str()
             .unwrap(),
     );
+    // Each port's token opens that port alone, of the same sandbox too: by host and by path.
+    assert_eq!(get(&p, "/", &token_header(&pa)).await.status, 403);
+    assert_eq!(get(&pa, "/", &token_header(&p)).await.status, 403);
+    let by_path = get(&plain, &format!("/preview/{a}/8000/"), &token_header(&p)).await;
+    assert_eq!(by_path.status, 403, "{by_path:?}");
     let page = get(&p, "/", &token_header(&p)).await;
     assert_eq!(page.status, 502, "{page:?}");
     assert!(
