@@ -9,6 +9,11 @@
 //! starve the agent of descriptors). Denied calls fail with EPERM, so programs see
 //! an ordinary permission error. `clone3` fails with ENOSYS instead: its flags live in memory that
 //! seccomp cannot inspect, and ENOSYS makes libc fall back to `clone`, whose flags it can.
+//!
+//! The other ABIs of the same kernel: a 32-bit call (`int 0x80`, another audit arch) kills the
+//! process, as every filter checks the arch first; an x32 call (the x86-64 arch, its number with
+//! bit 30 set, where the kernel has x32) fails with EPERM whatever it is, since the deny list
+//! matches numbers and would not see it.
 
 use std::collections::BTreeMap;
 
@@ -89,7 +94,8 @@ fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule> {
     Ok(SeccompRule::new(conditions)?)
 }
 
-/// The two programs to install, in order: the EPERM deny list, then `clone3` → ENOSYS.
+/// The programs to install, in order: the EPERM deny list, `clone3` → ENOSYS, and on x86-64 any
+/// x32 call → EPERM.
 pub fn programs() -> Result<Vec<BpfProgram>> {
     let arch = arch()?;
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
@@ -150,10 +156,45 @@ pub fn programs() -> Result<Vec<BpfProgram>> {
         arch,
     )?;
 
-    [deny, clone3]
+    let mut programs = [deny, clone3]
         .into_iter()
         .map(|f| Ok(BpfProgram::try_from(f)?))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    #[cfg(target_arch = "x86_64")]
+    programs.push(no_x32());
+    Ok(programs)
+}
+
+/// Every x32 system call refused with EPERM: a number with `__X32_SYSCALL_BIT` set (or above,
+/// which no call has). The arch is checked by the other programs, which run on every call too.
+#[cfg(target_arch = "x86_64")]
+fn no_x32() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    // `seccomp_data.nr` is its first field.
+    const NR_OFFSET: u32 = 0;
+    let op = |code: u32, jt: u8, jf: u8, k: u32| sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    vec![
+        op(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, 0, 0, NR_OFFSET),
+        op(
+            libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K,
+            0,
+            1,
+            X32_SYSCALL_BIT,
+        ),
+        op(
+            libc::BPF_RET | libc::BPF_K,
+            0,
+            0,
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        ),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, libc::SECCOMP_RET_ALLOW),
+    ]
 }
 
 /// Installs the filters on the calling thread (and so on everything it execs). Needs
@@ -171,7 +212,10 @@ mod tests {
     #[test]
     fn programs_compile() {
         let programs = super::programs().unwrap();
-        assert_eq!(programs.len(), 2);
+        assert_eq!(
+            programs.len(),
+            if cfg!(target_arch = "x86_64") { 3 } else { 2 }
+        );
         assert!(programs[0].len() > 50);
     }
 }
