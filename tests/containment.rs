@@ -82,6 +82,7 @@ macro_rules! require_own_ids {
 // After the macro, which some of them use.
 mod agent;
 mod deep_trees;
+mod engine_files;
 mod escapes;
 mod floods;
 mod identity;

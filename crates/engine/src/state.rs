@@ -129,6 +129,8 @@ fn db_err(e: impl std::fmt::Display) -> rusqlite::Error {
 
 impl Store {
     pub fn open(path: &Path) -> rusqlite::Result<Self> {
+        // Records hold sandbox environment variables, which may be secrets.
+        sandbox_mcp_sys::durable::private_file(path).map_err(db_err)?;
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
@@ -138,12 +140,6 @@ impl Store {
         conn.execute_batch(volumes::SCHEMA)?;
         // Data dirs from before a column keep their rows, with its default.
         volumes::add_columns(&conn)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            // Records hold sandbox environment variables, which may be secrets.
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-        }
         Ok(Self {
             conn: Mutex::new(conn),
         })

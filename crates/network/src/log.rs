@@ -156,9 +156,10 @@ impl NetLog {
     /// older engine kept in the state database `legacy` (a table of the same name) move here
     /// the first time.
     pub fn open(path: &Path, legacy: Option<&Path>) -> rusqlite::Result<NetLog> {
-        let conn = Connection::open(path)?;
         // Host names a sandbox reached are its owner's business only.
-        let _ = std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600));
+        sandbox_mcp_sys::durable::private_file(path)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))?;
+        let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(Duration::from_secs(5))?;

@@ -175,11 +175,9 @@ impl Store {
     pub fn open(data_dir: &Path) -> Result<Store> {
         std::fs::create_dir_all(data_dir).map_err(|e| e.to_string())?;
         let path = data_dir.join("oauth.db");
+        sandbox_mcp_sys::durable::private_file(&path)
+            .map_err(|e| format!("cannot make {}: {e}", path.display()))?;
         let db = Connection::open(&path).map_err(db_err)?;
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-        }
         db.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(db_err)?;
         db.pragma_update(None, "journal_mode", "WAL")

@@ -61,6 +61,25 @@ pub fn try_lock(path: &Path) -> io::Result<Option<Flock<fs::File>>> {
     }
 }
 
+/// Makes `path` a file only its owner reads and writes, before a database opens it: created with
+/// mode 0600 when missing, so that it is never open to others even for a moment (SQLite would
+/// make it 0644 and leave a window before a chmod, in which another user could open it and keep
+/// the descriptor), else set to 0600. So are SQLite's `-wal` and `-shm` beside it where they
+/// exist: SQLite gives new ones the database's mode, and an older data dir may hold others.
+pub fn private_file(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    open_lock_file(path)?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        match fs::set_permissions(&name, fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            done => done?,
+        }
+    }
+    Ok(())
+}
+
 fn open_lock_file(path: &Path) -> io::Result<fs::File> {
     fs::OpenOptions::new()
         .create(true)
@@ -92,5 +111,28 @@ mod tests {
         assert!(try_lock(&lock_path).unwrap().is_none());
         drop(held);
         assert!(try_lock(&lock_path).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_private_file_is_made_0600_and_so_are_its_databases_files() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        // Made anew: 0600 from the start, whatever the umask lets through.
+        let new = dir.path().join("new.db");
+        private_file(&new).unwrap();
+        assert_eq!(mode(&new), 0o600);
+        // An older one, and the files SQLite keeps beside it, open to all: closed.
+        let old = dir.path().join("old.db");
+        for p in ["old.db", "old.db-wal", "old.db-shm"] {
+            let p = dir.path().join(p);
+            fs::write(&p, b"x").unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        private_file(&old).unwrap();
+        for p in ["old.db", "old.db-wal", "old.db-shm"] {
+            assert_eq!(mode(&dir.path().join(p)), 0o600, "{p}");
+        }
+        assert_eq!(fs::read(&old).unwrap(), b"x", "its content kept");
     }
 }

@@ -139,6 +139,8 @@ fn kernel_has_btrfs() -> bool {
 pub fn open(sandboxes_dir: &Path, limits: DiskLimits) -> io::Result<Store> {
     let image = sandboxes_dir.with_extension("img");
     if image.exists() {
+        // An image an older engine made open to all (0644) is closed now.
+        fs::set_permissions(&image, fs::Permissions::from_mode(0o600))?;
         // Mounted already when the engine restarts without a reboot.
         if !(mounted_at(sandboxes_dir) && is_btrfs(sandboxes_dir)) {
             mount_image(&image, sandboxes_dir).map_err(|e| {
@@ -180,7 +182,8 @@ pub fn open(sandboxes_dir: &Path, limits: DiskLimits) -> io::Result<Store> {
     }
     // Build the image aside and rename it into place: a crash never leaves a half-made store
     // that the next start would try to mount.
-    let made = sandbox_mcp_sys::durable::replace_with(&image, 0o644, |f, tmp| {
+    // 0600: it holds every sandbox's files, which no other user of the host may read.
+    let made = sandbox_mcp_sys::durable::replace_with(&image, 0o600, |f, tmp| {
         f.set_len(size)?;
         f.sync_all()?;
         run(Command::new(&mkfs).arg("-q").arg("-f").arg(tmp))

@@ -1,0 +1,73 @@
+//! The engine's own files are its alone: every file of its data dir but the public CA
+//! certificate is mode 0600, and neither another user of the host nor a sandbox's host uid can
+//! open one, though the data dir (0711) lets them reach it by name.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+
+use crate::common::{TestEngine, create, sh};
+
+use super::proc_field;
+
+/// Files of the data dir that anyone may read: the certificate sandboxes trust.
+const PUBLIC: &[&str] = &["egress-ca.pem"];
+
+#[tokio::test]
+async fn the_engines_files_open_to_no_other_user() {
+    require_own_ids!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = create(&client).await;
+    sh(&client, &id, "echo tenant-data > /root/f").await;
+    let data = engine.data_dir();
+    // The test's own directory (0700) would stop the others before the data dir: opened to
+    // traversal, as a data dir's parent usually is, so that only the data dir's modes decide.
+    std::fs::set_permissions(engine.dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let mode = std::fs::metadata(&data).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o711);
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&data).unwrap().flatten() {
+        let meta = entry.metadata().unwrap();
+        let name = entry.file_name().to_string_lossy().to_string();
+        if !meta.is_file() || PUBLIC.contains(&name.as_str()) {
+            continue;
+        }
+        assert_eq!(
+            meta.permissions().mode() & 0o077,
+            0,
+            "{name} is open to others: {:o}",
+            meta.permissions().mode()
+        );
+        files.push(entry.path());
+    }
+    for expected in ["state.db", "network-log.db", "secrets.key", "egress-ca.key"] {
+        assert!(
+            files.iter().any(|f| f.ends_with(expected)),
+            "{expected} not among {files:?}"
+        );
+    }
+    // Another user, and the host uid of the sandbox's root: no file opens.
+    let sandbox_root: u32 = proc_field(engine.agent_pid(&id), "status", "Uid:")
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    for uid in [65534, sandbox_root] {
+        for file in &files {
+            let out = std::process::Command::new("head")
+                .args(["-c", "1"])
+                .arg(file)
+                .uid(uid)
+                .gid(uid)
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && said.contains("Permission denied"),
+                "uid {uid} opened {}: {said}",
+                file.display()
+            );
+        }
+    }
+}
