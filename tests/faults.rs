@@ -223,6 +223,64 @@ async fn garbage_from_the_control_plane() {
     }
 }
 
+/// A server whose certificate no system root vouches for (self-signed for `localhost`): the
+/// client ends the handshake, so no request and no key ever goes to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_control_plane_with_an_untrusted_certificate_never_gets_the_key() {
+    use tokio::io::AsyncReadExt;
+    let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(made.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![made.cert.der().clone()], key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // What each connection came to: a handshake error, or the bytes sent over it once secure.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let server = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let outcome = match acceptor.accept(tcp).await {
+                Err(e) => Err(e.to_string()),
+                Ok(mut tls) => {
+                    let mut buf = vec![0u8; 4096];
+                    let n = tls.read(&mut buf).await.unwrap_or(0);
+                    Ok(String::from_utf8_lossy(&buf[..n]).to_string())
+                }
+            };
+            record.lock().unwrap().push(outcome);
+        }
+    });
+    let client = client_for(&format!("https://localhost:{port}")).await;
+    let r = call(&client, "sandbox_list", json!({})).await;
+    assert_eq!(r.is_error, Some(true));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "the client never connected: {}", text(&r));
+    // The message says what is wrong and what to change.
+    let said = text(&r);
+    assert!(
+        said.contains("certificate") && said.contains("not one this machine trusts"),
+        "{said}"
+    );
+    for outcome in &seen {
+        assert!(
+            outcome.is_err(),
+            "a handshake with an untrusted certificate went through, and got: {outcome:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_control_plane_is_spoken_to_over_tls() {
     use tokio::io::AsyncReadExt;

@@ -90,6 +90,11 @@ fn from_client_error(e: Error<types::Error>) -> CallFailure {
             let text = describe(&e.without_url());
             if timeout {
                 CallFailure::Deadline(text)
+            } else if connect && text.contains("certificate") {
+                // Reaching it again will not help: the engine's TLS is what has to change.
+                CallFailure::Unreachable(format!(
+                    "{text}: the engine's TLS certificate is not one this machine trusts; give the engine a certificate for the name in SANDBOX_MCP_URL from a CA in the system's roots"
+                ))
             } else if connect {
                 CallFailure::Unreachable(text)
             } else {
