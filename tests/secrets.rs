@@ -15,6 +15,7 @@ use crate::testnet::TestNet;
 
 mod cli;
 mod http2;
+mod logs;
 mod refusals;
 mod restarts;
 mod swap;
