@@ -182,10 +182,18 @@ async fn a_restarted_agent_loads_nothing_from_the_sandbox() {
         "ls /tmp/ | grep loaded-into; head -c 0 /etc/ld.so.preload",
     )
     .await;
-    assert_ne!(engine.agent_pid(&id), old, "the agent was restarted");
+    let agent = engine.agent_pid(&id);
+    assert_ne!(agent, old, "the agent was restarted");
     assert_eq!(
         out, "loaded-into-command\n",
         "the restarted agent (PID 1) must load nothing from the sandbox's filesystem"
+    );
+    // Read from the host, which a constructor inside the agent could not fake or fail to mark
+    // (the marker file above needs a write the agent's ids may not be allowed).
+    let maps = std::fs::read_to_string(format!("/proc/{agent}/maps")).unwrap();
+    assert!(
+        !maps.contains("evil.so"),
+        "the restarted agent mapped the sandbox's library:\n{maps}"
     );
 }
 
