@@ -153,6 +153,29 @@ async fn a_secrets_own_host_cannot_hand_its_value_back() {
         assert_eq!(leaked(&text), None, "{method}: {text}");
         assert!(text.contains("405"), "{method}: {text}");
     }
+    // CONNECT (a tunnel through the secret's host, which would carry the stand-in on as the
+    // value): refused as well (405; to another authority it is a 421 before that), written by
+    // hand since curl will not send one to an https URL.
+    let connect = py_out(
+        &client,
+        &id,
+        r#"
+import os, socket, ssl
+ctx = ssl.create_default_context()
+with socket.create_connection(("api.example.test", 443)) as raw:
+    with ctx.wrap_socket(raw, server_hostname="api.example.test") as s:
+        s.sendall(("CONNECT api.example.test:443 HTTP/1.1\r\nHost: api.example.test:443\r\n"
+                   "Authorization: " + os.environ["API_KEY"] + "\r\n\r\n").encode())
+        print(s.recv(4096).decode(errors="replace").split("\r\n")[0])
+"#,
+    )
+    .await;
+    assert_eq!(leaked(&connect), None, "CONNECT: {connect}");
+    assert!(connect.contains("405"), "CONNECT: {connect}");
+    assert!(
+        !net.recorded().iter().any(|r| r["method"] == "CONNECT"),
+        "a CONNECT reached the host"
+    );
     // A clean request still works, and the value did go out where it should.
     assert_eq!(
         sh(
