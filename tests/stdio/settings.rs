@@ -1,6 +1,6 @@
 //! Settings: `--help` documents every setting, RUST_LOG is applied or refused by name, a malformed
 //! URL fails at startup with an example, an engine that cannot start says why once, and
-//! subcommands refuse flags that are not theirs.
+//! subcommands refuse flags that are not theirs, and `tools --json` is what `tools/list` sends.
 
 use std::process::Command;
 
@@ -181,4 +181,52 @@ fn an_unknown_toolset_ends_the_server_at_start_with_the_choices() {
         err.contains("nope") && err.contains("toolsets: all"),
         "{err}"
     );
+}
+
+/// `tools --json` prints exactly what `tools/list` sends, for the default toolset and another.
+#[test]
+fn tools_json_is_what_tools_list_sends() {
+    use std::io::{BufRead, Write};
+    for toolset in ["all", "core"] {
+        let printed = Command::new(BIN)
+            .args(["tools", "--json", "--tools", toolset])
+            .output()
+            .unwrap();
+        assert!(printed.status.success(), "{printed:?}");
+        let printed: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+        let data = tempfile::tempdir().unwrap();
+        // No engine is needed to list tools: the URL has none behind it.
+        let mut child = Command::new(BIN)
+            .env("SANDBOX_MCP_DATA_DIR", data.path())
+            .env("SANDBOX_MCP_URL", "http://127.0.0.1:9")
+            .env("SANDBOX_MCP_TOOLS", toolset)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "{}", crate::common::INITIALIZE_LINE).unwrap();
+        writeln!(
+            stdin,
+            r#"{{"jsonrpc":"2.0","method":"notifications/initialized"}}"#
+        )
+        .unwrap();
+        writeln!(stdin, r#"{{"jsonrpc":"2.0","id":2,"method":"tools/list"}}"#).unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let listed = loop {
+            let line = lines
+                .next()
+                .expect("the server ended before answering")
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if v["id"] == 2 {
+                break v["result"].clone();
+            }
+        };
+        drop(stdin);
+        crate::common::exit_within(&mut child, 20, "the server must end at EOF");
+        assert_eq!(printed["tools"], listed["tools"], "{toolset}");
+        assert!(!listed["tools"].as_array().unwrap().is_empty());
+    }
 }
