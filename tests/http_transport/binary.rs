@@ -1,5 +1,5 @@
 //! The binary: the keys CLI, `--dev` refused off loopback, `--public-url`'s host accepted, and a
-//! graceful shutdown on SIGTERM.
+//! graceful shutdown on SIGTERM, which ends the session sandboxes.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -143,6 +143,48 @@ fn spawn_http_server_at(
     // Keep draining stderr so the server never blocks on a full pipe.
     std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
     (child, addr)
+}
+
+/// `--session-sandbox`: the sandboxes of sessions still open when the server stops (SIGTERM) are
+/// killed with it, not left running with no session to reach them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_sandboxes_end_with_the_server() {
+    require_sandboxes!();
+    let engine = TestEngine::start().await;
+    let data = tempfile::tempdir().unwrap();
+    let token =
+        String::from_utf8(cli(data.path(), &["keys", "create", "--tenant", "alpha"]).stdout)
+            .unwrap()
+            .trim()
+            .to_string();
+    let (mut child, url) = spawn_http_server(data.path(), &engine, &["--session-sandbox"]);
+    let raw = Raw {
+        http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
+        url,
+    };
+    for id in [2, 3] {
+        let session = raw.open_session(Some(&token)).await;
+        let out = raw
+            .call(
+                &token,
+                &session,
+                id,
+                "sandbox_exec",
+                json!({"command": "echo up"}),
+            )
+            .await;
+        assert_eq!(out["structuredContent"]["stdout"], "up\n", "{out}");
+    }
+    assert_eq!(engine.manager.list(None, &[], None).len(), 2);
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = crate::common::exit_within(&mut child, 40, "the server must exit on SIGTERM");
+    assert!(status.success(), "{status}");
+    let left = engine.manager.list(None, &[], None);
+    assert!(
+        left.is_empty(),
+        "session sandboxes outlived the server: {left:?}"
+    );
 }
 
 /// Behind a proxy that ends TLS, clients reach a keys-only server by its public name: the host of
