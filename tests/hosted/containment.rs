@@ -87,6 +87,31 @@ async fn a_hosted_server_cannot_reach_the_engine_or_the_mcp_endpoint() {
     client.cancel().await.unwrap();
 }
 
+/// The host's own address, asked for by name in `allow_out`: a server listening there (as an
+/// engine or MCP endpoint on a non-loopback address would) never gets a connection.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hosted_server_cannot_reach_the_hosts_own_address() {
+    crate::require_reference_servers!();
+    let net = crate::require_testnet!();
+    let hosted = Hosted::start(Some(&net)).await;
+    let token = hosted.token("alice");
+    let listener = std::net::TcpListener::bind((net.host_ip, 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let mut fetch = reference_registration("fetch");
+    fetch["allow_out"] = json!([format!("{}/32", net.host_ip)]);
+    hosted.register_ok(None, "fetch", fetch).await;
+    let client = hosted.connect("fetch", &token).await;
+    let url = format!("http://{}:{port}/", net.host_ip);
+    let r = tool(client.peer(), "fetch", json!({"url": url, "raw": true})).await;
+    assert_eq!(r.is_error, Some(true), "{url}: {}", said(&r));
+    assert!(
+        listener.accept().is_err(),
+        "a connection from the hosted server reached the host's {url}"
+    );
+    client.cancel().await.unwrap();
+}
+
 /// Processes on this machine whose environment holds `marker`.
 fn processes_with(marker: &str) -> Vec<u32> {
     let needle = marker.as_bytes();
