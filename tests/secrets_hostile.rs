@@ -29,6 +29,77 @@ fn leaked(text: &str) -> Option<String> {
         .find(|f| text.contains(f.as_str()) || lower.contains(&f.to_lowercase()))
 }
 
+/// A value in which every 16-byte window holds a character that escaping changes (`/ + " < & '`,
+/// space, `>`), so no form is found by a window the escaping left alone: handed back
+/// JSON-escaped (as Python and as Go write it, with and without `\/`), HTML-escaped and
+/// percent-encoded (with `%20` and with `+`) by the test server's own encoders, each is cut or
+/// withheld before it reaches the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_full_of_escaped_characters_comes_back_in_no_form() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net).await;
+    const SPECIAL: &str = "a/b+c\"d<e&f'g h>i/j+k\"l<m&n'o p>q/r+s\"t<u&v";
+    let r = set_secret(
+        &engine,
+        "special",
+        json!({"hosts": ["api.example.test"], "value": SPECIAL, "format": "Bearer {value}"}),
+    )
+    .await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let client = engine.mcp().await;
+    let id = ok(
+        &client,
+        "sandbox_create",
+        json!({"secrets": {"API_KEY": "special"}}),
+    )
+    .await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (how, expect) in [
+        ("json", "cut"),
+        ("json-slash", "cut"),
+        ("json-u", "cut"),
+        ("error", "cut"),
+        ("percent", "cut"),
+        ("plus", "cut"),
+        ("header", "withheld"),
+        ("location", "withheld"),
+    ] {
+        let out = exec(
+            &client,
+            &id,
+            &format!(
+                "curl -sS -i -H \"Authorization: $API_KEY\" 'https://api.example.test/reflect?how={how}'; echo \" exit=$?\""
+            ),
+        )
+        .await;
+        let text = format!("{}{}", out["stdout"], out["stderr"]);
+        match expect {
+            "withheld" => assert!(
+                text.contains("502") && text.contains("withheld"),
+                "{how}: {text}"
+            ),
+            _ => assert!(
+                !text.contains("exit=0"),
+                "{how}: the body came through whole: {text}"
+            ),
+        }
+    }
+    // The value did go out, whole.
+    sh(
+        &client,
+        &id,
+        "curl -sS -H \"Authorization: $API_KEY\" https://api.example.test/record",
+    )
+    .await;
+    assert_eq!(
+        net.recorded().last().unwrap()["headers"]["authorization"],
+        format!("Bearer {SPECIAL}")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secrets_own_host_cannot_hand_its_value_back() {
     require_sandboxes!();

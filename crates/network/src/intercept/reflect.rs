@@ -180,8 +180,8 @@ fn forms(value: &[u8]) -> Vec<(Vec<u8>, bool)> {
         add(percent(value, upper, true));
     }
     let text = String::from_utf8_lossy(value);
-    for (slash, upper) in [(false, false), (true, false), (false, true)] {
-        add(json_escaped(&text, slash, upper));
+    for json in &JSON_FORMS {
+        add(json_escaped(&text, json));
     }
     for apos in ["&#x27;", "&#39;"] {
         add(html_escaped(&text, apos));
@@ -216,26 +216,91 @@ fn percent(value: &[u8], upper: bool, plus: bool) -> Vec<u8> {
     out
 }
 
-/// The inside of a JSON string holding `text`: `"` and `\` escaped, control and non-ASCII
-/// characters as `\uXXXX` (as encoders that keep to ASCII write them); `/` as `\/` if `slash`.
-fn json_escaped(text: &str, slash: bool, upper: bool) -> Vec<u8> {
+/// How a JSON encoder writes a string: `"` and `\` always escaped, control characters as
+/// `\uXXXX`; the rest differs by encoder.
+struct JsonForm {
+    /// `/` as `\/` (PHP, some Java).
+    slash: bool,
+    /// Hex digits of `\uXXXX` in upper case (.NET, Jackson).
+    upper: bool,
+    /// Non-ASCII as `\uXXXX` (Python's default, PHP) rather than as UTF-8 (JavaScript, Go,
+    /// serde_json).
+    ascii_only: bool,
+    /// ASCII characters written as `\uXXXX` too, to be safe in HTML: Go's `<>&`, and .NET's
+    /// `<>&'+\``.
+    html_safe: &'static [char],
+}
+
+/// The JSON encoders' ways of writing a string, as [`forms`] searches for them.
+const JSON_FORMS: [JsonForm; 6] = [
+    // Python.
+    JsonForm {
+        slash: false,
+        upper: false,
+        ascii_only: true,
+        html_safe: &[],
+    },
+    // PHP.
+    JsonForm {
+        slash: true,
+        upper: false,
+        ascii_only: true,
+        html_safe: &[],
+    },
+    JsonForm {
+        slash: false,
+        upper: true,
+        ascii_only: true,
+        html_safe: &[],
+    },
+    // JavaScript, serde_json.
+    JsonForm {
+        slash: false,
+        upper: false,
+        ascii_only: false,
+        html_safe: &[],
+    },
+    // Go's encoding/json.
+    JsonForm {
+        slash: false,
+        upper: false,
+        ascii_only: false,
+        html_safe: &['<', '>', '&'],
+    },
+    // .NET's System.Text.Json.
+    JsonForm {
+        slash: false,
+        upper: true,
+        ascii_only: true,
+        html_safe: &['<', '>', '&', '\'', '+', '`'],
+    },
+];
+
+/// The inside of a JSON string holding `text`, written as `json` says.
+fn json_escaped(text: &str, json: &JsonForm) -> Vec<u8> {
     let mut out = String::with_capacity(text.len());
+    let unit = |out: &mut String, u: u16| {
+        if json.upper {
+            out.push_str(&format!("\\u{u:04X}"));
+        } else {
+            out.push_str(&format!("\\u{u:04x}"));
+        }
+    };
     for c in text.chars() {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
-            '/' if slash => out.push_str("\\/"),
-            c if c.is_ascii() && !c.is_ascii_control() => out.push(c),
-            c => {
+            '/' if json.slash => out.push_str("\\/"),
+            c if json.html_safe.contains(&c)
+                || c.is_ascii_control()
+                || (json.ascii_only && !c.is_ascii()) =>
+            {
                 let mut units = [0u16; 2];
                 for u in c.encode_utf16(&mut units) {
-                    if upper {
-                        out.push_str(&format!("\\u{u:04X}"));
-                    } else {
-                        out.push_str(&format!("\\u{u:04x}"));
-                    }
+                    unit(&mut out, *u);
                 }
             }
+            c => out.push(c),
         }
     }
     out.into_bytes()
@@ -444,6 +509,30 @@ mod tests {
         for (what, form) in forms {
             assert!(hits(&form), "{what}: {}", String::from_utf8_lossy(&form));
         }
+    }
+
+    /// A value with a character some encoder escapes in every 16-byte window, written out as
+    /// each encoder writes it (by hand, not by `json_escaped`): each is found.
+    #[test]
+    fn every_json_encoders_form_of_a_value_full_of_escapes_is_found() {
+        let value = "k<e&y>'+`/\u{e9}\"a<b&c>d'e+f`g/h\"i<j&k>l'm+n";
+        let guard = Reflections::new(&[("api".into(), value.as_bytes())]);
+        let forms = [
+            // Python (ensure_ascii).
+            r#"k<e&y>'+`/\u00e9\"a<b&c>d'e+f`g/h\"i<j&k>l'm+n"#,
+            // PHP.
+            r#"k<e&y>'+`\/\u00e9\"a<b&c>d'e+f`g\/h\"i<j&k>l'm+n"#,
+            // JavaScript, serde_json: UTF-8 as it is.
+            "k<e&y>'+`/\u{e9}\\\"a<b&c>d'e+f`g/h\\\"i<j&k>l'm+n",
+            // Go.
+            "k\\u003ce\\u0026y\\u003e'+`/\u{e9}\\\"a\\u003cb\\u0026c\\u003ed'e+f`g/h\\\"i\\u003cj\\u0026k\\u003el'm+n",
+            // .NET.
+            r#"k\u003Ce\u0026y\u003E\u0027\u002B\u0060/\u00E9\"a\u003Cb\u0026c\u003Ed\u0027e\u002Bf\u0060g/h\"i\u003Cj\u0026k\u003El\u0027m\u002Bn"#,
+        ];
+        for form in forms {
+            assert!(guard.find(form.as_bytes()).is_some(), "not found: {form}");
+        }
+        assert!(serde_json::to_string(value).unwrap().contains(forms[2]));
     }
 
     #[test]
