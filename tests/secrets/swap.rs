@@ -297,3 +297,85 @@ print(hits)
         json!(standin)
     );
 }
+
+/// A stand-in opens its own sandbox's binding only: another sandbox bound to the same secret, or
+/// another tenant's sandbox with a secret of the same name for the same host, that sends it gets
+/// no value swapped in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stand_in_swaps_only_in_its_own_sandbox() {
+    require_sandboxes!();
+    let net = crate::require_testnet!();
+    let engine = engine_for(&net).await;
+    let r = set_secret(
+        &engine,
+        "example",
+        json!({"hosts": ["api.example.test"], "value": VALUE}),
+    )
+    .await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let client = engine.mcp().await;
+    let bound = json!({"secrets": {"API_KEY": "example"}});
+    let a = ok(&client, "sandbox_create", bound.clone()).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = ok(&client, "sandbox_create", bound).await["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let a_standin = sh(&client, &a, "printf %s \"$API_KEY\"").await;
+    assert!(a_standin.starts_with("sbxsecret_"), "{a_standin}");
+    // Another tenant: a secret of the same name and host, its own value, and a sandbox.
+    let http = engine.http();
+    let as_other = |method: &str, path: &str| {
+        http.request(method.parse().unwrap(), format!("{}{path}", engine.url))
+            .bearer_auth(KEY)
+            .header("x-sandbox-tenant", "other")
+    };
+    let r = as_other("PUT", "/v1/secrets/example")
+        .json(&json!({"hosts": ["api.example.test"], "value": "the-other-tenants-value"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let r = as_other("POST", "/v1/sandboxes")
+        .json(&json!({"secrets": {"API_KEY": "example"}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let c = r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for sandbox in [&b, &c] {
+        let before = net.recorded().len();
+        let out = exec(
+            &client,
+            sandbox,
+            &format!(
+                "curl -sS -H 'Authorization: Bearer {a_standin}' https://api.example.test/record"
+            ),
+        )
+        .await;
+        assert!(!out.to_string().contains(VALUE), "{out}");
+        for request in &net.recorded()[before..] {
+            let sent = request["headers"]["authorization"].as_str().unwrap_or("");
+            assert!(
+                !sent.contains(VALUE) && !sent.contains("the-other-tenants-value"),
+                "sandbox {sandbox} sent another's stand-in and the host got {sent}"
+            );
+        }
+    }
+    // A's own stand-in still works for A.
+    sh(
+        &client,
+        &a,
+        "curl -sS -H \"Authorization: Bearer $API_KEY\" https://api.example.test/record",
+    )
+    .await;
+    assert_eq!(
+        net.recorded().last().unwrap()["headers"]["authorization"],
+        format!("Bearer {VALUE}")
+    );
+}
