@@ -89,6 +89,65 @@ async fn registrations_are_checked_and_shown_to_each_tenant_as_theirs() {
     assert_eq!(shared["env_var_names"], json!(["OPERATOR_ONLY"]));
     let bobs = list("bob").await;
     assert_eq!(bobs.len(), 1, "bob sees only the shared one: {bobs:?}");
+    // Alice's server by name, as bob: unknown to read, to replace and to delete; and the
+    // operator's shared one he may use but not delete.
+    let as_bob = |method: &str, name: &str, body: Option<Value>| {
+        let mut r = hosted
+            .http()
+            .request(
+                method.parse().unwrap(),
+                format!("{}/v1/servers/{name}", hosted.engine.url),
+            )
+            .bearer_auth(KEY)
+            .header("x-sandbox-tenant", "bob");
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        r.send()
+    };
+    let r = as_bob("GET", "mine", None).await.unwrap();
+    let status = r.status();
+    assert_eq!(status, 404, "{}", r.text().await.unwrap());
+    // A delete of alice's answers as for a name bob never registered: nothing deleted. The
+    // shared one, which he sees listed, is refused with the reason.
+    for name in ["mine", "never-registered"] {
+        let r = as_bob("DELETE", name, None).await.unwrap();
+        assert_eq!(r.status(), 200, "{name}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["deleted"], false, "{name}: {body}");
+    }
+    let r = as_bob("DELETE", "shared", None).await.unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("only the operator removes it")
+    );
+    assert_eq!(
+        list("alice").await.len(),
+        2,
+        "alice's servers are both still there"
+    );
+    // A PUT of that name makes bob a server of his own; alice's is untouched.
+    let r = as_bob(
+        "PUT",
+        "mine",
+        Some(json!({"command": ["mcp-server-time"], "env_vars": {"BOB": "b-value"}})),
+    )
+    .await
+    .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let alices = list("alice").await;
+    let mine = alices.iter().find(|s| s["name"] == "mine").unwrap();
+    assert_eq!(mine["env_vars"], json!({"ALICE": "a-value"}), "{mine}");
+    assert_eq!(list("bob").await.len(), 2);
+    assert!(
+        list("alice")
+            .await
+            .iter()
+            .all(|s| s["env_vars"]["BOB"].is_null())
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
