@@ -1,6 +1,6 @@
 //! Kernel budgets are per sandbox: what one sandbox takes of a per-user kernel budget (inotify
-//! instances, pending signals, ptys, file descriptors in flight) leaves other sandboxes and the
-//! host theirs, and comes back when it is killed.
+//! instances, pending signals, POSIX message queues, ptys, file descriptors in flight) leaves
+//! other sandboxes and the host theirs, and comes back when it is killed.
 
 use std::time::{Duration, Instant};
 
@@ -154,6 +154,69 @@ async fn pending_signals_of_one_sandbox_leave_others_and_the_host_theirs() {
         &format!("{n}\n"),
     )
     .await;
+}
+
+/// POSIX message queues of 10 × 8 KiB until the id's `RLIMIT_MSGQUEUE` (819 200 bytes by
+/// default) is spent (EMFILE); `(made, errno)`. Names are unique to the process.
+const MQUEUE: &str = r#"import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+class attr(ctypes.Structure):
+    _fields_ = [('flags', ctypes.c_long), ('maxmsg', ctypes.c_long), ('msgsize', ctypes.c_long), ('curmsgs', ctypes.c_long), ('pad', ctypes.c_long * 4)]
+def take(limit):
+    n, a = 0, attr(0, 10, 8192, 0)
+    while n < limit:
+        if libc.mq_open(f'/q{os.getpid()}-{n}'.encode(), os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(a)) < 0:
+            return n, ctypes.get_errno()
+        n += 1
+    return n, 0
+"#;
+
+#[tokio::test]
+async fn message_queues_of_one_sandbox_leave_others_and_the_host_theirs() {
+    require_own_ids!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let (a, b) = (create(&client).await, create(&client).await);
+    let held = hold(
+        &client,
+        &a,
+        &format!(
+            "{MQUEUE}n, e = take(100_000)\nopen('/tmp/held', 'w').write(f'{{n}} {{e}}')\ntime.sleep(600)\n"
+        ),
+    )
+    .await;
+    // It runs into its own limit (EMFILE), or may make none at all (EACCES: Landlock gives
+    // commands no right on the queues' filesystem, as here).
+    assert!(
+        held.ends_with(" 24") || held == "0 13",
+        "the sandbox ran into its own limit (EMFILE) or was refused (EACCES): {held}"
+    );
+    // Another sandbox gets what the first one got at its first try (a queue, or the same
+    // refusal), not a budget spent; the host makes one. The probes remove what they made.
+    let probe = format!(
+        "{MQUEUE}n, e = take(1)\nlibc.mq_unlink(f'/q{{os.getpid()}}-0'.encode())\nprint(n, e)"
+    );
+    let first_try = if held == "0 13" { "0 13\n" } else { "1 0\n" };
+    assert_eq!(
+        py(&client, &b, &probe).await,
+        first_try,
+        "another sandbox lost its message queues"
+    );
+    assert_eq!(
+        host_py(&probe),
+        "1 0\n",
+        "the host could not make a message queue"
+    );
+    let n = held.split(' ').next().unwrap();
+    if n != "0" {
+        kill_and_see_it_restored(
+            &client,
+            &a,
+            &format!("{MQUEUE}print(take({n})[0])"),
+            &format!("{n}\n"),
+        )
+        .await;
+    }
 }
 
 #[tokio::test]
