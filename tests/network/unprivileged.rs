@@ -11,7 +11,7 @@ use super::{FETCH, create_with, log, py, pypi_only};
 /// agent steers its own namespace to the engine and hands it the sockets: the same filtered
 /// network as root (names, allowlists, forbidden ranges, the log), and previews through the
 /// agent. What root inside such a sandbox can do beyond root's sandboxes — flush those rules —
-/// only takes its own network away (it has no route out either way).
+/// only takes its own network away (it has no route out either way): tried last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unprivileged_engine_filters_the_same_way_and_serves_previews() {
     require_sandboxes!();
@@ -126,5 +126,42 @@ async fn unprivileged_engine_filters_the_same_way_and_serves_previews() {
     .unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"name\": \"rootless\""), "{answer}");
+
+    // Root inside tries to flush the rules that steer its traffic to the engine (it owns this
+    // namespace, which it does not under a root engine). Refused (it has no CAP_NET_ADMIN), the
+    // rules hold: the test internet through the relay, the host and a private range not at all.
+    // Flushed, it has taken its own network away: nothing is reached.
+    let flushed = exec(&client, &id, "nft flush ruleset 2>&1; echo flushed $?").await;
+    let flushed = flushed["stdout"].as_str().unwrap().contains("flushed 0");
+    let out = py(
+        &client,
+        &id,
+        &format!(
+            r#"import socket
+for ip, port in (("{net}", 80), ("{host}", 80), ("10.0.0.1", 80)):
+    try:
+        s = socket.create_connection((ip, port), timeout=3)
+        s.sendall(b"GET / HTTP/1.0\r\nHost: pypi.test\r\n\r\n")
+        print(ip, s.recv(12)[9:12].decode() or "closed")
+    except OSError as e:
+        print(ip, "unreachable", e.errno)
+"#,
+            net = net.net_ip,
+            host = net.host_ip,
+        ),
+    )
+    .await;
+    // 200 is the server's answer; the engine's refusal is a 403.
+    let served = |ip: &str| out.contains(&format!("{ip} 200"));
+    assert_eq!(
+        served(&net.net_ip.to_string()),
+        !flushed,
+        "flushed: {flushed}; {out}"
+    );
+    assert!(
+        !served(&net.host_ip.to_string()),
+        "the host's own address: {out}"
+    );
+    assert!(!served("10.0.0.1"), "a private range: {out}");
     drop(engine);
 }
