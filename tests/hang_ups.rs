@@ -109,3 +109,125 @@ async fn transitions_whose_caller_hangs_up_are_finished_and_paused_at_shutdown()
     let client = engine.mcp().await;
     assert_eq!(sh(&client, &id, "echo again").await, "again\n");
 }
+
+/// Sends a whole request to the engine at `url` and hangs up at once, before any answer: the
+/// engine reads the request, starts it, and then finds its caller gone.
+async fn send_and_hang_up(url: &str, method: &str, path: &str, body: serde_json::Value) {
+    use tokio::io::AsyncWriteExt;
+    let addr = url.strip_prefix("http://").unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let body = body.to_string();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(request.as_bytes()).await.unwrap();
+    drop(s);
+}
+
+/// Polls `done` (every 50 ms, up to 30 s) until it holds; `what` names the end awaited.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done().await {
+        assert!(Instant::now() < deadline, "never reached: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The other transitions, each asked for by a caller that hangs up as soon as it has sent the
+/// request: a snapshot is kept, a restore puts the files back, a pause and a resume land, a merge
+/// replaces the target's files and a kill removes the sandbox; the sandbox stays usable between.
+#[tokio::test]
+async fn every_transition_runs_to_its_end_when_its_caller_hangs_up() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let a = crate::common::create(&client).await;
+    let b = crate::common::create(&client).await;
+    sh(&client, &a, "echo one > /root/f").await;
+    let url = engine.url.clone();
+    let status = async |id: &str| {
+        let (_, got) = engine
+            .as_tenant(None, "GET", &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        got["status"].as_str().unwrap_or("gone").to_string()
+    };
+
+    send_and_hang_up(
+        &url,
+        "POST",
+        &format!("/v1/sandboxes/{a}/snapshots"),
+        json!({"name": "kept"}),
+    )
+    .await;
+    let mut snap = String::new();
+    until("the snapshot kept", async || {
+        let (_, list) = engine
+            .as_tenant(None, "GET", &format!("/v1/sandboxes/{a}/snapshots"), None)
+            .await;
+        let found = list["snapshots"].as_array().and_then(|l| {
+            l.iter()
+                .find(|s| s["name"] == "kept" && s["ready"] != false)
+                .map(|s| s["id"].as_str().unwrap().to_string())
+        });
+        snap = found.clone().unwrap_or_default();
+        found.is_some()
+    })
+    .await;
+    assert_eq!(
+        sh(&client, &a, "cat /root/f; echo two > /root/f").await,
+        "one\n"
+    );
+
+    send_and_hang_up(
+        &url,
+        "POST",
+        &format!("/v1/sandboxes/{a}/snapshots/{snap}/restore"),
+        json!({}),
+    )
+    .await;
+    // A call that meets the restore under way is refused with "run it again": so is this poll.
+    let read = async |id: &str, path: &str| {
+        let r = crate::common::call(
+            &client,
+            "sandbox_exec",
+            json!({"sandbox_id": id, "command": format!("cat {path}")}),
+        )
+        .await;
+        r.structured_content
+            .and_then(|v| v["stdout"].as_str().map(str::to_string))
+            .unwrap_or_default()
+    };
+    until("the files restored", async || {
+        read(&a, "/root/f").await == "one\n"
+    })
+    .await;
+
+    send_and_hang_up(&url, "POST", &format!("/v1/sandboxes/{a}/pause"), json!({})).await;
+    until("paused", async || status(&a).await == "paused").await;
+    send_and_hang_up(
+        &url,
+        "POST",
+        &format!("/v1/sandboxes/{a}/resume"),
+        json!({}),
+    )
+    .await;
+    until("running again", async || status(&a).await == "running").await;
+
+    sh(&client, &b, "echo from-b > /root/g").await;
+    send_and_hang_up(
+        &url,
+        "POST",
+        &format!("/v1/sandboxes/{a}/merge"),
+        json!({"source_id": b, "force": true}),
+    )
+    .await;
+    until("the merge applied", async || {
+        read(&a, "/root/g").await == "from-b\n"
+    })
+    .await;
+    assert_eq!(status(&a).await, "running");
+
+    send_and_hang_up(&url, "DELETE", &format!("/v1/sandboxes/{b}"), json!({})).await;
+    until("killed", async || status(&b).await == "gone").await;
+}
