@@ -196,6 +196,10 @@ async fn a_signed_url_opens_one_file_of_one_sandbox_and_watches_are_bounded() {
     assert_eq!(get(other_path, None).await.0, 401);
     let write = signed_url(&engine, &a_token, "/home/user/f.txt", "write", None);
     assert_eq!(get(write.clone(), None).await.0, 401);
+    // Signed for `user`, it does not act as root: the account is part of what is signed.
+    let as_root = url.replace("username=user", "username=root");
+    assert_ne!(as_root, url);
+    assert_eq!(get(as_root, None).await.0, 401);
     let forged = signed_url(&engine, "not-a-token", "/home/user/f.txt", "read", None);
     let (status, body) = get(forged, None).await;
     assert_eq!(
