@@ -152,6 +152,27 @@ async fn a_code_works_once_and_its_reuse_revokes_what_it_gave() {
     }
 }
 
+/// A refresh token works for the client it was issued to only: another client presenting it
+/// gets nothing.
+#[tokio::test]
+async fn a_refresh_token_refreshes_for_its_own_client_only() {
+    let s = OAuthServer::start().await;
+    let mine = register(&s.base, &[REDIRECT]).await;
+    let theirs = register(&s.base, &[REDIRECT]).await;
+    let (code, verifier) = code_for(&s.base, &mine, &s.key("alpha"), &[]).await;
+    let (status, tokens) = exchange(&s.base, &mine, &code, &verifier).await;
+    assert_eq!(status, StatusCode::OK);
+    let refresh_token = tokens["refresh_token"].as_str().unwrap().to_string();
+    let (status, body) = crate::oauth::refresh(&s.base, &theirs, &refresh_token).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"], "invalid_grant");
+    assert!(body["access_token"].is_null(), "{body}");
+    let (status, body) = crate::oauth::refresh(&s.base, &mine, &refresh_token).await;
+    assert_eq!(status, StatusCode::OK, "its own client: {body}");
+    let access = body["access_token"].as_str().unwrap();
+    assert_eq!(probe(&s.mcp(), Some(access)).await.0, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn forged_consent_is_refused() {
     let s = OAuthServer::start().await;

@@ -234,17 +234,31 @@ fn refresh_grant(
     let Some(rt) = field("refresh_token") else {
         return bad("invalid_request", "refresh_token is missing");
     };
-    let t = match b.store.token(rt, "refresh", true) {
-        Ok(Some(t)) => t,
-        Ok(None) => return bad("invalid_grant", "unknown or revoked refresh token"),
-        Err(e) => return oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e),
+    // Looked at first, spent only once its client is known to be the right one: another client
+    // presenting it gets nothing and takes nothing from the one it was issued to.
+    let look = |consume| match b.store.token(rt, "refresh", consume) {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => Err(bad("invalid_grant", "unknown or revoked refresh token")),
+        Err(e) => Err(oauth_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            &e,
+        )),
     };
-    if t.grant.client_id != client.client_id {
-        return bad(
-            "invalid_grant",
-            "the refresh token was issued to another client",
-        );
+    match look(false) {
+        Ok(t) if t.grant.client_id != client.client_id => {
+            return bad(
+                "invalid_grant",
+                "the refresh token was issued to another client",
+            );
+        }
+        Ok(_) => {}
+        Err(refused) => return refused,
     }
+    let t = match look(true) {
+        Ok(t) => t,
+        Err(refused) => return refused,
+    };
     if t.used {
         let _ = b
             .store
