@@ -15,6 +15,9 @@ use sandbox_mcp_api::types;
 #[derive(Clone, Default)]
 pub struct SessionSandboxes {
     live: Arc<Mutex<HashMap<String, Option<String>>>>,
+    /// Kills started by sessions that ended (dropped), which shutdown waits for: a server that
+    /// stops ends its sessions, and exiting before their kills ran left those sandboxes running.
+    ending: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
 impl SessionSandboxes {
@@ -33,7 +36,8 @@ impl SessionSandboxes {
             .is_some()
     }
 
-    /// Kills every session sandbox still alive (server shutdown).
+    /// Kills every session sandbox still alive, and waits for the kills that ended sessions
+    /// started (server shutdown).
     pub(crate) async fn kill_all(&self, backend: &Backend) {
         let live: Vec<(String, Option<String>)> = self
             .live
@@ -44,6 +48,22 @@ impl SessionSandboxes {
         for (id, tenant) in live {
             kill(backend, &id, tenant.as_deref()).await;
         }
+        let ending = std::mem::take(&mut *self.ending.lock().unwrap_or_else(|p| p.into_inner()));
+        for kill in ending {
+            let _ = kill.await;
+        }
+    }
+
+    /// Kills `id` in a task of its own (a session ended where nothing can wait), kept for
+    /// [`Self::kill_all`] to wait for.
+    fn kill_later(&self, backend: Backend, id: String, tenant: Option<String>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let task = rt.spawn(async move { kill(&backend, &id, tenant.as_deref()).await });
+        let mut ending = self.ending.lock().unwrap_or_else(|p| p.into_inner());
+        ending.retain(|t| !t.is_finished());
+        ending.push(task);
     }
 }
 
@@ -151,9 +171,6 @@ impl Drop for SessionSandbox {
         if !self.registry.remove(&id) {
             return;
         }
-        let backend = self.backend.clone();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { kill(&backend, &id, tenant.as_deref()).await });
-        }
+        self.registry.kill_later(self.backend.clone(), id, tenant);
     }
 }
