@@ -498,5 +498,12 @@ fn oauth_flags_are_checked_at_start() {
             !out.status.success() && err.contains(want),
             "{args:?}: {err}"
         );
+        // Refused, it leaves nothing running or mounted: the engine the server had begun to
+        // start in the background is stopped, or never started.
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains(dir.path().to_str().unwrap()),
+            "{args:?} left its store mounted"
+        );
     }
 }

@@ -76,6 +76,11 @@ struct Inner {
     local: tokio::sync::Mutex<Option<LocalEngine>>,
     /// Last generation handed out; never reused, so a stale handle never matches a new endpoint.
     generations: AtomicU64,
+    /// Set by [`Backend::shutdown`]: no local engine is started from then on. Without it, a
+    /// process that ended (a bad flag refused, say) before the background start had taken
+    /// `local` found nothing to stop, and exited while that start went on: the engine's store was
+    /// left mounted, its start cut off.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// A client and the endpoint generation it belongs to.
@@ -95,6 +100,7 @@ impl Backend {
                 clients: Mutex::new(HashMap::new()),
                 local: tokio::sync::Mutex::new(None),
                 generations: AtomicU64::new(0),
+                closed: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -139,6 +145,14 @@ impl Backend {
         let mut slot = self.inner.local.lock().await;
         if let Some(old) = slot.take() {
             old.shutdown().await;
+        }
+        // Checked with `local` held, which shutdown takes after setting it: a start either
+        // comes first and is stopped by shutdown, or sees it and does not begin.
+        if self.inner.closed.load(Ordering::Acquire) {
+            self.inner
+                .endpoint
+                .send_replace(Some(Err("the engine was shut down".into())));
+            return;
         }
         let generation = self.inner.generations.fetch_add(1, Ordering::Relaxed) + 1;
         let outcome = match engines.start_or_attach().await {
@@ -247,6 +261,7 @@ impl Backend {
 
     /// Stops the engine this process owns, if any (sandboxes are kept, paused).
     pub async fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::Release);
         if let Some(engine) = self.inner.local.lock().await.take() {
             engine.shutdown().await;
         }
