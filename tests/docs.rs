@@ -1,6 +1,6 @@
-//! The documents stay true: README names every setting the binary has, server.json matches the
-//! package, CI runs README's test command, and docs/architecture.md's crates table is the
-//! dependency graph.
+//! The documents stay true: README names every setting the binary has, with the flag and default
+//! `--help` gives it, server.json matches the package, CI runs README's test command, and
+//! docs/architecture.md's crates table is the dependency graph.
 
 use std::process::Command;
 
@@ -209,4 +209,99 @@ fn architecture_lists_every_crate_and_exactly_its_edges() {
         documented, actual,
         "docs/architecture.md's crates table (left) differs from the crates' Cargo.toml (right)"
     );
+}
+
+/// A setting as `--help` shows it: its long flag, its variable, its default.
+#[derive(Debug, Default, Clone)]
+struct Setting {
+    flag: String,
+    default: Option<String>,
+}
+
+/// Every setting with a variable, by variable, from the `--help` of each subcommand.
+fn settings() -> std::collections::BTreeMap<String, Vec<Setting>> {
+    let mut by_var: std::collections::BTreeMap<String, Vec<Setting>> = Default::default();
+    for args in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["engine", "--help"],
+        &["run", "--help"],
+        &["keys", "create", "--help"],
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let help = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut current: Option<(Setting, Option<String>)> = None;
+        let mut flush = |entry: Option<(Setting, Option<String>)>| {
+            if let Some((setting, Some(var))) = entry {
+                by_var.entry(var).or_default().push(setting);
+            }
+        };
+        for line in help.lines() {
+            let t = line.trim_start();
+            if t.starts_with('-') && line.len() - t.len() <= 6 {
+                flush(current.take());
+                let flag = t
+                    .split(|c: char| c == ' ' || c == ',' || c == '=')
+                    .find(|w| w.starts_with("--"))
+                    .unwrap_or("")
+                    .to_string();
+                current = Some((
+                    Setting {
+                        flag,
+                        default: None,
+                    },
+                    None,
+                ));
+            } else if let Some((setting, var)) = current.as_mut() {
+                if let Some(v) = t.strip_prefix("[env: ") {
+                    *var = Some(v.split('=').next().unwrap().to_string());
+                }
+                if let Some(d) = t.split("[default: ").nth(1) {
+                    setting.default = Some(d.trim_end_matches(']').to_string());
+                }
+            }
+        }
+        flush(current.take());
+    }
+    by_var
+}
+
+/// README's configuration tables pair each variable with the flag `--help` pairs it with, and
+/// where they give a default as one literal, it is the one `--help` shows.
+#[test]
+fn readme_pairs_each_variable_with_its_flag_and_default() {
+    let readme = root("README.md");
+    let known = settings();
+    let mut rows = 0;
+    for line in readme.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (Some(var), Some(flag), Some(default)) = (
+            cells.get(1).and_then(|c| c.strip_prefix("`SANDBOX_MCP_")),
+            cells.get(2),
+            cells.get(3),
+        ) else {
+            continue;
+        };
+        let var = format!("SANDBOX_MCP_{}", var.trim_end_matches('`'));
+        let Some(shown) = known.get(&var) else {
+            continue;
+        };
+        rows += 1;
+        let flag = flag.trim_matches('`');
+        assert!(
+            shown.iter().any(|s| s.flag == flag),
+            "README pairs {var} with {flag}; --help with {:?}",
+            shown.iter().map(|s| &s.flag).collect::<Vec<_>>()
+        );
+        let literal = default
+            .strip_prefix('`')
+            .and_then(|d| d.strip_suffix('`'))
+            .filter(|d| !d.contains('`'));
+        if let Some(literal) = literal
+            && let Some(helped) = shown.iter().find_map(|s| s.default.clone())
+        {
+            assert_eq!(literal, helped, "{var}'s default");
+        }
+    }
+    assert!(rows >= 40, "only {rows} rows of README's tables were read");
 }
