@@ -420,4 +420,36 @@ async fn client_metadata_documents_are_fetched_only_from_the_public_internet_and
         "{}",
         page.html
     );
+    // A redirect is not followed (here it leads to this machine's loopback), and a server that
+    // does not answer in 5 s is given up on.
+    let moved = format!("https://{ip}/moved/client.json");
+    write("client.json", &doc(&moved, REDIRECT));
+    let page = open_page(&authorize_url(&s.base, &moved, &challenge, &[])).await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST);
+    assert!(page.html.contains("302"), "{}", page.html);
+    let slow = format!("https://{ip}/slow/slow.json");
+    write("slow.json", &doc(&slow, REDIRECT));
+    let began = std::time::Instant::now();
+    let page = open_page(&authorize_url(&s.base, &slow, &challenge, &[])).await;
+    assert_eq!(page.status, StatusCode::BAD_REQUEST, "{}", page.html);
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(8),
+        "the slow document was waited for: {:?}",
+        began.elapsed()
+    );
+    // A document read is kept for a while: changed on its server meanwhile, the client is still
+    // the one first read (10 minutes, README).
+    let kept = format!("https://{ip}/static/kept.json");
+    write("kept.json", &doc(&kept, REDIRECT));
+    let page = open_page(&authorize_url(&s.base, &kept, &challenge, &[])).await;
+    assert!(page.html.contains("Doc client"), "{}", page.html);
+    let mut changed = doc(&kept, REDIRECT);
+    changed["client_name"] = json!("Renamed client");
+    write("kept.json", &changed);
+    let page = open_page(&authorize_url(&s.base, &kept, &challenge, &[])).await;
+    assert!(
+        page.html.contains("Doc client") && !page.html.contains("Renamed"),
+        "{}",
+        page.html
+    );
 }
