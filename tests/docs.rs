@@ -241,7 +241,7 @@ fn settings() -> std::collections::BTreeMap<String, Vec<Setting>> {
             if t.starts_with('-') && line.len() - t.len() <= 6 {
                 flush(current.take());
                 let flag = t
-                    .split(|c: char| c == ' ' || c == ',' || c == '=')
+                    .split([' ', ',', '='])
                     .find(|w| w.starts_with("--"))
                     .unwrap_or("")
                     .to_string();

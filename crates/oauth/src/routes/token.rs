@@ -236,28 +236,23 @@ fn refresh_grant(
     };
     // Looked at first, spent only once its client is known to be the right one: another client
     // presenting it gets nothing and takes nothing from the one it was issued to.
-    let look = |consume| match b.store.token(rt, "refresh", consume) {
-        Ok(Some(t)) => Ok(t),
-        Ok(None) => Err(bad("invalid_grant", "unknown or revoked refresh token")),
-        Err(e) => Err(oauth_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            &e,
-        )),
-    };
-    match look(false) {
-        Ok(t) if t.grant.client_id != client.client_id => {
+    let unknown = || bad("invalid_grant", "unknown or revoked refresh token");
+    let failed = |e: String| oauth_error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", &e);
+    match b.store.token(rt, "refresh", false) {
+        Ok(Some(t)) if t.grant.client_id != client.client_id => {
             return bad(
                 "invalid_grant",
                 "the refresh token was issued to another client",
             );
         }
-        Ok(_) => {}
-        Err(refused) => return refused,
+        Ok(Some(_)) => {}
+        Ok(None) => return unknown(),
+        Err(e) => return failed(e),
     }
-    let t = match look(true) {
-        Ok(t) => t,
-        Err(refused) => return refused,
+    let t = match b.store.token(rt, "refresh", true) {
+        Ok(Some(t)) => t,
+        Ok(None) => return unknown(),
+        Err(e) => return failed(e),
     };
     if t.used {
         let _ = b
