@@ -49,22 +49,29 @@ pub async fn set_secret(engine: &TestEngine, name: &str, body: Value) -> reqwest
         .unwrap()
 }
 
-/// Stores the secret `example` (for api.example.test) and creates a sandbox that binds it to
-/// `API_KEY`: the engine's MCP client and the sandbox's id.
-async fn example_bound(engine: &TestEngine) -> (McpClient, String) {
-    set_secret(
-        engine,
-        "example",
-        json!({"hosts": ["api.example.test"], "value": VALUE, "headers": ["Authorization", "X-Key"]}),
-    )
-    .await;
+/// Stores the secret `name` as `secret` says and creates a sandbox that binds it to `API_KEY`:
+/// the engine's MCP client and the sandbox's id.
+pub async fn bound_sandbox(engine: &TestEngine, name: &str, secret: Value) -> (McpClient, String) {
+    let r = set_secret(engine, name, secret).await;
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     let client = engine.mcp().await;
     let sandbox = ok(
         &client,
         "sandbox_create",
-        json!({"secrets": {"API_KEY": "example"}}),
+        json!({"secrets": {"API_KEY": name}}),
     )
     .await;
     let id = sandbox["id"].as_str().unwrap().to_string();
     (client, id)
+}
+
+/// Stores the secret `example` (for api.example.test) and creates a sandbox that binds it to
+/// `API_KEY`: the engine's MCP client and the sandbox's id.
+async fn example_bound(engine: &TestEngine) -> (McpClient, String) {
+    bound_sandbox(
+        engine,
+        "example",
+        json!({"hosts": ["api.example.test"], "value": VALUE, "headers": ["Authorization", "X-Key"]}),
+    )
+    .await
 }

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::common::*;
 use crate::require_sandboxes;
-use crate::secrets::{VALUE, engine_for, py_out, set_secret};
+use crate::secrets::{VALUE, bound_sandbox, engine_for, py_out, set_secret};
 
 /// The forms of [`VALUE`] a test server hands back, as fragments a leak would contain.
 fn leaked(text: &str) -> Option<String> {
@@ -40,23 +40,12 @@ async fn a_value_full_of_escaped_characters_comes_back_in_no_form() {
     let net = crate::require_testnet!();
     let engine = engine_for(&net).await;
     const SPECIAL: &str = "a/b+c\"d<e&f'g h>i/j+k\"l<m&n'o p>q/r+s\"t<u&v";
-    let r = set_secret(
+    let (client, id) = bound_sandbox(
         &engine,
         "special",
         json!({"hosts": ["api.example.test"], "value": SPECIAL, "format": "Bearer {value}"}),
     )
     .await;
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let client = engine.mcp().await;
-    let id = ok(
-        &client,
-        "sandbox_create",
-        json!({"secrets": {"API_KEY": "special"}}),
-    )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     for (how, expect) in [
         ("json", "cut"),
         ("json-slash", "cut"),
@@ -105,23 +94,12 @@ async fn a_secrets_own_host_cannot_hand_its_value_back() {
     require_sandboxes!();
     let net = crate::require_testnet!();
     let engine = engine_for(&net).await;
-    let r = set_secret(
+    let (client, id) = bound_sandbox(
         &engine,
         "example",
         json!({"hosts": ["api.example.test"], "value": VALUE, "format": "Bearer {value}"}),
     )
     .await;
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let client = engine.mcp().await;
-    let id = ok(
-        &client,
-        "sandbox_create",
-        json!({"secrets": {"API_KEY": "example"}}),
-    )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let curl = |how: &str, extra: &str| {
         format!(
             "curl -sS -i {extra} -H \"Authorization: $API_KEY\" 'https://api.example.test/reflect?how={how}'; echo \" exit=$?\""

@@ -145,6 +145,25 @@ fn spawn_http_server_at(
     (child, addr)
 }
 
+/// A `serve --http` process (as [`spawn_http_server`]) with a key of tenant `alpha` made on its
+/// data dir: the process, a client of it, and the key.
+fn keyed_server(
+    data: &std::path::Path,
+    engine: &TestEngine,
+    extra: &[&str],
+) -> (std::process::Child, Raw, String) {
+    let token = String::from_utf8(cli(data, &["keys", "create", "--tenant", "alpha"]).stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    let (child, url) = spawn_http_server(data, engine, extra);
+    let raw = Raw {
+        http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
+        url,
+    };
+    (child, raw, token)
+}
+
 /// `--session-sandbox`: the sandboxes of sessions still open when the server stops (SIGTERM) are
 /// killed with it, not left running with no session to reach them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,16 +171,7 @@ async fn session_sandboxes_end_with_the_server() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
     let data = tempfile::tempdir().unwrap();
-    let token =
-        String::from_utf8(cli(data.path(), &["keys", "create", "--tenant", "alpha"]).stdout)
-            .unwrap()
-            .trim()
-            .to_string();
-    let (mut child, url) = spawn_http_server(data.path(), &engine, &["--session-sandbox"]);
-    let raw = Raw {
-        http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
-        url,
-    };
+    let (mut child, raw, token) = keyed_server(data.path(), &engine, &["--session-sandbox"]);
     for id in [2, 3] {
         let session = raw.open_session(Some(&token)).await;
         let out = raw
@@ -224,16 +234,7 @@ async fn sigterm_finishes_in_flight_calls_then_exits() {
     require_sandboxes!();
     let engine = TestEngine::start().await;
     let data = tempfile::tempdir().unwrap();
-    let token =
-        String::from_utf8(cli(data.path(), &["keys", "create", "--tenant", "alpha"]).stdout)
-            .unwrap()
-            .trim()
-            .to_string();
-    let (mut child, url) = spawn_http_server(data.path(), &engine, &[]);
-    let raw = Raw {
-        http: sandbox_mcp_api::http_builder().no_proxy().build().unwrap(),
-        url,
-    };
+    let (mut child, raw, token) = keyed_server(data.path(), &engine, &[]);
     let session = raw.open_session(Some(&token)).await;
     let created = raw
         .call(&token, &session, 2, "sandbox_create", json!({}))

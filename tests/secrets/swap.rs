@@ -6,7 +6,7 @@ use serde_json::json;
 use crate::common::*;
 use crate::require_sandboxes;
 
-use super::{VALUE, engine_for, py_out, set_secret};
+use super::{VALUE, bound_sandbox, engine_for, py_out, set_secret};
 
 /// The "done when": a bound secret reaches its host, in place of the stand-in the
 /// sandbox holds, and nothing in the sandbox can read the value.
@@ -306,20 +306,18 @@ async fn a_stand_in_swaps_only_in_its_own_sandbox() {
     require_sandboxes!();
     let net = crate::require_testnet!();
     let engine = engine_for(&net).await;
-    let r = set_secret(
+    let (client, a) = bound_sandbox(
         &engine,
         "example",
         json!({"hosts": ["api.example.test"], "value": VALUE}),
     )
     .await;
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let client = engine.mcp().await;
-    let bound = json!({"secrets": {"API_KEY": "example"}});
-    let a = ok(&client, "sandbox_create", bound.clone()).await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let b = ok(&client, "sandbox_create", bound).await["id"]
+    let b = ok(
+        &client,
+        "sandbox_create",
+        json!({"secrets": {"API_KEY": "example"}}),
+    )
+    .await["id"]
         .as_str()
         .unwrap()
         .to_string();
