@@ -231,3 +231,55 @@ async fn every_transition_runs_to_its_end_when_its_caller_hangs_up() {
     send_and_hang_up(&url, "DELETE", &format!("/v1/sandboxes/{b}"), json!({})).await;
     until("killed", async || status(&b).await == "gone").await;
 }
+
+/// The same over MCP: a fork whose `tools/call` the client cancels (`notifications/cancelled`)
+/// once its children's launch has begun still makes every child, running.
+#[tokio::test]
+async fn a_lifecycle_call_cancelled_over_mcp_runs_to_its_end() {
+    require_cgroups!();
+    let engine = TestEngine::start().await;
+    let client = engine.mcp().await;
+    let id = crate::common::create(&client).await;
+    let sandboxes = engine.data_dir().join("sandboxes");
+    let count = || {
+        std::fs::read_dir(&sandboxes)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        let n = e.file_name().to_string_lossy().to_string();
+                        n.starts_with("sbx_") && !n.contains('.')
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let before = count();
+    let serde_json::Value::Object(args) = json!({"sandbox_id": id, "count": 4, "memory": false})
+    else {
+        unreachable!()
+    };
+    let request = rmcp::model::ClientRequest::CallToolRequest(rmcp::model::Request::new(
+        rmcp::model::CallToolRequestParams::new("sandbox_fork").with_arguments(args),
+    ));
+    let handle = client
+        .send_cancellable_request(request, rmcp::service::PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    until("the fork's launch began", async || count() > before).await;
+    handle.cancel(Some("changed my mind".into())).await.unwrap();
+    until("four children, running", async || {
+        let (_, list) = engine.as_tenant(None, "GET", "/v1/sandboxes", None).await;
+        list["sandboxes"].as_array().is_some_and(|l| {
+            l.iter()
+                .filter(|s| s["metadata"]["forked_from"] == id.as_str() && s["status"] == "running")
+                .count()
+                == 4
+        })
+    })
+    .await;
+    assert_eq!(
+        sh(&client, &id, "echo parent").await,
+        "parent\n",
+        "the parent runs"
+    );
+}
