@@ -58,6 +58,86 @@ async fn every_reference_server_works_through_run() {
     assert!(left.is_empty(), "a run left its sandbox behind: {left:?}");
 }
 
+/// `run`'s other flags, with values that work: `--env` reaches the server, `--secret` as a stand-in
+/// (never the value), `--shape` sizes its sandbox, and `--name` is what `servers log` finds it by.
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_flags_reach_the_server_and_its_sandbox() {
+    crate::require_reference_servers!();
+    let data = tempfile::tempdir().unwrap();
+    let on_data = |args: &[&str]| {
+        let mut c = std::process::Command::new(BIN);
+        c.args(args)
+            .env("SANDBOX_MCP_DATA_DIR", data.path())
+            .env_remove("SANDBOX_MCP_URL");
+        c
+    };
+    let mut set = on_data(&["secrets", "set", "tok", "--host", "api.example.test"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut set.stdin.take().unwrap(), b"the-run-secret-value\n").unwrap();
+    let out = set.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.env("SANDBOX_MCP_DATA_DIR", data.path())
+        .env_remove("SANDBOX_MCP_URL")
+        .args([
+            "run",
+            "--env",
+            "RUN_ENV=set-by-flag",
+            "--secret",
+            "API_TOKEN=tok",
+        ])
+        .args([
+            "--shape",
+            "memory_mb=512,vcpus=1",
+            "--cwd",
+            "/tmp",
+            "--name",
+            "flagged",
+        ])
+        .arg("--")
+        .args(reference_command("everything"));
+    let (transport, _) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let client = ().serve(transport).await.unwrap();
+    let env = said(&tool(client.peer(), "get-env", json!({})).await);
+    assert!(env.contains("set-by-flag"), "{env}");
+    assert!(env.contains("sbxsecret_"), "{env}");
+    assert!(!env.contains("the-run-secret-value"), "{env}");
+    let db = rusqlite::Connection::open(data.path().join("state.db")).unwrap();
+    let (memory, vcpus): (i64, f64) = db
+        .query_row("SELECT memory_mb, vcpus FROM sandboxes", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    assert_eq!((memory, vcpus), (512, 1.0));
+    let log = on_data(&["servers", "log", "flagged"]).output().unwrap();
+    let shown = String::from_utf8_lossy(&log.stdout);
+    assert!(
+        log.status.success(),
+        "{}",
+        String::from_utf8_lossy(&log.stderr)
+    );
+    // Its sandbox, its memory, the server's stderr.
+    assert!(
+        shown.contains("Running")
+            && shown.contains("memory")
+            && shown.contains("mcp-server-everything"),
+        "{shown}"
+    );
+    client.cancel().await.unwrap();
+    assert!(sandbox_records(data.path()).is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn every_reference_server_works_over_streamable_http() {
     crate::require_reference_servers!();
