@@ -250,6 +250,24 @@ async fn a_sandbox_works_on_a_repository_that_changes_only_when_applied() {
     assert_eq!(r.status().as_u16(), 403);
     assert_eq!(tree(&repo, false), before);
 
+    // `workspace changes` prints the patch the tool gave, byte for byte, and changes nothing.
+    let printed = Command::new(BIN)
+        .args(["workspace", "changes", &id, "repo", "--url", &engine.url])
+        .env("SANDBOX_MCP_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(
+        printed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&printed.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&printed.stdout), patch);
+    assert_eq!(
+        tree(&repo, false),
+        before,
+        "printing changes changes nothing"
+    );
+
     // The operator applies: the folder's working tree becomes the sandbox's, its .git stays.
     let applied = apply_cli(&engine, &id, "repo");
     assert!(
