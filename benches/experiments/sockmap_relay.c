@@ -5,6 +5,8 @@
  *   direct   the client reads from the server's connection itself;
  *   copy     a relay thread per direction reads into a 256 KiB buffer and writes it on (what the
  *            engine's relay does once a connection has a fast lane);
+ *   splice   the same threads move the bytes with splice(2) through a pipe of that size, never
+ *            through user space;
  *   sockmap  the relay puts both sockets in a BPF sockmap whose SK_SKB verdict program redirects
  *            each skb that arrives on one to the other's send side; nothing reaches user space.
  *
@@ -13,6 +15,9 @@
  *   cc -O2 -pthread -o sockmap_relay benches/experiments/sockmap_relay.c
  *   ./sockmap_relay direct; ./sockmap_relay copy; ./sockmap_relay sockmap
  *       the rate of a 1 GiB download through each
+ *   BUF=4194304 ./sockmap_relay copy; BUF=1048576 ./sockmap_relay splice
+ *       the relay's buffer (copy) or pipe (splice) of that many bytes instead of 256 KiB (a pipe
+ *       larger than /proc/sys/fs/pipe-max-size needs CAP_SYS_RESOURCE)
  *   ./sockmap_relay copy noread 4000000000; ./sockmap_relay sockmap noread 4000000000
  *       a client that never reads: how much the server can still push, and the host's
  *       MemAvailable drop, every 0.1 s for 3 s (only bounded buffers should fill)
@@ -22,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <linux/bpf.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,7 +43,7 @@
 #include <unistd.h>
 
 #define CHUNK (1 << 20)
-#define RELAY_BUFFER (256 << 10)
+static long relay_buffer = 256 << 10;
 
 static long long total;
 static volatile long long pushed;
@@ -103,9 +109,9 @@ static void *server(void *listener)
 static void *copy(void *arg)
 {
 	int *fds = arg;
-	char *buf = malloc(RELAY_BUFFER);
+	char *buf = malloc(relay_buffer);
 	for (;;) {
-		ssize_t n = read(fds[0], buf, RELAY_BUFFER);
+		ssize_t n = read(fds[0], buf, relay_buffer);
 		if (n <= 0)
 			break;
 		for (char *p = buf; n > 0;) {
@@ -113,6 +119,29 @@ static void *copy(void *arg)
 			if (w <= 0)
 				return NULL;
 			p += w;
+			n -= w;
+		}
+	}
+	shutdown(fds[1], SHUT_WR);
+	return NULL;
+}
+
+/* One direction of the splicing relay: fds[0] into a pipe and out to fds[1]. */
+static void *splicer(void *arg)
+{
+	int *fds = arg, p[2];
+	if (pipe(p))
+		die("pipe");
+	if (fcntl(p[1], F_SETPIPE_SZ, relay_buffer) < 0)
+		perror("F_SETPIPE_SZ");
+	for (;;) {
+		ssize_t n = splice(fds[0], NULL, p[1], NULL, relay_buffer, SPLICE_F_MOVE | SPLICE_F_MORE);
+		if (n <= 0)
+			break;
+		while (n > 0) {
+			ssize_t w = splice(p[0], NULL, fds[1], NULL, n, SPLICE_F_MOVE | SPLICE_F_MORE);
+			if (w <= 0)
+				return NULL;
 			n -= w;
 		}
 	}
@@ -198,7 +227,7 @@ static long mem_available_kib(void)
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
-		fprintf(stderr, "usage: %s direct|copy|sockmap [noread [BYTES]]\n", argv[0]);
+		fprintf(stderr, "usage: %s direct|copy|splice|sockmap [noread [BYTES]]\n", argv[0]);
 		return 2;
 	}
 	const char *mode = argv[1];
@@ -216,12 +245,15 @@ int main(int argc, char **argv)
 		int client_side = accept(relay, NULL, NULL), upstream = connect_to(server_port);
 		setsockopt(client_side, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 		setsockopt(upstream, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-		if (!strcmp(mode, "copy")) {
+		if (getenv("BUF"))
+			relay_buffer = atol(getenv("BUF"));
+		if (!strcmp(mode, "copy") || !strcmp(mode, "splice")) {
+			void *(*relay)(void *) = !strcmp(mode, "copy") ? copy : splicer;
 			static int down[2], up[2];
 			down[0] = upstream, down[1] = client_side;
 			up[0] = client_side, up[1] = upstream;
-			pthread_create(&t, NULL, copy, down);
-			pthread_create(&t, NULL, copy, up);
+			pthread_create(&t, NULL, relay, down);
+			pthread_create(&t, NULL, relay, up);
 		} else {
 			redirect(client_side, upstream, relay_port);
 		}
