@@ -367,6 +367,48 @@ async fn a_hibernated_sandbox_frees_its_memory_and_comes_back_after_an_engine_re
     assert_eq!(left, 0, "the checkpoint is deleted once restored");
 }
 
+/// What a reboot takes away between two engines — the store's mount and loop device, the
+/// sandbox's cgroup — does not take a hibernated sandbox: its checkpoint is in the data dir, and
+/// the next call restores it.
+#[tokio::test]
+async fn a_hibernated_sandbox_comes_back_after_a_reboot() {
+    require_sandboxes!();
+    let Some((engine, client)) = live_engine().await else {
+        return;
+    };
+    let id = create(&client).await;
+    code(&client, &id, "x = 41").await;
+    ok(
+        &client,
+        "sandbox_pause",
+        json!({"sandbox_id": id, "hibernate": true}),
+    )
+    .await;
+    drop(client);
+    let dir = engine.stop().await;
+    let data = dir.path().join("data");
+    // As a reboot: the store unmounted and its loop device gone, the sandbox's cgroup gone.
+    let store = data.join("sandboxes");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while crate::common::mounted(&store)
+        || !crate::common::loop_devices_of(&data.join("sandboxes.img")).is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stopped engine's store stays mounted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cgroup = sandbox_mcp_linux::cgroups::Layout::detect().sandbox(&id);
+    cgroup.kill_all().unwrap();
+    let _ = cgroup.remove();
+    let config = TestEngine::config_for(dir.path());
+    let engine = TestEngine::start_on(dir, config).await;
+    let client = engine.mcp().await;
+    let got = code(&client, &id, "x += 1\nx").await;
+    assert_eq!(got["result"], "42", "{got}");
+}
+
 #[tokio::test]
 async fn an_idle_sandbox_is_hibernated_by_the_idle_policy() {
     require_sandboxes!();
