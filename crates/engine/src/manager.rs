@@ -66,6 +66,14 @@ impl Manager {
             config.templates_dir(),
             sandbox_mcp_sys::layers::dir(&config.data_dir),
         );
+        // An older engine made the layer store listable (0755); see `layers::scratch`.
+        if let Err(e) = std::fs::set_permissions(
+            &layers_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
+        ) && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!("cannot close the layer store to listing: {e}");
+        }
         let templates = match driver.capabilities().image_templates.clone() {
             // The driver's images are its templates: nothing is built on this host.
             Some(images) => images

@@ -269,15 +269,40 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
-/// Writes a template's file atomically (its directory is made if missing).
+/// Writes a template's file atomically (its directory is made if missing). Only the engine reads
+/// it: it names the template's layers, and a tenant's template holds files of its sandboxes.
 pub fn save(templates_dir: &Path, file: &TemplateFile) -> io::Result<()> {
     let dir = templates_dir.join(file.key());
     fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o755)
+        .mode(PASSAGE)
         .create(&dir)?;
     let bytes = serde_json::to_vec_pretty(file).map_err(io::Error::other)?;
-    sandbox_mcp_sys::durable::write_atomically(&dir.join("template.json"), &bytes, 0o644)
+    sandbox_mcp_sys::durable::write_atomically(&dir.join("template.json"), &bytes, 0o600)
+}
+
+/// The mode of the directories a sandbox's host ids pass through to reach its layers (the
+/// overlay is mounted in the sandbox's user namespace) without listing them: another user of
+/// the host cannot find a template's layers, whose ids only the engine's files name.
+pub const PASSAGE: u32 = 0o711;
+
+/// Closes what an older engine left open to listing or reading: the templates directory and each
+/// template's, and their `template.json`.
+fn close_to_others(templates_dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(templates_dir, fs::Permissions::from_mode(PASSAGE))?;
+    for entry in fs::read_dir(templates_dir)?.flatten() {
+        let dir = entry.path();
+        if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        fs::set_permissions(&dir, fs::Permissions::from_mode(PASSAGE))?;
+        match fs::set_permissions(dir.join("template.json"), fs::Permissions::from_mode(0o600)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            done => done?,
+        }
+    }
+    Ok(())
 }
 
 /// Deletes the directory of the template `key` (its layers are collected separately).
@@ -290,9 +315,10 @@ pub fn remove(templates_dir: &Path, key: &str) -> io::Result<()> {
 pub fn load(templates_dir: &Path, layers_dir: &Path) -> io::Result<Vec<Template>> {
     fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o755)
+        .mode(PASSAGE)
         .create(templates_dir)?;
     builtin::build_or_refresh(templates_dir)?;
+    close_to_others(templates_dir)?;
     let mut out = Vec::new();
     for entry in fs::read_dir(templates_dir)?.flatten() {
         let dir = entry.path();

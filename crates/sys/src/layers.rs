@@ -219,9 +219,10 @@ pub fn publish(tmp: &Path, store: &Path, id: &str) -> io::Result<PathBuf> {
 
 /// A fresh directory in the store for a layer being made (`.tmp-…`, never a layer id).
 pub fn scratch(store: &Path) -> io::Result<PathBuf> {
+    // 0711: a sandbox's host ids pass through to the layers it mounts; no one lists the ids.
     fs::DirBuilder::new()
         .recursive(true)
-        .mode(0o755)
+        .mode(0o711)
         .create(store)?;
     let mut random = [0u8; 12];
     getrandom::fill(&mut random).map_err(|e| io::Error::other(format!("no randomness: {e}")))?;
