@@ -101,12 +101,35 @@ fn dev_mode_is_refused_off_loopback() {
     );
 }
 
+/// A `serve --http` process, killed when dropped: a test that fails midway leaves none running.
+struct Served(std::process::Child);
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Served {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Served {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
 /// A `serve --http` process on a free port, pointed at `engine`; its address once it listens.
 fn spawn_http_server(
     data: &std::path::Path,
     engine: &TestEngine,
     extra: &[&str],
-) -> (std::process::Child, String) {
+) -> (Served, String) {
     spawn_http_server_at(data, &engine.url, extra)
 }
 
@@ -115,19 +138,21 @@ fn spawn_http_server_at(
     data: &std::path::Path,
     engine_url: &str,
     extra: &[&str],
-) -> (std::process::Child, String) {
+) -> (Served, String) {
     use std::io::{BufRead, BufReader};
-    let mut child = Command::new(BIN)
-        .args(["serve", "--http", "127.0.0.1:0"])
-        .args(extra)
-        .env("SANDBOX_MCP_DATA_DIR", data)
-        .env("SANDBOX_MCP_URL", engine_url)
-        .env("SANDBOX_MCP_API_KEY", KEY)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Served(
+        Command::new(BIN)
+            .args(["serve", "--http", "127.0.0.1:0"])
+            .args(extra)
+            .env("SANDBOX_MCP_DATA_DIR", data)
+            .env("SANDBOX_MCP_URL", engine_url)
+            .env("SANDBOX_MCP_API_KEY", KEY)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     let addr = loop {
@@ -151,7 +176,7 @@ fn keyed_server(
     data: &std::path::Path,
     engine: &TestEngine,
     extra: &[&str],
-) -> (std::process::Child, Raw, String) {
+) -> (Served, Raw, String) {
     let token = String::from_utf8(cli(data, &["keys", "create", "--tenant", "alpha"]).stdout)
         .unwrap()
         .trim()
@@ -203,7 +228,7 @@ async fn session_sandboxes_end_with_the_server() {
 async fn the_public_urls_host_is_accepted_without_oauth() {
     let data = tempfile::tempdir().unwrap();
     // The Host check comes before any engine call: no engine listens at this URL.
-    let (mut child, url) = spawn_http_server_at(
+    let (child, url) = spawn_http_server_at(
         data.path(),
         "http://127.0.0.1:9",
         &["--public-url", "https://MCP.Proxy.example:8443"],
@@ -225,8 +250,7 @@ async fn the_public_urls_host_is_accepted_without_oauth() {
         let r = post(host).await.unwrap();
         assert_eq!(r.status().as_u16(), want, "Host: {host}");
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
