@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::common::*;
 use crate::require_sandboxes;
-use crate::secrets::{VALUE, bound_sandbox, engine_for, py_out, set_secret};
+use crate::secrets::{VALUE, bound_sandbox, engine_for, py_out};
 
 /// The forms of [`VALUE`] a test server hands back, as fragments a leak would contain.
 fn leaked(text: &str) -> Option<String> {
@@ -262,22 +262,12 @@ async fn requests_fronted_to_another_host_never_leave() {
     require_sandboxes!();
     let net = crate::require_testnet!();
     let engine = engine_for(&net).await;
-    set_secret(
+    let (client, id) = bound_sandbox(
         &engine,
         "example",
         json!({"hosts": ["api.example.test"], "value": VALUE}),
     )
     .await;
-    let client = engine.mcp().await;
-    let id = ok(
-        &client,
-        "sandbox_create",
-        json!({"secrets": {"API_KEY": "example"}}),
-    )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let before = net.recorded().len();
     // Raw HTTP/1.1 over TLS to api.example.test, each request fronted a different way.
     let answers = py_out(
